@@ -1,0 +1,19 @@
+"""edgellm: compile Hugging Face LLM checkpoints with Apache TVM into packages that a small C runtime executes.
+
+Importing `edgellm` (or `edgellm.runtime`) does not import TVM: only `edgellm.compile` / `edgellm.compiler` do.
+"""
+from .errors import CompileError, EdgeLLMError, InputError, ModelLoadError, PackageError
+from .runtime import GenerationResult, Runtime
+
+__version__ = "0.1.0"
+
+
+def compile(model, target="host", quant="f32", out=None, **kwargs):  # noqa: A001 - public name from the spec
+    """Compile a Hugging Face checkpoint (local dir or hub id) into an edgellm package; returns its path."""
+    from .compiler.driver import compile_model
+
+    return compile_model(model, target=target, quant=quant, out=out, **kwargs)
+
+
+__all__ = ["Runtime", "GenerationResult", "compile", "EdgeLLMError", "ModelLoadError", "CompileError",
+           "PackageError", "InputError", "__version__"]

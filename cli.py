@@ -1,0 +1,132 @@
+"""The `edgellm` command line. Errors print as one line on stderr with a non-zero exit. TVM is imported only by
+`compile` (run/info/targets stay light)."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .errors import EdgeLLMError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="edgellm")
+def cli():
+    """Compile LLMs for devices with Apache TVM and run them with a small C runtime."""
+
+
+@cli.command("compile")
+@click.argument("model")
+@click.option("--target", "-t", default="host", show_default=True, help="target name (see `edgellm targets`)")
+@click.option("--quant", "-q", default="f16", show_default=True, help="weight scheme: f32, f16")
+@click.option("-o", "--out", type=click.Path(), default=None, help="package directory [default: <model>-<quant>-<target>.edgellm]")
+@click.option("--max-context", type=int, default=None, help="longest sequence the package runs [default: min(model's, 4096)]")
+@click.option("--prefill-chunk", type=int, default=None, help="prefill chunk length C [default: the target's]")
+@click.option("--quiet", is_flag=True, help="no progress output")
+def compile_cmd(model, target, quant, out, max_context, prefill_chunk, quiet):
+    """Compile MODEL (a Hugging Face checkpoint directory or hub id) into a package."""
+    from .compiler.driver import compile_model
+
+    compile_model(model, target=target, quant=quant, out=out, max_context=max_context, prefill_chunk=prefill_chunk,
+                  progress=not quiet)
+
+
+def _sampling_options(f):
+    opts = [
+        click.option("-n", "--max-new-tokens", type=int, default=128, show_default=True),
+        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy"),
+        click.option("--top-k", type=int, default=0, show_default=True, help="0 = off"),
+        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off"),
+        click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 = off"),
+        click.option("--seed", type=int, default=None, help="sampling seed (default: random)"),
+        click.option("--stop", multiple=True, help="stop string (repeatable)"),
+        click.option("--ignore-eos", is_flag=True, help="keep generating past end-of-sequence tokens"),
+        click.option("--threads", type=int, default=None, help="threads [default: one per CPU]"),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+@cli.command("run")
+@click.argument("package", type=click.Path())
+@click.option("-p", "--prompt", required=True, help="prompt text")
+@_sampling_options
+def run_cmd(package, prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop, ignore_eos,
+            threads):
+    """Generate text from PACKAGE, streaming it to stdout; a tok/s summary goes to stderr."""
+    from .runtime import Runtime
+
+    with Runtime.load(package, threads=threads) as rt:
+        r: dict = {}
+        for piece in rt.stream(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                               top_p=top_p, repetition_penalty=repetition_penalty, seed=seed, stop=list(stop),
+                               ignore_eos=ignore_eos, _result=r):
+            click.echo(piece, nl=False)
+            sys.stdout.flush()
+        click.echo()
+        pf = r["prompt_tokens"] / r["prefill_s"] if r["prefill_s"] else 0.0
+        dc = r["n_decoded"] / r["decode_s"] if r["decode_s"] else 0.0
+        click.echo(f"[{r['prompt_tokens']} prompt tokens, {len(r['ids'])} generated ({r['finish_reason']}); "
+                   f"prefill {pf:.1f} tok/s, decode {dc:.1f} tok/s, {rt.threads} threads]", err=True)
+
+
+@cli.command("info")
+@click.argument("package", type=click.Path())
+def info_cmd(package):
+    """Describe a package: model, target, quantization, sizes."""
+    from pathlib import Path
+
+    from .runtime.package import read_manifest
+
+    m = read_manifest(package)
+    c = m["model"]["config"]
+    n_params = sum(int(__import__("math").prod(t["shape"])) for t in m["tensors"] if not t["name"].startswith("rope."))
+    size = sum(f.stat().st_size for f in Path(package).iterdir() if f.is_file())
+    rows = [
+        ("model", f"{m['model']['arch']} from {m['model']['source']}"),
+        ("shape", f"{c['n_layers']} layers, dim {c['hidden_size']}, {c['n_heads']} heads / {c['n_kv_heads']} kv heads, "
+                  f"head_dim {c['head_dim']}, ffn {c['intermediate_size']}, vocab {c['vocab_size']}"),
+        ("parameters", f"{n_params / 1e6:.2f} M"),
+        ("target", f"{m['target']['name']} ({m['target']['arch']}; needs {', '.join(m['target']['features']) or '-'})"),
+        ("quant", f"{m['quant']['scheme']} ({m['quant']['bits_per_weight']} bits per weight)"),
+        ("context", f"max {m['max_context']} tokens, prefill chunk {m['prefill_chunk']}"),
+        ("kernels", f"{len(m['kernels'])}"),
+        ("memory", f"weights {m['weights_bytes'] / 2**20:.1f} MiB, activations {m['arena_bytes'] / 2**20:.2f} MiB, "
+                   f"KV cache {2 * c['n_layers'] * m['kv_rows'] * c['n_kv_heads'] * c['head_dim'] * 4 / 2**20:.1f} MiB"),
+        ("package", f"{size / 2**20:.1f} MiB on disk, format {m['format_version']}, edgellm {m['edgellm_version']}"),
+        ("tokenizer", m["files"].get("tokenizer") or "none (token ids only)"),
+    ]
+    for k, v in rows:
+        click.echo(f"{k:>11}: {v}")
+
+
+@cli.command("targets")
+def targets_cmd():
+    """List compilation targets."""
+    from .targets import list_targets
+
+    for t in list_targets():
+        click.echo(f"{t.name:<12} {t.description} [quant: {', '.join(t.quants)}]")
+
+
+def main(argv=None) -> int:
+    try:
+        cli.main(args=argv, prog_name="edgellm", standalone_mode=False)
+        return 0
+    except EdgeLLMError as e:
+        click.echo(f"error: {e}", err=True)
+        return 1
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as e:  # bad usage: one line, not click's multi-line block
+        click.echo(f"error: {e.format_message()} (see --help)", err=True)
+        return e.exit_code
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Graph -> Plan: turn traced programs into kernel calls with a static activation memory plan.
+
+Each traced node becomes one kernel call (ops.make_kernel). Values live in one arena (first-fit by lifetime);
+K/V rows are written straight into the runtime's KV cache by the producing kernel (RoPE for K, the projection
+for V), so no copy is needed; attention reads the cache prefix whose length the runtime sets per call."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..models.spec import ModelSpec
+from .trace import Node, TraceGraph, Val
+
+ALIGN = 64
+ARENA, WEIGHT, KCACHE, VCACHE = 0, 1, 2, 3
+AT_POS, PREFIX = 1, 2
+_DT = {"float32": (2, 32), "float16": (2, 16), "int32": (0, 32), "bfloat16": (4, 16)}
+
+
+@dataclass
+class Arg:
+    kind: int
+    index: int
+    dtype: str
+    shape: tuple[int, ...]
+    flags: int = 0
+    offset: int = 0
+
+    @property
+    def dl(self) -> tuple[int, int]:
+        return _DT[self.dtype]
+
+
+@dataclass
+class Step:
+    kernel: int
+    args: list[Arg]
+
+
+@dataclass
+class Program:
+    name: str
+    tokens: int
+    steps: list[Step]
+    in_offset: int
+    out_offset: int
+    out_row_bytes: int
+    arena_bytes: int
+
+
+@dataclass
+class WeightTable:
+    """Stored tensors in first-use order (= execution order of the decode program, which is traced first)."""
+    names: list[str] = field(default_factory=list)
+    arrays: list[np.ndarray] = field(default_factory=list)
+    index: dict[str, int] = field(default_factory=dict)
+
+    def add(self, name: str, array: np.ndarray) -> int:
+        if name not in self.index:
+            self.index[name] = len(self.names)
+            self.names.append(name)
+            self.arrays.append(array)
+        return self.index[name]
+
+
+@dataclass
+class KernelTable:
+    names: list[str] = field(default_factory=list)
+    funcs: dict = field(default_factory=dict)
+
+    def add(self, name: str, func) -> int:
+        if name not in self.funcs:
+            self.funcs[name] = func
+            self.names.append(name)
+        return self.names.index(name)
+
+
+class _Arena:
+    """First-fit allocator over [offset, offset+size) blocks."""
+
+    def __init__(self):
+        self.used: list[tuple[int, int]] = []   # (offset, size), sorted
+        self.peak = 0
+
+    def alloc(self, nbytes: int) -> int:
+        nbytes = (nbytes + ALIGN - 1) // ALIGN * ALIGN
+        off = 0
+        for o, s in self.used:
+            if o - off >= nbytes:
+                break
+            off = max(off, o + s)
+        self.used.append((off, nbytes))
+        self.used.sort()
+        self.peak = max(self.peak, off + nbytes)
+        return off
+
+    def free(self, off: int):
+        self.used = [u for u in self.used if u[0] != off]
+
+
+def _nbytes(v: Val) -> int:
+    return int(np.prod(v.shape)) * _DT[v.dtype][1] // 8
+
+
+class Lowering:
+    """Shared state of one package build: the weight table, the kernel table and the weight provider."""
+
+    def __init__(self, spec: ModelSpec, cpu, weight_provider, rope_rows: int):
+        from .ops import make_kernel
+
+        self.spec, self.cpu, self.make_kernel = spec, cpu, make_kernel
+        self.weights, self.kernels = WeightTable(), KernelTable()
+        self._provide = weight_provider   # name -> stored numpy array (quantized / converted)
+        self.rope_rows = rope_rows
+
+    def _kernel(self, op: str, **params) -> int:
+        name, func = self.make_kernel(op, self.cpu, **params)
+        return self.kernels.add(name, func)
+
+    def _weight(self, name: str, shape=None, flags=0) -> Arg:
+        arr = self._provide(name)
+        idx = self.weights.add(name, arr)
+        return Arg(WEIGHT, idx, str(arr.dtype), tuple(shape or arr.shape), flags)
+
+    def program(self, name: str, g: TraceGraph, inp: Val, out: Val) -> Program:
+        s, T, nodes = self.spec, g.T, g.nodes
+        # 1. values that a producer writes straight into the KV cache
+        consumers: dict[int, int] = {}
+        for n in nodes:
+            for v in n.inputs:
+                consumers[v.id] = consumers.get(v.id, 0) + 1
+        producer = {n.out.id: n for n in nodes if n.out is not None}
+        kv_loc: dict[int, tuple[int, int]] = {}   # val id -> (KCACHE|VCACHE, layer)
+        for n in nodes:
+            if n.op == "kv_store":
+                for v, kind in zip(n.inputs, (KCACHE, VCACHE)):
+                    p = producer.get(v.id)
+                    if p is not None and consumers[v.id] == 1 and p.op in ("rope", "linear"):
+                        kv_loc[v.id] = (kind, n.params["layer"])   # else _lower_node emits a copy
+        # 2. lifetimes
+        last_use: dict[int, int] = {}
+        for i, n in enumerate(nodes):
+            for v in n.inputs:
+                last_use[v.id] = i
+        last_use[out.id] = len(nodes)
+        arena = _Arena()
+        loc: dict[int, int] = {inp.id: arena.alloc(_nbytes(inp))}
+        steps: list[Step] = []
+
+        def act(v: Val, shape=None) -> Arg:
+            if v.id in kv_loc:
+                kind, layer = kv_loc[v.id]
+                return Arg(kind, layer, "float32", tuple(shape or (T, s.n_kv_heads * s.head_dim)), AT_POS)
+            return Arg(ARENA, 0, v.dtype, tuple(shape or v.shape), 0, loc[v.id])
+
+        for i, n in enumerate(nodes):
+            if n.out is not None and n.out.id not in kv_loc:
+                loc[n.out.id] = arena.alloc(_nbytes(n.out))
+            steps.extend(self._lower_node(n, T, act))
+            for v in n.inputs:
+                if last_use.get(v.id) == i and v.id in loc and v.id != out.id:
+                    arena.free(loc[v.id])
+        row_bytes = _nbytes(out) // T
+        return Program(name, T, steps, loc[inp.id], loc[out.id], row_bytes, arena.peak)
+
+    def _lower_node(self, n: Node, T: int, act) -> list[Step]:
+        s, op = self.spec, n.op
+        if op == "embed":
+            w = self._weight(n.weights[0])
+            k = self._kernel("embed", T=T, V=w.shape[0], D=w.shape[1], wdtype=w.dtype)
+            return [Step(k, [act(n.inputs[0]), w, act(n.out)])]
+        if op == "rmsnorm":
+            h = n.params["heads"]
+            R, D = T * h, n.inputs[0].shape[1] // h
+            k = self._kernel("rmsnorm", R=R, D=D, eps=float(s.rms_eps))
+            return [Step(k, [act(n.inputs[0], (R, D)), self._weight(n.weights[0]), act(n.out, (R, D))])]
+        if op == "linear":
+            w = self._weight(n.weights[0])
+            args = [act(n.inputs[0]), w] + ([self._weight(n.weights[1])] if n.params["bias"] else [])
+            k = self._kernel("linear", T=T, N=w.shape[0], K=w.shape[1], wdtype=w.dtype, bias=n.params["bias"])
+            return [Step(k, args + [act(n.out)])]
+        if op == "rope":
+            H, D = n.params["heads"], s.head_dim
+            k = self._kernel("rope", T=T, H=H, D=D)
+            cs = [self._weight(w, (T, D // 2), AT_POS) for w in n.weights]
+            return [Step(k, [act(n.inputs[0], (T, H, D)), *cs, act(n.out, (T, H, D))])]
+        if op == "attention":
+            NH, KVH, D, layer = s.n_heads, s.n_kv_heads, s.head_dim, n.params["layer"]
+            k = self._kernel("attention", T=T, NH=NH, KVH=KVH, D=D)
+            kv = [Arg(kind, layer, "float32", (T, KVH, D), PREFIX) for kind in (KCACHE, VCACHE)]
+            return [Step(k, [act(n.inputs[0], (T, NH, D)), *kv, act(n.out)])]
+        if op in ("add", "swiglu"):
+            R, N = n.out.shape
+            k = self._kernel(op, R=R, N=N) if op == "add" else self._kernel(op, T=R, F=N)
+            return [Step(k, [act(v) for v in n.inputs] + [act(n.out)])]
+        if op == "kv_store":
+            steps = []
+            for v, kind in zip(n.inputs, (KCACHE, VCACHE)):
+                dst = Arg(kind, n.params["layer"], "float32", v.shape, AT_POS)
+                if act(v).kind != kind:   # not produced in place: copy into the cache rows
+                    steps.append(Step(self._kernel("copy", R=v.shape[0], N=v.shape[1]), [act(v), dst]))
+            return steps
+        raise AssertionError(f"no lowering for op {op}")
+
+
+PROGRAMS = (  # name, tokens (None = chunk), body, head
+    ("decode", 1, True, True),
+    ("prefill", None, True, False),
+    ("prefill_logits", None, True, True),
+    ("head", 1, False, True),
+)
+
+
+def lower_model(spec: ModelSpec, cpu, weight_provider, chunk: int, kv_rows: int) -> tuple[Lowering, list[Program]]:
+    from ..models import family
+
+    fam = family(spec)
+    low = Lowering(spec, cpu, weight_provider, kv_rows)
+    progs = []
+    for name, tokens, body, head in PROGRAMS:
+        g = TraceGraph(spec, tokens or chunk)
+        inp = g.input_ids() if body else g.input_hidden()
+        x = fam.body(g, inp) if body else inp
+        if head:
+            x = fam.head(g, x)
+        progs.append(low.program(name, g, inp, x))
+    return low, progs

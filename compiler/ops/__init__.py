@@ -1,0 +1,182 @@
+"""edgellm kernel library: TIR PrimFuncs (hand-scheduled for CPUs) for the ops of a decoder-only LLM.
+
+Interface used by the lowering code:
+    CpuInfo(vector_lanes, num_threads=2, arch="x86_64")
+    make_kernel(op, cpu, **params) -> (name, prim_func)    # prim_func.attrs["global_symbol"] == name
+    reference(op, args, **params) -> np.ndarray              # numpy float64 reference
+
+Every kernel is destination-passing: params are the inputs followed by the output buffer.
+
+| op        | params                    | args (in order)                                                  |
+|-----------|---------------------------|------------------------------------------------------------------|
+| embed     | T, V, D, wdtype           | ids int32[T], W wdtype[V, D], out f32[T, D]                      |
+| rmsnorm   | R, D, eps                 | x f32[R, D], w f32[D], out f32[R, D]                             |
+| linear    | T, N, K, wdtype, bias     | x f32[T, K], W wdtype[N, K], [b f32[N]], out f32[T, N]           |
+| rope      | T, H, D                   | x f32[T, H, D], cos f32[T, D/2], sin f32[T, D/2], out f32[T, H, D] |
+| attention | T, NH, KVH, D             | q f32[T, NH, D], k f32[S, KVH, D], v f32[S, KVH, D], out f32[T, NH*D] (S symbolic int64 "S") |
+| add       | R, N                      | a, b f32[R, N], out f32[R, N]                                    |
+| swiglu    | T, F                      | g, u f32[T, F], out f32[T, F]                                    |
+| copy      | R, N                      | a f32[R, N], out f32[R, N]                                       |
+
+wdtype is "float32" or "float16" (default "float32"); bias defaults to False.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+from . import attention as _attention
+from . import elementwise as _ew
+from . import linear as _linear
+from ._util import kernel_name
+from .reference import reference
+
+__all__ = ["CpuInfo", "make_kernel", "reference", "OPS", "kernel_params", "host_cpu_info", "llvm_target"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """What schedules need to know about the target."""
+
+    vector_lanes: int  # f32 lanes per SIMD register: 16 AVX-512, 8 AVX2, 4 NEON
+    num_threads: int = 2  # schedules may split parallel loops for this many threads
+    arch: str = "x86_64"  # or "aarch64"
+
+
+# op -> ordered (param, short name in the kernel name, type, default or REQUIRED)
+REQUIRED = object()
+OPS = {
+    "embed": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED),
+              ("wdtype", "", str, "float32")],
+    "rmsnorm": [("R", "r", int, REQUIRED), ("D", "d", int, REQUIRED), ("eps", "eps", float, REQUIRED)],
+    "linear": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
+               ("wdtype", "", str, "float32"), ("bias", "b", bool, False)],
+    "rope": [("T", "t", int, REQUIRED), ("H", "h", int, REQUIRED), ("D", "d", int, REQUIRED)],
+    "attention": [("T", "t", int, REQUIRED), ("NH", "nh", int, REQUIRED), ("KVH", "kvh", int, REQUIRED),
+                  ("D", "d", int, REQUIRED)],
+    "add": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
+    "swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
+    "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
+}
+
+
+def kernel_params(op: str, params: dict) -> dict:
+    """Validate and normalize params (types, defaults); raises ValueError on bad input."""
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; known: {sorted(OPS)}")
+    spec = OPS[op]
+    names = {s[0] for s in spec}
+    extra = set(params) - names
+    if extra:
+        raise ValueError(f"{op}: unknown params {sorted(extra)}")
+    out = {}
+    for name, _, typ, default in spec:
+        if name not in params:
+            if default is REQUIRED:
+                raise ValueError(f"{op}: missing param {name!r}")
+            v = default
+        else:
+            v = params[name]
+        if typ is int:
+            if isinstance(v, bool) or int(v) != v or int(v) < 1:
+                raise ValueError(f"{op}: {name} must be a positive int, got {v!r}")
+            v = int(v)
+        elif typ is float:
+            v = float(v)
+        elif typ is bool:
+            v = bool(v)
+        elif name == "wdtype":
+            v = str(v)
+            if v not in ("float32", "float16"):
+                raise ValueError(f"{op}: wdtype must be 'float32' or 'float16', got {v!r}")
+        out[name] = v
+    if op == "attention" and out["NH"] % out["KVH"]:
+        raise ValueError(f"attention: NH={out['NH']} is not a multiple of KVH={out['KVH']}")
+    if op == "rope" and out["D"] % 2:
+        raise ValueError(f"rope: D={out['D']} must be even")
+    return out
+
+
+def _name(op: str, p: dict) -> str:
+    return kernel_name(op, [(short, p[name]) for name, short, _, _ in OPS[op]])
+
+
+def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
+    if op == "linear":
+        if fast:
+            return _linear.make(cpu, p["T"], p["N"], p["K"], p["wdtype"], p["bias"])
+        return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"])
+    if op == "attention":
+        return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast)
+    simple_cpu = cpu if fast else CpuInfo(vector_lanes=1, num_threads=1, arch=cpu.arch)
+    if op == "embed":
+        return _ew.embed(simple_cpu, p["T"], p["V"], p["D"], p["wdtype"])
+    if op == "rmsnorm":
+        return _ew.rmsnorm(simple_cpu, p["R"], p["D"], p["eps"])
+    if op == "rope":
+        return _ew.rope(simple_cpu, p["T"], p["H"], p["D"])
+    if op == "add":
+        return _ew.add(simple_cpu, p["R"], p["N"])
+    if op == "swiglu":
+        return _ew.swiglu(simple_cpu, p["T"], p["F"])
+    if op == "copy":
+        return _ew.copy(simple_cpu, p["R"], p["N"])
+    raise ValueError(op)
+
+
+def make_kernel(op: str, cpu: CpuInfo, **params):
+    """Returns (name, prim_func) with global_symbol == name. The name is built deterministically from op
+    and the (normalized) params, e.g. 'linear_t1_n768_k768_f16_b0', so equal params dedupe to one kernel.
+    If the tuned schedule cannot be generated for a shape, a plain (slower, always valid) version is
+    returned under the same name. Results are cached (PrimFuncs are immutable)."""
+    p = kernel_params(op, params)
+    if cpu.vector_lanes < 1 or cpu.vector_lanes & (cpu.vector_lanes - 1):
+        raise ValueError(f"vector_lanes must be a power of two, got {cpu.vector_lanes}")
+    return _make_cached(op, cpu, tuple(sorted(p.items())))
+
+
+@functools.lru_cache(maxsize=512)
+def _make_cached(op: str, cpu: CpuInfo, items: tuple):
+    p = dict(items)
+    name = _name(op, p)
+    try:
+        func = _build(op, cpu, p, fast=True)
+    except Exception as e:  # pylint: disable=broad-except
+        log.warning("edgellm.ops: schedule for %s failed (%s: %s); using the plain kernel", name,
+                    type(e).__name__, e)
+        func = _build(op, cpu, p, fast=False)
+    return name, func.with_attr("global_symbol", name)
+
+
+def host_cpu_info(num_threads: int = 2) -> CpuInfo:
+    """CpuInfo for the machine this runs on (tests, benchmarks)."""
+    import platform
+
+    import tvm
+
+    arch = platform.machine()
+    if arch in ("aarch64", "arm64"):
+        return CpuInfo(vector_lanes=4, num_threads=num_threads, arch="aarch64")
+    lanes = 8
+    try:
+        flags = open("/proc/cpuinfo").read()
+        if " avx512f" in flags:
+            lanes = 16
+        elif " avx2" not in flags:
+            lanes = 4
+    except OSError:
+        cpu = tvm.target.codegen.llvm_get_system_cpu()
+        lanes = 16 if any(s in cpu for s in ("avx512", "skylake-avx512", "cascadelake", "icelake",
+                                                 "sapphirerapids", "znver4", "znver5")) else 8
+    return CpuInfo(vector_lanes=lanes, num_threads=num_threads, arch="x86_64")
+
+
+def llvm_target(num_threads: int = 2):
+    """LLVM target for the host CPU (tests, benchmarks)."""
+    import tvm
+
+    return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
+                              "num-cores": num_threads})

@@ -1,0 +1,160 @@
+"""attention: causal GQA attention over a KV prefix of symbolic length S (int64 var "S").
+
+q f32[T, NH, D], k f32[S, KVH, D], v f32[S, KVH, D] -> out f32[T, NH*D].
+Query t sits at absolute position n_t - 1 = S - T + t and attends keys j < n_t; k/v rows past that are
+never read (they may hold padding or garbage). Head h uses kv head h // (NH // KVH); scale 1/sqrt(D).
+
+Schedule (hand-written TIR):
+- One parallel task per block of R = Gb heads (of one GQA group) x Tq consecutive queries; tasks are
+  ordered kv-head-major, so each thread gets a balanced mix of short and long causal rows.
+- Online (flash-decoding style) softmax over chunks of C = VL keys. For each chunk the task loops over its
+  R rows, so the chunk's k/v rows are loaded from memory once and reused from L1 by all rows of the
+  block (GQA heads and prefill queries share them).
+- Per row and full chunk: C partial-sum vectors of q.k (VD lanes over D), reduced together by one
+  transpose-reduce shuffle tree into a C-lane score vector (~2 shuffles per key instead of a full
+  horizontal sum each). The row's last, partial chunk uses per-key dot products; invisible keys keep
+  the score -3e38 (exp -> exactly 0) and are never loaded.
+- Then running max m, rescale alpha = exp(m_old - m_new), p = exp(s - m_new) vectorized over the chunk
+  (polynomial exp, no libm), acc += p * v[j] with the row's D-lane accumulator held in a stack buffer.
+- Scratch is constant-size per task (nothing depends on S): stack allocas when < 1 KiB, otherwise one
+  TVMBackendAllocWorkspace per task (q/acc rows when R*D >= 256).
+"""
+from __future__ import annotations
+
+import math
+
+from tvm.script import tirx as T
+
+from ._util import F32, STACK, concat_vecs, fast_exp, hmax, hsum, let_wrap, pow2_divisor, tree_reduce
+
+NEG = -3.0e38
+
+
+def dot_part(Kc, qs, qoff, j, kh, l, VD, ND):
+    """Lane l (< VD) of the partial sums of q . k[j]: sum over d = l, l + VD, ... (used inside a loop
+    vectorized over l)."""
+    p = None
+    for dc in range(ND):
+        term = qs[qoff + dc * VD + l] * Kc[j, kh, dc * VD + l]
+        p = term if p is None else p + term
+    return p
+
+
+def chunk_scores(pv0, pv1, C, VD):
+    """C-lane vector of full sums of the partial-sum vectors of C keys (keys < C/2 in pv0, rest in pv1;
+    two buffers so each stays under the 1 KiB stack-allocation limit)."""
+    h = C // 2
+    vecs = [pv0[T.Ramp(jj * VD, 1, VD)] for jj in range(h)] + [pv1[T.Ramp(jj * VD, 1, VD)] for jj in range(h)]
+    outs, binds = tree_reduce(vecs, VD)
+    return let_wrap(concat_vecs(outs, VD), binds)
+
+
+def blocking(cpu, T_: int, NH: int, KVH: int):
+    """(Gb, Tq): heads and queries per task."""
+    G = NH // KVH
+    nt = max(1, cpu.num_threads)
+    Tq = next(c for c in (8, 4, 2, 1) if T_ % c == 0)
+    Gb = next(c for c in (8, 4, 2, 1) if G % c == 0)
+    # keep enough tasks for the threads (causal rows have unequal cost, so aim for >= 4 per thread)
+    while Gb * Tq > 1 and KVH * (G // Gb) * (T_ // Tq) < 4 * nt:
+        if Tq >= Gb and Tq > 1:
+            Tq //= 2
+        else:
+            Gb //= 2
+    while Gb * Tq > 8:
+        if Tq > 1:
+            Tq //= 2
+        else:
+            Gb //= 2
+    return Gb, Tq
+
+
+def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False):
+    """simple=True: one row per task, per-key dot products only (fallback)."""
+    if NH % KVH != 0:
+        raise ValueError(f"NH={NH} not a multiple of KVH={KVH}")
+    VL = cpu.vector_lanes
+    G = NH // KVH
+    C = VL  # keys per chunk
+    VD = pow2_divisor(D, VL)  # lanes of the q.k partial sums
+    ND = D // VD
+    scale = 1.0 / math.sqrt(D)
+    Gb, Tq = (1, 1) if simple else blocking(cpu, T_, NH, KVH)
+    tree = not simple and VD >= 2  # the shuffle tree needs vectors
+    R = Gb * Tq
+    NHB = G // Gb  # head blocks per kv head
+    NTB = T_ // Tq  # query blocks
+    ntask = KVH * NHB * NTB
+
+    @T.prim_func
+    def attention(q: T.handle, k: T.handle, v: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        S = T.int64()
+        Q = T.match_buffer(q, (T_, NH, D), F32)
+        Kc = T.match_buffer(k, (S, KVH, D), F32)
+        Vc = T.match_buffer(v, (S, KVH, D), F32)
+        O = T.match_buffer(o, (T_, NH * D), F32)
+        for task in T.parallel(ntask):
+            qs = T.alloc_buffer((R * D,), F32, scope="global", annotations=STACK)
+            acc = T.alloc_buffer((R * D,), F32, scope="global", annotations=STACK)
+            st = T.alloc_buffer((R * 4,), F32, scope="global", annotations=STACK)  # m, m_new, alpha, l
+            sc = T.alloc_buffer((C,), F32, scope="global", annotations=STACK)
+            part = T.alloc_buffer((VD,), F32, scope="global", annotations=STACK)
+            ar = T.alloc_buffer((D,), F32, scope="global", annotations=STACK)
+            pv0 = T.alloc_buffer((C // 2 * VD,), F32, scope="global", annotations=STACK)
+            pv1 = T.alloc_buffer((C // 2 * VD,), F32, scope="global", annotations=STACK)
+            kh: T.let = task // (NHB * NTB)
+            h0: T.let = kh * G + (task % (NHB * NTB)) // NTB * Gb
+            t0: T.let = task % NTB * Tq
+            nmax: T.let = T.Cast("int32", S) - T_ + t0 + Tq  # keys visible to the block's last query
+            for r in range(R):
+                for dc in T.unroll(ND):
+                    for l in T.vectorized(VD):
+                        qs[r * D + dc * VD + l] = Q[t0 + r % Tq, h0 + r // Tq, dc * VD + l] * T.float32(scale)
+                        acc[r * D + dc * VD + l] = T.float32(0)
+                st[r * 4] = T.float32(NEG)
+                st[r * 4 + 3] = T.float32(0)
+            for c in range((nmax + (C - 1)) // C):
+                for r in range(R):
+                    # keys of this chunk visible to row r (row r sees keys j < nmax - Tq + 1 + r % Tq)
+                    nv: T.let = T.min(C, nmax - Tq + 1 + r % Tq - c * C)
+                    if nv > 0:
+                        if tree and nv == C:  # full chunk: shuffle-tree scores
+                            for jj in range(C // 2):
+                                for l in T.vectorized(VD):
+                                    pv0[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + jj, kh, l, VD, ND)
+                                    pv1[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + C // 2 + jj, kh, l, VD, ND)
+                            sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
+                        else:  # last, partial chunk: per-key dot products, invisible keys stay -3e38
+                            for jj in T.vectorized(C):
+                                sc[jj] = T.float32(NEG)
+                            for jj in range(nv):
+                                for l in T.vectorized(VD):
+                                    part[l] = T.float32(0)
+                                for dc in T.unroll(ND):
+                                    for l in T.vectorized(VD):
+                                        part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[c * C + jj, kh, dc * VD + l]
+                                sc[jj] = hsum(part, VD)
+                        st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
+                        st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
+                        for jj in T.vectorized(C):
+                            sc[jj] = fast_exp(sc[jj] - st[r * 4 + 1])
+                        st[r * 4 + 3] = st[r * 4 + 3] * st[r * 4 + 2] + hsum(sc, C)
+                        st[r * 4] = st[r * 4 + 1]
+                        for dc in T.unroll(ND):
+                            for l in T.vectorized(VD):
+                                ar[dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 2]
+                        for jj in range(nv):
+                            for dc in T.unroll(ND):
+                                for l in T.vectorized(VD):
+                                    ar[dc * VD + l] = ar[dc * VD + l] + sc[jj] * Vc[c * C + jj, kh, dc * VD + l]
+                        for dc in T.unroll(ND):
+                            for l in T.vectorized(VD):
+                                acc[r * D + dc * VD + l] = ar[dc * VD + l]
+            for r in range(R):
+                st[r * 4 + 3] = T.float32(1) / st[r * 4 + 3]
+                for dc in T.unroll(ND):
+                    for l in T.vectorized(VD):
+                        O[t0 + r % Tq, (h0 + r // Tq) * D + dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 3]
+
+    return attention

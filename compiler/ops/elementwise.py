@@ -1,0 +1,171 @@
+"""Memory-bound kernels: embed, rmsnorm, rope, add, swiglu, copy (hand-written TIR).
+
+All loops are vectorized with cpu.vector_lanes f32 lanes (main part) plus a scalar tail; the outer
+loop is parallel only when the kernel touches >= PARALLEL_MIN_ELEMS elements (below that the
+thread-pool launch costs more than it saves).
+"""
+from __future__ import annotations
+
+from tvm.script import tirx as T
+
+from ._util import F32, PARALLEL_MIN_ELEMS, STACK, fast_exp, hsum, pow2_divisor
+
+
+def _outer(elems: int):
+    return T.parallel if elems >= PARALLEL_MIN_ELEMS else T.serial
+
+
+def _flat(kind: str, cpu, R: int, N: int):
+    """add / swiglu / copy over R*N contiguous elements."""
+    VL = cpu.vector_lanes
+    M = R * N
+    B = VL * 4 if M >= VL * 4 else VL  # elements per outer iteration
+    Mm = (M // B) * B
+    outer = _outer(M)
+    nin = 1 if kind == "copy" else 2
+
+    def body(a, b, i):
+        if kind == "add":
+            return a[i] + b[i]
+        if kind == "copy":
+            return a[i]
+        g = a[i]  # swiglu: g * sigmoid(g) * u
+        return g * b[i] / (T.float32(1) + fast_exp(T.float32(0) - g))
+
+    if nin == 1:
+        @T.prim_func
+        def kern(a: T.handle, o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            A = T.match_buffer(a, (R, N), F32)
+            O = T.match_buffer(o, (R, N), F32)
+            Af = T.decl_buffer((M,), F32, data=A.data)
+            Of = T.decl_buffer((M,), F32, data=O.data)
+            for i in outer(Mm // B):
+                for l in T.vectorized(B):
+                    Of[i * B + l] = body(Af, None, i * B + l)
+            if Mm < M:
+                for i in range(Mm, M):
+                    Of[i] = body(Af, None, i)
+        return kern
+
+    @T.prim_func
+    def kern2(a: T.handle, b: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        A = T.match_buffer(a, (R, N), F32)
+        Bb = T.match_buffer(b, (R, N), F32)
+        O = T.match_buffer(o, (R, N), F32)
+        Af = T.decl_buffer((M,), F32, data=A.data)
+        Bf = T.decl_buffer((M,), F32, data=Bb.data)
+        Of = T.decl_buffer((M,), F32, data=O.data)
+        for i in outer(Mm // B):
+            for l in T.vectorized(B):
+                Of[i * B + l] = body(Af, Bf, i * B + l)
+        if Mm < M:
+            for i in range(Mm, M):
+                Of[i] = body(Af, Bf, i)
+    return kern2
+
+
+def add(cpu, R: int, N: int):
+    return _flat("add", cpu, R, N)
+
+
+def swiglu(cpu, T_: int, F: int):
+    return _flat("swiglu", cpu, T_, F)
+
+
+def copy(cpu, R: int, N: int):
+    return _flat("copy", cpu, R, N)
+
+
+def embed(cpu, T_: int, V: int, D: int, wdtype: str = "float32"):
+    VL = cpu.vector_lanes
+    Dm = (D // VL) * VL
+    outer = _outer(T_ * D)
+
+    def w(Wb, row, d):
+        v = Wb[T.Cast("int64", row), d]
+        return v if wdtype == F32 else v.astype(F32)
+
+    @T.prim_func
+    def kern(ids: T.handle, wt: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        I = T.match_buffer(ids, (T_,), "int32")
+        Wb = T.match_buffer(wt, (V, D), wdtype)
+        O = T.match_buffer(o, (T_, D), F32)
+        for t in outer(T_):
+            for dc in range(Dm // VL):
+                for l in T.vectorized(VL):
+                    O[t, dc * VL + l] = w(Wb, I[t], dc * VL + l)
+            if Dm < D:
+                for d in range(Dm, D):
+                    O[t, d] = w(Wb, I[t], d)
+    return kern
+
+
+def rmsnorm(cpu, R: int, D: int, eps: float):
+    VL = cpu.vector_lanes
+    U = 4 if D >= 4 * VL else 1  # independent accumulators for the sum of squares
+    L = VL * U
+    Dm = (D // L) * L
+    Dv = (D // VL) * VL  # vectorized part of the scaling pass
+    outer = _outer(R * D)
+    inv_d = 1.0 / D
+
+    @T.prim_func
+    def kern(x: T.handle, w: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        X = T.match_buffer(x, (R, D), F32)
+        Wt = T.match_buffer(w, (D,), F32)
+        O = T.match_buffer(o, (R, D), F32)
+        for r in outer(R):
+            part = T.alloc_buffer((L,), F32, scope="global", annotations=STACK)
+            st = T.alloc_buffer((2,), F32, scope="global", annotations=STACK)
+            for l in T.vectorized(L):
+                part[l] = T.float32(0)
+            for dc in range(Dm // L):
+                for u in T.unroll(U):
+                    for l in T.vectorized(VL):
+                        part[u * VL + l] = part[u * VL + l] + X[r, dc * L + u * VL + l] * X[r, dc * L + u * VL + l]
+            if U > 1:
+                for u in T.unroll(U - 1):
+                    for l in T.vectorized(VL):
+                        part[l] = part[l] + part[(u + 1) * VL + l]
+            st[0] = hsum(part, VL)
+            if Dm < D:
+                for d in range(Dm, D):
+                    st[0] = st[0] + X[r, d] * X[r, d]
+            st[1] = T.float32(1) / T.sqrt(st[0] * T.float32(inv_d) + T.float32(eps))
+            for dc in range(Dv // VL):
+                for l in T.vectorized(VL):
+                    O[r, dc * VL + l] = X[r, dc * VL + l] * st[1] * Wt[dc * VL + l]
+            if Dv < D:
+                for d in range(Dv, D):
+                    O[r, d] = X[r, d] * st[1] * Wt[d]
+    return kern
+
+
+def rope(cpu, T_: int, H: int, D: int):
+    if D % 2:
+        raise ValueError(f"rope needs an even head_dim, got {D}")
+    half = D // 2
+    VH = pow2_divisor(half, cpu.vector_lanes)
+    outer = _outer(T_ * H * D)
+
+    @T.prim_func
+    def kern(x: T.handle, cs: T.handle, sn: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        X = T.match_buffer(x, (T_, H, D), F32)
+        Cs = T.match_buffer(cs, (T_, half), F32)
+        Sn = T.match_buffer(sn, (T_, half), F32)
+        O = T.match_buffer(o, (T_, H, D), F32)
+        for th in outer(T_ * H):
+            for ic in range(half // VH):
+                for l in T.vectorized(VH):
+                    O[th // H, th % H, ic * VH + l] = (
+                        X[th // H, th % H, ic * VH + l] * Cs[th // H, ic * VH + l]
+                        - X[th // H, th % H, half + ic * VH + l] * Sn[th // H, ic * VH + l])
+                    O[th // H, th % H, half + ic * VH + l] = (
+                        X[th // H, th % H, half + ic * VH + l] * Cs[th // H, ic * VH + l]
+                        + X[th // H, th % H, ic * VH + l] * Sn[th // H, ic * VH + l])
+    return kern

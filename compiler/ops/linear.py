@@ -1,0 +1,181 @@
+"""linear: out[t, n] = sum_k x[t, k] * W[n, k] (+ b[n]); W in PyTorch [N, K] layout, f32 or f16.
+
+Both x rows and W rows are contiguous in K, so every schedule vectorizes over K (VL lanes) and needs no
+weight packing; f16 weights are widened to f32 in registers (vcvtph2ps / fcvtl); weights stay f16 in memory.
+
+T == 1 (decode GEMV, memory bound): parallel over output rows; per row U*VL lanes in U independent
+  accumulator vectors (breaks the FMA latency chain), summed at the end with a shuffle tree; the K % (U*VL)
+  tail is a scalar loop.
+T > 1 (prefill GEMM, compute bound): parallel over blocks of Nn weight rows; inside, blocks of Tt token
+  rows; register block of Tt x Nn accumulator vectors (AVX-512: 4 x 4 = 16 of 32 zmm): per K-vector step
+  Tt + Nn loads feed Tt*Nn FMAs. The Tt*Nn horizontal sums are done together by one transpose-reduce tree
+  (2 shuffles + 1 add per accumulator instead of a full reduction each). Ragged N / T blocks clamp their
+  load rows (recomputing a valid row) and guard the stores, so any shape works with the same code.
+Scratch is constant-size: stack allocas, except the GEMM accumulator block when it reaches 1 KiB
+(AVX-512 4x4x16 floats), which becomes one TVMBackendAllocWorkspace per parallel task (LLVM still keeps
+it in registers inside the K loop: x and W are noalias). Tiny problems (< 2^16 weight elements for GEMV,
+< 2^18 multiply-adds for GEMM) run single-threaded: the thread-pool launch would cost more.
+"""
+from __future__ import annotations
+
+from tvm import te, tirx
+from tvm.script import tirx as T
+
+from ._util import F32, PARALLEL_MIN_ELEMS, STACK, concat_vecs, hsum, let_wrap, tree_reduce
+
+
+def _w(v, wdtype):
+    return v if wdtype == F32 else v.astype(F32)
+
+
+def gemv(cpu, N: int, K: int, wdtype: str, bias: bool):
+    VL = cpu.vector_lanes
+    U = max(1, min(4, K // VL))
+    L = U * VL if K >= VL else 0
+    Km = (K // L) * L if L else 0
+    LA = max(L, VL)
+    B_shape = (N,) if bias else (1,)
+    outer = T.parallel if N * K >= PARALLEL_MIN_ELEMS else T.serial
+
+    @T.prim_func
+    def linear(x: T.handle, w: T.handle, b: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        X = T.match_buffer(x, (1, K), F32)
+        W = T.match_buffer(w, (N, K), wdtype)
+        Bs = T.match_buffer(b, B_shape, F32)
+        O = T.match_buffer(o, (1, N), F32)
+        for n in outer(N):
+            acc = T.alloc_buffer((LA,), F32, scope="global", annotations=STACK)
+            st = T.alloc_buffer((1,), F32, scope="global", annotations=STACK)
+            st[0] = T.float32(0)
+            if Km > 0:
+                for l in T.vectorized(L):
+                    acc[l] = T.float32(0)
+                for ko in range(Km // L):
+                    for u in T.unroll(U):
+                        for l in T.vectorized(VL):
+                            acc[u * VL + l] = acc[u * VL + l] + X[0, ko * L + u * VL + l] * _w(
+                                W[n, ko * L + u * VL + l], wdtype)
+                if U > 1:
+                    for u in T.unroll(U - 1):
+                        for l in T.vectorized(VL):
+                            acc[l] = acc[l] + acc[(u + 1) * VL + l]
+                st[0] = hsum(acc, VL)
+            if Km < K:
+                for k in range(Km, K):
+                    st[0] = st[0] + X[0, k] * _w(W[n, k], wdtype)
+            if bias:
+                O[0, n] = st[0] + Bs[n]
+            else:
+                O[0, n] = st[0]
+
+    return _drop_bias(linear, bias)
+
+
+def gemm_blocking(cpu, T_: int, N: int):
+    nreg = 32 if (cpu.vector_lanes >= 16 or cpu.arch == "aarch64") else 16
+    Tt = 4 if T_ >= 4 else T_
+    Nn = 4 if nreg >= 32 else 2
+    Nn = min(Nn, N)
+    return Tt, Nn
+
+
+def gemm(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=None):
+    VL = cpu.vector_lanes
+    Tt, Nn = blocking or gemm_blocking(cpu, T_, N)
+    TN = Tt * Nn
+    Km = (K // VL) * VL
+    NTB = (T_ + Tt - 1) // Tt
+    NNB = (N + Nn - 1) // Nn
+    rag_t = T_ % Tt != 0
+    rag_n = N % Nn != 0
+    use_tree = TN % VL == 0 and (TN // VL) & (TN // VL - 1) == 0
+    B_shape = (N,) if bias else (1,)
+    outer = T.parallel if T_ * N * K >= 4 * PARALLEL_MIN_ELEMS else T.serial
+
+    def trow(tb, ti):
+        return T.min(tb * Tt + ti, T_ - 1) if rag_t else tb * Tt + ti
+
+    def nrow(nb, ni):
+        return T.min(nb * Nn + ni, N - 1) if rag_n else nb * Nn + ni
+
+    def finish(acc):
+        outs, binds = tree_reduce([acc[T.Ramp(i * VL, 1, VL)] for i in range(TN)], VL)
+        return let_wrap(concat_vecs(outs, VL), binds)
+
+    @T.prim_func
+    def linear(x: T.handle, w: T.handle, b: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        X = T.match_buffer(x, (T_, K), F32)
+        W = T.match_buffer(w, (N, K), wdtype)
+        Bs = T.match_buffer(b, B_shape, F32)
+        O = T.match_buffer(o, (T_, N), F32)
+        for nb in outer(NNB):
+            acc = T.alloc_buffer((TN * VL,), F32, scope="global", annotations=STACK)
+            res = T.alloc_buffer((TN,), F32, scope="global", annotations=STACK)
+            for tb in range(NTB):
+                for i in T.unroll(TN):
+                    for l in T.vectorized(VL):
+                        acc[i * VL + l] = T.float32(0)
+                for ko in range(Km // VL):
+                    for ti in T.unroll(Tt):
+                        for ni in T.unroll(Nn):
+                            for l in T.vectorized(VL):
+                                acc[(ti * Nn + ni) * VL + l] = acc[(ti * Nn + ni) * VL + l] + X[
+                                    trow(tb, ti), ko * VL + l] * _w(W[nrow(nb, ni), ko * VL + l], wdtype)
+                if use_tree:
+                    res[T.Ramp(0, 1, TN)] = finish(acc)
+                else:
+                    for i in T.unroll(TN):
+                        res[i] = hsum(acc, VL, i * VL)
+                for ti in T.unroll(Tt):
+                    for ni in T.unroll(Nn):
+                        if Km < K:
+                            for k in range(Km, K):
+                                res[ti * Nn + ni] = res[ti * Nn + ni] + X[trow(tb, ti), k] * _w(
+                                    W[nrow(nb, ni), k], wdtype)
+                        if rag_t or rag_n:
+                            if tb * Tt + ti < T_ and nb * Nn + ni < N:
+                                if bias:
+                                    O[tb * Tt + ti, nb * Nn + ni] = res[ti * Nn + ni] + Bs[nb * Nn + ni]
+                                else:
+                                    O[tb * Tt + ti, nb * Nn + ni] = res[ti * Nn + ni]
+                        else:
+                            if bias:
+                                O[tb * Tt + ti, nb * Nn + ni] = res[ti * Nn + ni] + Bs[nb * Nn + ni]
+                            else:
+                                O[tb * Tt + ti, nb * Nn + ni] = res[ti * Nn + ni]
+
+    return _drop_bias(linear, bias)
+
+
+def _drop_bias(func, bias: bool):
+    """The kernels are written with a bias parameter (unused when bias=False); without bias, remove it
+    so the signature is (x, W, out)."""
+    if bias:
+        return func
+    params = list(func.params)
+    params.pop(2)
+    return tirx.PrimFunc(params, func.body, func.ret_type, func.attrs)
+
+
+def naive(T_: int, N: int, K: int, wdtype: str, bias: bool):
+    """Unscheduled TE definition: always builds (serial loops); fallback for shapes a schedule rejects."""
+    x = te.placeholder((T_, K), F32, "x")
+    W = te.placeholder((N, K), wdtype, "W")
+    k = te.reduce_axis((0, K), "k")
+    y = te.compute((T_, N), lambda t, n: te.sum(x[t, k] * _w(W[n, k], wdtype), axis=k), name="y")
+    args = [x, W]
+    if bias:
+        b = te.placeholder((N,), F32, "b")
+        y2 = te.compute((T_, N), lambda t, n: y[t, n] + b[n], name="out")
+        args += [b, y2]
+    else:
+        args += [y]
+    return te.create_prim_func(args)
+
+
+def make(cpu, T: int, N: int, K: int, wdtype: str = "float32", bias: bool = False):
+    if T == 1:
+        return gemv(cpu, N, K, wdtype, bias)
+    return gemm(cpu, T, N, K, wdtype, bias)

@@ -1,0 +1,62 @@
+"""numpy float64 references for every op (used by tests; also handy for debugging a runtime)."""
+from __future__ import annotations
+
+import numpy as np
+
+NINPUTS = {"embed": 2, "rmsnorm": 2, "rope": 3, "attention": 3, "add": 2, "swiglu": 2, "copy": 1}
+
+
+def _f64(a):
+    return np.asarray(a).astype(np.float64)
+
+
+def reference(op: str, args, **p) -> np.ndarray:
+    nin = NINPUTS.get(op)
+    if op == "linear":
+        nin = 3 if p.get("bias", False) else 2
+    if nin is None:
+        raise ValueError(f"unknown op {op!r}")
+    if len(args) not in (nin, nin + 1):  # inputs, optionally followed by the output buffer
+        raise ValueError(f"{op}: expected {nin} inputs, got {len(args)} arrays")
+    a = list(args[:nin])
+    if op == "embed":
+        ids, W = a
+        return _f64(W)[np.asarray(ids).astype(np.int64)]
+    if op == "rmsnorm":
+        x, w = _f64(a[0]), _f64(a[1])
+        eps = float(p["eps"])
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+    if op == "linear":
+        x, W = _f64(a[0]), _f64(a[1])
+        y = x @ W.T
+        if p.get("bias", False):
+            y = y + _f64(a[2])
+        return y
+    if op == "rope":
+        x, c, s = (_f64(v) for v in a)
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        c, s = c[:, None, :], s[:, None, :]
+        return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    if op == "attention":
+        q, k, v = (_f64(t) for t in a)
+        T, NH, D = q.shape
+        S, KVH = k.shape[0], k.shape[1]
+        G = NH // KVH
+        out = np.zeros((T, NH, D))
+        for t in range(T):
+            n = S - T + t + 1
+            for h in range(NH):
+                s = k[:n, h // G] @ q[t, h] / np.sqrt(D)
+                e = np.exp(s - s.max())
+                out[t, h] = (e / e.sum()) @ v[:n, h // G]
+        return out.reshape(T, NH * D)
+    if op == "add":
+        return _f64(a[0]) + _f64(a[1])
+    if op == "swiglu":
+        g, u = _f64(a[0]), _f64(a[1])
+        sig = np.where(g >= 0, 1.0 / (1.0 + np.exp(-np.abs(g))), np.exp(-np.abs(g)) / (1.0 + np.exp(-np.abs(g))))
+        return g * sig * u
+    if op == "copy":
+        return _f64(a[0]).copy()
+    raise ValueError(f"unknown op {op!r}")

@@ -1,0 +1,76 @@
+"""The tracing Graph backend: running a model definition on it records a list of op nodes with static shapes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..models.spec import ModelSpec
+
+
+@dataclass(eq=False)
+class Val:
+    id: int
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+
+@dataclass(eq=False)
+class Node:
+    op: str
+    inputs: list[Val]
+    out: Val | None
+    weights: list[str] = field(default_factory=list)   # checkpoint names, in kernel argument order
+    params: dict = field(default_factory=dict)
+
+
+class TraceGraph:
+    def __init__(self, spec: ModelSpec, tokens: int):
+        from ..models import family
+
+        self.spec, self.T = spec, tokens
+        self.wshape = family(spec).weight_shapes(spec)
+        self.nodes: list[Node] = []
+        self._n = 0
+
+    def _val(self, shape, dtype="float32") -> Val:
+        self._n += 1
+        return Val(self._n, tuple(shape), dtype)
+
+    def _emit(self, op, inputs, shape, weights=(), **params) -> Val:
+        out = self._val(shape)
+        self.nodes.append(Node(op, list(inputs), out, [w for w in weights if w is not None], params))
+        return out
+
+    # program inputs
+    def input_ids(self) -> Val:
+        return self._val((self.T,), "int32")
+
+    def input_hidden(self) -> Val:
+        return self._val((self.T, self.spec.hidden_size))
+
+    # Graph API (models/graph.py)
+    def embed(self, ids, w):
+        return self._emit("embed", [ids], (self.T, self.spec.hidden_size), [w])
+
+    def rmsnorm(self, x, w):
+        return self._emit("rmsnorm", [x], x.shape, [w], heads=1)
+
+    def head_rmsnorm(self, x, w, n_heads):
+        return self._emit("rmsnorm", [x], x.shape, [w], heads=n_heads)
+
+    def linear(self, x, w, b=None):
+        return self._emit("linear", [x], (x.shape[0], self.wshape[w][0]), [w, b], bias=b is not None)
+
+    def rope(self, x, n_heads):
+        return self._emit("rope", [x], x.shape, ["rope.cos", "rope.sin"], heads=n_heads)
+
+    def kv_store(self, layer, k, v):
+        self.nodes.append(Node("kv_store", [k, v], None, params={"layer": layer}))
+
+    def attention(self, q, layer):
+        return self._emit("attention", [q], q.shape, layer=layer)
+
+    def add(self, a, b):
+        return self._emit("add", [a, b], a.shape)
+
+    def swiglu(self, gate, up):
+        return self._emit("swiglu", [gate, up], gate.shape)

@@ -1,0 +1,26 @@
+"""The Graph builder API that model definitions are written against, once, for every backend.
+
+A backend implements these ops; values are backend-specific (numpy arrays for the reference backend, traced
+nodes for the compiler). Activations are 2-D [T, features]: T tokens of one sequence (batch is 1 on a device).
+Weights are referenced by checkpoint name, never passed as arrays: the backend decides where bytes live."""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from .spec import ModelSpec
+
+Value = Any
+
+
+class Graph(Protocol):
+    spec: ModelSpec
+
+    def embed(self, ids: Value, w: str) -> Value: ...
+    def rmsnorm(self, x: Value, w: str) -> Value: ...
+    def head_rmsnorm(self, x: Value, w: str, n_heads: int) -> Value: ...      # RMSNorm over each head's D values
+    def linear(self, x: Value, w: str, b: str | None = None) -> Value: ...    # x @ W.T (+ b); W is [out, in]
+    def rope(self, x: Value, n_heads: int) -> Value: ...                      # positions pos .. pos+T-1
+    def kv_store(self, layer: int, k: Value, v: Value) -> None: ...           # rows pos .. pos+T-1 of the KV cache
+    def attention(self, q: Value, layer: int) -> Value: ...                   # causal over the cache prefix
+    def add(self, a: Value, b: Value) -> Value: ...
+    def swiglu(self, gate: Value, up: Value) -> Value: ...                    # silu(gate) * up

@@ -1,0 +1,108 @@
+"""The reference backend: executes a model definition eagerly in numpy (float64 by default). It is the oracle the
+compiled packages are tested against, and is itself tested against `transformers`."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from . import family
+from .rope import apply_rope, cos_sin
+from .spec import ModelSpec
+
+
+class NumpyGraph:
+    """Graph backend with a growing KV cache; `pos` is the number of tokens already in the cache."""
+
+    def __init__(self, spec: ModelSpec, weight: Callable[[str], np.ndarray], dtype=np.float64):
+        self.spec, self.dtype = spec, dtype
+        self._weight, self._cache = weight, {}
+        self.k: list[np.ndarray] = [np.zeros((0, spec.n_kv_heads, spec.head_dim), dtype)] * spec.n_layers
+        self.v: list[np.ndarray] = list(self.k)
+        self.pos = 0
+        self._T = 0
+
+    def w(self, name: str) -> np.ndarray:
+        if name not in self._cache:
+            self._cache[name] = np.asarray(self._weight(name), dtype=self.dtype)
+        return self._cache[name]
+
+    def embed(self, ids, w):
+        self._T = len(ids)
+        return self.w(w)[np.asarray(ids)]
+
+    def _rms(self, x, w):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.spec.rms_eps) * w
+
+    def rmsnorm(self, x, w):
+        return self._rms(x, self.w(w))
+
+    def head_rmsnorm(self, x, w, n_heads):
+        T = x.shape[0]
+        return self._rms(x.reshape(T, n_heads, -1), self.w(w)).reshape(T, -1)
+
+    def linear(self, x, w, b=None):
+        y = x @ self.w(w).T
+        return y + self.w(b) if b is not None else y
+
+    def rope(self, x, n_heads):
+        T = x.shape[0]
+        c, s = cos_sin(self.spec, np.arange(self.pos, self.pos + T))
+        return apply_rope(x.reshape(T, n_heads, -1), c, s).reshape(T, -1)
+
+    def kv_store(self, layer, k, v):
+        T, sh = k.shape[0], (self.spec.n_kv_heads, self.spec.head_dim)
+        self.k[layer] = np.concatenate([self.k[layer][:self.pos], k.reshape(T, *sh)])
+        self.v[layer] = np.concatenate([self.v[layer][:self.pos], v.reshape(T, *sh)])
+
+    def attention(self, q, layer):
+        s = self.spec
+        T, S = q.shape[0], self.pos + q.shape[0]
+        rep = s.n_heads // s.n_kv_heads
+        qh = q.reshape(T, s.n_heads, s.head_dim)
+        k = np.repeat(self.k[layer][:S], rep, axis=1)  # [S, NH, D]
+        v = np.repeat(self.v[layer][:S], rep, axis=1)
+        sc = np.einsum("thd,shd->hts", qh, k) / np.sqrt(s.head_dim)
+        mask = np.arange(S)[None, :] > (self.pos + np.arange(T))[:, None]
+        sc = np.where(mask[None], -np.inf, sc)
+        sc = np.exp(sc - sc.max(-1, keepdims=True))
+        p = sc / sc.sum(-1, keepdims=True)
+        return np.einsum("hts,shd->thd", p, v).reshape(T, -1)
+
+    def add(self, a, b):
+        return a + b
+
+    def swiglu(self, gate, up):
+        return gate / (1 + np.exp(-gate)) * up
+
+
+class NumpyModel:
+    """Runs a ModelSpec's forward pass with NumpyGraph: logits of a token sequence, greedy generation."""
+
+    def __init__(self, spec: ModelSpec, weight: Callable[[str], np.ndarray], dtype=np.float64):
+        self.spec, self._weight, self.dtype = spec, weight, dtype
+        self.fwd = family(spec)
+        self.reset()
+
+    def reset(self):
+        self.g = NumpyGraph(self.spec, self._weight, self.dtype)
+
+    def forward(self, ids) -> np.ndarray:
+        """Append ids to the context; logits [len(ids), vocab]."""
+        x = self.fwd.body(self.g, list(ids))
+        logits = self.fwd.head(self.g, x)
+        self.g.pos += len(ids)
+        return logits
+
+    def logits(self, ids) -> np.ndarray:
+        self.reset()
+        return self.forward(ids)
+
+    def greedy(self, ids, n: int) -> list[int]:
+        self.reset()
+        out, last = [], self.forward(ids)[-1]
+        for _ in range(n):
+            t = int(np.argmax(last))
+            out.append(t)
+            last = self.forward([t])[-1]
+        return out

@@ -1,0 +1,41 @@
+"""ModelSpec: the architecture-independent description every backend reads (built from a HF config.json)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    arch: str                     # HF architecture name, e.g. "LlamaForCausalLM"
+    family: str                   # forward-pass family in models/ ("llama")
+    vocab_size: int
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool = False         # per-head RMSNorm on q and k before RoPE (Qwen3)
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def lm_head_name(self) -> str:
+        return "model.embed_tokens.weight" if self.tie_word_embeddings else "lm_head.weight"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["eos_token_ids"] = list(self.eos_token_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelSpec:
+        d = dict(d)
+        d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+        return cls(**d)

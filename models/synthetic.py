@@ -1,0 +1,96 @@
+"""Seeded random-weight checkpoints in Hugging Face format (config.json, model.safetensors, tokenizer files).
+
+Used by tests (exactness against transformers and between backends) and by benchmarks; needs no torch."""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from . import family
+from .registry import spec_from_config
+
+_BASE = {
+    "LlamaForCausalLM": {"model_type": "llama"},
+    "Qwen2ForCausalLM": {"model_type": "qwen2", "use_sliding_window": False},
+    "Qwen3ForCausalLM": {"model_type": "qwen3", "attention_bias": False},
+}
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer_json(vocab_size: int) -> str:
+    """A byte-level BPE (ids 0/1/2 = <s>, </s>, <pad>) trained on the Python language reference, which ships with
+    every CPython (pydoc_data.topics), so random-weight models still produce real words."""
+    from pydoc_data.topics import topics
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(list(topics.values())[:200], trainer)
+    return tok.to_str()
+
+
+def make_config(arch: str = "LlamaForCausalLM", **overrides) -> dict:
+    cfg = {
+        "architectures": [arch], **_BASE[arch],
+        "vocab_size": 997, "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False, "hidden_act": "silu",
+        "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "float32",
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def random_weights(cfg: dict, seed: int = 0, ternary: bool = False) -> dict[str, np.ndarray]:
+    """Weights scaled so activations stay O(1) through the layers (logits then have a real spread)."""
+    spec = spec_from_config(cfg)
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in family(spec).weight_shapes(spec).items():
+        if len(shape) == 1:
+            w = (1.0 + 0.1 * rng.standard_normal(shape)) if name.endswith("norm.weight") else 0.1 * rng.standard_normal(shape)
+        elif "embed_tokens" in name:
+            w = rng.standard_normal(shape)
+        else:
+            w = rng.standard_normal(shape) / np.sqrt(shape[1])
+            if ternary:  # exactly absmean-ternary rows (what a BitNet-style model holds)
+                scale = np.abs(w).mean(axis=1, keepdims=True)
+                w = np.clip(np.round(w / scale), -1, 1) * scale
+        out[name] = w.astype(np.float32)
+    return out
+
+
+def make_tokenizer(out_dir: Path, vocab_size: int = 1000, chat_template: str | None = None) -> None:
+    (out_dir / "tokenizer.json").write_text(_tokenizer_json(vocab_size))
+    tc = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "tokenizer_class": "PreTrainedTokenizerFast",
+          "add_bos_token": False}
+    if chat_template:
+        tc["chat_template"] = chat_template
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tc, indent=2))
+
+
+def make_checkpoint(out_dir, arch: str = "LlamaForCausalLM", seed: int = 0, dtype: str = "float32",
+                    tokenizer: bool = True, ternary: bool = False, **overrides) -> Path:
+    """Write a complete random checkpoint; dtype of the stored weights: float32, float16 or bfloat16."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = make_config(arch, torch_dtype=dtype, **overrides)
+    w = random_weights(cfg, seed, ternary)
+    if dtype == "float16":
+        w = {k: v.astype(np.float16) for k, v in w.items()}
+    elif dtype == "bfloat16":
+        import ml_dtypes
+
+        w = {k: v.astype(ml_dtypes.bfloat16) for k, v in w.items()}
+    save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    if tokenizer:
+        make_tokenizer(out, vocab_size=cfg["vocab_size"])
+    return out

@@ -1,0 +1,48 @@
+"""The package contract on disk (shared by compiler and runtime): file names, format version, manifest checks."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import PackageError
+
+FORMAT_VERSION = 1
+MANIFEST, PLAN, WEIGHTS, KERNELS = "manifest.json", "plan.bin", "weights.bin", "kernels.so"
+REQUIRED_FILES = (MANIFEST, PLAN, WEIGHTS, KERNELS)
+ALIGN = 16 * 1024  # every weight region starts on a 16 KiB boundary (Android page size; x86's 4 KiB divides it)
+
+
+def read_manifest(path: str | Path) -> dict:
+    """Checks that `path` is a package of this format version and returns its manifest."""
+    p = Path(path)
+    if not p.is_dir():
+        raise PackageError(f"{p} is not a package directory: compile one with `edgellm compile MODEL -o {p}`")
+    mf = p / MANIFEST
+    if not mf.is_file():
+        raise PackageError(f"{p} has no {MANIFEST}: not an edgellm package (compile one with `edgellm compile`)")
+    try:
+        m = json.loads(mf.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PackageError(f"{mf} is corrupt ({e}): recompile the package") from e
+    v = m.get("format_version")
+    if v != FORMAT_VERSION:
+        raise PackageError(f"{p} has package format version {v}, this edgellm reads {FORMAT_VERSION}: "
+                           "recompile the package with this edgellm")
+    for f in REQUIRED_FILES:
+        if not (p / f).is_file():
+            raise PackageError(f"{p} is incomplete: {f} is missing; recompile or copy the whole package again")
+    return m
+
+
+def verify_checksums(path: str | Path, manifest: dict) -> None:
+    """sha256 of every tensor region in weights.bin against the manifest (catches corruption, not only truncation)."""
+    import hashlib
+
+    import numpy as np
+
+    wb = Path(path) / WEIGHTS
+    mm = np.memmap(wb, dtype=np.uint8, mode="r")
+    for t in manifest["tensors"]:
+        o, n = t["offset"], t["nbytes"]
+        if o + n > mm.size or hashlib.sha256(mm[o:o + n]).hexdigest() != t["sha256"]:
+            raise PackageError(f"{wb} is corrupt: tensor {t['name']} fails its checksum; recompile or copy again")

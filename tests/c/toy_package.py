@@ -1,0 +1,240 @@
+"""A hand-made edgellm package for testing libedgellm without the compiler: TVM kernels + plan.bin + weights.bin.
+
+The toy "model" (D = 16, H x Dh = 2 x 8, vocab 32, 2 layers, chunk 4, max_ctx 11) exercises every arg kind:
+    x  = E[ids]                                    embed      (WEIGHT table, int32 ids from the arena)
+    y  = x * scale + P[pos + t]                    posadd     (sch.parallel; WEIGHT with EL_FLAG_AT_POS)
+    per layer l (weights ab_l = [a, b]):
+      K_l[pos + t] = y * a ; V_l[pos + t] = y + b  kvwrite    (KCACHE / VCACHE with EL_FLAG_AT_POS)
+      y[t] += 0.1 * sum_{s <= pos + t} (0.5 K_l[s] + 0.25 V_l[s])
+                                                   attn       (KCACHE / VCACHE with EL_FLAG_PREFIX, symbolic S;
+                                                               the [S, H, Dh] temp goes through AllocWorkspace)
+    logits = y @ W.T                               lmhead     (sch.parallel)
+`reference()` computes it token by token in numpy (no chunks, no padding): the oracle.
+
+Run as a script to write a package: python tests/c/toy_package.py OUT_DIR [path/to/kernel_shim.c]
+"""
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+V, D, H, DH, C, MAX_CTX, L = 32, 16, 2, 8, 4, 11, 2
+KV_ROWS = MAX_CTX + C
+ALIGN = 16 * 1024
+
+HEADER = struct.Struct("<8sII64s32s12IQQii8i")
+WEIGHT = struct.Struct("<QQ")
+KERNEL = struct.Struct("<64s")
+PROGRAM = struct.Struct("<24sIIQQQ")
+STEP = struct.Struct("<II")
+ARG = struct.Struct("<IIBBHIIIQ4q")
+assert (HEADER.size, WEIGHT.size, KERNEL.size, PROGRAM.size, STEP.size, ARG.size) == (216, 16, 64, 56, 8, 64)
+
+ARENA, WEIGHT_ARG, KCACHE, VCACHE = 0, 1, 2, 3
+AT_POS, PREFIX = 1, 2
+F32, I32 = (2, 32), (0, 32)
+
+# arena layout (bytes): every buffer 64-byte aligned (TVM kernels assume it)
+IDS, X, A, B, LOGITS = 0, 64, 320, 576, 832
+ARENA_BYTES = LOGITS + C * V * 4
+
+KERNELS = [f"{k}_{t}" for t in (C, 1) for k in ("embed", "posadd", "kvwrite", "attn", "lmhead")]
+
+
+def build_kernels(out_o: Path, target: dict | None = None) -> None:
+    """Compiles the toy kernels with TVM into an object file (kernels.o); target: a TVM target dict (host llvm)."""
+    import tvm
+    from tvm import s_tir, te, tirx
+
+    def embed(T):
+        ids = te.placeholder((T,), "int32", "ids")
+        E = te.placeholder((V, D), "float32", "E")
+        # ids are clamped: a gather must stay in bounds whatever the arena holds (a corrupt plan may point the
+        # kernel at the wrong bytes; the runtime bounds-checks views, not the values inside them)
+        x = te.compute((T, D), lambda t, d: E[tirx.max(tirx.min(ids[t], V - 1), 0), d], name="x")
+        return te.create_prim_func([ids, E, x])
+
+    def posadd(T):
+        x = te.placeholder((T, D), "float32", "x")
+        s = te.placeholder((D,), "float32", "scale")
+        P = te.placeholder((T, D), "float32", "P")
+        y = te.compute((T, D), lambda t, d: x[t, d] * s[d] + P[t, d], name="y")
+        sch = s_tir.Schedule(te.create_prim_func([x, s, P, y]))
+        sch.parallel(sch.fuse(*sch.get_loops(sch.get_sblock("y"))))
+        return sch.mod["main"]
+
+    def kvwrite(T):
+        x = te.placeholder((T, D), "float32", "x")
+        ab = te.placeholder((2,), "float32", "ab")
+        k = te.compute((T, H, DH), lambda t, h, e: x[t, h * DH + e] * ab[0], name="k")
+        v = te.compute((T, H, DH), lambda t, h, e: x[t, h * DH + e] + ab[1], name="v")
+        return te.create_prim_func([x, ab, k, v])
+
+    def attn(T):
+        S = tirx.Var("S", "int64")
+        K = te.placeholder((S, H, DH), "float32", "K")
+        Vc = te.placeholder((S, H, DH), "float32", "V")
+        x = te.placeholder((T, D), "float32", "x")
+        tmp = te.compute((S, H, DH), lambda s, h, e: K[s, h, e] * 0.5 + Vc[s, h, e] * 0.25, name="tmp")
+        r = te.reduce_axis((0, S), "r")
+        acc = te.compute((T, D), lambda t, d: te.sum(
+            tirx.if_then_else(r <= S - T + t, tmp[r, d // DH, d % DH], tirx.const(0.0, "float32")), axis=r),
+            name="acc")
+        y = te.compute((T, D), lambda t, d: x[t, d] + acc[t, d] * 0.1, name="y")
+        return te.create_prim_func([K, Vc, x, y])
+
+    def lmhead(T):
+        x = te.placeholder((T, D), "float32", "x")
+        W = te.placeholder((V, D), "float32", "W")
+        k = te.reduce_axis((0, D), "k")
+        y = te.compute((T, V), lambda t, v: te.sum(x[t, k] * W[v, k], axis=k), name="logits")
+        sch = s_tir.Schedule(te.create_prim_func([x, W, y]))
+        t, v, _ = sch.get_loops(sch.get_sblock("logits"))
+        sch.parallel(sch.fuse(t, v))
+        return sch.mod["main"]
+
+    funcs = {}
+    for T in (C, 1):
+        for name, fn in (("embed", embed), ("posadd", posadd), ("kvwrite", kvwrite), ("attn", attn),
+                         ("lmhead", lmhead)):
+            funcs[f"{name}_{T}"] = fn(T).with_attr("global_symbol", f"{name}_{T}")
+    ex = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(target or {"kind": "llvm"}))
+    ex.mod.write_to_file(str(out_o))
+
+
+def link_kernels(obj: Path, shim: Path, out_so: Path, cc: str = "gcc") -> None:
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", str(obj), str(shim), "-o", str(out_so), "-lm", "-Wl,-Bsymbolic"],
+                   check=True)
+
+
+def make_weights(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    w = {"E": rng.standard_normal((V, D)), "scale": rng.uniform(0.5, 1.5, D), "P": rng.standard_normal((KV_ROWS, D)),
+         "W": rng.standard_normal((V, D)) * 0.5}
+    for layer in range(L):
+        w[f"ab{layer}"] = np.array([0.5 + 0.25 * layer, 0.1 * (layer + 1)])
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()}
+
+
+WEIGHT_ORDER = ["E", "scale", "P", "W"] + [f"ab{layer}" for layer in range(L)]
+
+
+def reference(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
+    """Logits [len(ids), V] computed one token at a time in float64."""
+    Kc = np.zeros((L, KV_ROWS, D))
+    Vc = np.zeros((L, KV_ROWS, D))
+    out = []
+    for pos, tok in enumerate(ids):
+        y = w["E"][tok].astype(np.float64) * w["scale"] + w["P"][pos]
+        for layer in range(L):
+            a, b = w[f"ab{layer}"]
+            Kc[layer, pos], Vc[layer, pos] = y * a, y + b
+            y = y + 0.1 * (0.5 * Kc[layer, :pos + 1] + 0.25 * Vc[layer, :pos + 1]).sum(0)
+        out.append(w["W"].astype(np.float64) @ y)
+    return np.array(out)
+
+
+def arg(kind, index=0, offset=0, shape=(), dtype=F32, flags=0) -> bytes:
+    s = list(shape) + [0] * (4 - len(shape))
+    return ARG.pack(kind, index, dtype[0], dtype[1], 1, len(shape), flags, 0, offset, *s)
+
+
+def program(name: str, T: int, in_off: int, out_off: int, row_bytes: int, steps: list) -> bytes:
+    body = b"".join(STEP.pack(k, len(args)) + b"".join(args) for k, args in steps)
+    return PROGRAM.pack(name.encode(), T, len(steps), in_off, out_off, row_bytes) + body
+
+
+def body_steps(T: int, with_head: bool) -> tuple[list, int]:
+    """Steps of the model body for T tokens; returns (steps, arena offset of the final hidden state)."""
+    wi = {n: i for i, n in enumerate(WEIGHT_ORDER)}
+    k = {n: i for i, n in enumerate(KERNELS)}
+    steps = [
+        (k[f"embed_{T}"], [arg(ARENA, 0, IDS, (T,), I32), arg(WEIGHT_ARG, wi["E"], 0, (V, D)),
+                           arg(ARENA, 0, X, (T, D))]),
+        (k[f"posadd_{T}"], [arg(ARENA, 0, X, (T, D)), arg(WEIGHT_ARG, wi["scale"], 0, (D,)),
+                            arg(WEIGHT_ARG, wi["P"], 0, (T, D), flags=AT_POS), arg(ARENA, 0, A, (T, D))]),
+    ]
+    cur, other = A, B
+    for layer in range(L):
+        steps.append((k[f"kvwrite_{T}"], [arg(ARENA, 0, cur, (T, D)), arg(WEIGHT_ARG, wi[f"ab{layer}"], 0, (2,)),
+                                          arg(KCACHE, layer, 0, (T, H, DH), flags=AT_POS),
+                                          arg(VCACHE, layer, 0, (T, H, DH), flags=AT_POS)]))
+        steps.append((k[f"attn_{T}"], [arg(KCACHE, layer, 0, (T, H, DH), flags=PREFIX),
+                                       arg(VCACHE, layer, 0, (T, H, DH), flags=PREFIX),
+                                       arg(ARENA, 0, cur, (T, D)), arg(ARENA, 0, other, (T, D))]))
+        cur, other = other, cur
+    if with_head:
+        steps.append((k[f"lmhead_{T}"], [arg(ARENA, 0, cur, (T, D)), arg(WEIGHT_ARG, wi["W"], 0, (V, D)),
+                                         arg(ARENA, 0, LOGITS, (T, V))]))
+    return steps, cur
+
+
+def plan_bytes(version: int = 1, features: str = "", programs: list[str] | None = None, kernels=None,
+               header_overrides: dict | None = None) -> bytes:
+    programs = programs or ["prefill", "prefill_logits", "decode", "head"]
+    kernels = kernels or KERNELS
+    weights = make_weights()
+    offs, off = [], 0
+    for n in WEIGHT_ORDER:
+        offs.append((off, weights[n].nbytes))
+        off += -(-weights[n].nbytes // ALIGN) * ALIGN
+    h = dict(magic=b"EDGEPLAN", version=version, arch=1, features=features.encode(), target=b"host", vocab=V, dim=D,
+             n_layers=L, n_kv_heads=H, head_dim=DH, max_ctx=MAX_CTX, chunk=C, kv_rows=KV_ROWS, kv_dtype_bits=32,
+             n_weights=len(WEIGHT_ORDER), n_kernels=len(kernels), n_programs=len(programs), arena_bytes=ARENA_BYTES,
+             weights_bytes=off, bos_id=1, n_eos=2, eos_ids=[2, 3, 0, 0, 0, 0, 0, 0])
+    h.update(header_overrides or {})
+    out = HEADER.pack(h["magic"], h["version"], h["arch"], h["features"], h["target"], h["vocab"], h["dim"],
+                      h["n_layers"], h["n_kv_heads"], h["head_dim"], h["max_ctx"], h["chunk"], h["kv_rows"],
+                      h["kv_dtype_bits"], h["n_weights"], h["n_kernels"], h["n_programs"], h["arena_bytes"],
+                      h["weights_bytes"], h["bos_id"], h["n_eos"], *h["eos_ids"])
+    out += b"".join(WEIGHT.pack(o, n) for o, n in offs)
+    out += b"".join(KERNEL.pack(k.encode()) for k in kernels)
+    for name in programs:
+        if name == "prefill":
+            steps, cur = body_steps(C, False)
+            out += program(name, C, IDS, cur, D * 4, steps)
+        elif name == "prefill_logits":
+            steps, _ = body_steps(C, True)
+            out += program(name, C, IDS, LOGITS, V * 4, steps)
+        elif name == "decode":
+            steps, _ = body_steps(1, True)
+            out += program(name, 1, IDS, LOGITS, V * 4, steps)
+        elif name == "head":
+            k = KERNELS.index("lmhead_1")
+            out += program(name, 1, X, LOGITS, V * 4,
+                           [(k, [arg(ARENA, 0, X, (1, D)), arg(WEIGHT_ARG, WEIGHT_ORDER.index("W"), 0, (V, D)),
+                                 arg(ARENA, 0, LOGITS, (1, V))])])
+    return out
+
+
+def weights_bytes() -> bytes:
+    weights = make_weights()
+    out = bytearray()
+    for n in WEIGHT_ORDER:
+        b = weights[n].tobytes()
+        out += b + bytes(-len(b) % ALIGN)
+    return bytes(out)
+
+
+def write_package(out: Path, kernels_so: Path, **plan_kw) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.bin").write_bytes(plan_bytes(**plan_kw))
+    (out / "weights.bin").write_bytes(weights_bytes())
+    if Path(kernels_so).resolve() != (out / "kernels.so").resolve():
+        shutil.copy(kernels_so, out / "kernels.so")
+    return out
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    shim = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(__file__).resolve().parents[2] / "runtime/kernel_shim.c"
+    out.mkdir(parents=True, exist_ok=True)
+    build_kernels(out / "kernels.o")
+    link_kernels(out / "kernels.o", shim, out / "kernels.so")
+    write_package(out, out / "kernels.so")
+    print(out)

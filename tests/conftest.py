@@ -1,0 +1,33 @@
+"""Shared fixtures: seeded tiny checkpoints for every architecture and config corner the spine must handle."""
+from __future__ import annotations
+
+import pytest
+
+from edgellm.models.synthetic import make_checkpoint
+
+# name -> (architecture, config overrides). Together they cover: GQA, MHA, tied embeddings, head_dim 8 and 64,
+# a vocab that is not a multiple of 64, qkv bias (Qwen2), q/k norm (Qwen3), llama3 rope scaling.
+TINY = {
+    "llama-gqa": ("LlamaForCausalLM", {}),
+    "llama-tied-hd8": ("LlamaForCausalLM", {"tie_word_embeddings": True, "hidden_size": 32, "num_attention_heads": 4,
+                                            "num_key_value_heads": 4, "head_dim": 8, "vocab_size": 1001}),
+    "llama3-hd64": ("LlamaForCausalLM", {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+                                         "head_dim": 64, "intermediate_size": 256, "rope_theta": 500000.0,
+                                         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                          "high_freq_factor": 4.0,
+                                                          "original_max_position_embeddings": 64}}),
+    "qwen2": ("Qwen2ForCausalLM", {"tie_word_embeddings": True}),
+    "qwen3": ("Qwen3ForCausalLM", {"num_hidden_layers": 3}),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """name -> checkpoint dir, generated once per session."""
+    root = tmp_path_factory.mktemp("ckpt")
+    return {name: make_checkpoint(root / name, arch, seed=i, **cfg) for i, (name, (arch, cfg)) in enumerate(TINY.items())}
+
+
+@pytest.fixture(params=sorted(TINY))
+def tiny_model(request, tiny_models):
+    return tiny_models[request.param]

@@ -1,0 +1,575 @@
+"""libedgellm (runtime/*.c, offload/weight_store.c) through ctypes, against a hand-made package (tests/c/toy_package.py).
+
+The library is built here with gcc into a temp dir (or taken from $EDGELLM_LIB); TVM is needed only to compile the
+toy kernels, and those tests skip without it.
+"""
+from __future__ import annotations
+
+import ctypes as C
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "c"))
+import toy_package as tp  # noqa: E402
+
+SOURCES = ["runtime/runtime.c", "runtime/threadpool.c", "runtime/sampler.c", "offload/weight_store.c"]
+CC = shutil.which("gcc") or shutil.which("cc")
+
+
+class SamplerParams(C.Structure):
+    _fields_ = [("temperature", C.c_float), ("top_k", C.c_int32), ("top_p", C.c_float),
+                ("repetition_penalty", C.c_float), ("seed", C.c_uint64)]
+
+
+class Stats(C.Structure):
+    _fields_ = [("weight_bytes_resident", C.c_uint64), ("kernel_calls", C.c_uint64),
+                ("prefill_seconds", C.c_double), ("decode_seconds", C.c_double),
+                ("prefill_tokens", C.c_uint64), ("decode_tokens", C.c_uint64)]
+
+
+F32P, I32P = C.POINTER(C.c_float), C.POINTER(C.c_int32)
+SIGS = {
+    "el_last_error": (C.c_char_p, []), "el_version": (C.c_char_p, []),
+    "el_load": (C.c_void_p, [C.c_char_p, C.c_int]), "el_free": (None, [C.c_void_p]),
+    "el_vocab": (C.c_int, [C.c_void_p]), "el_max_context": (C.c_int, [C.c_void_p]),
+    "el_chunk": (C.c_int, [C.c_void_p]), "el_pos": (C.c_int, [C.c_void_p]), "el_threads": (C.c_int, [C.c_void_p]),
+    "el_eos_ids": (C.c_int, [C.c_void_p, I32P, C.c_int]), "el_bos_id": (C.c_int, [C.c_void_p]),
+    "el_reset": (C.c_int, [C.c_void_p]),
+    "el_prefill": (C.c_int, [C.c_void_p, I32P, C.c_int, F32P, C.c_int]),
+    "el_decode": (C.c_int, [C.c_void_p, C.c_int32, F32P]),
+    "el_sampler_new": (C.c_void_p, [C.POINTER(SamplerParams)]), "el_sampler_free": (None, [C.c_void_p]),
+    "el_sample": (C.c_int32, [C.c_void_p, F32P, C.c_int, I32P, C.c_int]),
+    "el_get_stats": (None, [C.c_void_p, C.POINTER(Stats)]), "el_reset_stats": (None, [C.c_void_p]),
+}
+
+
+def build_lib(out: Path) -> Path:
+    so = out / "libedgellm.so"
+    cmd = [CC, "-std=c11", "-O2", "-Wall", "-Wextra", "-fPIC", "-shared", *[str(ROOT / s) for s in SOURCES],
+           "-o", str(so), "-lpthread", "-ldl", "-lm"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return so
+
+
+@pytest.fixture(scope="session")
+def lib_path(tmp_path_factory) -> Path:
+    if os.environ.get("EDGELLM_LIB"):
+        return Path(os.environ["EDGELLM_LIB"])
+    if not CC:
+        pytest.skip("no C compiler")
+    return build_lib(tmp_path_factory.mktemp("lib"))
+
+
+@pytest.fixture(scope="session")
+def lib(lib_path):
+    L = C.CDLL(str(lib_path))
+    for name, (res, args) in SIGS.items():
+        getattr(L, name).restype, getattr(L, name).argtypes = res, args
+    return L
+
+
+@pytest.fixture(scope="session")
+def kernels_so(tmp_path_factory) -> Path:
+    pytest.importorskip("tvm")
+    d = tmp_path_factory.mktemp("kernels")
+    tp.build_kernels(d / "kernels.o")
+    tp.link_kernels(d / "kernels.o", ROOT / "runtime" / "kernel_shim.c", d / "kernels.so", CC)
+    return d / "kernels.so"
+
+
+@pytest.fixture(scope="session")
+def pkg(tmp_path_factory, kernels_so) -> Path:
+    return tp.write_package(tmp_path_factory.mktemp("pkg") / "toy.edgellm", kernels_so)
+
+
+@pytest.fixture(scope="session")
+def ref():
+    w = tp.make_weights()
+    return lambda ids: tp.reference(w, list(ids))
+
+
+def err(lib) -> str:
+    return lib.el_last_error().decode()
+
+
+def load(lib, path, threads=2):
+    m = lib.el_load(str(path).encode(), threads)
+    assert m, err(lib)
+    return m
+
+
+def ptr(a: np.ndarray, t=F32P):
+    return a.ctypes.data_as(t)
+
+
+def prefill(lib, m, ids, all_logits=True, want_logits=True):
+    ids = np.ascontiguousarray(ids, np.int32)
+    out = np.full((len(ids), tp.V) if all_logits else (tp.V,), np.nan, np.float32)
+    rc = lib.el_prefill(m, ptr(ids, I32P), len(ids), ptr(out) if want_logits else None, int(all_logits))
+    return rc, out
+
+
+def decode(lib, m, tok):
+    out = np.full(tp.V, np.nan, np.float32)
+    return lib.el_decode(m, tok, ptr(out)), out
+
+
+# --- executor -----------------------------------------------------------------------------------------------------
+
+def test_prefill_decode_match_reference(lib, pkg, ref):
+    m = load(lib, pkg)
+    try:
+        assert (lib.el_vocab(m), lib.el_max_context(m), lib.el_chunk(m), lib.el_threads(m)) == (tp.V, 11, 4, 2)
+        assert lib.el_bos_id(m) == 1
+        eos = (C.c_int32 * 8)()
+        assert lib.el_eos_ids(m, eos, 8) == 2 and list(eos[:2]) == [2, 3]
+        seq = [5, 7, 9, 11, 13, 2, 4, 30, 1, 0, 17]
+        want = ref(seq)
+        # 7 tokens: a full chunk + a padded chunk of 3, all rows
+        rc, lg = prefill(lib, m, seq[:7])
+        assert rc == 0, err(lib)
+        assert lib.el_pos(m) == 7
+        np.testing.assert_allclose(lg, want[:7], rtol=1e-4, atol=1e-4)
+        # decode continues from pos 7
+        for i in (7, 8):
+            rc, lg = decode(lib, m, seq[i])
+            assert rc == 0, err(lib)
+            np.testing.assert_allclose(lg, want[i], rtol=1e-4, atol=1e-4)
+        assert lib.el_pos(m) == 9
+        # prefill starting mid-chunk (pos 9), last row only, up to the full context
+        rc, lg = prefill(lib, m, seq[9:], all_logits=False)
+        assert rc == 0, err(lib)
+        np.testing.assert_allclose(lg, want[10], rtol=1e-4, atol=1e-4)
+        assert lib.el_pos(m) == 11
+        # full: nothing fits, nothing changes
+        rc, _ = decode(lib, m, 3)
+        assert rc == -1 and "context is full (11 of 11" in err(lib)
+        rc, _ = prefill(lib, m, [1])
+        assert rc == -1 and "prompt of 1 tokens does not fit: context is at 11 of 11" in err(lib)
+        assert lib.el_pos(m) == 11
+        # reset: same answers again; last-row prefill of exactly one chunk, and without logits
+        assert lib.el_reset(m) == 0 and lib.el_pos(m) == 0
+        rc, lg = prefill(lib, m, seq[:4], all_logits=False)
+        assert rc == 0
+        np.testing.assert_allclose(lg, want[3], rtol=1e-4, atol=1e-4)
+        rc, _ = prefill(lib, m, seq[4:6], want_logits=False)
+        assert rc == 0 and lib.el_pos(m) == 6
+        rc, lg = prefill(lib, m, seq[6:11])  # 5 tokens from pos 6: 4 + 1 padded
+        assert rc == 0
+        np.testing.assert_allclose(lg, want[6:11], rtol=1e-4, atol=1e-4)
+    finally:
+        lib.el_free(m)
+
+
+def test_prefill_rejects_without_state_change(lib, pkg):
+    m = load(lib, pkg)
+    try:
+        rc, _ = prefill(lib, m, list(range(12)))
+        assert rc == -1 and "prompt of 12 tokens does not fit: context is at 0 of 11" in err(lib)
+        assert lib.el_prefill(m, (C.c_int32 * 1)(), 0, None, 0) == -1 and "at least one" in err(lib)
+        rc, _ = prefill(lib, m, [1, 2, tp.V])
+        assert rc == -1 and f"token id {tp.V} (at index 2) is outside the vocabulary" in err(lib)
+        rc, _ = decode(lib, m, -1)
+        assert rc == -1 and "outside the vocabulary" in err(lib)
+        assert lib.el_pos(m) == 0
+    finally:
+        lib.el_free(m)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_threads_same_result(lib, pkg, ref, threads):
+    m = load(lib, pkg, threads)
+    try:
+        assert lib.el_threads(m) == threads
+        seq = [3, 1, 4, 1, 5, 9, 2, 6, 5]
+        rc, lg = prefill(lib, m, seq[:6])
+        assert rc == 0, err(lib)
+        out = [lg]
+        for t in seq[6:]:
+            rc, lg = decode(lib, m, t)
+            assert rc == 0, err(lib)
+            out.append(lg[None])
+        np.testing.assert_allclose(np.concatenate(out), ref(seq), rtol=1e-4, atol=1e-4)
+    finally:
+        lib.el_free(m)
+
+
+def test_read_fallback_and_stats(lib, pkg, ref, monkeypatch):
+    monkeypatch.setenv("EDGELLM_NO_MMAP", "1")  # weights read() into a buffer instead of mmap
+    m = load(lib, pkg, 0)
+    try:
+        assert lib.el_threads(m) == os.cpu_count()
+        rc, lg = prefill(lib, m, [5, 6, 7, 8, 9])
+        assert rc == 0
+        np.testing.assert_allclose(lg, ref([5, 6, 7, 8, 9]), rtol=1e-4, atol=1e-4)
+        assert decode(lib, m, 10)[0] == 0
+        s = Stats()
+        lib.el_get_stats(m, C.byref(s))
+        assert s.weight_bytes_resident == (pkg / "weights.bin").stat().st_size
+        steps_body = 2 + 2 * tp.L
+        assert s.kernel_calls == 2 * (steps_body + 1) + (steps_body + 1)  # 2 prefill_logits chunks + 1 decode
+        assert (s.prefill_tokens, s.decode_tokens) == (5, 1)
+        assert s.prefill_seconds > 0 and s.decode_seconds > 0
+        lib.el_reset_stats(m)
+        lib.el_get_stats(m, C.byref(s))
+        assert (s.kernel_calls, s.prefill_tokens, s.decode_tokens) == (0, 0, 0)
+    finally:
+        lib.el_free(m)
+
+
+def test_two_models_share_kernels(lib, pkg, ref):
+    a, b = load(lib, pkg, 1), load(lib, pkg, 2)
+    try:
+        assert prefill(lib, a, [1, 2, 3])[0] == 0
+        rc, lg = prefill(lib, b, [4, 5])
+        assert rc == 0 and lib.el_pos(a) == 3 and lib.el_pos(b) == 2
+        np.testing.assert_allclose(lg, ref([4, 5]), rtol=1e-4, atol=1e-4)  # b's KV cache is its own
+        rc, lg = decode(lib, a, 6)
+        np.testing.assert_allclose(lg, ref([1, 2, 3, 6])[-1], rtol=1e-4, atol=1e-4)
+    finally:
+        lib.el_free(a)
+        lib.el_free(b)
+
+
+def test_kernel_error_becomes_last_error(lib, kernels_so, tmp_path):
+    # embed_4's output declared [4, 8] instead of [4, 16]: the kernel's own shape check fails at run time
+    plan = tp.plan_bytes().replace(tp.arg(tp.ARENA, 0, tp.X, (tp.C, tp.D)), tp.arg(tp.ARENA, 0, tp.X, (tp.C, 8)))
+    d = tp.write_package(tmp_path / "p", kernels_so)
+    (d / "plan.bin").write_bytes(plan)
+    m = load(lib, d)
+    try:
+        rc, _ = prefill(lib, m, [1, 2])
+        msg = err(lib)
+        assert rc == -1
+        assert "kernel embed_4 failed (program prefill_logits, step 0" in msg and "x.shape[1]" in msg, msg
+        assert "\n" not in msg
+        assert lib.el_pos(m) == 0
+    finally:
+        lib.el_free(m)
+
+
+def link_variant(kernels_so: Path, tmp_path: Path, extra_c: str) -> Path:
+    """kernels.so relinked with an extra C file (context-symbol variables the TVM codegen emits on demand)."""
+    (tmp_path / "extra.c").write_text(extra_c)
+    out = tmp_path / "kernels_extra.so"
+    subprocess.run([CC, "-shared", "-fPIC", "-O2", str(kernels_so.with_suffix(".o")), str(ROOT / "runtime/kernel_shim.c"),
+                    str(tmp_path / "extra.c"), "-o", str(out), "-lm", "-Wl,-Bsymbolic"], check=True)
+    return out
+
+
+def test_context_symbols(lib, kernels_so, ref, tmp_path):
+    # a kernels.so with barriers: filled in, and every task gets its own thread (same results)
+    so = link_variant(kernels_so, tmp_path, "int (*__TVMBackendParallelBarrier)(int, void*) = 0;\n"
+                      "int filled(void) { return __TVMBackendParallelBarrier != 0; }\n")
+    d = tp.write_package(tmp_path / "b", so)
+    m = load(lib, d, 2)
+    try:
+        filled = C.CDLL(str(d / "kernels.so")).filled
+        assert filled() == 1
+        rc, lg = prefill(lib, m, [3, 4, 5, 6, 7])
+        assert rc == 0
+        np.testing.assert_allclose(lg, ref([3, 4, 5, 6, 7]), rtol=1e-4, atol=1e-4)
+    finally:
+        lib.el_free(m)
+    # one that makes packed calls we cannot serve: refused at load, not a crash at run time
+    so = link_variant(kernels_so, tmp_path, "void* __TVMFFIFunctionCall = 0;\n")
+    msg = load_error(lib, tp.write_package(tmp_path / "f", so))
+    assert "kernels.so needs TVMFFIFunctionCall" in msg, msg
+
+
+# --- validation ---------------------------------------------------------------------------------------------------
+
+def variant(kernels_so, tmp_path, plan: bytes | None = None, **plan_kw) -> Path:
+    d = tp.write_package(tmp_path / "v", kernels_so, **plan_kw)
+    if plan is not None:
+        (d / "plan.bin").write_bytes(plan)
+    return d
+
+
+def load_error(lib, d) -> str:
+    m = lib.el_load(str(d).encode(), 1)
+    if m:
+        lib.el_free(m)
+        pytest.fail(f"el_load accepted {d}")
+    msg = err(lib)
+    assert msg and "\n" not in msg
+    return msg
+
+
+def patch_arg(plan: bytes, old: bytes, new: bytes) -> bytes:
+    i = plan.find(old)
+    assert i > 0
+    return plan[:i] + new + plan[i + len(new):]
+
+
+def test_missing_files(lib, kernels_so, tmp_path):
+    assert "cannot open" in load_error(lib, tmp_path / "nope") and "plan.bin" in err(lib)
+    d = variant(kernels_so, tmp_path)
+    (d / "kernels.so").unlink()
+    assert "kernels.so" in load_error(lib, d)
+    d = variant(kernels_so, tmp_path)
+    (d / "weights.bin").unlink()
+    assert "weights.bin" in load_error(lib, d)
+
+
+def test_bad_magic_version_truncation(lib, kernels_so, tmp_path):
+    plan = tp.plan_bytes()
+    assert "not an edgellm plan" in load_error(lib, variant(kernels_so, tmp_path, b"XDGEPLAN" + plan[8:]))
+    assert load_error(lib, variant(kernels_so, tmp_path, version=2)) == (
+        "package format version 2, this runtime reads 1: recompile with this edgellm")
+    assert "plan.bin is truncated: 100 bytes" in load_error(lib, variant(kernels_so, tmp_path, plan[:100]))
+    assert "plan.bin is corrupt" in load_error(lib, variant(kernels_so, tmp_path, plan[:-10]))
+    assert "unexpected bytes after the last program" in load_error(lib, variant(kernels_so, tmp_path, plan + bytes(8)))
+    d = variant(kernels_so, tmp_path)
+    full = (d / "weights.bin").stat().st_size
+    with open(d / "weights.bin", "r+b") as f:
+        f.truncate(1234)
+    assert load_error(lib, d) == (f"weights.bin is truncated: 1234 bytes, plan needs {full}; recompile the package "
+                                  "or copy it again")
+
+
+def test_wrong_machine_and_features(lib, kernels_so, tmp_path):
+    d = variant(kernels_so, tmp_path)
+    so = bytearray((d / "kernels.so").read_bytes())
+    so[18:20] = struct.pack("<H", 183)  # EM_AARCH64
+    (d / "kernels.so").write_bytes(bytes(so))
+    msg = load_error(lib, d)
+    assert msg == "kernels.so was built for aarch64 (target host), this machine is x86_64: compile the package " \
+                  "with --target host", msg
+    # plan says aarch64 although the ELF is x86_64
+    plan = bytearray(tp.plan_bytes())
+    plan[12:16] = struct.pack("<I", 2)
+    assert "kernels.so was built for aarch64" in load_error(lib, variant(kernels_so, tmp_path, bytes(plan)))
+    (d / "kernels.so").write_bytes(b"not an elf at all, just text")
+    assert "kernels.so is not an ELF shared library" in load_error(lib, d)
+    # CPU features: unknown names are ignored; one this CPU lacks is named
+    m = lib.el_load(str(variant(kernels_so, tmp_path, features="+sse4.2,fancy-future-thing")).encode(), 1)
+    assert m, err(lib)
+    lib.el_free(m)
+    flags = set(open("/proc/cpuinfo").read().split())
+    lacking = [f for f, c in [("avx512fp16", "avx512_fp16"), ("avx512bf16", "avx512_bf16"), ("avx512vnni", "avx512_vnni"),
+                              ("avx512f", "avx512f"), ("avx2", "avx2")] if c not in flags]
+    if lacking:
+        msg = load_error(lib, variant(kernels_so, tmp_path, features=f"avx,{lacking[0]}"))
+        assert f"kernels.so needs the CPU feature {lacking[0]}, which this CPU lacks" in msg, msg
+
+
+def test_missing_kernel_and_program(lib, kernels_so, tmp_path):
+    kernels = list(tp.KERNELS)
+    kernels[3] = "attn_77"
+    msg = load_error(lib, variant(kernels_so, tmp_path, kernels=kernels))
+    assert "kernels.so has no kernel __tvm_ffi_attn_77 (plan kernel 3)" in msg, msg
+    msg = load_error(lib, variant(kernels_so, tmp_path, programs=["prefill", "decode", "head"]))
+    assert 'plan.bin has no program "prefill_logits"' in msg, msg
+    msg = load_error(lib, variant(kernels_so, tmp_path, programs=["prefill", "prefill", "prefill_logits", "decode"]))
+    assert "appears twice" in msg
+
+
+OOB_CASES = [
+    (tp.arg(tp.ARENA, 0, tp.LOGITS, (1, tp.V)), tp.arg(tp.ARENA, 0, tp.LOGITS + 64, (1, tp.V * 4)), "beyond arena_bytes"),
+    (tp.arg(tp.WEIGHT_ARG, 0, 0, (tp.V, tp.D)), tp.arg(tp.WEIGHT_ARG, 99, 0, (tp.V, tp.D)), "names weight 99"),
+    (tp.arg(tp.WEIGHT_ARG, 0, 0, (tp.V, tp.D)), tp.arg(tp.WEIGHT_ARG, 0, 64, (tp.V, tp.D)), "of weight 0, which has"),
+    (tp.arg(tp.WEIGHT_ARG, 2, 0, (4, tp.D), flags=1), tp.arg(tp.WEIGHT_ARG, 2, 0, (6, tp.D), flags=1), "of weight 2"),
+    (tp.arg(tp.KCACHE, 1, 0, (4, tp.H, tp.DH), flags=1), tp.arg(tp.KCACHE, 2, 0, (4, tp.H, tp.DH), flags=1),
+     "names layer 2, the model has 2"),
+    (tp.arg(tp.KCACHE, 1, 0, (4, tp.H, tp.DH), flags=2), tp.arg(tp.KCACHE, 1, 0, (6, tp.H, tp.DH), flags=2),
+     "of a KV cache"),
+    (tp.arg(tp.KCACHE, 1, 0, (4, tp.H, tp.DH), flags=2),
+     tp.arg(tp.KCACHE, 1, 0, (4, tp.H, tp.DH), flags=2)[:12] + struct.pack("<I", 5) + bytes(48), "bad shape"),
+    (tp.arg(tp.KCACHE, 1, 0, (4, tp.H, tp.DH), flags=2), tp.arg(tp.KCACHE, 1, 0, (4, tp.H, tp.DH), flags=3),
+     "both AT_POS and PREFIX"),
+    (tp.arg(tp.VCACHE, 0, 0, (4, tp.H, tp.DH), flags=2), tp.arg(tp.VCACHE, 0, 0, (4, tp.H, tp.DH), (2, 16), 2),
+     "views the f32 KV cache"),
+    (tp.arg(tp.ARENA, 0, tp.X, (4, tp.D)), tp.arg(9, 0, tp.X, (4, tp.D)), "unknown kind 9"),
+]
+
+
+@pytest.mark.parametrize("old,new,expect", OOB_CASES, ids=[c[2] for c in OOB_CASES])
+def test_out_of_bounds_plan(lib, kernels_so, tmp_path, old, new, expect):
+    plan = tp.plan_bytes()
+    assert plan.find(old) > 0
+    msg = load_error(lib, variant(kernels_so, tmp_path, patch_arg(plan, old, new)))
+    assert msg.startswith("plan.bin is corrupt:") and expect in msg, msg
+
+
+def test_bad_kernel_index_and_counts(lib, kernels_so, tmp_path):
+    plan = bytearray(tp.plan_bytes())
+    first_step = tp.HEADER.size + len(tp.WEIGHT_ORDER) * 16 + len(tp.KERNELS) * 64 + tp.PROGRAM.size
+    plan[first_step:first_step + 4] = struct.pack("<I", len(tp.KERNELS))
+    assert f"calls kernel {len(tp.KERNELS)}, the plan has {len(tp.KERNELS)}" in load_error(
+        lib, variant(kernels_so, tmp_path, bytes(plan)))
+    plan = bytearray(tp.plan_bytes())
+    plan[first_step + 4:first_step + 8] = struct.pack("<I", 0xFFFFFFFF)  # n_args
+    assert "run past the end" in load_error(lib, variant(kernels_so, tmp_path, bytes(plan)))
+    for field, value, expect in [("n_weights", 1 << 31, "weight table"), ("n_programs", 99, "program 4 of 99"),
+                                 ("kv_rows", 5, "kv_rows 5 < max_ctx"), ("weights_bytes", 100, "lies outside")]:
+        d = variant(kernels_so, tmp_path, header_overrides={field: value})
+        if field == "weights_bytes":
+            with open(d / "weights.bin", "r+b") as f:
+                f.truncate(100)
+        assert expect in load_error(lib, d), (field, err(lib))
+
+
+FUZZ = textwrap.dedent("""
+    import ctypes as C, random, sys
+    L = C.CDLL(sys.argv[1]); L.el_load.restype = C.c_void_p; L.el_load.argtypes = [C.c_char_p, C.c_int]
+    L.el_prefill.argtypes = [C.c_void_p, C.c_void_p, C.c_int, C.c_void_p, C.c_int]
+    L.el_decode.argtypes = [C.c_void_p, C.c_int32, C.c_void_p]; L.el_free.argtypes = [C.c_void_p]
+    d = sys.argv[2]; good = open(d + "/plan.bin", "rb").read(); rng = random.Random(1); loaded = 0
+    ids = (C.c_int32 * 6)(1, 2, 3, 4, 5, 6); out = (C.c_float * (6 * 64))()
+    for it in range(int(sys.argv[3])):
+        b = bytearray(good)
+        for _ in range(rng.choice([1, 1, 2, 4, 16])):
+            i = rng.randrange(len(b))
+            b[i] = rng.choice([0, 1, 2, 3, 4, 0x7F, 0x80, 0xFF, rng.randrange(256)])
+        if rng.random() < 0.1: b = b[:rng.randrange(len(b))]
+        open(d + "/plan.bin", "wb").write(bytes(b))
+        m = L.el_load(d.encode(), 2)
+        if m:
+            loaded += 1
+            L.el_prefill(m, ids, 6, out, 1); L.el_decode(m, 1, out); L.el_prefill(m, ids, 5, out, 0)
+            L.el_free(m)
+    print("loaded", loaded)
+""")
+
+
+def test_fuzzed_plans_never_crash(lib_path, kernels_so, tmp_path):
+    """Random byte flips of plan.bin: el_load rejects or accepts, and an accepted plan runs or fails, never crashes.
+    Weights are read() into a writable buffer here: a flip that turns a kernel's output into a WEIGHT arg passes
+    every bounds check (the plan does not say which args are outputs) and would fault on the read-only mmap."""
+    d = variant(kernels_so, tmp_path)
+    env = dict(os.environ, EDGELLM_NO_MMAP="1")
+    r = subprocess.run([sys.executable, "-c", FUZZ, str(lib_path), str(d), "600"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "loaded" in r.stdout
+
+
+# --- sampler ------------------------------------------------------------------------------------------------------
+
+def sampler(lib, temperature=1.0, top_k=0, top_p=1.0, rep=1.0, seed=0):
+    p = SamplerParams(temperature, top_k, top_p, rep, seed)
+    s = lib.el_sampler_new(C.byref(p))
+    assert s, err(lib)
+    return s
+
+
+def sample(lib, s, logits, history=None):
+    lg = np.array(logits, np.float32)
+    h = None if history is None else np.array(history, np.int32)
+    return lib.el_sample(s, ptr(lg), len(lg), None if h is None else ptr(h, I32P), 0 if h is None else len(h))
+
+
+def test_sampler_greedy_and_ties(lib):
+    s = sampler(lib, temperature=0)
+    assert sample(lib, s, [0.1, 3.0, -1, 3.0, 2.9]) == 1  # ties -> lowest id
+    assert sample(lib, s, [-5.0, -2.0, -3.0]) == 1
+    assert sample(lib, s, [float("nan"), 1.0, 0.5]) == 1
+    lib.el_sampler_free(s)
+
+
+def test_sampler_deterministic_and_filters(lib):
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal(5000).astype(np.float32) * 3
+    best = int(np.argmax(logits))
+    draws = []
+    for _ in range(2):
+        s = sampler(lib, temperature=0.8, seed=1234)
+        draws.append([sample(lib, s, logits) for _ in range(200)])
+        lib.el_sampler_free(s)
+    assert draws[0] == draws[1] and len(set(draws[0])) > 10
+    s = sampler(lib, temperature=0.8, seed=99)
+    assert [sample(lib, s, logits) for _ in range(50)] != draws[0][:50]
+    for kw in ({"top_k": 1}, {"top_p": 1e-6}, {"top_p": 0.0}, {"top_k": 50, "top_p": 1e-6}):
+        s = sampler(lib, temperature=1.5, seed=7, **kw)
+        assert all(sample(lib, s, logits) == best for _ in range(50)), kw
+        lib.el_sampler_free(s)
+    # top_k: only the k best ever appear
+    top5 = set(np.argsort(-logits)[:5].tolist())
+    s = sampler(lib, temperature=5.0, top_k=5, seed=3)
+    seen = {sample(lib, s, logits) for _ in range(500)}
+    assert seen == top5
+    # top_p: only the nucleus appears
+    p = np.exp(logits - logits.max()).astype(np.float64)
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")
+    nucleus = set(order[:int(np.searchsorted(np.cumsum(p[order]), 0.5) + 1)].tolist())
+    s = sampler(lib, temperature=1.0, top_p=0.5, seed=4)
+    seen = {sample(lib, s, logits) for _ in range(2000)}
+    assert seen <= nucleus and len(seen) >= min(len(nucleus), 2)
+
+
+@pytest.mark.parametrize("top_p,top_k,want", [(0.3, 0, {0}), (0.65, 0, {0, 1}), (0.75, 0, {0, 1, 2}),
+                                               (0.95, 0, {0, 1, 2, 3}), (0.75, 2, {0, 1}), (0.5, 0, None)])
+def test_sampler_nucleus_exact(lib, top_p, top_k, want):
+    probs = np.array([0.1, 0.4, 0.2, 0.3]) if want is not None else np.full(6, 1 / 6)  # shuffled ids; ties
+    logits = np.log(probs)
+    order = np.argsort(-probs, kind="stable")  # ties -> lower id first
+    if want is None:
+        want = {0, 1, 2}  # six equal: mass 3/6 >= 0.5 with the three lowest ids
+    else:
+        want = {int(order[r]) for r in want}
+    s = sampler(lib, temperature=1.0, top_p=top_p, top_k=top_k, seed=11)
+    n = 6000
+    counts = np.bincount([sample(lib, s, logits) for _ in range(n)], minlength=len(probs))
+    assert set(np.nonzero(counts)[0].tolist()) == want
+    q = np.where(np.isin(np.arange(len(probs)), list(want)), probs, 0)
+    q /= q.sum()
+    chi2 = sum((counts[i] - n * q[i]) ** 2 / (n * q[i]) for i in want)
+    assert chi2 < 16.3, (counts, q)  # 3 dof at most: p = 0.001
+    lib.el_sampler_free(s)
+
+
+def test_sampler_repetition_penalty(lib):
+    s = sampler(lib, temperature=0, rep=2.0)
+    assert sample(lib, s, [1.0, 3.0, 2.0]) == 1
+    assert sample(lib, s, [1.0, 3.0, 2.0], history=[1]) == 2  # 3/2 = 1.5 < 2
+    assert sample(lib, s, [1.0, 3.0, 2.0], history=[1, 1, 1, 1]) == 2  # once per distinct id: 1.5, not 0.19
+    assert sample(lib, s, [-1.0, -3.0, -1.5], history=[0]) == 2  # negative: multiplied (-2 < -1.5)
+    assert sample(lib, s, [1.0, 3.0, 2.0], history=[7, -1]) == 1  # out-of-range ids are ignored
+    lg = np.array([1.0, 3.0, 2.0], np.float32)
+    h = np.array([1], np.int32)
+    lib.el_sample(s, ptr(lg), 3, ptr(h, I32P), 1)
+    assert lg.tolist() == [1.0, 1.5, 2.0]  # applied in place
+    lib.el_sampler_free(s)
+
+
+def test_sampler_frequencies(lib):
+    p = np.array([0.5, 0.25, 0.125, 0.0625, 0.0625])
+    s = sampler(lib, temperature=1.0, seed=2024)
+    n = 20000
+    counts = np.bincount([sample(lib, s, np.log(p)) for _ in range(n)], minlength=5)
+    chi2 = (((counts - n * p) ** 2) / (n * p)).sum()
+    assert chi2 < 18.5, (counts, chi2)  # chi-square, 4 dof: p = 0.001
+    lib.el_sampler_free(s)
+
+
+def test_sampler_bad_params(lib):
+    assert not lib.el_sampler_new(C.byref(SamplerParams(1.0, 0, 1.0, 0.0, 0)))
+    assert "repetition_penalty" in err(lib)
+    assert not lib.el_sampler_new(None)
+
+
+# --- thread pool --------------------------------------------------------------------------------------------------
+
+def test_thread_pool_unit(tmp_path):
+    if not CC:
+        pytest.skip("no C compiler")
+    exe = tmp_path / "pool_test"
+    subprocess.run([CC, "-std=c11", "-O2", "-Wall", "-Wextra", f"-I{ROOT / 'runtime'}", str(ROOT / "tests/c/pool_test.c"),
+                    str(ROOT / "runtime/threadpool.c"), "-o", str(exe), "-lpthread"], check=True)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("OK"), r.stderr
+
+
+def test_version(lib):
+    assert lib.el_version().decode().count(".") == 2

@@ -1,0 +1,387 @@
+"""Correctness tests for the kernel library (edgellm.compiler.ops) on the host CPU.
+
+Every kernel is built with tvm.compile for the host LLVM target, run on TVM runtime tensors and compared
+with the float64 numpy reference: max |out - ref| <= 1e-5 * max |ref| (f16 weights: the reference uses the
+same f16-rounded weights, so the bound is as tight).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import pathlib
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+
+def _import_ops():
+    try:
+        return importlib.import_module("edgellm.compiler.ops")
+    except ImportError:
+        # repo root is the `edgellm` package (folders are subpackages); make it importable from a checkout
+        root = pathlib.Path(__file__).resolve().parents[1]
+        pkg = types.ModuleType("edgellm")
+        pkg.__path__ = [str(root)]
+        sys.modules["edgellm"] = pkg
+        return importlib.import_module("edgellm.compiler.ops")
+
+
+ops = _import_ops()
+
+NUM_THREADS = 2
+CPU = ops.host_cpu_info(NUM_THREADS)
+TARGET = ops.llvm_target(NUM_THREADS)
+DEV = tvm.cpu()
+RTOL = 1e-5
+COMPILE_TIMES: dict[str, float] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _build(op: str, cpu: ops.CpuInfo, items: tuple):
+    name, func = ops.make_kernel(op, cpu, **dict(items))
+    t0 = time.perf_counter()
+    ex = tvm.compile(tvm.IRModule({name: func}), target=TARGET)
+    COMPILE_TIMES[name] = time.perf_counter() - t0
+    return name, ex.jit()[name]
+
+
+def build(op, cpu=CPU, **params):
+    return _build(op, cpu, tuple(sorted(params.items())))
+
+
+def run(op, inputs, out_shape, cpu=CPU, **params):
+    _, f = build(op, cpu, **params)
+    targs = [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in inputs]
+    out = tvm.runtime.tensor(np.full(out_shape, np.nan, "float32"))
+    f(*targs, out)
+    return out.numpy()
+
+
+def check(out, ref, rtol=RTOL):
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert np.all(np.isfinite(out)), "non-finite output"
+    err = np.abs(out.astype(np.float64) - ref).max()
+    scale = max(np.abs(ref).max(), 1e-30)
+    assert err <= rtol * scale, f"max err {err:.3e} > {rtol:.0e} * {scale:.3e} (rel {err / scale:.2e})"
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def randn(r, shape, dtype="float32"):
+    return r.standard_normal(shape).astype(dtype)
+
+
+# ---------------------------------------------------------------------------------------------- names
+
+def test_names_deterministic_and_c_safe():
+    n1, f1 = ops.make_kernel("linear", CPU, T=1, N=768, K=768, wdtype="float16", bias=False)
+    n2, _ = ops.make_kernel("linear", CPU, N=768, K=768, T=1, wdtype="float16")
+    assert n1 == n2 == "linear_t1_n768_k768_f16_b0"
+    assert f1.attrs["global_symbol"] == n1
+    n3, _ = ops.make_kernel("rmsnorm", CPU, R=1, D=768, eps=1e-6)
+    assert n3 == "rmsnorm_r1_d768_eps1em06" and n3.isidentifier()
+    names = {ops.make_kernel("rmsnorm", CPU, R=1, D=768, eps=e)[0] for e in (1e-5, 1e-6, 1.5e-5)}
+    assert len(names) == 3
+    n4, f4 = ops.make_kernel("attention", CPU, T=16, NH=8, KVH=2, D=64)
+    assert n4 == "attention_t16_nh8_kvh2_d64" and f4.attrs["global_symbol"] == n4
+    for op, p in [("embed", dict(T=1, V=10, D=8)), ("rope", dict(T=1, H=2, D=8)), ("add", dict(R=1, N=3)),
+                  ("swiglu", dict(T=1, F=3)), ("copy", dict(R=1, N=3))]:
+        name, func = ops.make_kernel(op, CPU, **p)
+        assert name.isidentifier() and name.startswith(op + "_") and func.attrs["global_symbol"] == name
+
+
+def test_bad_params():
+    with pytest.raises(ValueError):
+        ops.make_kernel("nope", CPU, R=1)
+    with pytest.raises(ValueError):
+        ops.make_kernel("linear", CPU, T=1, N=4)  # missing K
+    with pytest.raises(ValueError):
+        ops.make_kernel("linear", CPU, T=1, N=4, K=4, wdtype="int8")
+    with pytest.raises(ValueError):
+        ops.make_kernel("attention", CPU, T=1, NH=6, KVH=4, D=8)
+    with pytest.raises(ValueError):
+        ops.make_kernel("add", CPU, R=1, N=4, bogus=1)
+
+
+# ---------------------------------------------------------------------------------------------- linear
+
+LINEAR_SHAPES = [  # (T, N, K)
+    (1, 768, 768), (1, 997, 40), (1, 5, 3), (1, 64, 17), (1, 256, 1000),
+    (16, 768, 768), (64, 3072, 768), (64, 768, 3072), (32, 997, 40), (7, 33, 17), (2, 3, 5), (5, 130, 64),
+]
+
+
+@pytest.mark.parametrize("wdtype", ["float32", "float16"])
+@pytest.mark.parametrize("T,N,K", LINEAR_SHAPES)
+def test_linear(T, N, K, wdtype):
+    r = rng(T * 7 + N + K)
+    x, W = randn(r, (T, K)), randn(r, (N, K), wdtype)
+    out = run("linear", [x, W], (T, N), T=T, N=N, K=K, wdtype=wdtype)
+    check(out, ops.reference("linear", [x, W], T=T, N=N, K=K, wdtype=wdtype))
+
+
+@pytest.mark.parametrize("wdtype", ["float32", "float16"])
+@pytest.mark.parametrize("T,N,K", [(1, 768, 768), (1, 997, 40), (16, 130, 72), (3, 997, 40)])
+def test_linear_bias(T, N, K, wdtype):
+    r = rng(1)
+    x, W, b = randn(r, (T, K)), randn(r, (N, K), wdtype), randn(r, (N,))
+    out = run("linear", [x, W, b], (T, N), T=T, N=N, K=K, wdtype=wdtype, bias=True)
+    check(out, ops.reference("linear", [x, W, b], T=T, N=N, K=K, wdtype=wdtype, bias=True))
+
+
+def test_tuned_schedules_do_not_fall_back(caplog):
+    """The tuned schedule is generated (no fallback warning) for typical and odd shapes."""
+    ops._make_cached.cache_clear()
+    with caplog.at_level("WARNING"):
+        for cpu in (CPU, ops.CpuInfo(8), ops.CpuInfo(4, 4, "aarch64")):
+            for op, p in [("linear", dict(T=1, N=997, K=40)), ("linear", dict(T=5, N=3, K=2, bias=True)),
+                          ("attention", dict(T=3, NH=2, KVH=2, D=3)), ("attention", dict(T=64, NH=32, KVH=8, D=128)),
+                          ("rmsnorm", dict(R=1, D=1, eps=1e-5)), ("rope", dict(T=1, H=1, D=2)),
+                          ("embed", dict(T=1, V=1, D=1)), ("swiglu", dict(T=1, F=1)), ("copy", dict(R=1, N=1))]:
+                ops.make_kernel(op, cpu, **p)
+    assert not [r for r in caplog.records if "plain kernel" in r.getMessage()]
+
+
+def test_attention_other_vector_widths():
+    for lanes in (8, 4):
+        cpu = ops.CpuInfo(vector_lanes=lanes, num_threads=2)
+        for T, NH, KVH, D in [(1, 4, 2, 64), (16, 4, 1, 8), (5, 2, 2, 12)]:
+            r = rng(lanes + T)
+            for S in (T, T + 29):
+                q, k, v = randn(r, (T, NH, D)), randn(r, (S, KVH, D)), randn(r, (S, KVH, D))
+                out = run("attention", [q, k, v], (T, NH * D), cpu=cpu, T=T, NH=NH, KVH=KVH, D=D)
+                check(out, ops.reference("attention", [q, k, v]))
+
+
+def test_linear_other_vector_widths():
+    """AVX2-width (8) and NEON-width (4) schedules, run on this CPU (only the lane count differs)."""
+    for lanes in (8, 4):
+        cpu = ops.CpuInfo(vector_lanes=lanes, num_threads=2)
+        for T, N, K in [(1, 100, 72), (16, 50, 40), (6, 7, 9)]:
+            r = rng(lanes + T)
+            x, W = randn(r, (T, K)), randn(r, (N, K), "float16")
+            out = run("linear", [x, W], (T, N), cpu=cpu, T=T, N=N, K=K, wdtype="float16")
+            check(out, ops.reference("linear", [x, W], T=T, N=N, K=K))
+
+
+# ------------------------------------------------------------------------------------------- attention
+
+ATTN_CONFIGS = [  # (T, NH, KVH, D)
+    (1, 12, 12, 64), (1, 8, 2, 64), (1, 4, 1, 128), (1, 4, 4, 8),
+    (16, 8, 2, 8), (16, 12, 12, 64), (32, 8, 4, 64), (64, 4, 1, 128), (5, 6, 3, 8), (64, 2, 2, 40),
+    (3, 2, 2, 3), (17, 4, 1, 12),
+]
+
+
+@pytest.mark.parametrize("T,NH,KVH,D", ATTN_CONFIGS)
+def test_attention(T, NH, KVH, D):
+    p = dict(T=T, NH=NH, KVH=KVH, D=D)
+    r = rng(T + NH + D)
+    for S in sorted({T, T + 1, T + 15, T + 16, 100 + T, 333}):  # one compiled kernel, many S
+        q, k, v = randn(r, (T, NH, D)), randn(r, (S, KVH, D)), randn(r, (S, KVH, D))
+        out = run("attention", [q, k, v], (T, NH * D), **p)
+        check(out, ops.reference("attention", [q, k, v], **p))
+
+
+@pytest.mark.parametrize("T,NH,KVH,D", [(1, 8, 2, 64), (16, 8, 2, 64), (64, 12, 12, 64), (32, 4, 1, 8)])
+def test_attention_long(T, NH, KVH, D):
+    p = dict(T=T, NH=NH, KVH=KVH, D=D)
+    r = rng(3)
+    S = 2048
+    q, k, v = randn(r, (T, NH, D)), randn(r, (S, KVH, D)), randn(r, (S, KVH, D))
+    out = run("attention", [q, k, v], (T, NH * D), **p)
+    check(out, ops.reference("attention", [q, k, v], **p))
+
+
+@pytest.mark.parametrize("T,NH,KVH,D", [(16, 8, 2, 64), (32, 4, 4, 8), (64, 4, 1, 128)])
+def test_attention_padded_chunk(T, NH, KVH, D):
+    """A padded prefill chunk: only the first `real` of T queries are real tokens; the k/v rows of the
+    padded positions hold huge values and must not influence the real queries."""
+    p = dict(T=T, NH=NH, KVH=KVH, D=D)
+    r = rng(5)
+    for real, S in [(1, T), (T // 2, T + 37), (T - 3, 500)]:
+        q, k, v = randn(r, (T, NH, D)), randn(r, (S, KVH, D)), randn(r, (S, KVH, D))
+        pad = slice(S - T + real, S)
+        k[pad] = (r.choice([-1.0, 1.0], size=k[pad].shape) * 3e30).astype("float32")
+        v[pad] = (r.choice([-1.0, 1.0], size=v[pad].shape) * 3e30).astype("float32")
+        out = run("attention", [q, k, v], (T, NH * D), **p)
+        # reference for the real queries: the same problem with the padding cut away
+        S_real = S - T + real
+        ref = ops.reference("attention", [q[:real], k[:S_real], v[:S_real]], T=real, NH=NH, KVH=KVH, D=D)
+        check(out[:real], ref)
+
+
+def test_attention_rows_past_causal_limit_are_not_read():
+    """Keys after a query's position (future tokens of the chunk) get garbage; each query must match the
+    reference computed on its own causal prefix."""
+    T, NH, KVH, D = 8, 4, 2, 64
+    r = rng(9)
+    S = 40
+    q, k, v = randn(r, (T, NH, D)), randn(r, (S, KVH, D)), randn(r, (S, KVH, D))
+    base = run("attention", [q, k, v], (T, NH * D), T=T, NH=NH, KVH=KVH, D=D)
+    for t in range(T):
+        k2, v2 = k.copy(), v.copy()
+        k2[S - T + t + 1:] = 1e30
+        v2[S - T + t + 1:] = -1e30
+        out = run("attention", [q, k2, v2], (T, NH * D), T=T, NH=NH, KVH=KVH, D=D)
+        np.testing.assert_array_equal(out[: t + 1], base[: t + 1])
+
+
+def test_attention_large_logits_stable():
+    T, NH, KVH, D = 4, 2, 1, 64
+    r = rng(11)
+    S = 300
+    q, k, v = randn(r, (T, NH, D)) * 30, randn(r, (S, KVH, D)) * 30, randn(r, (S, KVH, D))
+    out = run("attention", [q, k, v], (T, NH * D), T=T, NH=NH, KVH=KVH, D=D)
+    check(out, ops.reference("attention", [q, k, v], T=T, NH=NH, KVH=KVH, D=D))
+
+
+# ------------------------------------------------------------------------------------ memory-bound ops
+
+@pytest.mark.parametrize("wdtype", ["float32", "float16"])
+@pytest.mark.parametrize("T,V,D", [(1, 997, 768), (16, 997, 40), (64, 32000, 256), (3, 50, 8)])
+def test_embed(T, V, D, wdtype):
+    r = rng(T + V)
+    ids = r.integers(0, V, size=T).astype("int32")
+    ids[0] = V - 1
+    W = randn(r, (V, D), wdtype)
+    out = run("embed", [ids, W], (T, D), T=T, V=V, D=D, wdtype=wdtype)
+    check(out, ops.reference("embed", [ids, W], T=T, V=V, D=D, wdtype=wdtype), rtol=0)
+
+
+@pytest.mark.parametrize("R,D", [(1, 768), (16, 768), (64, 4096), (3, 40), (5, 8), (2, 997), (1, 1)])
+def test_rmsnorm(R, D):
+    r = rng(R + D)
+    x, w = randn(r, (R, D)) * 3, randn(r, (D,))
+    for eps in (1e-6, 1e-5):
+        out = run("rmsnorm", [x, w], (R, D), R=R, D=D, eps=eps)
+        check(out, ops.reference("rmsnorm", [x, w], R=R, D=D, eps=eps))
+
+
+@pytest.mark.parametrize("T,H,D", [(1, 12, 64), (16, 8, 8), (64, 32, 128), (3, 2, 40), (2, 3, 6)])
+def test_rope(T, H, D):
+    r = rng(T + H + D)
+    x = randn(r, (T, H, D))
+    ang = r.uniform(0, 100, size=(T, D // 2))
+    c, s = np.cos(ang).astype("float32"), np.sin(ang).astype("float32")
+    out = run("rope", [x, c, s], (T, H, D), T=T, H=H, D=D)
+    check(out, ops.reference("rope", [x, c, s], T=T, H=H, D=D))
+
+
+@pytest.mark.parametrize("R,N", [(1, 768), (1, 997), (64, 3072), (7, 5), (1, 1), (64, 768)])
+def test_add_copy_swiglu(R, N):
+    r = rng(R + N)
+    a, b = randn(r, (R, N)) * 4, randn(r, (R, N))
+    check(run("add", [a, b], (R, N), R=R, N=N), ops.reference("add", [a, b], R=R, N=N))
+    check(run("copy", [a], (R, N), R=R, N=N), ops.reference("copy", [a], R=R, N=N), rtol=0)
+    check(run("swiglu", [a, b], (R, N), T=R, F=N), ops.reference("swiglu", [a, b], T=R, F=N))
+
+
+def test_swiglu_extremes():
+    g = np.array([[-200.0, -88.5, -30.0, -1e-3, 0.0, 1e-3, 30.0, 88.5, 200.0, 1e4]], "float32")
+    u = np.linspace(-2, 2, g.shape[1]).astype("float32")[None]
+    out = run("swiglu", [g, u], g.shape, T=1, F=g.shape[1])
+    check(out, ops.reference("swiglu", [g, u], T=1, F=g.shape[1]))
+
+
+# ------------------------------------------------------------------------------------------- fallbacks
+
+def test_fallback_kernels_are_correct(monkeypatch):
+    """If a tuned schedule raises, make_kernel returns the plain version under the same name."""
+    real = ops._build
+
+    def failing(op, cpu, p, fast):
+        if fast:
+            raise RuntimeError("schedule rejected (test)")
+        return real(op, cpu, p, fast)
+
+    monkeypatch.setattr(ops, "_build", failing)
+    ops._make_cached.cache_clear()
+    cpu = ops.CpuInfo(vector_lanes=16, num_threads=3)  # distinct cache key from the tuned kernels
+    r = rng(13)
+    x, W, b = randn(r, (3, 40)), randn(r, (33, 40), "float16"), randn(r, (33,))
+    out = run("linear", [x, W, b], (3, 33), cpu=cpu, T=3, N=33, K=40, wdtype="float16", bias=True)
+    check(out, ops.reference("linear", [x, W, b], bias=True))
+    q, k, v = randn(r, (4, 4, 8)), randn(r, (20, 2, 8)), randn(r, (20, 2, 8))
+    check(run("attention", [q, k, v], (4, 32), cpu=cpu, T=4, NH=4, KVH=2, D=8),
+          ops.reference("attention", [q, k, v]))
+    x, w = randn(r, (2, 37)), randn(r, (37,))
+    check(run("rmsnorm", [x, w], (2, 37), cpu=cpu, R=2, D=37, eps=1e-5),
+          ops.reference("rmsnorm", [x, w], eps=1e-5))
+    xr = randn(r, (2, 3, 10))
+    c, s = randn(r, (2, 5)), randn(r, (2, 5))
+    check(run("rope", [xr, c, s], (2, 3, 10), cpu=cpu, T=2, H=3, D=10), ops.reference("rope", [xr, c, s]))
+    ids = np.array([3, 0], "int32")
+    We = randn(r, (5, 7), "float16")
+    check(run("embed", [ids, We], (2, 7), cpu=cpu, T=2, V=5, D=7, wdtype="float16"),
+          ops.reference("embed", [ids, We]))
+    for op in ("add", "swiglu"):
+        a, bb = randn(r, (2, 9)), randn(r, (2, 9))
+        p = dict(R=2, N=9) if op == "add" else dict(T=2, F=9)
+        check(run(op, [a, bb], (2, 9), cpu=cpu, **p), ops.reference(op, [a, bb]))
+    ops._make_cached.cache_clear()
+
+
+def test_no_workspace_for_elementwise_and_gemv():
+    """Small kernels keep their scratch on the stack (no TVMBackendAllocWorkspace calls)."""
+    for op, p in [("linear", dict(T=1, N=64, K=768)), ("rmsnorm", dict(R=4, D=768, eps=1e-5)),
+                  ("attention", dict(T=1, NH=4, KVH=4, D=64)), ("swiglu", dict(T=4, F=100))]:
+        name, func = ops.make_kernel(op, CPU, **p)
+        ll = tvm.compile(tvm.IRModule({name: func}), target=TARGET).mod.inspect_source("ll")
+        assert "@__TVMBackendAllocWorkspace, align" not in ll, name
+
+
+def test_compile_time():
+    """Each kernel should build in well under a second (checked loosely: shared CI machines are noisy)."""
+    for op, p in [("linear", dict(T=64, N=768, K=768, wdtype="float16")),
+                  ("attention", dict(T=32, NH=32, KVH=8, D=128)), ("rmsnorm", dict(R=64, D=4096, eps=1e-5))]:
+        name, func = ops.make_kernel(op, CPU, **p)
+        t0 = time.perf_counter()
+        tvm.compile(tvm.IRModule({name: func}), target=TARGET)
+        assert time.perf_counter() - t0 < 2.0, name
+
+
+def test_attention_kv_length_is_symbolic_int64():
+    _, func = ops.make_kernel("attention", CPU, T=4, NH=4, KVH=2, D=8)
+    S = func.params[1].ty.shape[0]
+    assert str(S) == "S" and str(S.ty) == "int64"
+    assert func.params[2].ty.shape[0].same_as(S)
+
+
+def test_many_kernels_in_one_module():
+    """The lowering code compiles all kernels of a package into one module."""
+    specs = [("linear", dict(T=1, N=64, K=48, wdtype="float16")), ("linear", dict(T=16, N=64, K=48)),
+             ("rmsnorm", dict(R=16, D=48, eps=1e-5)), ("attention", dict(T=16, NH=4, KVH=2, D=8)),
+             ("attention", dict(T=1, NH=4, KVH=2, D=8)), ("swiglu", dict(T=16, F=40)), ("add", dict(R=16, N=48))]
+    funcs = dict(ops.make_kernel(op, CPU, **p) for op, p in specs)
+    assert len(funcs) == len(specs)
+    mod = tvm.compile(tvm.IRModule(funcs), target=TARGET).jit()
+    r = rng(21)
+    x, W = randn(r, (16, 48)), randn(r, (64, 48))
+    out = tvm.runtime.tensor(np.zeros((16, 64), "float32"))
+    mod["linear_t16_n64_k48_f32_b0"](tvm.runtime.tensor(x), tvm.runtime.tensor(W), out)
+    check(out.numpy(), ops.reference("linear", [x, W]))
+    q, k, v = randn(r, (1, 4, 8)), randn(r, (30, 2, 8)), randn(r, (30, 2, 8))
+    out = tvm.runtime.tensor(np.zeros((1, 32), "float32"))
+    mod["attention_t1_nh4_kvh2_d8"](*[tvm.runtime.tensor(a) for a in (q, k, v)], out)
+    check(out.numpy(), ops.reference("attention", [q, k, v]))
+
+
+def test_aarch64_neon_kernels_build():
+    """The NEON flavour (4 lanes) lowers and compiles for aarch64 (not run here)."""
+    cpu = ops.CpuInfo(vector_lanes=4, num_threads=4, arch="aarch64")
+    target = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"], "num-cores": 4})
+    funcs = dict(ops.make_kernel(op, cpu, **p) for op, p in [
+        ("linear", dict(T=1, N=96, K=72, wdtype="float16")), ("linear", dict(T=16, N=97, K=40, bias=True)),
+        ("attention", dict(T=16, NH=8, KVH=2, D=64)), ("rmsnorm", dict(R=4, D=72, eps=1e-5)),
+        ("rope", dict(T=4, H=2, D=64)), ("embed", dict(T=4, V=100, D=64, wdtype="float16")),
+        ("swiglu", dict(T=4, F=300)), ("copy", dict(R=3, N=5))])
+    asm = tvm.compile(tvm.IRModule(funcs), target=target).mod.inspect_source("asm")
+    assert "fmla" in asm and "fcvtl" in asm
