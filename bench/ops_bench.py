@@ -21,6 +21,8 @@ def _args():
     ap.add_argument("--T", default="1,64")
     ap.add_argument("--dtypes", default="float32,float16")
     ap.add_argument("--extra", action="store_true")
+    ap.add_argument("--compile-suite", action="store_true",
+                    help="only time make_kernel + tvm.compile for the kernels of a small Llama-style model")
     return ap.parse_args()
 
 
@@ -29,13 +31,13 @@ ARGS = _args()
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TVM_NUM_THREADS"):
     os.environ[var] = str(ARGS.threads)
 
-import importlib  # noqa: E402
-import pathlib  # noqa: E402
-import time  # noqa: E402
-import types  # noqa: E402
+import importlib
+import pathlib
+import time
+import types
 
-import numpy as np  # noqa: E402
-import tvm  # noqa: E402
+import numpy as np
+import tvm
 
 
 def _import_ops():
@@ -134,21 +136,56 @@ def extra():
         k = rng.standard_normal((S, KVH, D)).astype("float32")
         v = rng.standard_normal((S, KVH, D)).astype("float32")
         args = [tvm.runtime.tensor(a) for a in (q, k, v)] + [tvm.runtime.tensor(np.zeros((T, NH * D), "float32"))]
-        t = interleaved({0: lambda: kern(*args)})[0]
+        t = interleaved({0: lambda kern=kern, args=args: kern(*args)})[0]
         keys = sum(S - T + t_ + 1 for t_ in range(T))
         row(f"attention T={T} NH={NH}/{KVH} D={D} S={S}", t, 4.0 * NH * D * keys, 2 * S * KVH * D * 4,
             f"compile {tc * 1e3:4.0f} ms  {name}")
-    for op, p, shapes in [("rmsnorm", dict(R=64, D=4096, eps=1e-5), [(64, 4096), (4096,)]),
-                          ("swiglu", dict(T=64, F=11008), [(64, 11008), (64, 11008)]),
-                          ("rope", dict(T=64, H=32, D=128), [(64, 32, 128), (64, 64), (64, 64)]),
-                          ("add", dict(R=1, N=4096), [(1, 4096), (1, 4096)])]:
+    for op, p, shapes in [("rmsnorm", {"R": 64, "D": 4096, "eps": 1e-5}, [(64, 4096), (4096,)]),
+                          ("swiglu", {"T": 64, "F": 11008}, [(64, 11008), (64, 11008)]),
+                          ("rope", {"T": 64, "H": 32, "D": 128}, [(64, 32, 128), (64, 64), (64, 64)]),
+                          ("add", {"R": 1, "N": 4096}, [(1, 4096), (1, 4096)])]:
         name, kern, tc = build(op, **p)
         ins = [rng.standard_normal(s).astype("float32") for s in shapes]
         args = [tvm.runtime.tensor(a) for a in ins] + [tvm.runtime.tensor(np.zeros(shapes[0], "float32"))]
-        t = interleaved({0: lambda: kern(*args)})[0]
+        t = interleaved({0: lambda kern=kern, args=args: kern(*args)})[0]
         nbytes = sum(a.nbytes for a in ins) + ins[0].nbytes
         row(f"{op} {'x'.join(map(str, shapes[0]))}", t, 0, nbytes, f"compile {tc * 1e3:4.0f} ms  {name}")
 
 
+def compile_suite():
+    """make_kernel + tvm.compile time per kernel for a 768-wide, 12-head, vocab-32000 model
+    (decode T=1 and prefill chunk T=64), plus the whole set built as one module."""
+    specs = []
+    for T in (1, 64):
+        specs += [("embed", {"T": T, "V": 32000, "D": 768, "wdtype": "float16"}),
+                  ("rmsnorm", {"R": T, "D": 768, "eps": 1e-5}),
+                  ("linear", {"T": T, "N": 2304, "K": 768, "wdtype": "float16"}),
+                  ("linear", {"T": T, "N": 768, "K": 768, "wdtype": "float16"}),
+                  ("linear", {"T": T, "N": 6144, "K": 768, "wdtype": "float16"}),
+                  ("linear", {"T": T, "N": 768, "K": 3072, "wdtype": "float16"}),
+                  ("linear", {"T": T, "N": 32000, "K": 768, "wdtype": "float16"}),
+                  ("rope", {"T": T, "H": 12, "D": 64}), ("attention", {"T": T, "NH": 12, "KVH": 12, "D": 64}),
+                  ("add", {"R": T, "N": 768}), ("swiglu", {"T": T, "F": 3072}), ("copy", {"R": T, "N": 768})]
+    funcs = {}
+    total = 0.0
+    print(f"{'kernel':40s} {'make ms':>8s} {'compile ms':>10s}")
+    for op, p in specs:
+        t0 = time.perf_counter()
+        name, func = ops.make_kernel(op, CPU, **p)
+        t1 = time.perf_counter()
+        tvm.compile(tvm.IRModule({name: func}), target=TARGET)
+        t2 = time.perf_counter()
+        funcs[name] = func
+        total += t2 - t0
+        print(f"{name:40s} {1e3 * (t1 - t0):8.0f} {1e3 * (t2 - t1):10.0f}", flush=True)
+    t0 = time.perf_counter()
+    tvm.compile(tvm.IRModule(funcs), target=TARGET)
+    print(f"# {len(funcs)} kernels: sum of separate builds {total:.2f} s; "
+          f"one module (make_kernel cached) {time.perf_counter() - t0:.2f} s; load avg {os.getloadavg()[0]:.2f}")
+
+
 if __name__ == "__main__":
-    main()
+    if ARGS.compile_suite:
+        compile_suite()
+    else:
+        main()

@@ -62,14 +62,12 @@ EL_API void el_sampler_free(el_sampler* s) {
   free(s);
 }
 
-/* Descending logit, then ascending id: a total order, so ties never make a result depend on the algorithm. */
-static int by_logit_desc(const void* a, const void* b) {
-  const cand *x = a, *y = b;
-  if (x->logit != y->logit) return x->logit < y->logit ? 1 : -1;
-  return (x->id > y->id) - (x->id < y->id);
+/* x ranks below y: by descending logit, then ascending id (a total order, so ties never make a result depend
+ * on the algorithm) */
+static int worse(const cand* x, const cand* y) {
+  if (x->logit != y->logit) return x->logit < y->logit;
+  return x->id > y->id;
 }
-
-static int worse(const cand* x, const cand* y) { return by_logit_desc(x, y) > 0; } /* x ranks below y */
 
 static void sift_down(cand* h, int k, int j) { /* heap with the worst candidate at the root */
   for (;;) {

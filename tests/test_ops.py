@@ -38,15 +38,12 @@ CPU = ops.host_cpu_info(NUM_THREADS)
 TARGET = ops.llvm_target(NUM_THREADS)
 DEV = tvm.cpu()
 RTOL = 1e-5
-COMPILE_TIMES: dict[str, float] = {}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _build(op: str, cpu: ops.CpuInfo, items: tuple):
     name, func = ops.make_kernel(op, cpu, **dict(items))
-    t0 = time.perf_counter()
     ex = tvm.compile(tvm.IRModule({name: func}), target=TARGET)
-    COMPILE_TIMES[name] = time.perf_counter() - t0
     return name, ex.jit()[name]
 
 
@@ -91,8 +88,8 @@ def test_names_deterministic_and_c_safe():
     assert len(names) == 3
     n4, f4 = ops.make_kernel("attention", CPU, T=16, NH=8, KVH=2, D=64)
     assert n4 == "attention_t16_nh8_kvh2_d64" and f4.attrs["global_symbol"] == n4
-    for op, p in [("embed", dict(T=1, V=10, D=8)), ("rope", dict(T=1, H=2, D=8)), ("add", dict(R=1, N=3)),
-                  ("swiglu", dict(T=1, F=3)), ("copy", dict(R=1, N=3))]:
+    for op, p in [("embed", {"T": 1, "V": 10, "D": 8}), ("rope", {"T": 1, "H": 2, "D": 8}), ("add", {"R": 1, "N": 3}),
+                  ("swiglu", {"T": 1, "F": 3}), ("copy", {"R": 1, "N": 3})]:
         name, func = ops.make_kernel(op, CPU, **p)
         assert name.isidentifier() and name.startswith(op + "_") and func.attrs["global_symbol"] == name
 
@@ -141,10 +138,10 @@ def test_tuned_schedules_do_not_fall_back(caplog):
     ops._make_cached.cache_clear()
     with caplog.at_level("WARNING"):
         for cpu in (CPU, ops.CpuInfo(8), ops.CpuInfo(4, 4, "aarch64")):
-            for op, p in [("linear", dict(T=1, N=997, K=40)), ("linear", dict(T=5, N=3, K=2, bias=True)),
-                          ("attention", dict(T=3, NH=2, KVH=2, D=3)), ("attention", dict(T=64, NH=32, KVH=8, D=128)),
-                          ("rmsnorm", dict(R=1, D=1, eps=1e-5)), ("rope", dict(T=1, H=1, D=2)),
-                          ("embed", dict(T=1, V=1, D=1)), ("swiglu", dict(T=1, F=1)), ("copy", dict(R=1, N=1))]:
+            for op, p in [("linear", {"T": 1, "N": 997, "K": 40}), ("linear", {"T": 5, "N": 3, "K": 2, "bias": True}),
+                          ("attention", {"T": 3, "NH": 2, "KVH": 2, "D": 3}), ("attention", {"T": 64, "NH": 32, "KVH": 8, "D": 128}),
+                          ("rmsnorm", {"R": 1, "D": 1, "eps": 1e-5}), ("rope", {"T": 1, "H": 1, "D": 2}),
+                          ("embed", {"T": 1, "V": 1, "D": 1}), ("swiglu", {"T": 1, "F": 1}), ("copy", {"R": 1, "N": 1})]:
                 ops.make_kernel(op, cpu, **p)
     assert not [r for r in caplog.records if "plain kernel" in r.getMessage()]
 
@@ -182,7 +179,7 @@ ATTN_CONFIGS = [  # (T, NH, KVH, D)
 
 @pytest.mark.parametrize("T,NH,KVH,D", ATTN_CONFIGS)
 def test_attention(T, NH, KVH, D):
-    p = dict(T=T, NH=NH, KVH=KVH, D=D)
+    p = {"T": T, "NH": NH, "KVH": KVH, "D": D}
     r = rng(T + NH + D)
     for S in sorted({T, T + 1, T + 15, T + 16, 100 + T, 333}):  # one compiled kernel, many S
         q, k, v = randn(r, (T, NH, D)), randn(r, (S, KVH, D)), randn(r, (S, KVH, D))
@@ -192,7 +189,7 @@ def test_attention(T, NH, KVH, D):
 
 @pytest.mark.parametrize("T,NH,KVH,D", [(1, 8, 2, 64), (16, 8, 2, 64), (64, 12, 12, 64), (32, 4, 1, 8)])
 def test_attention_long(T, NH, KVH, D):
-    p = dict(T=T, NH=NH, KVH=KVH, D=D)
+    p = {"T": T, "NH": NH, "KVH": KVH, "D": D}
     r = rng(3)
     S = 2048
     q, k, v = randn(r, (T, NH, D)), randn(r, (S, KVH, D)), randn(r, (S, KVH, D))
@@ -204,7 +201,7 @@ def test_attention_long(T, NH, KVH, D):
 def test_attention_padded_chunk(T, NH, KVH, D):
     """A padded prefill chunk: only the first `real` of T queries are real tokens; the k/v rows of the
     padded positions hold huge values and must not influence the real queries."""
-    p = dict(T=T, NH=NH, KVH=KVH, D=D)
+    p = {"T": T, "NH": NH, "KVH": KVH, "D": D}
     r = rng(5)
     for real, S in [(1, T), (T // 2, T + 37), (T - 3, 500)]:
         q, k, v = randn(r, (T, NH, D)), randn(r, (S, KVH, D)), randn(r, (S, KVH, D))
@@ -324,15 +321,15 @@ def test_fallback_kernels_are_correct(monkeypatch):
           ops.reference("embed", [ids, We]))
     for op in ("add", "swiglu"):
         a, bb = randn(r, (2, 9)), randn(r, (2, 9))
-        p = dict(R=2, N=9) if op == "add" else dict(T=2, F=9)
+        p = {"R": 2, "N": 9} if op == "add" else {"T": 2, "F": 9}
         check(run(op, [a, bb], (2, 9), cpu=cpu, **p), ops.reference(op, [a, bb]))
     ops._make_cached.cache_clear()
 
 
 def test_no_workspace_for_elementwise_and_gemv():
     """Small kernels keep their scratch on the stack (no TVMBackendAllocWorkspace calls)."""
-    for op, p in [("linear", dict(T=1, N=64, K=768)), ("rmsnorm", dict(R=4, D=768, eps=1e-5)),
-                  ("attention", dict(T=1, NH=4, KVH=4, D=64)), ("swiglu", dict(T=4, F=100))]:
+    for op, p in [("linear", {"T": 1, "N": 64, "K": 768}), ("rmsnorm", {"R": 4, "D": 768, "eps": 1e-5}),
+                  ("attention", {"T": 1, "NH": 4, "KVH": 4, "D": 64}), ("swiglu", {"T": 4, "F": 100})]:
         name, func = ops.make_kernel(op, CPU, **p)
         ll = tvm.compile(tvm.IRModule({name: func}), target=TARGET).mod.inspect_source("ll")
         assert "@__TVMBackendAllocWorkspace, align" not in ll, name
@@ -340,8 +337,8 @@ def test_no_workspace_for_elementwise_and_gemv():
 
 def test_compile_time():
     """Each kernel should build in well under a second (checked loosely: shared CI machines are noisy)."""
-    for op, p in [("linear", dict(T=64, N=768, K=768, wdtype="float16")),
-                  ("attention", dict(T=32, NH=32, KVH=8, D=128)), ("rmsnorm", dict(R=64, D=4096, eps=1e-5))]:
+    for op, p in [("linear", {"T": 64, "N": 768, "K": 768, "wdtype": "float16"}),
+                  ("attention", {"T": 32, "NH": 32, "KVH": 8, "D": 128}), ("rmsnorm", {"R": 64, "D": 4096, "eps": 1e-5})]:
         name, func = ops.make_kernel(op, CPU, **p)
         t0 = time.perf_counter()
         tvm.compile(tvm.IRModule({name: func}), target=TARGET)
@@ -357,9 +354,9 @@ def test_attention_kv_length_is_symbolic_int64():
 
 def test_many_kernels_in_one_module():
     """The lowering code compiles all kernels of a package into one module."""
-    specs = [("linear", dict(T=1, N=64, K=48, wdtype="float16")), ("linear", dict(T=16, N=64, K=48)),
-             ("rmsnorm", dict(R=16, D=48, eps=1e-5)), ("attention", dict(T=16, NH=4, KVH=2, D=8)),
-             ("attention", dict(T=1, NH=4, KVH=2, D=8)), ("swiglu", dict(T=16, F=40)), ("add", dict(R=16, N=48))]
+    specs = [("linear", {"T": 1, "N": 64, "K": 48, "wdtype": "float16"}), ("linear", {"T": 16, "N": 64, "K": 48}),
+             ("rmsnorm", {"R": 16, "D": 48, "eps": 1e-5}), ("attention", {"T": 16, "NH": 4, "KVH": 2, "D": 8}),
+             ("attention", {"T": 1, "NH": 4, "KVH": 2, "D": 8}), ("swiglu", {"T": 16, "F": 40}), ("add", {"R": 16, "N": 48})]
     funcs = dict(ops.make_kernel(op, CPU, **p) for op, p in specs)
     assert len(funcs) == len(specs)
     mod = tvm.compile(tvm.IRModule(funcs), target=TARGET).jit()
@@ -379,9 +376,9 @@ def test_aarch64_neon_kernels_build():
     cpu = ops.CpuInfo(vector_lanes=4, num_threads=4, arch="aarch64")
     target = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"], "num-cores": 4})
     funcs = dict(ops.make_kernel(op, cpu, **p) for op, p in [
-        ("linear", dict(T=1, N=96, K=72, wdtype="float16")), ("linear", dict(T=16, N=97, K=40, bias=True)),
-        ("attention", dict(T=16, NH=8, KVH=2, D=64)), ("rmsnorm", dict(R=4, D=72, eps=1e-5)),
-        ("rope", dict(T=4, H=2, D=64)), ("embed", dict(T=4, V=100, D=64, wdtype="float16")),
-        ("swiglu", dict(T=4, F=300)), ("copy", dict(R=3, N=5))])
+        ("linear", {"T": 1, "N": 96, "K": 72, "wdtype": "float16"}), ("linear", {"T": 16, "N": 97, "K": 40, "bias": True}),
+        ("attention", {"T": 16, "NH": 8, "KVH": 2, "D": 64}), ("rmsnorm", {"R": 4, "D": 72, "eps": 1e-5}),
+        ("rope", {"T": 4, "H": 2, "D": 64}), ("embed", {"T": 4, "V": 100, "D": 64, "wdtype": "float16"}),
+        ("swiglu", {"T": 4, "F": 300}), ("copy", {"R": 3, "N": 5})])
     asm = tvm.compile(tvm.IRModule(funcs), target=target).mod.inspect_source("asm")
     assert "fmla" in asm and "fcvtl" in asm

@@ -32,7 +32,7 @@ from . import linear as _linear
 from ._util import kernel_name
 from .reference import reference
 
-__all__ = ["CpuInfo", "make_kernel", "reference", "OPS", "kernel_params", "host_cpu_info", "llvm_target"]
+__all__ = ["OPS", "CpuInfo", "host_cpu_info", "kernel_params", "llvm_target", "make_kernel", "reference"]
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def _make_cached(op: str, cpu: CpuInfo, items: tuple):
     name = _name(op, p)
     try:
         func = _build(op, cpu, p, fast=True)
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:  # noqa: BLE001 - any schedule failure must fall back to the plain kernel
         log.warning("edgellm.ops: schedule for %s failed (%s: %s); using the plain kernel", name,
                     type(e).__name__, e)
         func = _build(op, cpu, p, fast=False)
@@ -162,7 +162,8 @@ def host_cpu_info(num_threads: int = 2) -> CpuInfo:
         return CpuInfo(vector_lanes=4, num_threads=num_threads, arch="aarch64")
     lanes = 8
     try:
-        flags = open("/proc/cpuinfo").read()
+        with open("/proc/cpuinfo") as fh:
+            flags = fh.read()
         if " avx512f" in flags:
             lanes = 16
         elif " avx2" not in flags:

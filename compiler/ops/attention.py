@@ -7,7 +7,7 @@ never read (they may hold padding or garbage). Head h uses kv head h // (NH // K
 Schedule (hand-written TIR):
 - One parallel task per block of R = Gb heads (of one GQA group) x Tq consecutive queries; tasks are
   ordered kv-head-major, so each thread gets a balanced mix of short and long causal rows.
-- Online (flash-decoding style) softmax over chunks of C = VL keys. For each chunk the task loops over its
+- Online (flash-decoding style) softmax over chunks of C = max(16, VL) keys. For each chunk the task loops over its
   R rows, so the chunk's k/v rows are loaded from memory once and reused from L1 by all rows of the
   block (GQA heads and prefill queries share them).
 - Per row and full chunk: C partial-sum vectors of q.k (VD lanes over D), reduced together by one
@@ -75,7 +75,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False):
         raise ValueError(f"NH={NH} not a multiple of KVH={KVH}")
     VL = cpu.vector_lanes
     G = NH // KVH
-    C = VL  # keys per chunk
+    C = max(16, VL)  # keys per chunk (amortizes the per-chunk softmax bookkeeping)
     VD = pow2_divisor(D, VL)  # lanes of the q.k partial sums
     ND = D // VD
     scale = 1.0 / math.sqrt(D)

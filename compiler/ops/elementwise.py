@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
-from ._util import F32, PARALLEL_MIN_ELEMS, STACK, fast_exp, hsum, pow2_divisor
+from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, fast_exp, hsum, pow2_divisor
 
 
 def _outer(elems: int):
@@ -37,9 +37,9 @@ def _flat(kind: str, cpu, R: int, N: int):
         def kern(a: T.handle, o: T.handle):
             T.func_attr({"tirx.noalias": True})
             A = T.match_buffer(a, (R, N), F32)
-            O = T.match_buffer(o, (R, N), F32)
+            O = T.match_buffer(o, (R, N), F32, align=VIEW_ALIGN)  # copy writes K/V cache rows
             Af = T.decl_buffer((M,), F32, data=A.data)
-            Of = T.decl_buffer((M,), F32, data=O.data)
+            Of = T.decl_buffer((M,), F32, data=O.data, align=VIEW_ALIGN)
             for i in outer(Mm // B):
                 for l in T.vectorized(B):
                     Of[i * B + l] = body(Af, None, i * B + l)
@@ -84,7 +84,8 @@ def embed(cpu, T_: int, V: int, D: int, wdtype: str = "float32"):
     outer = _outer(T_ * D)
 
     def w(Wb, row, d):
-        v = Wb[T.Cast("int64", row), d]
+        # clamp: the plan cannot vouch for the ids' values, and an out-of-range row would read outside the weights
+        v = Wb[T.Cast("int64", T.max(T.min(row, V - 1), 0)), d]
         return v if wdtype == F32 else v.astype(F32)
 
     @T.prim_func
@@ -156,9 +157,9 @@ def rope(cpu, T_: int, H: int, D: int):
     def kern(x: T.handle, cs: T.handle, sn: T.handle, o: T.handle):
         T.func_attr({"tirx.noalias": True})
         X = T.match_buffer(x, (T_, H, D), F32)
-        Cs = T.match_buffer(cs, (T_, half), F32)
-        Sn = T.match_buffer(sn, (T_, half), F32)
-        O = T.match_buffer(o, (T_, H, D), F32)
+        Cs = T.match_buffer(cs, (T_, half), F32, align=VIEW_ALIGN)
+        Sn = T.match_buffer(sn, (T_, half), F32, align=VIEW_ALIGN)
+        O = T.match_buffer(o, (T_, H, D), F32, align=VIEW_ALIGN)
         for th in outer(T_ * H):
             for ic in range(half // VH):
                 for l in T.vectorized(VH):

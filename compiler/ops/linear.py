@@ -21,7 +21,7 @@ from __future__ import annotations
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from ._util import F32, PARALLEL_MIN_ELEMS, STACK, concat_vecs, hsum, let_wrap, tree_reduce
+from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, concat_vecs, hsum, let_wrap, tree_reduce
 
 
 def _w(v, wdtype):
@@ -30,7 +30,7 @@ def _w(v, wdtype):
 
 def gemv(cpu, N: int, K: int, wdtype: str, bias: bool):
     VL = cpu.vector_lanes
-    U = max(1, min(4, K // VL))
+    U = max(1, min(4 if VL >= 8 else 8, K // VL))  # independent FMA chains (NEON: more, narrower)
     L = U * VL if K >= VL else 0
     Km = (K // L) * L if L else 0
     LA = max(L, VL)
@@ -43,7 +43,7 @@ def gemv(cpu, N: int, K: int, wdtype: str, bias: bool):
         X = T.match_buffer(x, (1, K), F32)
         W = T.match_buffer(w, (N, K), wdtype)
         Bs = T.match_buffer(b, B_shape, F32)
-        O = T.match_buffer(o, (1, N), F32)
+        O = T.match_buffer(o, (1, N), F32, align=VIEW_ALIGN)
         for n in outer(N):
             acc = T.alloc_buffer((LA,), F32, scope="global", annotations=STACK)
             st = T.alloc_buffer((1,), F32, scope="global", annotations=STACK)
@@ -74,7 +74,7 @@ def gemv(cpu, N: int, K: int, wdtype: str, bias: bool):
 
 def gemm_blocking(cpu, T_: int, N: int):
     nreg = 32 if (cpu.vector_lanes >= 16 or cpu.arch == "aarch64") else 16
-    Tt = 4 if T_ >= 4 else T_
+    Tt = min(4, T_)
     Nn = 4 if nreg >= 32 else 2
     Nn = min(Nn, N)
     return Tt, Nn
@@ -109,7 +109,7 @@ def gemm(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=None):
         X = T.match_buffer(x, (T_, K), F32)
         W = T.match_buffer(w, (N, K), wdtype)
         Bs = T.match_buffer(b, B_shape, F32)
-        O = T.match_buffer(o, (T_, N), F32)
+        O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
         for nb in outer(NNB):
             acc = T.alloc_buffer((TN * VL,), F32, scope="global", annotations=STACK)
             res = T.alloc_buffer((TN,), F32, scope="global", annotations=STACK)
