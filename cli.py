@@ -19,7 +19,8 @@ def cli():
 @click.argument("model")
 @click.option("--target", "-t", default="host", show_default=True, help="target name (see `edgellm targets`)")
 @click.option("--quant", "-q", default="f16", show_default=True, help="weight scheme: f32, f16")
-@click.option("-o", "--out", type=click.Path(), default=None, help="package directory [default: <model>-<quant>-<target>.edgellm]")
+@click.option("-o", "--out", type=click.Path(), default=None,
+              help="package directory [default: <model>-<quant>-<target>.edgellm]")
 @click.option("--max-context", type=int, default=None, help="longest sequence the package runs [default: min(model's, 4096)]")
 @click.option("--prefill-chunk", type=int, default=None, help="prefill chunk length C [default: the target's]")
 @click.option("--quiet", is_flag=True, help="no progress output")

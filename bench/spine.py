@@ -59,7 +59,7 @@ def main():
     np_decode = 8 / (time.perf_counter() - t0)
     print(f"\n~{n_params / 1e6:.0f}M-parameter Llama (dim 768, 12 layers, vocab 32000), {a.threads} threads, "
           f"prompt {a.prompt_len}, generate {a.gen_len}, best of {a.rounds}")
-    print(f"| weights | compile s | prefill tok/s | decode tok/s | weights MiB | weight GB/s in decode | decode vs numpy f32 |")
+    print("| weights | compile s | prefill tok/s | decode tok/s | weights MiB | weight GB/s in decode | decode vs numpy f32 |")
     print("|---|---|---|---|---|---|---|")
     for q, tc, p, d, mb, gbs in rows:
         print(f"| {q} | {tc:.1f} | {p:.1f} | {d:.1f} | {mb:.0f} | {gbs:.1f} | {d / np_decode:.2f}x |")

@@ -5,7 +5,7 @@ import json
 import shutil
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +87,7 @@ def compile_model(model, target: str = "host", quant: str = "f32", out=None, max
         manifest = {
             "format_version": FORMAT_VERSION,
             "edgellm_version": _version(),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "model": {"source": str(model), "arch": spec.arch, "config": spec.to_dict()},
             "target": {"name": tgt.name, "arch": tgt.arch, "tvm": tgt.tvm, "features": list(tgt.features),
                        "cc": tgt.cc},

@@ -14,10 +14,9 @@ def body(g: Graph, ids: Value) -> Value:
         p = f"model.layers.{i}."
         a = p + "self_attn."
         h = g.rmsnorm(x, p + "input_layernorm.weight")
-        bias = (lambda n: a + n + ".bias") if s.attention_bias else (lambda n: None)
-        q = g.linear(h, a + "q_proj.weight", bias("q_proj"))
-        k = g.linear(h, a + "k_proj.weight", bias("k_proj"))
-        v = g.linear(h, a + "v_proj.weight", bias("v_proj"))
+        q = g.linear(h, a + "q_proj.weight", a + "q_proj.bias" if s.attention_bias else None)
+        k = g.linear(h, a + "k_proj.weight", a + "k_proj.bias" if s.attention_bias else None)
+        v = g.linear(h, a + "v_proj.weight", a + "v_proj.bias" if s.attention_bias else None)
         if s.qk_norm:
             q = g.head_rmsnorm(q, a + "q_norm.weight", s.n_heads)
             k = g.head_rmsnorm(k, a + "k_norm.weight", s.n_kv_heads)

@@ -139,7 +139,8 @@ def test_tuned_schedules_do_not_fall_back(caplog):
     with caplog.at_level("WARNING"):
         for cpu in (CPU, ops.CpuInfo(8), ops.CpuInfo(4, 4, "aarch64")):
             for op, p in [("linear", {"T": 1, "N": 997, "K": 40}), ("linear", {"T": 5, "N": 3, "K": 2, "bias": True}),
-                          ("attention", {"T": 3, "NH": 2, "KVH": 2, "D": 3}), ("attention", {"T": 64, "NH": 32, "KVH": 8, "D": 128}),
+                          ("attention", {"T": 3, "NH": 2, "KVH": 2, "D": 3}),
+                          ("attention", {"T": 64, "NH": 32, "KVH": 8, "D": 128}),
                           ("rmsnorm", {"R": 1, "D": 1, "eps": 1e-5}), ("rope", {"T": 1, "H": 1, "D": 2}),
                           ("embed", {"T": 1, "V": 1, "D": 1}), ("swiglu", {"T": 1, "F": 1}), ("copy", {"R": 1, "N": 1})]:
                 ops.make_kernel(op, cpu, **p)

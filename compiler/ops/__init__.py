@@ -13,7 +13,7 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 | rmsnorm   | R, D, eps                 | x f32[R, D], w f32[D], out f32[R, D]                             |
 | linear    | T, N, K, wdtype, bias     | x f32[T, K], W wdtype[N, K], [b f32[N]], out f32[T, N]           |
 | rope      | T, H, D                   | x f32[T, H, D], cos f32[T, D/2], sin f32[T, D/2], out f32[T, H, D] |
-| attention | T, NH, KVH, D             | q f32[T, NH, D], k f32[S, KVH, D], v f32[S, KVH, D], out f32[T, NH*D] (S symbolic int64 "S") |
+| attention | T, NH, KVH, D             | q f32[T, NH, D], k/v f32[S, KVH, D], out f32[T, NH*D] (S: symbolic int64 "S") |
 | add       | R, N                      | a, b f32[R, N], out f32[R, N]                                    |
 | swiglu    | T, F                      | g, u f32[T, F], out f32[T, F]                                    |
 | copy      | R, N                      | a f32[R, N], out f32[R, N]                                       |

@@ -60,7 +60,9 @@ def fast_exp(x):
     [-ln2/2, ln2/2], degree-6 polynomial, 2^n by exponent-bit construction). Relative error ~2 ulp.
     Inputs are clamped to [-88, 88]; exp(x < -88) returns 0 (denormals are flushed), never NaN/Inf.
     LLVM would otherwise scalarize exp into libm expf calls."""
-    f = lambda v: tirx.const(v, F32)
+    def f(v):
+        return tirx.const(v, F32)
+
     x = tirx.max(tirx.min(x, f(88.0)), f(-88.0))
     fx = tirx.floor(x * f(1.4426950408889634) + f(0.5))
     r = x - fx * f(0.693359375) + fx * f(2.12194440e-4)

@@ -33,7 +33,6 @@ import math
 import os
 import platform
 import random
-import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -232,7 +231,6 @@ def bitnet_weight_scale(w):
 
 
 def to_qat(model):
-    import torch
     import torch.nn as nn
     import torch.nn.functional as F
 
