@@ -25,31 +25,11 @@ SOURCES = ["runtime/runtime.c", "runtime/threadpool.c", "runtime/sampler.c", "of
 CC = shutil.which("gcc") or shutil.which("cc")
 
 
-class SamplerParams(C.Structure):
-    _fields_ = [("temperature", C.c_float), ("top_k", C.c_int32), ("top_p", C.c_float),
-                ("repetition_penalty", C.c_float), ("seed", C.c_uint64)]
-
-
-class Stats(C.Structure):
-    _fields_ = [("weight_bytes_resident", C.c_uint64), ("kernel_calls", C.c_uint64),
-                ("prefill_seconds", C.c_double), ("decode_seconds", C.c_double),
-                ("prefill_tokens", C.c_uint64), ("decode_tokens", C.c_uint64)]
-
+# The ctypes declarations are the package's own (edgellm.runtime.lib); this test only builds its own library.
+from edgellm.runtime.lib import _SIGS as SIGS  # noqa: E402
+from edgellm.runtime.lib import SamplerParams, Stats  # noqa: E402,F401
 
 F32P, I32P = C.POINTER(C.c_float), C.POINTER(C.c_int32)
-SIGS = {
-    "el_last_error": (C.c_char_p, []), "el_version": (C.c_char_p, []),
-    "el_load": (C.c_void_p, [C.c_char_p, C.c_int]), "el_free": (None, [C.c_void_p]),
-    "el_vocab": (C.c_int, [C.c_void_p]), "el_max_context": (C.c_int, [C.c_void_p]),
-    "el_chunk": (C.c_int, [C.c_void_p]), "el_pos": (C.c_int, [C.c_void_p]), "el_threads": (C.c_int, [C.c_void_p]),
-    "el_eos_ids": (C.c_int, [C.c_void_p, I32P, C.c_int]), "el_bos_id": (C.c_int, [C.c_void_p]),
-    "el_reset": (C.c_int, [C.c_void_p]),
-    "el_prefill": (C.c_int, [C.c_void_p, I32P, C.c_int, F32P, C.c_int]),
-    "el_decode": (C.c_int, [C.c_void_p, C.c_int32, F32P]),
-    "el_sampler_new": (C.c_void_p, [C.POINTER(SamplerParams)]), "el_sampler_free": (None, [C.c_void_p]),
-    "el_sample": (C.c_int32, [C.c_void_p, F32P, C.c_int, I32P, C.c_int]),
-    "el_get_stats": (None, [C.c_void_p, C.POINTER(Stats)]), "el_reset_stats": (None, [C.c_void_p]),
-}
 
 
 def build_lib(out: Path) -> Path:

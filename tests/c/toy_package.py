@@ -16,24 +16,22 @@ Run as a script to write a package: python tests/c/toy_package.py OUT_DIR [path/
 from __future__ import annotations
 
 import shutil
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from edgellm.compiler.plan_writer import _ARG as ARG  # the plan.bin layout, shared with the compiler
+from edgellm.compiler.plan_writer import _HEADER as HEADER
+from edgellm.compiler.plan_writer import _KERNEL as KERNEL
+from edgellm.compiler.plan_writer import _PROGRAM as PROGRAM
+from edgellm.compiler.plan_writer import _STEP as STEP
+from edgellm.compiler.plan_writer import _WEIGHT as WEIGHT
+
 V, D, H, DH, C, MAX_CTX, L = 32, 16, 2, 8, 4, 11, 2
 KV_ROWS = MAX_CTX + C
 ALIGN = 16 * 1024
-
-HEADER = struct.Struct("<8sII64s32s12IQQii8i")
-WEIGHT = struct.Struct("<QQ")
-KERNEL = struct.Struct("<64s")
-PROGRAM = struct.Struct("<24sIIQQQ")
-STEP = struct.Struct("<II")
-ARG = struct.Struct("<IIBBHIIIQ4q")
-assert (HEADER.size, WEIGHT.size, KERNEL.size, PROGRAM.size, STEP.size, ARG.size) == (216, 16, 64, 56, 8, 64)
 
 ARENA, WEIGHT_ARG, KCACHE, VCACHE = 0, 1, 2, 3
 AT_POS, PREFIX = 1, 2
