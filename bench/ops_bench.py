@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 
 def _args():
@@ -31,27 +30,14 @@ ARGS = _args()
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TVM_NUM_THREADS"):
     os.environ[var] = str(ARGS.threads)
 
-import importlib
-import pathlib
 import time
-import types
 
 import numpy as np
 import tvm
 
 
-def _import_ops():
-    try:
-        return importlib.import_module("edgellm.compiler.ops")
-    except ImportError:
-        root = pathlib.Path(__file__).resolve().parents[1]
-        pkg = types.ModuleType("edgellm")
-        pkg.__path__ = [str(root)]
-        sys.modules["edgellm"] = pkg
-        return importlib.import_module("edgellm.compiler.ops")
+from edgellm.compiler import ops  # noqa: E402
 
-
-ops = _import_ops()
 CPU = ops.host_cpu_info(ARGS.threads)
 TARGET = ops.llvm_target(ARGS.threads)
 

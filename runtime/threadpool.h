@@ -7,14 +7,6 @@
 
 #ifndef EL_HIDDEN
 #define EL_HIDDEN __attribute__((visibility("hidden")))
-/* The exported names TVM-compiled code (and libtvm-style callers) know; they forward to the above. */
-__attribute__((visibility("default"))) int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void* cdata,
-                                                                    int num_task);
-__attribute__((visibility("default"))) int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv* penv);
-__attribute__((visibility("default"))) void* TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes,
-                                                                      int dtype_code_hint, int dtype_bits_hint);
-__attribute__((visibility("default"))) int TVMBackendFreeWorkspace(int device_type, int device_id, void* ptr);
-
 #endif
 
 /* Threads a parallel launch from this thread uses (<= 0: the process default, online CPUs), and whether the

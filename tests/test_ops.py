@@ -7,11 +7,7 @@ same f16-rounded weights, so the bound is as tight).
 from __future__ import annotations
 
 import functools
-import importlib
-import pathlib
-import sys
 import time
-import types
 
 import numpy as np
 import pytest
@@ -19,19 +15,8 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 
-def _import_ops():
-    try:
-        return importlib.import_module("edgellm.compiler.ops")
-    except ImportError:
-        # repo root is the `edgellm` package (folders are subpackages); make it importable from a checkout
-        root = pathlib.Path(__file__).resolve().parents[1]
-        pkg = types.ModuleType("edgellm")
-        pkg.__path__ = [str(root)]
-        sys.modules["edgellm"] = pkg
-        return importlib.import_module("edgellm.compiler.ops")
+from edgellm.compiler import ops  # noqa: E402
 
-
-ops = _import_ops()
 
 NUM_THREADS = 2
 CPU = ops.host_cpu_info(NUM_THREADS)
