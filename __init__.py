@@ -8,7 +8,7 @@ from .runtime import GenerationResult, Runtime
 __version__ = "0.1.0"
 
 
-def compile(model, target="host", quant="f32", out=None, **kwargs):  # noqa: A001 - public name from the spec
+def compile(model, target="host", quant="f16", out=None, **kwargs):  # noqa: A001 - public name from the spec
     """Compile a Hugging Face checkpoint (local dir or hub id) into an edgellm package; returns its path."""
     from .compiler.driver import compile_model
 

@@ -49,15 +49,33 @@ def _sampling_options(f):
     return f
 
 
+DEMO_PROMPT = "def read_config(path):"
+
+
 @cli.command("run")
-@click.argument("package", type=click.Path())
-@click.option("-p", "--prompt", required=True, help="prompt text")
+@click.argument("package", type=click.Path(), required=False)
+@click.option("-m", "--model", default=None,
+              help="checkpoint dir, hub id or demo name to compile on first use into the cache [default: demo]")
+@click.option("-p", "--prompt", default=None, help=f"prompt text [default with the demo model: {DEMO_PROMPT!r}]")
+@click.option("--quant", "-q", default="f16", show_default=True, help="scheme when compiling --model")
 @_sampling_options
-def run_cmd(package, prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop, ignore_eos,
-            threads):
-    """Generate text from PACKAGE, streaming it to stdout; a tok/s summary goes to stderr."""
+def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop,
+            ignore_eos, threads):
+    """Generate text from PACKAGE (or --model, default: the bundled demo), streaming it to stdout; a tok/s summary
+    goes to stderr."""
     from .runtime import Runtime
 
+    if package and model:
+        raise click.UsageError("give a PACKAGE or --model, not both")
+    if not package:
+        from .compiler.cache import package_or_model
+
+        model = model or "demo"
+        package = package_or_model(model, quant=quant)
+        if prompt is None and model.startswith("demo"):
+            prompt = DEMO_PROMPT
+    if prompt is None:
+        raise click.UsageError("give a prompt with -p")
     with Runtime.load(package, threads=threads) as rt:
         r: dict = {}
         for piece in rt.stream(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
@@ -70,6 +88,52 @@ def run_cmd(package, prompt, max_new_tokens, temperature, top_k, top_p, repetiti
         dc = r["n_decoded"] / r["decode_s"] if r["decode_s"] else 0.0
         click.echo(f"[{r['prompt_tokens']} prompt tokens, {len(r['ids'])} generated ({r['finish_reason']}); "
                    f"prefill {pf:.1f} tok/s, decode {dc:.1f} tok/s, {rt.threads} threads]", err=True)
+
+
+@cli.group("eval")
+def eval_group():
+    """Evaluate a package (or a model, compiled on first use)."""
+
+
+@eval_group.command("ppl")
+@click.argument("package_or_model")
+@click.option("--text", "text_file", type=click.Path(), default=None,
+              help="text file to score [default: the demo models' held-out text]")
+@click.option("--context", type=int, default=None, help="window length in tokens [default: min(max context, 1024)]")
+@click.option("--stride", type=int, default=None, help="window step [default: context/2]")
+@click.option("--max-tokens", type=int, default=None, help="score only the first N tokens of the text")
+@click.option("--quant", "-q", default="f16", show_default=True, help="scheme when compiling a model")
+@click.option("--threads", type=int, default=None)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@click.option("--quiet", is_flag=True)
+def eval_ppl_cmd(package_or_model, text_file, context, stride, max_tokens, quant, threads, as_json, quiet):
+    """Perplexity of a text file through the runtime (sliding window)."""
+    import json
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from .compiler.cache import package_or_model as resolve
+    from .errors import InputError
+    from .models.demo import HELDOUT
+    from .runtime import Runtime
+    from .runtime.perplexity import perplexity
+
+    path = Path(text_file) if text_file else HELDOUT
+    if not path.is_file():
+        raise InputError(f"text file {path} does not exist")
+    pkg = resolve(package_or_model, quant=quant, progress=not quiet)
+    with Runtime.load(pkg, threads=threads) as rt:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        n = len(rt.text.encode(text)) if max_tokens is None else max_tokens
+        with tqdm(total=n, unit="tok", disable=quiet, leave=False, desc="ppl") as bar:
+            r = perplexity(rt, text, context, stride, max_tokens, progress=lambda end: bar.update(end - bar.n))
+    r.update(package=str(pkg), text=str(path))
+    if as_json:
+        click.echo(json.dumps(r))
+    else:
+        click.echo(f"perplexity {r['ppl']:.3f} (nll {r['nll']:.4f}/token) over {r['tokens']} tokens of {path.name}, "
+                   f"context {r['context']}, stride {r['stride']}, package {pkg}")
 
 
 @cli.command("info")

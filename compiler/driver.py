@@ -34,7 +34,7 @@ def default_output(model: str, quant: str, target: str) -> Path:
     return Path(f"{Path(str(model).rstrip('/')).name}-{quant}-{target}.edgellm")
 
 
-def compile_model(model, target: str = "host", quant: str = "f32", out=None, max_context: int | None = None,
+def compile_model(model, target: str = "host", quant: str = "f16", out=None, max_context: int | None = None,
                   prefill_chunk: int | None = None, progress: bool = True) -> Path:
     t_start = time.perf_counter()
     tgt = get_target(target)
@@ -42,6 +42,9 @@ def compile_model(model, target: str = "host", quant: str = "f32", out=None, max
     if quant not in tgt.quants:
         raise CompileError(f"--quant {quant} is not supported on target {tgt.name} (supported: {', '.join(tgt.quants)})")
     spec, ck, model_dir = load_checkpoint(model)
+    if spec.n_experts:
+        raise CompileError(f"{spec.arch} is a mixture-of-experts model: compiling MoE packages is not supported yet "
+                           "(it arrives with expert offload); the numpy reference backend runs it")
     max_ctx = int(max_context or min(spec.max_position_embeddings, DEFAULT_MAX_CONTEXT))
     if not 1 <= max_ctx <= spec.max_position_embeddings:
         raise CompileError(f"--max-context {max_ctx} is out of range: this model supports 1..{spec.max_position_embeddings}")

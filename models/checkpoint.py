@@ -23,6 +23,10 @@ def resolve_model_dir(model: str | os.PathLike) -> Path:
     p = Path(model).expanduser()
     if p.is_dir():
         return p
+    from .demo import demo_path
+
+    if (d := demo_path(str(model))) is not None:
+        return d
     if p.exists():
         raise ModelLoadError(f"{p} is a file; pass the checkpoint directory that holds config.json")
     s = str(model)

@@ -24,3 +24,6 @@ class Graph(Protocol):
     def attention(self, q: Value, layer: int) -> Value: ...                   # causal over the cache prefix
     def add(self, a: Value, b: Value) -> Value: ...
     def swiglu(self, gate: Value, up: Value) -> Value: ...                    # silu(gate) * up
+    # Mixture of experts: softmax(router), top-k, renormalized weights; each expert a SwiGLU MLP
+    # (gate, up, down names). Written as one op so a backend can decide where expert weights live.
+    def moe(self, x: Value, router: str, experts: list[tuple[str, str, str]], top_k: int) -> Value: ...

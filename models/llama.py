@@ -25,10 +25,21 @@ def body(g: Graph, ids: Value) -> Value:
         g.kv_store(i, k, v)
         x = g.add(x, g.linear(g.attention(q, i), a + "o_proj.weight"))
         h = g.rmsnorm(x, p + "post_attention_layernorm.weight")
-        m = p + "mlp."
-        x = g.add(x, g.linear(g.swiglu(g.linear(h, m + "gate_proj.weight"), g.linear(h, m + "up_proj.weight")),
-                              m + "down_proj.weight"))
+        x = g.add(x, _moe(g, p, h) if s.n_experts else _mlp(g, p + "mlp.", h))
     return x
+
+
+def _mlp(g: Graph, m: str, h: Value) -> Value:
+    return g.linear(g.swiglu(g.linear(h, m + "gate_proj.weight"), g.linear(h, m + "up_proj.weight")), m + "down_proj.weight")
+
+
+def _expert_names(s: ModelSpec, p: str) -> list[tuple[str, str, str]]:
+    e = p + "block_sparse_moe.experts."
+    return [(f"{e}{i}.w1.weight", f"{e}{i}.w3.weight", f"{e}{i}.w2.weight") for i in range(s.n_experts)]
+
+
+def _moe(g: Graph, p: str, h: Value) -> Value:
+    return g.moe(h, p + "block_sparse_moe.gate.weight", _expert_names(g.spec, p), g.spec.n_experts_per_tok)
 
 
 def head(g: Graph, x: Value) -> Value:
@@ -46,8 +57,13 @@ def weight_shapes(s: ModelSpec) -> dict[str, tuple[int, ...]]:
         p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
         w.update({p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
                   a + "q_proj.weight": (q, d), a + "k_proj.weight": (kv, d), a + "v_proj.weight": (kv, d),
-                  a + "o_proj.weight": (d, q), m + "gate_proj.weight": (f, d), m + "up_proj.weight": (f, d),
-                  m + "down_proj.weight": (d, f)})
+                  a + "o_proj.weight": (d, q)})
+        if s.n_experts:
+            w[p + "block_sparse_moe.gate.weight"] = (s.n_experts, d)
+            for gate, up, down in _expert_names(s, p):
+                w.update({gate: (f, d), up: (f, d), down: (d, f)})
+        else:
+            w.update({m + "gate_proj.weight": (f, d), m + "up_proj.weight": (f, d), m + "down_proj.weight": (d, f)})
         if s.attention_bias:
             w.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
         if s.qk_norm:

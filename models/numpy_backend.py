@@ -75,6 +75,20 @@ class NumpyGraph:
     def swiglu(self, gate, up):
         return gate / (1 + np.exp(-gate)) * up
 
+    def moe(self, x, router, experts, top_k):
+        logits = x @ self.w(router).T                         # [T, E]
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        top = np.argsort(-p, axis=-1, kind="stable")[:, :top_k]
+        out = np.zeros_like(x)
+        for t in range(x.shape[0]):
+            wts = p[t, top[t]] / p[t, top[t]].sum()
+            for e, wt in zip(top[t], wts):
+                gate, up, down = experts[e]
+                h = self.swiglu(x[t:t + 1] @ self.w(gate).T, x[t:t + 1] @ self.w(up).T)
+                out[t] += wt * (h @ self.w(down).T)[0]
+        return out
+
 
 class NumpyModel:
     """Runs a ModelSpec's forward pass with NumpyGraph: logits of a token sequence, greedy generation."""

@@ -69,6 +69,12 @@ def _llama(cfg: dict) -> ModelSpec:
     return _llama_like(cfg, cfg["architectures"][0], attention_bias=bool(cfg.get("attention_bias", False)))
 
 
+@register("MixtralForCausalLM")
+def _mixtral(cfg: dict) -> ModelSpec:
+    return _llama_like(cfg, "MixtralForCausalLM", n_experts=int(_need(cfg, "num_local_experts")),
+                       n_experts_per_tok=int(_need(cfg, "num_experts_per_tok")))
+
+
 @register("Qwen2ForCausalLM")
 def _qwen2(cfg: dict) -> ModelSpec:
     return _llama_like(cfg, "Qwen2ForCausalLM", attention_bias=True)

@@ -22,6 +22,8 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
     qk_norm: bool = False         # per-head RMSNorm on q and k before RoPE (Qwen3)
+    n_experts: int = 0            # MoE: experts per layer (0 = dense MLP)
+    n_experts_per_tok: int = 0    # MoE: top-k experts per token (weights renormalized over the k, as Mixtral)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 

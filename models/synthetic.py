@@ -17,6 +17,8 @@ _BASE = {
     "LlamaForCausalLM": {"model_type": "llama"},
     "Qwen2ForCausalLM": {"model_type": "qwen2", "use_sliding_window": False},
     "Qwen3ForCausalLM": {"model_type": "qwen3", "attention_bias": False},
+    "MixtralForCausalLM": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2,
+                           "router_jitter_noise": 0.0},
 }
 
 

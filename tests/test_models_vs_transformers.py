@@ -4,6 +4,7 @@ import pytest
 
 from edgellm.models import load_checkpoint
 from edgellm.models.numpy_backend import NumpyModel
+from edgellm.models.synthetic import make_checkpoint
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -17,8 +18,16 @@ def hf_greedy(model, ids, n):
     return out[0, len(ids):].tolist()
 
 
+def test_mixtral_numpy_matches_transformers(tmp_path):
+    check_against_transformers(make_checkpoint(tmp_path / "moe", "MixtralForCausalLM", seed=11))
+
+
 def test_numpy_matches_transformers(tiny_model):
-    spec, ck, d = load_checkpoint(str(tiny_model))
+    check_against_transformers(tiny_model)
+
+
+def check_against_transformers(ckpt_dir):
+    spec, ck, d = load_checkpoint(str(ckpt_dir))
     hf = transformers.AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32).eval()
     with torch.no_grad():
         ref = hf(torch.tensor([PROMPT])).logits[0].numpy()
