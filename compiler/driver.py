@@ -45,6 +45,9 @@ def compile_model(model, target: str = "host", quant: str = "f16", out=None, max
     if spec.n_experts:
         raise CompileError(f"{spec.arch} is a mixture-of-experts model: compiling MoE packages is not supported yet "
                            "(it arrives with expert offload); the numpy reference backend runs it")
+    if spec.family != "llama":
+        raise CompileError(f"{spec.arch} needs ternary kernels, which are not supported yet (they arrive with the t2 "
+                           "quantization scheme); the numpy reference backend runs it")
     max_ctx = int(max_context or min(spec.max_position_embeddings, DEFAULT_MAX_CONTEXT))
     if not 1 <= max_ctx <= spec.max_position_embeddings:
         raise CompileError(f"--max-context {max_ctx} is out of range: this model supports 1..{spec.max_position_embeddings}")

@@ -8,9 +8,9 @@ from .spec import ModelSpec
 
 def family(spec: ModelSpec) -> ModuleType:
     """The module holding body()/head()/weight_shapes() for this spec's forward-pass family."""
-    from . import llama
+    from . import bitnet, llama
 
-    return {"llama": llama}[spec.family]
+    return {"llama": llama, "bitnet": bitnet}[spec.family]
 
 
 def load_checkpoint(model: str):

@@ -27,3 +27,6 @@ class Graph(Protocol):
     # Mixture of experts: softmax(router), top-k, renormalized weights; each expert a SwiGLU MLP
     # (gate, up, down names). Written as one op so a backend can decide where expert weights live.
     def moe(self, x: Value, router: str, experts: list[tuple[str, str, str]], top_k: int) -> Value: ...
+    # BitNet b1.58: ternary weights `<w>.weight` (packed) with `<w>.weight_scale`, int8 per-token activations
+    def bitlinear(self, x: Value, w: str) -> Value: ...
+    def relu2_mul(self, gate: Value, up: Value) -> Value: ...                 # relu(gate)^2 * up

@@ -75,6 +75,14 @@ class NumpyGraph:
     def swiglu(self, gate, up):
         return gate / (1 + np.exp(-gate)) * up
 
+    def bitlinear(self, x, w):
+        from .bitnet import bitlinear_ref
+
+        return bitlinear_ref(x, self._weight(w + ".weight"), float(self._weight(w + ".weight_scale")[0]))
+
+    def relu2_mul(self, gate, up):
+        return np.maximum(gate, 0) ** 2 * up
+
     def moe(self, x, router, experts, top_k):
         logits = x @ self.w(router).T                         # [T, E]
         p = np.exp(logits - logits.max(-1, keepdims=True))

@@ -1,6 +1,7 @@
 """Architecture registry: HF `architectures[0]` -> (ModelSpec builder, forward family, weight names)."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from ..errors import ModelLoadError
@@ -35,13 +36,13 @@ def _need(cfg: dict, key: str):
     return cfg[key]
 
 
-def _llama_like(cfg: dict, arch: str, **extra) -> ModelSpec:
+def _llama_like(cfg: dict, arch: str, acts=("silu", "swish"), **extra) -> ModelSpec:
     hidden = int(_need(cfg, "hidden_size"))
     heads = int(_need(cfg, "num_attention_heads"))
     head_dim = cfg.get("head_dim") or hidden // heads
     act = cfg.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise ModelLoadError(f"{arch} with hidden_act '{act}' is not supported (only silu/SwiGLU)")
+    if act not in acts:
+        raise ModelLoadError(f"{arch} with hidden_act '{act}' is not supported (only {'/'.join(acts)})")
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     rope_theta = cfg.get("rope_theta")
     if isinstance(rope, dict):
@@ -73,6 +74,16 @@ def _llama(cfg: dict) -> ModelSpec:
 def _mixtral(cfg: dict) -> ModelSpec:
     return _llama_like(cfg, "MixtralForCausalLM", n_experts=int(_need(cfg, "num_local_experts")),
                        n_experts_per_tok=int(_need(cfg, "num_experts_per_tok")))
+
+
+@register("BitNetForCausalLM")
+def _bitnet(cfg: dict) -> ModelSpec:
+    qc = cfg.get("quantization_config") or {}
+    if qc.get("use_rms_norm") or qc.get("quantization_mode", "offline") != "offline":
+        raise ModelLoadError("BitNet checkpoints with online quantization or BitLinear RMSNorm are not supported: "
+                             "export packed ternary weights (quantization_mode 'offline')")
+    return dataclasses.replace(_llama_like({"hidden_act": "relu2", **cfg}, "BitNetForCausalLM", acts=("relu2",)),
+                               family="bitnet")
 
 
 @register("Qwen2ForCausalLM")
