@@ -64,7 +64,9 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
     """Generate text from PACKAGE (or --model, default: the bundled demo), streaming it to stdout; a tok/s summary
     goes to stderr."""
     from .runtime import Runtime
+    from .runtime.api import check_sampling_args
 
+    check_sampling_args(max_new_tokens, temperature, top_k, top_p, repetition_penalty)
     if package and model:
         raise click.UsageError("give a PACKAGE or --model, not both")
     if not package:

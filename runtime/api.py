@@ -33,6 +33,15 @@ def _check_choice(name: str, value, ok: bool, why: str):
         raise InputError(f"{name}={value!r} is invalid: {why}")
 
 
+def check_sampling_args(max_new_tokens, temperature, top_k, top_p, repetition_penalty) -> None:
+    _check_choice("max_new_tokens", max_new_tokens, isinstance(max_new_tokens, int) and max_new_tokens >= 0,
+                  "must be an integer >= 0")
+    _check_choice("temperature", temperature, temperature >= 0, "must be >= 0 (0 = greedy)")
+    _check_choice("top_p", top_p, 0 < top_p <= 1, "must be in (0, 1]")
+    _check_choice("top_k", top_k, isinstance(top_k, int) and top_k >= 0, "must be an integer >= 0 (0 = off)")
+    _check_choice("repetition_penalty", repetition_penalty, repetition_penalty > 0, "must be > 0 (1 = off)")
+
+
 class Runtime:
     """A loaded package. Not thread-safe: one generation at a time per Runtime."""
 
@@ -140,12 +149,7 @@ class Runtime:
 
     def _tokens(self, ids, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, ignore_eos, info):
         """Yields new token ids; fills info with timings and the finish reason."""
-        _check_choice("max_new_tokens", max_new_tokens, isinstance(max_new_tokens, int) and max_new_tokens >= 0,
-                      "must be an integer >= 0")
-        _check_choice("temperature", temperature, temperature >= 0, "must be >= 0 (0 = greedy)")
-        _check_choice("top_p", top_p, 0 < top_p <= 1, "must be in (0, 1]")
-        _check_choice("top_k", top_k, isinstance(top_k, int) and top_k >= 0, "must be an integer >= 0 (0 = off)")
-        _check_choice("repetition_penalty", repetition_penalty, repetition_penalty > 0, "must be > 0 (1 = off)")
+        check_sampling_args(max_new_tokens, temperature, top_k, top_p, repetition_penalty)
         ids = self._ids(ids)
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little")

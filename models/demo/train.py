@@ -65,12 +65,12 @@ EXCLUDE_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "e
 # token that the model almost never saw.
 PROMPTS = ["def", "import", "The"]
 
-# name -> defaults. Steps were picked from measured throughput on 2 shared cores (llama ~2000, moe ~2300,
-# bitnet ~2200 tokens/s with batch 16 x 256): about 8-12 minutes each when the machine is otherwise idle.
+# name -> defaults. Steps were picked from measured throughput on 2 idle cores (llama ~2900, moe ~5400,
+# bitnet ~2500 tokens/s with batch 16 x 256): about 9-10 minutes each; other load on the machine stretches that.
 MODELS = {
-    "llama": dict(dir="demo-llama", steps=280, batch=16, lr=2.5e-3, wd=0.1, warmup=30),
-    "moe": dict(dir="demo-moe", steps=360, batch=16, lr=2.5e-3, wd=0.1, warmup=30),
-    "bitnet": dict(dir="demo-bitnet", steps=280, batch=16, lr=4e-3, wd=0.05, warmup=30),
+    "llama": dict(dir="demo-llama", steps=400, batch=16, lr=2.5e-3, wd=0.1, warmup=30),
+    "moe": dict(dir="demo-moe", steps=700, batch=16, lr=2.5e-3, wd=0.1, warmup=30),
+    "bitnet": dict(dir="demo-bitnet", steps=360, batch=16, lr=4e-3, wd=0.05, warmup=30),
 }
 
 
@@ -376,7 +376,14 @@ def train(kind, model, train_ids, steps, batch, lr, wd, warmup, seed):
         loss = lm
         aux = None
         if kind == "moe":
-            aux = out.aux_loss  # Mixtral's load-balancing loss over all layers' router logits
+            # Switch/Mixtral load-balancing loss, per layer then averaged. (transformers' own `aux_loss`
+            # concatenates all layers first, which only balances the experts summed over layers and let a
+            # layer keep near-dead experts.)
+            from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+            cfg = model.config
+            aux = sum(load_balancing_loss_func((rl,), cfg.num_local_experts, cfg.num_experts_per_tok, None)
+                      for rl in out.router_logits) / len(out.router_logits)
             loss = lm + coef * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -433,7 +440,8 @@ ARCH_TEXT = {
     "llama": "`LlamaForCausalLM`: hidden 256, 6 layers, 8 attention heads / 4 KV heads (head dim 32), SwiGLU FFN 768, "
              "RoPE theta 10000, RMSNorm, tied input/output embeddings, max_position_embeddings 1024.",
     "moe": "`MixtralForCausalLM`: hidden 192, 4 layers, 6 attention heads / 2 KV heads (head dim 32), 8 SwiGLU experts "
-           "of FFN 256 per layer with top-2 routing, router load-balancing loss (coefficient 0.02) during training, "
+           "of FFN 256 per layer with top-2 routing, router load-balancing loss (coefficient 0.02, computed per layer "
+           "and averaged) during training, "
            "tied embeddings, max_position_embeddings 1024.",
     "bitnet": "`BitNetForCausalLM` (BitNet b1.58): hidden 256, 6 layers, 8 attention heads / 4 KV heads, squared-ReLU "
               "gated FFN 768 with sub-layer norms, tied embeddings, max_position_embeddings 1024. Trained with "
