@@ -39,6 +39,8 @@ def compile_model(model, target: str = "host", quant: str = "f16", out=None, max
     t_start = time.perf_counter()
     tgt = get_target(target)
     scheme = get_scheme(quant)
+    # the output head is the most sensitive matrix: float schemes keep it, integer schemes store it as q8
+    head_scheme = scheme if scheme.part_order == ("w",) else get_scheme("q8")
     if quant not in tgt.quants:
         raise CompileError(f"--quant {quant} is not supported on target {tgt.name} (supported: {', '.join(tgt.quants)})")
     spec, ck, model_dir = load_checkpoint(model)
@@ -61,21 +63,18 @@ def compile_model(model, target: str = "host", quant: str = "f16", out=None, max
 
     rope = {}
 
-    def provide(name: str) -> np.ndarray:
+    def raw(name: str) -> np.ndarray:
         if name.startswith("rope."):
             if not rope:
                 c, s = cos_sin(spec, np.arange(kv_rows))
                 rope.update({"rope.cos": c.astype(np.float32), "rope.sin": s.astype(np.float32)})
             return rope[name]
-        w = ck.get(name)
-        if w.ndim == 2:
-            return scheme.quantize(np.asarray(w, dtype=np.float32))
-        return np.ascontiguousarray(w, dtype=np.float32)
+        return np.asarray(ck.get(name), dtype=np.float32)
 
     from ..compiler.ops import CpuInfo
 
     cpu = CpuInfo(vector_lanes=tgt.vector_lanes, num_threads=max(1, int(tgt.tvm.get("num-cores", 2))), arch=tgt.arch)
-    low, programs = lower_model(spec, cpu, provide, chunk, kv_rows)
+    low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows)
     with staged_package(out) as tmp:
         table, wbytes = write_weights(tmp / WEIGHTS, low.weights.names, low.weights.arrays, progress)
         write_plan(tmp / PLAN, arch=tgt.arch, features=list(tgt.features), target=tgt.name, spec=spec, max_ctx=max_ctx,
@@ -97,7 +96,8 @@ def compile_model(model, target: str = "host", quant: str = "f16", out=None, max
             "model": {"source": str(model), "arch": spec.arch, "config": spec.to_dict()},
             "target": {"name": tgt.name, "arch": tgt.arch, "tvm": tgt.tvm, "features": list(tgt.features),
                        "cc": tgt.cc},
-            "quant": {"scheme": scheme.name, "bits_per_weight": scheme.bits_per_weight},
+            "quant": {"scheme": scheme.name, "bits_per_weight": scheme.bits_per_weight, "head": head_scheme.name,
+                      "embedding": low.embed_dtype},
             "max_context": max_ctx, "prefill_chunk": chunk, "kv_rows": kv_rows,
             "files": {"plan": PLAN, "weights": WEIGHTS, "kernels": KERNELS,
                       "tokenizer": "tokenizer.json" if "tokenizer.json" in tok_files else None},

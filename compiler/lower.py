@@ -106,22 +106,47 @@ def _nbytes(v: Val) -> int:
 class Lowering:
     """Shared state of one package build: the weight table, the kernel table and the weight provider."""
 
-    def __init__(self, spec: ModelSpec, cpu, weight_provider, rope_rows: int):
+    def __init__(self, spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, rope_rows: int):
         from .ops import make_kernel
 
         self.spec, self.cpu, self.make_kernel = spec, cpu, make_kernel
         self.weights, self.kernels = WeightTable(), KernelTable()
-        self._provide = weight_provider   # name -> stored numpy array (quantized / converted)
+        self._raw = raw_weight              # name -> float32 numpy array (checkpoint tensor or RoPE table)
+        self.scheme, self.head_scheme = scheme, head_scheme
+        # embedding tables are gathered, not multiplied: f32 for f32 packages, else f16
+        self.embed_dtype = "float32" if scheme.name == "f32" else "float16"
         self.rope_rows = rope_rows
 
     def _kernel(self, op: str, **params) -> int:
         name, func = self.make_kernel(op, self.cpu, **params)
         return self.kernels.add(name, func)
 
-    def _weight(self, name: str, shape=None, flags=0) -> Arg:
-        arr = self._provide(name)
-        idx = self.weights.add(name, arr)
-        return Arg(WEIGHT, idx, str(arr.dtype), tuple(shape or arr.shape), flags)
+    def _weight(self, name: str, shape=None, flags=0, dtype="float32") -> Arg:
+        """A tensor stored as is (norms, biases, RoPE tables, embedding tables)."""
+        if name not in self.weights.index:
+            self.weights.add(name, np.ascontiguousarray(self._raw(name), dtype=dtype))
+        arr = self.weights.arrays[self.weights.index[name]]
+        return Arg(WEIGHT, self.weights.index[name], str(arr.dtype), tuple(shape or arr.shape), flags)
+
+    def _linear_weight(self, name: str, T: int, bias: bool) -> tuple[int, list[Arg]]:
+        """Kernel and weight arguments of x @ W.T with W stored in the package's scheme (the lm_head in the head's)."""
+        scheme = self.head_scheme if name in (self.spec.lm_head_name, "lm_head.weight") else self.scheme
+        N, K = self._raw_shape(name)
+        scheme.check_shape(name, (N, K))
+        keys = [name] if scheme.part_order == ("w",) else [f"{name}.{p}" for p in scheme.part_order]
+        if keys[0] not in self.weights.index:
+            parts = scheme.quantize(np.asarray(self._raw(name), dtype=np.float32))
+            for key, part in zip(keys, scheme.part_order):
+                self.weights.add(key, np.ascontiguousarray(parts[part]))
+        args = [Arg(WEIGHT, self.weights.index[k], str(self.weights.arrays[self.weights.index[k]].dtype),
+                    self.weights.arrays[self.weights.index[k]].shape) for k in keys]
+        op, params = scheme.linear_kernel(T, N, K, bias)
+        return self._kernel(op, **params), args
+
+    def _raw_shape(self, name: str) -> tuple[int, int]:
+        from ..models import family
+
+        return family(self.spec).weight_shapes(self.spec)[name]
 
     def program(self, name: str, g: TraceGraph, inp: Val, out: Val) -> Program:
         s, T, nodes = self.spec, g.T, g.nodes
@@ -167,7 +192,7 @@ class Lowering:
     def _lower_node(self, n: Node, T: int, act) -> list[Step]:
         s, op = self.spec, n.op
         if op == "embed":
-            w = self._weight(n.weights[0])
+            w = self._weight(n.weights[0], dtype=self.embed_dtype)
             k = self._kernel("embed", T=T, V=w.shape[0], D=w.shape[1], wdtype=w.dtype)
             return [Step(k, [act(n.inputs[0]), w, act(n.out)])]
         if op == "rmsnorm":
@@ -176,10 +201,9 @@ class Lowering:
             k = self._kernel("rmsnorm", R=R, D=D, eps=float(s.rms_eps))
             return [Step(k, [act(n.inputs[0], (R, D)), self._weight(n.weights[0]), act(n.out, (R, D))])]
         if op == "linear":
-            w = self._weight(n.weights[0])
-            args = [act(n.inputs[0]), w] + ([self._weight(n.weights[1])] if n.params["bias"] else [])
-            k = self._kernel("linear", T=T, N=w.shape[0], K=w.shape[1], wdtype=w.dtype, bias=n.params["bias"])
-            return [Step(k, args + [act(n.out)])]
+            k, wargs = self._linear_weight(n.weights[0], T, n.params["bias"])
+            bias = [self._weight(n.weights[1])] if n.params["bias"] else []
+            return [Step(k, [act(n.inputs[0]), *wargs, *bias, act(n.out)])]
         if op == "rope":
             H, D = n.params["heads"], s.head_dim
             k = self._kernel("rope", T=T, H=H, D=D)
@@ -212,11 +236,12 @@ PROGRAMS = (  # name, tokens (None = chunk), body, head
 )
 
 
-def lower_model(spec: ModelSpec, cpu, weight_provider, chunk: int, kv_rows: int) -> tuple[Lowering, list[Program]]:
+def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: int,
+                kv_rows: int) -> tuple[Lowering, list[Program]]:
     from ..models import family
 
     fam = family(spec)
-    low = Lowering(spec, cpu, weight_provider, kv_rows)
+    low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows)
     progs = []
     for name, tokens, body, head in PROGRAMS:
         g = TraceGraph(spec, tokens or chunk)

@@ -107,7 +107,8 @@ def test_demo_below_unigram_numpy(name, heldout_ids, unigram_logp):
 
 
 def test_demo_moe_uses_all_experts(heldout_ids):
-    """The load-balancing loss worked: on held-out text every expert of every layer takes >= 3% of the picks."""
+    """The load-balancing loss worked: on held-out text (8 windows of the 256-token training context) every expert
+    of every layer takes >= 3% of the top-k picks (uniform would be 12.5%)."""
     spec, ck, _ = load_checkpoint("demo-moe")
     x = NumpyModel(spec, ck.get, dtype=np.float32)
     g = x.g
@@ -120,10 +121,14 @@ def test_demo_moe_uses_all_experts(heldout_ids):
         return orig(h, router, experts, top_k)
 
     g.moe = spy
-    x.forward(heldout_ids[:512])
-    for layer in picks:
-        share = np.bincount(layer.reshape(-1), minlength=spec.n_experts) / layer.size
-        assert share.min() >= 0.03, share
+    for w in range(8):
+        x.forward(heldout_ids[w * 256:(w + 1) * 256])
+    L = spec.n_layers
+    assert len(picks) == 8 * L
+    for layer in range(L):
+        sel = np.concatenate([p.reshape(-1) for p in picks[layer::L]])
+        share = np.bincount(sel, minlength=spec.n_experts) / sel.size
+        assert share.min() >= 0.03, (layer, share)
 
 
 def test_demo_bitnet_numpy_agrees_with_transformers(heldout_ids):

@@ -17,8 +17,14 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 | add       | R, N                      | a, b f32[R, N], out f32[R, N]                                    |
 | swiglu    | T, F                      | g, u f32[T, F], out f32[T, F]                                    |
 | copy      | R, N                      | a f32[R, N], out f32[R, N]                                       |
+| linear_q8 | T, N, K, bias             | x f32[T, K], qweight u8[N, K], scales f32[N], [b], out f32[T, N] |
+| linear_q4 | T, N, K, G, bias          | x f32[T, K], qweight u8[N, K/2], scales f16[N, K/G], [b], out    |
+| linear_t2 | T, N, K, bias             | x f32[T, K], qweight u8[N, K/4], scale f32[1], [b], out f32[T, N] |
+| linear_t2_lut | T, N, K, bias         | same args as linear_t2 (lookup-table kernel)                     |
 
 wdtype is "float32" or "float16" (default "float32"); bias defaults to False.
+Quantized ops (linear_quant.py): weights in the packed layouts of edgellm.quant.packing (produced by the
+schemes' quantize()); K must be a multiple of 32 (q8), of G (q4, G in 32/64/128) or of 16 (t2).
 """
 from __future__ import annotations
 
@@ -29,10 +35,11 @@ from dataclasses import dataclass
 from . import attention as _attention
 from . import elementwise as _ew
 from . import linear as _linear
+from . import linear_quant as _linear_quant
 from ._util import kernel_name
 from .reference import reference
 
-__all__ = ["OPS", "CpuInfo", "host_cpu_info", "kernel_params", "llvm_target", "make_kernel", "reference"]
+__all__ = ["OPS", "QUANT_LINEAR_OPS", "CpuInfo", "host_cpu_info", "kernel_params", "llvm_target", "make_kernel", "reference"]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +67,18 @@ OPS = {
     "add": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
+    "linear_q8": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
+                  ("bias", "b", bool, False)],
+    "linear_q4": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
+                  ("G", "g", int, 32), ("bias", "b", bool, False)],
+    "linear_t2": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
+                  ("bias", "b", bool, False)],
+    "linear_t2_lut": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
+                      ("bias", "b", bool, False)],
 }
+QUANT_LINEAR_OPS = ("linear_q8", "linear_q4", "linear_t2", "linear_t2_lut")
+# K granularity of the quantized linear ops (activation block 32 for q8/q4, packed chunk of 16 k for t2)
+_K_MULTIPLE = {"linear_q8": 32, "linear_t2": 16, "linear_t2_lut": 16}
 
 
 def kernel_params(op: str, params: dict) -> dict:
@@ -97,6 +115,13 @@ def kernel_params(op: str, params: dict) -> dict:
         raise ValueError(f"attention: NH={out['NH']} is not a multiple of KVH={out['KVH']}")
     if op == "rope" and out["D"] % 2:
         raise ValueError(f"rope: D={out['D']} must be even")
+    if op == "linear_q4":
+        if out["G"] not in (32, 64, 128):
+            raise ValueError(f"linear_q4: G must be 32, 64 or 128, got {out['G']}")
+        if out["K"] % out["G"]:
+            raise ValueError(f"linear_q4: K={out['K']} is not a multiple of the group size G={out['G']}")
+    if op in _K_MULTIPLE and out["K"] % _K_MULTIPLE[op]:
+        raise ValueError(f"{op}: K={out['K']} is not a multiple of {_K_MULTIPLE[op]}")
     return out
 
 
@@ -111,6 +136,9 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"])
     if op == "attention":
         return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast)
+    if op in QUANT_LINEAR_OPS:
+        maker = _linear_quant.make if fast else (lambda _op, _cpu, *a, **k: _linear_quant.make_naive(_op, *a, **k))
+        return maker(op, cpu, p["T"], p["N"], p["K"], G=p.get("G"), bias=p["bias"])
     simple_cpu = cpu if fast else CpuInfo(vector_lanes=1, num_threads=1, arch=cpu.arch)
     if op == "embed":
         return _ew.embed(simple_cpu, p["T"], p["V"], p["D"], p["wdtype"])

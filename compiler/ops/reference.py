@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 NINPUTS = {"embed": 2, "rmsnorm": 2, "rope": 3, "attention": 3, "add": 2, "swiglu": 2, "copy": 1}
+QUANT_LINEAR = ("linear_q8", "linear_q4", "linear_t2", "linear_t2_lut")
 
 
 def _f64(a):
@@ -14,6 +15,8 @@ def reference(op: str, args, **p) -> np.ndarray:
     nin = NINPUTS.get(op)
     if op == "linear":
         nin = 3 if p.get("bias", False) else 2
+    if op in QUANT_LINEAR:  # x, qweight, scales / scale, [b]
+        nin = 4 if p.get("bias", False) else 3
     if nin is None:
         raise ValueError(f"unknown op {op!r}")
     if len(args) not in (nin, nin + 1):  # inputs, optionally followed by the output buffer
@@ -32,6 +35,13 @@ def reference(op: str, args, **p) -> np.ndarray:
         if p.get("bias", False):
             y = y + _f64(a[2])
         return y
+    if op in QUANT_LINEAR:
+        # exactly what the kernels compute (int8 activation quantization included), see quant/packing.py
+        from ...quant import packing
+
+        fn = {"linear_q8": packing.linear_q8_ref, "linear_q4": packing.linear_q4_ref,
+              "linear_t2": packing.linear_t2_ref, "linear_t2_lut": packing.linear_t2_ref}[op]
+        return fn(a[0], a[1], a[2], a[3] if p.get("bias", False) else None)
     if op == "rope":
         x, c, s = (_f64(v) for v in a)
         half = x.shape[-1] // 2

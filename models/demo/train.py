@@ -422,7 +422,7 @@ def write_tokenizer(tok, d: Path):
     d.mkdir(parents=True, exist_ok=True)
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2) + "\n")
-    gen = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0, "max_length": 1024}
+    gen = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
     (d / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
 
 

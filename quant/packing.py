@@ -1,0 +1,246 @@
+r"""Packed weight layouts of the quantized schemes, and the numpy math of their kernels (oracle).
+
+numpy only (no TVM): the compiler's kernels (compiler/ops/linear_quant.py) read exactly these layouts, and
+compiler/ops/reference.py uses the `linear_*_ref` functions below as the float64 references of those kernels.
+
+Row panels
+----------
+All packed weights are stored as arrays with a *nominal* shape [N, K * bits / 8] (and scales [N, ...]), so N
+and K can be read back from the shapes, but the bytes are interleaved in panels of NR = 16 output rows (the
+last panel holds the R = N % 16 leftover rows when N is not a multiple of 16):
+
+    panel p = rows 16p .. 16p+Rp-1            (Rp = 16, or R for the tail panel)
+    panel byte base = 16p * BPR               (BPR = bytes per row = K * bits / 8)
+    chunk c of panel p = 4 bytes per row, all Rp rows: base + c * 4*Rp + 4*r + b   (r = row in panel, b = 0..3)
+
+         chunk 0                         chunk 1
+       +-------+-------+-----+--------+-------+-------+-----+--------+
+       | r0 b0..b3 | r1 b0..b3 | ... | r15 b0..b3 | r0 b0..b3 | ...
+       +-------+-------+-----+--------+-------+-------+-----+--------+
+        \___________ 64 bytes = one AVX-512 register ___________/
+
+One chunk of a full panel is one 64-byte vector whose int32 lane r holds 4 consecutive-k codes of row r:
+exactly the operand of one AVX-512 VNNI `vpdpbusd` (16 rows x 4 k, u8 weights x s8 activations broadcast),
+of AVX2 `vpmaddubsw`+`vpmaddwd` (two 32-byte halves = rows 0-7, 8-15) and of ARM `sdot`/`udot` with an
+indexed activation (four 16-byte quarters = rows 0-3, 4-7, ...). The outputs of a panel land in 16 f32
+lanes: no horizontal reduction, no transposes.
+
+What a chunk byte (row r, byte b) holds, per scheme (codes are unsigned):
+
+    q8  : 1 code per byte            k = 4c + b                       code = q + 128   (q in -127..127)
+    q4  : low nibble  k = 8c + b,    high nibble  k = 8c + 4 + b      code = q + 8     (q in -8..7)
+    t2  : bits 2j..2j+1 hold k = 16c + 4j + b  (j = 0..3)             code = t + 1     (t in -1, 0, 1)
+
+so unpacking nibble h / bit pair j of a whole chunk (one shift + one and per 64 bytes) gives a VNNI operand
+for the 4 consecutive activations k0..k0+3 (q4: k0 = 8c + 4h; t2: k0 = 16c + 4j).
+
+Scales: q8 per row f32 [N] in natural order; q4 per (row, group of G along K) f16 with nominal shape
+[N, K/G], interleaved in the same panels (panel base 16p * K/G, then group-major: base + g * Rp + r, so the 16
+scales of a panel for one group are one contiguous 32-byte load); t2 one f32 scale per tensor, shape [1].
+
+Activations (inside the kernels, once per call; the numpy functions below are bit-exact models)
+------------------------------------------------------------------------------------------------
+q8 / q4: int8 per block of QA = 32 consecutive k of each token (absmax; like llama.cpp's Q8_0 activations):
+    amax = max(max|x_blk|, 1e-30);  inv = 127 / amax  (f32);  xq = rint(x * inv)  (f32 multiply, round half
+    to even);  dx = amax / 127  (f32)
+  y[t, n] = sum_blocks dx[t, b] * s[n, b] * sum_{k in b} q[n, k] * xq[t, k]       (s = row or group scale)
+t2: int8 per token (absmax over all K; BitNet b1.58), with BitNet's clamp 1e-5:
+    amax = max(max|x_t|, 1e-5); inv = 127 / amax; xq = rint(x * inv); dx = amax / 127
+  y[t, n] = dx[t] * scale * sum_k t[n, k] * xq[t, k]
+The integer sums are exact (int32 in the kernels), so the kernels equal these references up to the f32
+rounding of the scale products and the order of the float summation over blocks.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+NR = 16            # rows per panel
+QA = 32            # activation quantization block (q8 / q4)
+EPS_BLOCK = 1e-30  # absmax clamp of q8/q4 activation blocks (only avoids 127/0)
+EPS_TOKEN = 1e-5   # absmax clamp of t2 per-token activations (BitNet / transformers BitLinear)
+
+# scheme: (bits per code, k per chunk, code offset)
+LAYOUTS = {"q8": (8, 4, 128), "q4": (4, 8, 8), "t2": (2, 16, 1)}
+
+
+# ----------------------------------------------------------------------------------------------- panels
+def _panels(n_rows: int):
+    """(start row, rows) of each panel."""
+    return [(p, min(NR, n_rows - p)) for p in range(0, n_rows, NR)]
+
+
+def interleave_rows(a: np.ndarray, unit: int) -> np.ndarray:
+    """[N, M] row-major -> same shape, panel-interleaved: in each panel of NR rows (Rp in the tail), the
+    elements are ordered [M / unit][Rp][unit]."""
+    N, M = a.shape
+    assert M % unit == 0
+    out = np.empty(a.size, a.dtype)
+    for p, rp in _panels(N):
+        blk = a[p:p + rp].reshape(rp, M // unit, unit).transpose(1, 0, 2)
+        out[p * M:(p + rp) * M] = blk.reshape(-1)
+    return out.reshape(N, M)
+
+
+def deinterleave_rows(a: np.ndarray, unit: int) -> np.ndarray:
+    """Inverse of interleave_rows."""
+    N, M = a.shape
+    flat = a.reshape(-1)
+    out = np.empty((N, M), a.dtype)
+    for p, rp in _panels(N):
+        out[p:p + rp] = flat[p * M:(p + rp) * M].reshape(M // unit, rp, unit).transpose(1, 0, 2).reshape(rp, M)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ code packing
+def _check_codes(codes: np.ndarray, scheme: str):
+    bits, kpc, _ = LAYOUTS[scheme]
+    if codes.ndim != 2 or codes.shape[1] % kpc:
+        raise ValueError(f"{scheme}: codes must be [N, K] with K % {kpc} == 0, got {codes.shape}")
+    if codes.min(initial=0) < 0 or codes.max(initial=0) >= (3 if scheme == "t2" else 1 << bits):
+        raise ValueError(f"{scheme}: codes out of range")
+
+
+def pack_codes(codes: np.ndarray, scheme: str) -> np.ndarray:
+    """Unsigned codes [N, K] (q8: 0..255, q4: 0..15, t2: 0..2) -> packed uint8 [N, K * bits / 8]."""
+    _check_codes(codes, scheme)
+    bits, kpc, _ = LAYOUTS[scheme]
+    N, K = codes.shape
+    c = codes.astype(np.uint8).reshape(N, K // kpc, kpc // 4, 4)   # [n, chunk, sub (nibble / bit pair), b]
+    shifts = (np.arange(kpc // 4, dtype=np.uint8) * bits)[None, None, :, None]
+    rowbytes = np.bitwise_or.reduce(c << shifts, axis=2).reshape(N, K * bits // 8)   # [n, chunk * 4 + b]
+    return interleave_rows(rowbytes.astype(np.uint8), 4)
+
+
+def unpack_codes(packed: np.ndarray, scheme: str) -> np.ndarray:
+    """Packed uint8 [N, K * bits / 8] -> unsigned codes uint8 [N, K]."""
+    bits, kpc, _ = LAYOUTS[scheme]
+    N, BPR = packed.shape
+    K = BPR * 8 // bits
+    rowbytes = deinterleave_rows(np.asarray(packed, np.uint8), 4).reshape(N, K // kpc, 1, 4)
+    shifts = (np.arange(kpc // 4, dtype=np.uint8) * bits)[None, None, :, None]
+    return ((rowbytes >> shifts) & np.uint8((1 << bits) - 1)).reshape(N, K)
+
+
+def pack_group_scales(s: np.ndarray) -> np.ndarray:
+    """Group scales [N, K/G] (row-major) -> panel-interleaved [N, K/G] (same dtype)."""
+    return interleave_rows(s, 1)
+
+
+def unpack_group_scales(s: np.ndarray) -> np.ndarray:
+    return deinterleave_rows(s, 1)
+
+
+# ----------------------------------------------------------------------------------------- quantization
+def quantize_q8(w: np.ndarray) -> dict[str, np.ndarray]:
+    """Symmetric int8 per output row: d = max|w_row| / 127, q = rint(w / d) in -127..127."""
+    w = np.asarray(w, np.float32)
+    d = (np.abs(w).max(axis=1) / np.float32(127)).astype(np.float32)
+    dz = np.where(d > 0, d, np.float32(1))
+    q = np.clip(np.rint(w / dz[:, None]), -127, 127).astype(np.int16)
+    return {"qweight": pack_codes((q + 128).astype(np.uint8), "q8"), "scales": d}
+
+
+def dequantize_q8(parts) -> np.ndarray:
+    q = unpack_codes(parts["qweight"], "q8").astype(np.float32) - 128
+    return q * np.asarray(parts["scales"], np.float32)[:, None]
+
+
+def quantize_q4(w: np.ndarray, G: int) -> dict[str, np.ndarray]:
+    """Symmetric int4 per group of G along K (llama.cpp Q4_0 rule): m = the element of largest |w| in the
+    group (with its sign), d = f16(m / -8), q = clip(rint(w / d), -8, 7); m itself maps to -8 exactly."""
+    w = np.asarray(w, np.float32)
+    N, K = w.shape
+    wg = w.reshape(N, K // G, G)
+    idx = np.abs(wg).argmax(axis=2)
+    m = np.take_along_axis(wg, idx[..., None], axis=2)[..., 0]
+    d16 = (m / np.float32(-8)).astype(np.float16)
+    d = d16.astype(np.float32)
+    dz = np.where(d != 0, d, np.float32(1))
+    q = np.clip(np.rint(wg / dz[..., None]), -8, 7)
+    q = np.where(d[..., None] != 0, q, 0).astype(np.int16).reshape(N, K)
+    return {"qweight": pack_codes((q + 8).astype(np.uint8), "q4"), "scales": pack_group_scales(d16)}
+
+
+def dequantize_q4(parts) -> np.ndarray:
+    q = unpack_codes(parts["qweight"], "q4").astype(np.float32) - 8
+    d = unpack_group_scales(np.asarray(parts["scales"])).astype(np.float32)
+    N, K = q.shape
+    G = K // d.shape[1]
+    return (q.reshape(N, K // G, G) * d[..., None]).reshape(N, K)
+
+
+def quantize_t2(w: np.ndarray) -> dict[str, np.ndarray]:
+    """BitNet b1.58 absmean ternary, one scale per tensor: s = mean|w|, t = clip(rint(w / s), -1, 1)."""
+    w = np.asarray(w, np.float32)
+    s = np.float32(max(float(np.abs(w).astype(np.float64).mean()), 1e-5))
+    t = np.clip(np.rint(w / s), -1, 1).astype(np.int8)
+    return pack_t2(t, s)
+
+
+def pack_t2(t: np.ndarray, scale: float) -> dict[str, np.ndarray]:
+    """Already-ternary weights (int values -1/0/1, [N, K]) and their per-tensor scale (y = (x . t) * scale;
+    for transformers' BitLinear checkpoints scale = 1 / weight_scale) -> t2 parts."""
+    t = np.asarray(t)
+    return {"qweight": pack_codes((t.astype(np.int16) + 1).astype(np.uint8), "t2"),
+            "scale": np.array([scale], np.float32)}
+
+
+def dequantize_t2(parts) -> np.ndarray:
+    t = unpack_codes(parts["qweight"], "t2").astype(np.float32) - 1
+    return t * np.float32(parts["scale"][0])
+
+
+# ----------------------------------------------------------------------------- activations and references
+def quantize_act_blocks(x: np.ndarray, qa: int = QA):
+    """x f32 [T, K] -> (xq int8-valued int32 [T, K], dx f32 [T, K/qa]); bit-exact model of the kernels."""
+    x = np.asarray(x, np.float32)
+    Tn, K = x.shape
+    xb = x.reshape(Tn, K // qa, qa)
+    amax = np.maximum(np.abs(xb).max(axis=2), np.float32(EPS_BLOCK))
+    inv = np.float32(127) / amax
+    xq = np.rint(xb * inv[..., None]).astype(np.int32).reshape(Tn, K)
+    return xq, amax / np.float32(127)
+
+
+def quantize_act_token(x: np.ndarray):
+    """x f32 [T, K] -> (xq [T, K], dx f32 [T]); per-token absmax (t2)."""
+    x = np.asarray(x, np.float32)
+    amax = np.maximum(np.abs(x).max(axis=1), np.float32(EPS_TOKEN))
+    inv = np.float32(127) / amax
+    return np.rint(x * inv[:, None]).astype(np.int32), amax / np.float32(127)
+
+
+def _block_sums(xq: np.ndarray, q: np.ndarray, qa: int):
+    """Exact integer block dot products as float64 [T, N, K/qa] (float64 matmul of small ints is exact)."""
+    Tn, K = xq.shape
+    N = q.shape[0]
+    xb = xq.reshape(Tn, K // qa, qa).transpose(1, 0, 2).astype(np.float64)   # [b, T, qa]
+    qb = q.reshape(N, K // qa, qa).transpose(1, 2, 0).astype(np.float64)      # [b, qa, N]
+    return np.matmul(xb, qb).transpose(1, 2, 0)
+
+
+def _bias(y, bias):
+    return y if bias is None else y + np.asarray(bias, np.float64)
+
+
+def linear_q8_ref(x, qweight, scales, bias=None) -> np.ndarray:
+    xq, dx = quantize_act_blocks(x)
+    q = unpack_codes(qweight, "q8").astype(np.int32) - 128
+    acc = (_block_sums(xq, q, QA) * dx.astype(np.float64)[:, None, :]).sum(axis=2)
+    return _bias(acc * np.asarray(scales, np.float64)[None, :], bias)
+
+
+def linear_q4_ref(x, qweight, scales, bias=None) -> np.ndarray:
+    xq, dx = quantize_act_blocks(x)
+    q = unpack_codes(qweight, "q4").astype(np.int32) - 8
+    d = unpack_group_scales(np.asarray(scales)).astype(np.float64)     # [N, K/G]
+    G = q.shape[1] // d.shape[1]
+    d_blk = np.repeat(d, G // QA, axis=1)                                  # [N, K/QA]
+    return _bias((_block_sums(xq, q, QA) * dx.astype(np.float64)[:, None, :] * d_blk[None]).sum(axis=2), bias)
+
+
+def linear_t2_ref(x, qweight, scale, bias=None) -> np.ndarray:
+    xq, dx = quantize_act_token(x)
+    t = unpack_codes(qweight, "t2").astype(np.float64) - 1
+    y = (xq.astype(np.float64) @ t.T) * dx.astype(np.float64)[:, None] * np.float64(np.asarray(scale).reshape(-1)[0])
+    return _bias(y, bias)
