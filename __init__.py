@@ -8,8 +8,9 @@ from .runtime import GenerationResult, Runtime
 __version__ = "0.1.0"
 
 
-def compile(model, target="host", quant="f16", out=None, **kwargs):  # noqa: A001 - public name from the spec
-    """Compile a Hugging Face checkpoint (local dir or hub id) into an edgellm package; returns its path."""
+def compile(model, target="host", quant=None, out=None, **kwargs):  # noqa: A001 - public name from the spec
+    """Compile a Hugging Face checkpoint (local dir, hub id or demo name) into an edgellm package; returns its path.
+    quant None: f16, or t2 for BitNet checkpoints. Keyword arguments: see compiler.driver.compile_model."""
     from .compiler.driver import compile_model
 
     return compile_model(model, target=target, quant=quant, out=out, **kwargs)

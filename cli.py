@@ -18,27 +18,35 @@ def cli():
 @cli.command("compile")
 @click.argument("model")
 @click.option("--target", "-t", default="host", show_default=True, help="target name (see `edgellm targets`)")
-@click.option("--quant", "-q", default="f16", show_default=True, help="weight scheme: f32, f16")
+@click.option("--quant", "-q", default=None,
+              help="weight scheme: f32, f16, q8, q4g32, q4g64, q4g128, t2 [default: f16; t2 for BitNet checkpoints]")
+@click.option("--head-quant", default=None,
+              help="scheme of the embedding table and lm_head: f32, f16, q8 [default: the float scheme, q8 for integer ones]")
+@click.option("--gptq", is_flag=True, help="GPTQ (second-order error compensation) instead of round-to-nearest, for q4 schemes")
+@click.option("--calib", type=click.Path(), default=None, help="calibration text file for --gptq [default: built-in sample]")
+@click.option("--act-order", is_flag=True, help="GPTQ: quantize columns in order of decreasing activation energy")
 @click.option("-o", "--out", type=click.Path(), default=None,
               help="package directory [default: <model>-<quant>-<target>.edgellm]")
 @click.option("--max-context", type=int, default=None, help="longest sequence the package runs [default: min(model's, 4096)]")
 @click.option("--prefill-chunk", type=int, default=None, help="prefill chunk length C [default: the target's]")
 @click.option("--quiet", is_flag=True, help="no progress output")
-def compile_cmd(model, target, quant, out, max_context, prefill_chunk, quiet):
-    """Compile MODEL (a Hugging Face checkpoint directory or hub id) into a package."""
+def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, quiet):
+    """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
     from .compiler.driver import compile_model
 
     compile_model(model, target=target, quant=quant, out=out, max_context=max_context, prefill_chunk=prefill_chunk,
-                  progress=not quiet)
+                  progress=not quiet, head_quant=head_quant, gptq=gptq, calib=calib, act_order=act_order)
 
 
 def _sampling_options(f):
     opts = [
         click.option("-n", "--max-new-tokens", type=int, default=128, show_default=True),
-        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy"),
-        click.option("--top-k", type=int, default=0, show_default=True, help="0 = off"),
-        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off"),
-        click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 = off"),
+        click.option("--temperature", type=float, default=None,
+                     help="0 = greedy [default: the package's generation_config.json if it samples, else 0]"),
+        click.option("--top-k", type=int, default=None, help="0 = off [default: generation_config.json, else 0]"),
+        click.option("--top-p", type=float, default=None, help="1 = off [default: generation_config.json, else 1]"),
+        click.option("--repetition-penalty", type=float, default=None,
+                     help="1 = off [default: generation_config.json, else 1]"),
         click.option("--seed", type=int, default=None, help="sampling seed (default: random)"),
         click.option("--stop", multiple=True, help="stop string (repeatable)"),
         click.option("--ignore-eos", is_flag=True, help="keep generating past end-of-sequence tokens"),
@@ -57,7 +65,7 @@ DEMO_PROMPT = "def read_config(path):"
 @click.option("-m", "--model", default=None,
               help="checkpoint dir, hub id or demo name to compile on first use into the cache [default: demo]")
 @click.option("-p", "--prompt", default=None, help=f"prompt text [default with the demo model: {DEMO_PROMPT!r}]")
-@click.option("--quant", "-q", default="f16", show_default=True, help="scheme when compiling --model")
+@click.option("--quant", "-q", default=None, help="scheme when compiling --model [default: f16; t2 for BitNet]")
 @_sampling_options
 def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop,
             ignore_eos, threads):
@@ -66,7 +74,9 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
     from .runtime import Runtime
     from .runtime.api import check_sampling_args
 
-    check_sampling_args(max_new_tokens, temperature, top_k, top_p, repetition_penalty)
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "repetition_penalty": repetition_penalty}
+    check_sampling_args(max_new_tokens, *({"temperature": 0.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
+                                          | {k: v for k, v in given.items() if v is not None}).values())
     if package and model:
         raise click.UsageError("give a PACKAGE or --model, not both")
     if not package:
@@ -78,18 +88,20 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
             prompt = DEMO_PROMPT
     if prompt is None:
         raise click.UsageError("give a prompt with -p")
+    from .runtime.package import sampling_defaults
+
+    sampling, source = sampling_defaults(package, given)
     with Runtime.load(package, threads=threads) as rt:
         r: dict = {}
-        for piece in rt.stream(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                               top_p=top_p, repetition_penalty=repetition_penalty, seed=seed, stop=list(stop),
-                               ignore_eos=ignore_eos, _result=r):
+        for piece in rt.stream(prompt, max_new_tokens=max_new_tokens, seed=seed, stop=list(stop),
+                               ignore_eos=ignore_eos, _result=r, **sampling):
             click.echo(piece, nl=False)
             sys.stdout.flush()
         click.echo()
         pf = r["prompt_tokens"] / r["prefill_s"] if r["prefill_s"] else 0.0
         dc = r["n_decoded"] / r["decode_s"] if r["decode_s"] else 0.0
         click.echo(f"[{r['prompt_tokens']} prompt tokens, {len(r['ids'])} generated ({r['finish_reason']}); "
-                   f"prefill {pf:.1f} tok/s, decode {dc:.1f} tok/s, {rt.threads} threads]", err=True)
+                   f"prefill {pf:.1f} tok/s, decode {dc:.1f} tok/s, {rt.threads} threads; {source}]", err=True)
 
 
 @cli.group("eval")
@@ -98,18 +110,18 @@ def eval_group():
 
 
 @eval_group.command("ppl")
-@click.argument("package_or_model")
+@click.argument("packages_or_models", nargs=-1, required=True)
 @click.option("--text", "text_file", type=click.Path(), default=None,
               help="text file to score [default: the demo models' held-out text]")
 @click.option("--context", type=int, default=None, help="window length in tokens [default: min(max context, 1024)]")
 @click.option("--stride", type=int, default=None, help="window step [default: context/2]")
 @click.option("--max-tokens", type=int, default=None, help="score only the first N tokens of the text")
-@click.option("--quant", "-q", default="f16", show_default=True, help="scheme when compiling a model")
+@click.option("--quant", "-q", default=None, help="scheme when compiling a model [default: f16; t2 for BitNet]")
 @click.option("--threads", type=int, default=None)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @click.option("--quiet", is_flag=True)
-def eval_ppl_cmd(package_or_model, text_file, context, stride, max_tokens, quant, threads, as_json, quiet):
-    """Perplexity of a text file through the runtime (sliding window)."""
+def eval_ppl_cmd(packages_or_models, text_file, context, stride, max_tokens, quant, threads, as_json, quiet):
+    """Perplexity of a text file through the runtime (sliding window). Several packages: one comparison table."""
     import json
     from pathlib import Path
 
@@ -124,18 +136,49 @@ def eval_ppl_cmd(package_or_model, text_file, context, stride, max_tokens, quant
     path = Path(text_file) if text_file else HELDOUT
     if not path.is_file():
         raise InputError(f"text file {path} does not exist")
-    pkg = resolve(package_or_model, quant=quant, progress=not quiet)
-    with Runtime.load(pkg, threads=threads) as rt:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        n = len(rt.text.encode(text)) if max_tokens is None else max_tokens
-        with tqdm(total=n, unit="tok", disable=quiet, leave=False, desc="ppl") as bar:
-            r = perplexity(rt, text, context, stride, max_tokens, progress=lambda end: bar.update(end - bar.n))
-    r.update(package=str(pkg), text=str(path))
+    text = path.read_text(encoding="utf-8", errors="replace")
+    results = []
+    for arg in packages_or_models:
+        pkg = resolve(arg, quant=quant, progress=not quiet)
+        with Runtime.load(pkg, threads=threads) as rt:
+            n = len(rt.text.encode(text)) if max_tokens is None else max_tokens
+            with tqdm(total=n, unit="tok", disable=quiet, leave=False, desc=f"ppl {Path(pkg).name}") as bar:
+                r = perplexity(rt, text, context, stride, max_tokens, progress=lambda end: bar.update(end - bar.n))
+            q = rt.manifest.get("quant", {})
+        r.update(package=str(pkg), text=str(path), scheme=q.get("scheme"), bits_per_weight=q.get("bits_per_weight"))
+        results.append(r)
     if as_json:
-        click.echo(json.dumps(r))
-    else:
+        click.echo(json.dumps(results[0] if len(results) == 1 else results))
+    elif len(results) == 1:
+        r = results[0]
         click.echo(f"perplexity {r['ppl']:.3f} (nll {r['nll']:.4f}/token) over {r['tokens']} tokens of {path.name}, "
-                   f"context {r['context']}, stride {r['stride']}, package {pkg}")
+                   f"context {r['context']}, stride {r['stride']}, package {r['package']}")
+    else:
+        base = results[0]["ppl"]
+        click.echo(f"{results[0]['tokens']} tokens of {path.name}, context {results[0]['context']}, "
+                   f"stride {results[0]['stride']}")
+        click.echo(f"{'package':<40} {'scheme':<8} {'bits/w':>7} {'ppl':>10} {'vs first':>9}")
+        for r in results:
+            click.echo(f"{Path(r['package']).name:<40} {r['scheme'] or '-':<8} {r['bits_per_weight'] or 0:>7.2f} "
+                       f"{r['ppl']:>10.3f} {100 * (r['ppl'] / base - 1):>+8.2f}%")
+
+
+@cli.command("bench")
+@click.argument("package", type=click.Path())
+@click.option("--prompt-len", type=int, default=128, show_default=True, help="prompt tokens prefilled")
+@click.option("--gen-len", type=int, default=64, show_default=True, help="tokens decoded (end-of-sequence ignored)")
+@click.option("--threads", type=int, default=None, help="threads [default: one per CPU]")
+@click.option("--reps", type=int, default=3, show_default=True, help="timed repetitions (the median is reported)")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the random prompt ids")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json):
+    """Prefill and decode speed of PACKAGE: tok/s, time to first token, peak RSS (one warm-up, median of --reps)."""
+    import json
+
+    from .runtime.bench import bench, format_bench
+
+    r = bench(package, prompt_len=prompt_len, gen_len=gen_len, threads=threads, reps=reps, seed=seed)
+    click.echo(json.dumps(r) if as_json else format_bench(r))
 
 
 @cli.command("info")
@@ -148,7 +191,8 @@ def info_cmd(package):
 
     m = read_manifest(package)
     c = m["model"]["config"]
-    n_params = sum(int(__import__("math").prod(t["shape"])) for t in m["tensors"] if not t["name"].startswith("rope."))
+    n_params = m["quant"].get("n_params") or sum(int(__import__("math").prod(t["shape"])) for t in m["tensors"]
+                                                 if not t["name"].startswith("rope."))
     size = sum(f.stat().st_size for f in Path(package).iterdir() if f.is_file())
     rows = [
         ("model", f"{m['model']['arch']} from {m['model']['source']}"),
@@ -156,7 +200,7 @@ def info_cmd(package):
                   f"head_dim {c['head_dim']}, ffn {c['intermediate_size']}, vocab {c['vocab_size']}"),
         ("parameters", f"{n_params / 1e6:.2f} M"),
         ("target", f"{m['target']['name']} ({m['target']['arch']}; needs {', '.join(m['target']['features']) or '-'})"),
-        ("quant", f"{m['quant']['scheme']} ({m['quant']['bits_per_weight']} bits per weight)"),
+        ("quant", _quant_line(m["quant"])),
         ("context", f"max {m['max_context']} tokens, prefill chunk {m['prefill_chunk']}"),
         ("kernels", f"{len(m['kernels'])}"),
         ("memory", f"weights {m['weights_bytes'] / 2**20:.1f} MiB, activations {m['arena_bytes'] / 2**20:.2f} MiB, "
@@ -166,6 +210,12 @@ def info_cmd(package):
     ]
     for k, v in rows:
         click.echo(f"{k:>11}: {v}")
+
+
+def _quant_line(q: dict) -> str:
+    head = f", embedding/head {q['head']}" if "head" in q else ""
+    method = f" ({q['method']})" if q.get("method") not in (None, "rtn") else ""
+    return f"{q['scheme']}{method}{head}: {q['bits_per_weight']} bits per weight over all weights"
 
 
 @cli.command("targets")

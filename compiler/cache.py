@@ -26,13 +26,13 @@ def _fingerprint(model_dir: Path) -> str:
     return h.hexdigest()[:10]
 
 
-def cached_package(model: str, quant: str = "f16", target: str = "host", progress: bool = True) -> Path:
+def cached_package(model: str, quant: str | None = None, target: str = "host", progress: bool = True) -> Path:
     """The package of `model` for target/quant, compiled into the cache on first use."""
     from .. import __version__
     from ..models.checkpoint import resolve_model_dir
 
     d = resolve_model_dir(model)
-    key = f"{d.name}-{quant}-{target}-{_fingerprint(d)}-v{__version__}"
+    key = f"{d.name}-{quant or 'auto'}-{target}-{_fingerprint(d)}-v{__version__}"
     pkg = cache_root() / key
     if (pkg / MANIFEST).is_file():
         return pkg
@@ -43,7 +43,7 @@ def cached_package(model: str, quant: str = "f16", target: str = "host", progres
     return compile_model(str(d), target=target, quant=quant, out=pkg, progress=progress)
 
 
-def package_or_model(arg: str, quant: str = "f16", target: str = "host", progress: bool = True) -> Path:
+def package_or_model(arg: str, quant: str | None = None, target: str = "host", progress: bool = True) -> Path:
     """A package directory as is; anything else (checkpoint dir, hub id, demo name) through the cache."""
     p = Path(arg)
     if (p / MANIFEST).is_file():

@@ -16,6 +16,8 @@ from ..models.rope import cos_sin
 from ..quant import get_scheme
 from ..runtime.package import FORMAT_VERSION, KERNELS, MANIFEST, PLAN, WEIGHTS
 from ..targets import get_target
+from .tokenizer_pack import maybe_write_tokenizer_bin
+from .device_binary import BIN_DIR, BINARY, build_edgellm_run
 from .kernels_build import build_kernels
 from .lower import lower_model
 from .package_writer import staged_package, write_weights
@@ -34,22 +36,69 @@ def default_output(model: str, quant: str, target: str) -> Path:
     return Path(f"{Path(str(model).rstrip('/')).name}-{quant}-{target}.edgellm")
 
 
-def compile_model(model, target: str = "host", quant: str = "f16", out=None, max_context: int | None = None,
-                  prefill_chunk: int | None = None, progress: bool = True) -> Path:
-    t_start = time.perf_counter()
-    tgt = get_target(target)
-    scheme = get_scheme(quant)
-    # the output head is the most sensitive matrix: float schemes keep it, integer schemes store it as q8
-    head_scheme = scheme if scheme.part_order == ("w",) else get_scheme("q8")
-    if quant not in tgt.quants:
-        raise CompileError(f"--quant {quant} is not supported on target {tgt.name} (supported: {', '.join(tgt.quants)})")
-    spec, ck, model_dir = load_checkpoint(model)
+HEAD_QUANTS = ("f32", "f16", "q8")
+
+
+def choose_schemes(spec, quant: str | None, head_quant: str | None, progress: bool = True):
+    """(body scheme, head scheme) for a model: the defaults, the checks, and the post-training ternary warning.
+    The head scheme stores the lm_head and the embedding table (once, when they are tied)."""
+    if spec.family == "bitnet":
+        quant = quant or "t2"
+        if quant != "t2":
+            raise CompileError(f"{spec.arch} checkpoints hold ternary weights: compile them with --quant t2 "
+                               f"(got --quant {quant})")
+    scheme = get_scheme(quant or "f16")
+    if head_quant is None:   # float packages keep their float head; integer ones store it as q8
+        head_quant = scheme.name if scheme.kind == "float" else "q8"
+    head = get_scheme(head_quant)
+    if head.name not in HEAD_QUANTS:
+        raise CompileError(f"--head-quant {head.name} is not supported: the embedding/lm_head scheme must be one of "
+                           f"{', '.join(HEAD_QUANTS)}")
     if spec.n_experts:
         raise CompileError(f"{spec.arch} is a mixture-of-experts model: compiling MoE packages is not supported yet "
                            "(it arrives with expert offload); the numpy reference backend runs it")
-    if spec.family != "llama":
-        raise CompileError(f"{spec.arch} needs ternary kernels, which are not supported yet (they arrive with the t2 "
-                           "quantization scheme); the numpy reference backend runs it")
+    _check_matrix_shapes(spec, scheme, head)
+    if scheme.kind == "t2" and spec.family != "bitnet":
+        _log(progress, "warning: post-training ternarization (t2) of a model not trained for it loses most of its "
+                       "quality; t2 is meant for BitNet b1.58 checkpoints (quantization-aware trained)")
+    return scheme, head
+
+
+def _check_matrix_shapes(spec, scheme, head) -> None:
+    """Fail before any work if a matrix does not fit its scheme (the error names the tensor)."""
+    from ..models import family
+
+    shapes = family(spec).weight_shapes(spec)
+    head_names = {"model.embed_tokens.weight", spec.lm_head_name, "lm_head.weight"}
+    for name, shape in shapes.items():
+        if len(shape) == 2 and name not in head_names and not (spec.family == "bitnet" and name.endswith("_proj.weight")):
+            scheme.check_shape(name, shape)
+    for name in head_names & shapes.keys():
+        head.check_shape(name, shapes[name])
+
+
+def compile_model(model, target: str = "host", quant: str | None = None, out=None, max_context: int | None = None,
+                  prefill_chunk: int | None = None, progress: bool = True, head_quant: str | None = None,
+                  gptq: bool = False, calib: str | None = None, act_order: bool = False) -> Path:
+    """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
+    body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
+    calibrated on calib (a text file) or the built-in sample."""
+    t_start = time.perf_counter()
+    tgt = get_target(target)
+    if quant is not None:
+        get_scheme(quant)
+    if head_quant is not None:
+        get_scheme(head_quant)
+    if quant is not None and quant not in tgt.quants:
+        raise CompileError(f"--quant {quant} is not supported on target {tgt.name} (supported: {', '.join(tgt.quants)})")
+    if calib is not None and not Path(calib).is_file():
+        raise CompileError(f"calibration file {calib} does not exist: pass a text file to --calib (or drop it to use "
+                           "the built-in sample)")
+    spec, ck, model_dir = load_checkpoint(model)
+    scheme, head_scheme = choose_schemes(spec, quant, head_quant, progress)
+    quant = scheme.name
+    if gptq and scheme.kind != "q4":
+        raise CompileError(f"--gptq applies to the int4 schemes (q4g32, q4g64, q4g128), not to {scheme.name}")
     max_ctx = int(max_context or min(spec.max_position_embeddings, DEFAULT_MAX_CONTEXT))
     if not 1 <= max_ctx <= spec.max_position_embeddings:
         raise CompileError(f"--max-context {max_ctx} is out of range: this model supports 1..{spec.max_position_embeddings}")
@@ -69,24 +118,38 @@ def compile_model(model, target: str = "host", quant: str = "f16", out=None, max
                 c, s = cos_sin(spec, np.arange(kv_rows))
                 rope.update({"rope.cos": c.astype(np.float32), "rope.sin": s.astype(np.float32)})
             return rope[name]
-        return np.asarray(ck.get(name), dtype=np.float32)
+        return ck.get(name)
 
     from ..compiler.ops import CpuInfo
 
-    cpu = CpuInfo(vector_lanes=tgt.vector_lanes, num_threads=max(1, int(tgt.tvm.get("num-cores", 2))), arch=tgt.arch)
-    low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows)
+    cpu = CpuInfo(vector_lanes=tgt.vector_lanes, num_threads=max(1, int(tgt.tvm.get("num-cores", 2))), arch=tgt.arch,
+                  features=tuple(tgt.features))
+    pre = None
+    if gptq:
+        from ..quant.calibration import gptq_from_checkpoint
+
+        _log(progress, f"GPTQ{' (act-order)' if act_order else ''}: calibrating on {calib or 'the built-in sample'}")
+        pre = gptq_from_checkpoint(spec, lambda n: np.asarray(ck.get(n), np.float32), scheme,
+                                   model_dir / "tokenizer.json", calib_file=calib, act_order=act_order,
+                                   progress=progress or None)
+    low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre)
     with staged_package(out) as tmp:
         table, wbytes = write_weights(tmp / WEIGHTS, low.weights.names, low.weights.arrays, progress)
+        n_params = count_params(spec)
         write_plan(tmp / PLAN, arch=tgt.arch, features=list(tgt.features), target=tgt.name, spec=spec, max_ctx=max_ctx,
                    chunk=chunk, kv_rows=kv_rows, weight_regions=[(t["offset"], t["nbytes"]) for t in table],
                    weights_bytes=wbytes, kernels=low.kernels.names, programs=programs)
         t0 = time.perf_counter()
         _log(progress, f"building {len(low.kernels.names)} kernels with TVM for {tgt.name} ...")
-        build_kernels(low.kernels.funcs, tgt, tmp / KERNELS)
+        kobj = build_kernels(low.kernels.funcs, tgt, tmp / KERNELS, keep_object=tgt.static_binary)
         t_kernels = time.perf_counter() - t0
+        build_edgellm_run(tgt, tmp / BIN_DIR / BINARY, kernels_obj=kobj)   # the device's own runner
+        if kobj is not None:
+            kobj.unlink()
         tok_files = [f for f in TOKENIZER_FILES if (model_dir / f).is_file()]
         for f in tok_files:
             shutil.copyfile(model_dir / f, tmp / f)
+        maybe_write_tokenizer_bin(tmp, lambda msg: _log(progress, msg))   # for edgellm-run (C tokenizer)
         if "tokenizer.json" not in tok_files:
             _log(progress, "warning: no tokenizer.json in the checkpoint: the package accepts token ids only")
         manifest = {
@@ -96,11 +159,14 @@ def compile_model(model, target: str = "host", quant: str = "f16", out=None, max
             "model": {"source": str(model), "arch": spec.arch, "config": spec.to_dict()},
             "target": {"name": tgt.name, "arch": tgt.arch, "tvm": tgt.tvm, "features": list(tgt.features),
                        "cc": tgt.cc},
-            "quant": {"scheme": scheme.name, "bits_per_weight": scheme.bits_per_weight, "head": head_scheme.name,
-                      "embedding": low.embed_dtype},
+            "quant": {"scheme": scheme.name, "bits_per_weight": round(_bits_per_weight(table, n_params), 3),
+                      "head": head_scheme.name, "embedding": low.embed_dtype,
+                      "method": "gptq" if gptq else ("native" if spec.family == "bitnet" else "rtn"),
+                      "n_params": n_params},
             "max_context": max_ctx, "prefill_chunk": chunk, "kv_rows": kv_rows,
-            "files": {"plan": PLAN, "weights": WEIGHTS, "kernels": KERNELS,
-                      "tokenizer": "tokenizer.json" if "tokenizer.json" in tok_files else None},
+            "files": {"plan": PLAN, "weights": WEIGHTS, "kernels": KERNELS, "binary": f"{BIN_DIR}/{BINARY}",
+                      "tokenizer": "tokenizer.json" if "tokenizer.json" in tok_files else None,
+                      "tokenizer_bin": "tokenizer.bin" if (tmp / "tokenizer.bin").is_file() else None},
             "weights_bytes": wbytes,
             "arena_bytes": max(p.arena_bytes for p in programs),
             "kernels": low.kernels.names,
@@ -113,6 +179,22 @@ def compile_model(model, target: str = "host", quant: str = "f16", out=None, max
     _log(progress, f"done in {time.perf_counter() - t_start:.1f} s: {out} ({wbytes / 2**20:.1f} MiB of weights, "
                    f"{len(low.kernels.names)} kernels)")
     return out
+
+
+def count_params(spec) -> int:
+    """Parameters of the checkpoint (BitNet's packed ternary matrices count 4 weights per byte)."""
+    from ..models import family
+
+    n = 0
+    for name, shape in family(spec).weight_shapes(spec).items():
+        k = int(np.prod(shape))
+        n += 4 * k if spec.family == "bitnet" and name.endswith("_proj.weight") else k
+    return n
+
+
+def _bits_per_weight(table, n_params: int) -> float:
+    """Stored bits per parameter over all weights (scales, norms and the embedding/head included; not RoPE tables)."""
+    return 8 * sum(t["nbytes"] for t in table if not t["name"].startswith("rope.")) / max(n_params, 1)
 
 
 def _version() -> str:

@@ -15,7 +15,7 @@ from .trace import Node, TraceGraph, Val
 ALIGN = 64
 ARENA, WEIGHT, KCACHE, VCACHE = 0, 1, 2, 3
 AT_POS, PREFIX = 1, 2
-_DT = {"float32": (2, 32), "float16": (2, 16), "int32": (0, 32), "bfloat16": (4, 16)}
+_DT = {"float32": (2, 32), "float16": (2, 16), "int32": (0, 32), "bfloat16": (4, 16), "uint8": (1, 8), "int8": (0, 8)}
 
 
 @dataclass
@@ -106,41 +106,69 @@ def _nbytes(v: Val) -> int:
 class Lowering:
     """Shared state of one package build: the weight table, the kernel table and the weight provider."""
 
-    def __init__(self, spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, rope_rows: int):
+    def __init__(self, spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, rope_rows: int, quantized=None):
         from .ops import make_kernel
 
         self.spec, self.cpu, self.make_kernel = spec, cpu, make_kernel
         self.weights, self.kernels = WeightTable(), KernelTable()
-        self._raw = raw_weight              # name -> float32 numpy array (checkpoint tensor or RoPE table)
+        self._raw = raw_weight              # name -> numpy array as stored in the checkpoint (or a RoPE table)
         self.scheme, self.head_scheme = scheme, head_scheme
-        # embedding tables are gathered, not multiplied: f32 for f32 packages, else f16
-        self.embed_dtype = "float32" if scheme.name == "f32" else "float16"
+        self.quantized = quantized or {}    # name -> parts computed ahead (GPTQ), used instead of scheme.quantize
         self.rope_rows = rope_rows
+
+    @property
+    def embed_dtype(self) -> str:
+        """How the embedding table is stored: in the head scheme (one copy when the embeddings are tied)."""
+        return self.head_scheme.name if self.head_scheme.kind == "q8" else self.head_scheme.dtype
 
     def _kernel(self, op: str, **params) -> int:
         name, func = self.make_kernel(op, self.cpu, **params)
         return self.kernels.add(name, func)
 
     def _weight(self, name: str, shape=None, flags=0, dtype="float32") -> Arg:
-        """A tensor stored as is (norms, biases, RoPE tables, embedding tables)."""
+        """A tensor stored as is (norms, biases, RoPE tables, float embedding tables)."""
         if name not in self.weights.index:
             self.weights.add(name, np.ascontiguousarray(self._raw(name), dtype=dtype))
         arr = self.weights.arrays[self.weights.index[name]]
         return Arg(WEIGHT, self.weights.index[name], str(arr.dtype), tuple(shape or arr.shape), flags)
 
-    def _linear_weight(self, name: str, T: int, bias: bool) -> tuple[int, list[Arg]]:
-        """Kernel and weight arguments of x @ W.T with W stored in the package's scheme (the lm_head in the head's)."""
-        scheme = self.head_scheme if name in (self.spec.lm_head_name, "lm_head.weight") else self.scheme
-        N, K = self._raw_shape(name)
-        scheme.check_shape(name, (N, K))
+    def _parts(self, name: str, scheme, make_parts) -> list[Arg]:
+        """Weight args of a matrix stored in `scheme` (quantized once, shared by every program and by a tied
+        embedding / lm_head pair)."""
         keys = [name] if scheme.part_order == ("w",) else [f"{name}.{p}" for p in scheme.part_order]
         if keys[0] not in self.weights.index:
-            parts = scheme.quantize(np.asarray(self._raw(name), dtype=np.float32))
+            parts = make_parts()
             for key, part in zip(keys, scheme.part_order):
                 self.weights.add(key, np.ascontiguousarray(parts[part]))
-        args = [Arg(WEIGHT, self.weights.index[k], str(self.weights.arrays[self.weights.index[k]].dtype),
+        return [Arg(WEIGHT, self.weights.index[k], str(self.weights.arrays[self.weights.index[k]].dtype),
                     self.weights.arrays[self.weights.index[k]].shape) for k in keys]
+
+    def matrix_scheme(self, name: str):
+        return self.head_scheme if name in (self.spec.lm_head_name, "lm_head.weight") else self.scheme
+
+    def _linear_weight(self, name: str, T: int, bias: bool) -> tuple[int, list[Arg]]:
+        """Kernel and weight arguments of x @ W.T with W stored in the package's scheme (the lm_head in the head's)."""
+        scheme = self.matrix_scheme(name)
+        N, K = self._raw_shape(name)
+        scheme.check_shape(name, (N, K))
+        pre = self.quantized.get(name) if scheme is self.scheme else None
+        args = self._parts(name, scheme, lambda: pre if pre is not None else
+                           scheme.quantize(np.asarray(self._raw(name), dtype=np.float32)))
         op, params = scheme.linear_kernel(T, N, K, bias)
+        return self._kernel(op, **params), args
+
+    def _ternary_weight(self, name: str, T: int) -> tuple[int, list[Arg]]:
+        """A BitNet BitLinear: the checkpoint's packed ternary codes and weight_scale, repacked losslessly to t2."""
+        from ..models.bitnet import unpack_ternary
+        from ..quant import get_scheme, packing
+
+        t2 = get_scheme("t2")
+        packed = np.asarray(self._raw(name))
+        N, K = 4 * packed.shape[0], packed.shape[1]
+        t2.check_shape(name, (N, K))
+        scale = 1.0 / float(np.asarray(self._raw(name.removesuffix(".weight") + ".weight_scale"), np.float64)[0])
+        args = self._parts(name, t2, lambda: packing.pack_t2(unpack_ternary(packed), scale))
+        op, params = t2.linear_kernel(T, N, K, False)
         return self._kernel(op, **params), args
 
     def _raw_shape(self, name: str) -> tuple[int, int]:
@@ -192,14 +220,24 @@ class Lowering:
     def _lower_node(self, n: Node, T: int, act) -> list[Step]:
         s, op = self.spec, n.op
         if op == "embed":
-            w = self._weight(n.weights[0], dtype=self.embed_dtype)
-            k = self._kernel("embed", T=T, V=w.shape[0], D=w.shape[1], wdtype=w.dtype)
-            return [Step(k, [act(n.inputs[0]), w, act(n.out)])]
+            name, (V, D) = n.weights[0], self._raw_shape(n.weights[0])
+            if self.head_scheme.kind == "q8":
+                self.head_scheme.check_shape(name, (V, D))
+                wargs = self._parts(name, self.head_scheme,
+                                    lambda: self.head_scheme.quantize(np.asarray(self._raw(name), np.float32)))
+                k = self._kernel("embed_q8", T=T, V=V, D=D)
+            else:
+                wargs = [self._weight(name, dtype=self.head_scheme.dtype)]
+                k = self._kernel("embed", T=T, V=V, D=D, wdtype=self.head_scheme.dtype)
+            return [Step(k, [act(n.inputs[0]), *wargs, act(n.out)])]
         if op == "rmsnorm":
             h = n.params["heads"]
             R, D = T * h, n.inputs[0].shape[1] // h
             k = self._kernel("rmsnorm", R=R, D=D, eps=float(s.rms_eps))
             return [Step(k, [act(n.inputs[0], (R, D)), self._weight(n.weights[0]), act(n.out, (R, D))])]
+        if op == "linear" and n.params.get("ternary"):
+            k, wargs = self._ternary_weight(n.weights[0], T)
+            return [Step(k, [act(n.inputs[0]), *wargs, act(n.out)])]
         if op == "linear":
             k, wargs = self._linear_weight(n.weights[0], T, n.params["bias"])
             bias = [self._weight(n.weights[1])] if n.params["bias"] else []
@@ -214,7 +252,7 @@ class Lowering:
             k = self._kernel("attention", T=T, NH=NH, KVH=KVH, D=D)
             kv = [Arg(kind, layer, "float32", (T, KVH, D), PREFIX) for kind in (KCACHE, VCACHE)]
             return [Step(k, [act(n.inputs[0], (T, NH, D)), *kv, act(n.out)])]
-        if op in ("add", "swiglu"):
+        if op in ("add", "swiglu", "relu2_mul"):
             R, N = n.out.shape
             k = self._kernel(op, R=R, N=N) if op == "add" else self._kernel(op, T=R, F=N)
             return [Step(k, [act(v) for v in n.inputs] + [act(n.out)])]
@@ -237,11 +275,11 @@ PROGRAMS = (  # name, tokens (None = chunk), body, head
 
 
 def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: int,
-                kv_rows: int) -> tuple[Lowering, list[Program]]:
+                kv_rows: int, quantized=None) -> tuple[Lowering, list[Program]]:
     from ..models import family
 
     fam = family(spec)
-    low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows)
+    low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows, quantized)
     progs = []
     for name, tokens, body, head in PROGRAMS:
         g = TraceGraph(spec, tokens or chunk)

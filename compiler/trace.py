@@ -74,3 +74,11 @@ class TraceGraph:
 
     def swiglu(self, gate, up):
         return self._emit("swiglu", [gate, up], gate.shape)
+
+    def relu2_mul(self, gate, up):
+        return self._emit("relu2_mul", [gate, up], gate.shape)
+
+    def bitlinear(self, x, w):
+        # packed ternary weights: 4 output rows per byte row (models/bitnet.py)
+        return self._emit("linear", [x], (x.shape[0], 4 * self.wshape[w + ".weight"][0]), [w + ".weight"],
+                          bias=False, ternary=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -50,11 +51,10 @@ def make_config(arch: str = "LlamaForCausalLM", **overrides) -> dict:
     return cfg
 
 
-def random_weights(cfg: dict, seed: int = 0, ternary: bool = False) -> dict[str, np.ndarray]:
-    """Weights scaled so activations stay O(1) through the layers (logits then have a real spread)."""
+def iter_random_weights(cfg: dict, seed: int = 0, ternary: bool = False) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, float32 array) one tensor at a time, in weight_shapes order: the same values as random_weights."""
     spec = spec_from_config(cfg)
     rng = np.random.default_rng(seed)
-    out = {}
     for name, shape in family(spec).weight_shapes(spec).items():
         if len(shape) == 1:
             w = (1.0 + 0.1 * rng.standard_normal(shape)) if name.endswith("norm.weight") else 0.1 * rng.standard_normal(shape)
@@ -65,8 +65,36 @@ def random_weights(cfg: dict, seed: int = 0, ternary: bool = False) -> dict[str,
             if ternary:  # exactly absmean-ternary rows (what a BitNet-style model holds)
                 scale = np.abs(w).mean(axis=1, keepdims=True)
                 w = np.clip(np.round(w / scale), -1, 1) * scale
-        out[name] = w.astype(np.float32)
-    return out
+        yield name, w.astype(np.float32)
+
+
+def random_weights(cfg: dict, seed: int = 0, ternary: bool = False) -> dict[str, np.ndarray]:
+    """Weights scaled so activations stay O(1) through the layers (logits then have a real spread)."""
+    return dict(iter_random_weights(cfg, seed, ternary))
+
+
+_ST_DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16)}
+
+
+def save_random_weights_streaming(path, cfg: dict, seed: int = 0, ternary: bool = False, dtype: str = "float16") -> None:
+    """Write random_weights(cfg, seed, ternary) as one safetensors file holding one tensor in memory at a time
+    (a 1B-parameter f16 checkpoint in ~1 GB of RAM instead of ~7)."""
+    tag, np_dtype = _ST_DTYPES[dtype]
+    spec = spec_from_config(cfg)
+    header: dict = {"__metadata__": {"format": "pt"}}
+    off = 0
+    for name, shape in family(spec).weight_shapes(spec).items():
+        n = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
+        header[name] = {"dtype": tag, "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h)
+        for _, w in iter_random_weights(cfg, seed, ternary):
+            f.write(np.ascontiguousarray(w.astype(np_dtype)).tobytes())
+    tmp.replace(path)
 
 
 def make_tokenizer(out_dir: Path, vocab_size: int = 1000, chat_template: str | None = None) -> None:
@@ -79,11 +107,18 @@ def make_tokenizer(out_dir: Path, vocab_size: int = 1000, chat_template: str | N
 
 
 def make_checkpoint(out_dir, arch: str = "LlamaForCausalLM", seed: int = 0, dtype: str = "float32",
-                    tokenizer: bool = True, ternary: bool = False, **overrides) -> Path:
-    """Write a complete random checkpoint; dtype of the stored weights: float32, float16 or bfloat16."""
+                    tokenizer: bool = True, ternary: bool = False, streaming: bool = False, **overrides) -> Path:
+    """Write a complete random checkpoint; dtype of the stored weights: float32, float16 or bfloat16.
+    streaming: generate and write one tensor at a time (float32/float16; for large models)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = make_config(arch, torch_dtype=dtype, **overrides)
+    if streaming:
+        save_random_weights_streaming(out / "model.safetensors", cfg, seed, ternary, dtype)
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
+        if tokenizer:
+            make_tokenizer(out, vocab_size=cfg["vocab_size"])
+        return out
     w = random_weights(cfg, seed, ternary)
     if dtype == "float16":
         w = {k: v.astype(np.float16) for k, v in w.items()}

@@ -151,14 +151,38 @@ def quantize_q4(w: np.ndarray, G: int) -> dict[str, np.ndarray]:
     w = np.asarray(w, np.float32)
     N, K = w.shape
     wg = w.reshape(N, K // G, G)
-    idx = np.abs(wg).argmax(axis=2)
-    m = np.take_along_axis(wg, idx[..., None], axis=2)[..., 0]
-    d16 = (m / np.float32(-8)).astype(np.float16)
-    d = d16.astype(np.float32)
-    dz = np.where(d != 0, d, np.float32(1))
-    q = np.clip(np.rint(wg / dz[..., None]), -8, 7)
-    q = np.where(d[..., None] != 0, q, 0).astype(np.int16).reshape(N, K)
-    return {"qweight": pack_codes((q + 8).astype(np.uint8), "q4"), "scales": pack_group_scales(d16)}
+    d16 = q4_scales(wg)
+    q = q4_codes(wg, d16.astype(np.float32)[..., None]).reshape(N, K)
+    return pack_q4(q, d16)
+
+
+def q4_scales(wg: np.ndarray) -> np.ndarray:
+    """The q4 scale rule on groups along the last axis (f32 [..., G]) -> f16 [...]: d = f16(m / -8), m the
+    element of largest |w| (with its sign). Shared by RTN (quantize_q4) and GPTQ (quant/gptq.py)."""
+    wg = np.asarray(wg, np.float32)
+    idx = np.abs(wg).argmax(axis=-1)
+    m = np.take_along_axis(wg, idx[..., None], axis=-1)[..., 0]
+    return (m / np.float32(-8)).astype(np.float16)
+
+
+def q4_codes(w: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Round-to-nearest int4 codes of w f32 against scales d f32 (broadcast to w; already f16 values):
+    clip(rint(w / d), -8, 7) in f32 arithmetic, 0 where d == 0 -> int8 in -8..7."""
+    w, d = np.asarray(w, np.float32), np.asarray(d, np.float32)
+    q = np.clip(np.rint(w / np.where(d != 0, d, np.float32(1))), -8, 7)
+    return np.where(d != 0, q, 0).astype(np.int8)
+
+
+def pack_q4(q: np.ndarray, scales: np.ndarray) -> dict[str, np.ndarray]:
+    """int4 codes q (-8..7, [N, K]) and group scales [N, K/G] (rounded to f16 here: pass f16-exact values so
+    that the codes were computed against the stored scale) -> the q4 parts {"qweight", "scales"}."""
+    q = np.asarray(q)
+    if q.min(initial=0) < -8 or q.max(initial=0) > 7:
+        raise ValueError("q4: codes out of -8..7")
+    s16 = np.asarray(scales).astype(np.float16)
+    if q.ndim != 2 or s16.ndim != 2 or s16.shape[0] != q.shape[0] or q.shape[1] % s16.shape[1]:
+        raise ValueError(f"q4: codes {q.shape} and scales {s16.shape} do not match")
+    return {"qweight": pack_codes((q.astype(np.int16) + 8).astype(np.uint8), "q4"), "scales": pack_group_scales(s16)}
 
 
 def dequantize_q4(parts) -> np.ndarray:

@@ -43,3 +43,53 @@ SHIM_EXPORT void TVMFFIErrorSetRaisedFromCStr(const char* kind, const char* msg)
   const char* parts[1] = {msg ? msg : ""};
   TVMFFIErrorSetRaisedFromCStrParts(kind, parts, 1);
 }
+
+#ifdef EDGELLM_SYSLIB_ADAPTER
+/* A kernels.so linked from a TVM "system-lib" object (targets whose edgellm-run links the same object
+ * statically, e.g. android-cpu: one TVM compile gives both). Such code calls the TVMBackend* functions directly
+ * and registers itself through TVMFFIEnvModRegisterSystemLibSymbol; here those calls go through the same
+ * __TVMBackend* pointer variables that libedgellm fills after dlopen for a regular kernels.so (it finds the
+ * kernels by their exported __tvm_ffi_* names, so the registration is not needed). Without a host that fills
+ * the pointers, launches run serially and workspaces come from malloc. */
+#include <stdlib.h>
+
+typedef struct {
+  void* sync_handle;
+  int32_t num_task;
+} shim_group_env;
+typedef int (*shim_lambda)(int task_id, shim_group_env* penv, void* cdata);
+
+SHIM_EXPORT int (*__TVMBackendParallelLaunch)(shim_lambda f, void* cdata, int num_task) = NULL;
+SHIM_EXPORT void* (*__TVMBackendAllocWorkspace)(int, int, uint64_t, int, int) = NULL;
+SHIM_EXPORT int (*__TVMBackendFreeWorkspace)(int, int, void*) = NULL;
+#define SHIM_HIDDEN __attribute__((visibility("hidden")))
+
+SHIM_HIDDEN int TVMFFIEnvModRegisterSystemLibSymbol(const char* name, void* ptr) {
+  (void)name, (void)ptr;
+  return 0;
+}
+
+SHIM_HIDDEN int TVMBackendParallelLaunch(shim_lambda f, void* cdata, int num_task) {
+  if (__TVMBackendParallelLaunch) return __TVMBackendParallelLaunch(f, cdata, num_task);
+  shim_group_env env = {NULL, 1};
+  return f(0, &env, cdata);
+}
+
+SHIM_HIDDEN void* TVMBackendAllocWorkspace(int dev, int id, uint64_t nbytes, int code, int bits) {
+  if (__TVMBackendAllocWorkspace) return __TVMBackendAllocWorkspace(dev, id, nbytes, code, bits);
+  return aligned_alloc(64, ((size_t)nbytes + 63) / 64 * 64 + 64);
+}
+
+SHIM_HIDDEN int TVMBackendFreeWorkspace(int dev, int id, void* ptr) {
+  if (__TVMBackendFreeWorkspace) return __TVMBackendFreeWorkspace(dev, id, ptr);
+  free(ptr);
+  return 0;
+}
+
+#ifdef EDGELLM_SHIM_BARRIER
+SHIM_EXPORT int (*__TVMBackendParallelBarrier)(int task_id, shim_group_env* penv) = NULL;
+SHIM_HIDDEN int TVMBackendParallelBarrier(int task_id, shim_group_env* penv) {
+  return __TVMBackendParallelBarrier ? __TVMBackendParallelBarrier(task_id, penv) : 0;
+}
+#endif
+#endif /* EDGELLM_SYSLIB_ADAPTER */

@@ -42,6 +42,18 @@ _SIGS = {
     "el_reset_stats": (None, [C.c_void_p]),
 }
 
+# runtime/tokenizer.h. Kept apart from _SIGS because tests/test_c_runtime.py builds a libedgellm of its own from a
+# source list without tokenizer.c and declares every _SIGS entry on it.
+_TOK_SIGS = {
+    "el_tok_load": (C.c_void_p, [C.c_char_p]),
+    "el_tok_free": (None, [C.c_void_p]),
+    "el_tok_encode": (C.c_int, [C.c_void_p, C.c_char_p, C.c_int, C.c_int, C.POINTER(C.c_int32), C.c_int]),
+    "el_tok_decode": (C.c_int, [C.c_void_p, C.c_int32, C.c_char_p, C.c_int]),
+    "el_tok_bos": (C.c_int, [C.c_void_p]),
+    "el_tok_n_vocab": (C.c_int, [C.c_void_p]),
+    "el_tok_is_special": (C.c_int, [C.c_void_p, C.c_int32]),
+}
+
 _lib = None
 
 
@@ -60,7 +72,7 @@ def lib() -> C.CDLL:
     global _lib
     if _lib is None:
         L = C.CDLL(str(library_path()))
-        for name, (res, args) in _SIGS.items():
+        for name, (res, args) in {**_SIGS, **_TOK_SIGS}.items():
             f = getattr(L, name)
             f.restype, f.argtypes = res, args
         _lib = L

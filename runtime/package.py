@@ -46,3 +46,32 @@ def verify_checksums(path: str | Path, manifest: dict) -> None:
         o, n = t["offset"], t["nbytes"]
         if o + n > mm.size or hashlib.sha256(mm[o:o + n]).hexdigest() != t["sha256"]:
             raise PackageError(f"{wb} is corrupt: tensor {t['name']} fails its checksum; recompile or copy again")
+
+
+SAMPLING_KEYS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
+
+
+def sampling_defaults(package, given: dict) -> tuple[dict, str]:
+    """Sampling settings for `edgellm run`: the values given on the command line, else those of the package's
+    generation_config.json when it says do_sample (as transformers' generate() does), else greedy. Returns the
+    settings and a short description of where they came from."""
+    cfg = {}
+    f = Path(package) / "generation_config.json"
+    if f.is_file():
+        try:
+            cfg = json.loads(f.read_text())
+        except (OSError, ValueError):
+            cfg = {}
+    out = dict(SAMPLING_KEYS)
+    from_cfg = []
+    if cfg.get("do_sample"):
+        for k in out:
+            if cfg.get(k) is not None:
+                out[k] = type(out[k])(cfg[k])
+                from_cfg.append(k)
+    out.update({k: v for k, v in given.items() if v is not None})
+    from_cfg = [k for k in from_cfg if given.get(k) is None]
+    if out["temperature"] <= 0:
+        return out, "greedy"
+    desc = ", ".join(f"{k.replace('_', '-')} {out[k]:g}" for k in out if out[k] != SAMPLING_KEYS[k])
+    return out, f"sampling: {desc}" + (" (generation_config.json)" if from_cfg else "")

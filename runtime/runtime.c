@@ -6,7 +6,9 @@
  * length) and calls the kernels in order.
  */
 #define _GNU_SOURCE
+#ifndef EL_STATIC_KERNELS
 #include <dlfcn.h>
+#endif
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -38,6 +40,14 @@ _Static_assert(sizeof(el_plan_kernel) == 64, "el_plan_kernel layout");
 _Static_assert(sizeof(el_plan_program) == 56, "el_plan_program layout");
 _Static_assert(sizeof(el_plan_step) == 8, "el_plan_step layout");
 _Static_assert(sizeof(el_plan_arg) == 64, "el_plan_arg layout");
+
+#if defined(__aarch64__)
+#define FEATURE_HINT "a target this CPU supports (see `edgellm targets`; --target rpi4 needs only NEON)"
+#define ARCH_HINT "this device's target (--target rpi4, rpi5 or android-cpu)"
+#else
+#define FEATURE_HINT "--target host"
+#define ARCH_HINT "--target host"
+#endif
 
 #if defined(__x86_64__)
 #define HOST_ARCH EL_ARCH_X86_64
@@ -445,7 +455,7 @@ static const char* arch_name(uint32_t arch) {
   return arch == EL_ARCH_X86_64 ? "x86_64" : arch == EL_ARCH_AARCH64 ? "aarch64" : "an unknown architecture";
 }
 
-static const char* em_name(unsigned em) {
+static __attribute__((unused)) const char* em_name(unsigned em) {
   switch (em) {
     case 62: return "x86_64";
     case 183: return "aarch64";
@@ -486,6 +496,82 @@ static int cpu_has(const char* f) {
 #endif
 }
 
+/* The package's machine and CPU features against this process (before any kernel code runs). */
+static int check_machine(const el_plan_header* h) {
+  char target[sizeof h->target + 1];
+  memcpy(target, h->target, sizeof h->target);
+  target[sizeof h->target] = 0;
+  if (h->arch != HOST_ARCH)
+    return el_error("kernels.so was built for %s (target %s), this machine is %s: compile the package with "
+                    ARCH_HINT, arch_name(h->arch), target[0] ? target : "?", HOST_NAME);
+  /* features: "avx2,fma" (LLVM "+avx2" and "-feature" entries tolerated) */
+  char feats[sizeof h->features + 1];
+  memcpy(feats, h->features, sizeof h->features);
+  feats[sizeof h->features] = 0;
+  for (char *save = NULL, *tok = strtok_r(feats, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+    if (*tok == '-') continue;
+    if (*tok == '+') tok++;
+    if (*tok && cpu_has(tok) == 0)
+      return el_error("kernels.so needs the CPU feature %s, which this CPU lacks (package target %s): compile the "
+                      "package with " FEATURE_HINT, tok, target[0] ? target : "?");
+  }
+  return 0;
+}
+
+#ifdef EL_STATIC_KERNELS
+/* Kernels linked into this binary (a static executable cannot dlopen: Android's loader refuses, glibc's is
+ * fragile). TVM's system-lib object registers each function from a static initializer, before main. */
+typedef struct {
+  const char* name;
+  void* ptr;
+} sys_sym;
+static sys_sym* sys_syms;
+static int n_sys_syms, cap_sys_syms;
+
+EL_API int TVMFFIEnvModRegisterSystemLibSymbol(const char* name, void* ptr) {
+  if (n_sys_syms == cap_sys_syms) {
+    int cap = cap_sys_syms ? 2 * cap_sys_syms : 64;
+    sys_sym* grown = realloc(sys_syms, sizeof *grown * (size_t)cap);
+    if (!grown) return -1;
+    sys_syms = grown, cap_sys_syms = cap;
+  }
+  sys_syms[n_sys_syms++] = (sys_sym){name, ptr}; /* name: a string constant of the kernels object */
+  return 0;
+}
+
+static void* sys_lookup(const char* name) {
+  for (int i = 0; i < n_sys_syms; i++)
+    if (!strcmp(sys_syms[i].name, name)) return sys_syms[i].ptr;
+  return NULL;
+}
+
+extern void (*__edgellm_error_hook)(const char* msg); /* runtime/kernel_shim.c, linked in */
+
+#ifndef EL_STATIC_BARRIERS
+#define EL_STATIC_BARRIERS 1 /* unknown: assume the kernels may call TVMBackendParallelBarrier */
+#endif
+
+static int open_kernels(el_model* m, const char* path) {
+  (void)path;
+  __edgellm_error_hook = kernel_error_hook;
+  m->barriers = EL_STATIC_BARRIERS;
+  m->kfn = calloc(m->h.n_kernels + 1, sizeof *m->kfn);
+  if (!m->kfn) return el_error("out of memory");
+  for (uint32_t i = 0; i < m->h.n_kernels; i++) {
+    char sym[96];
+    snprintf(sym, sizeof sym, "__tvm_ffi_%s", m->kernels[i].name);
+    if (!(m->kfn[i] = (TVMFFISafeCallType)sys_lookup(sym)))
+      return el_error("this binary has the kernels of another package linked in (no %s, plan kernel %u): run the "
+                      "package with its own bin/edgellm-run, or recompile it", sym, i);
+  }
+  return 0;
+}
+
+static int check_kernels_file(const el_plan_header* h, const char* path) {
+  (void)path;
+  return check_machine(h);
+}
+#else
 static int check_kernels_file(const el_plan_header* h, const char* path) {
   unsigned char e[64] = {0};
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -501,25 +587,11 @@ static int check_kernels_file(const el_plan_header* h, const char* path) {
   target[sizeof h->target] = 0;
   if (em != HOST_EM)
     return el_error("kernels.so was built for %s (target %s), this machine is %s: compile the package with "
-                    "--target host", em_name(em), target[0] ? target : "?", HOST_NAME);
+                    ARCH_HINT, em_name(em), target[0] ? target : "?", HOST_NAME);
   if ((e[4] == 2) != (sizeof(void*) == 8))
-    return el_error("kernels.so is %d-bit, this runtime is %d-bit: compile the package with --target host",
+    return el_error("kernels.so is %d-bit, this runtime is %d-bit: compile the package with " ARCH_HINT,
                     e[4] == 2 ? 64 : 32, (int)sizeof(void*) * 8);
-  if (h->arch != HOST_ARCH)
-    return el_error("kernels.so was built for %s (target %s), this machine is %s: compile the package with "
-                    "--target host", arch_name(h->arch), target[0] ? target : "?", HOST_NAME);
-  /* features: "avx2,fma" (LLVM "+avx2" and "-feature" entries tolerated) */
-  char feats[sizeof h->features + 1];
-  memcpy(feats, h->features, sizeof h->features);
-  feats[sizeof h->features] = 0;
-  for (char *save = NULL, *tok = strtok_r(feats, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
-    if (*tok == '-') continue;
-    if (*tok == '+') tok++;
-    if (*tok && cpu_has(tok) == 0)
-      return el_error("kernels.so needs the CPU feature %s, which this CPU lacks (package target %s): compile the "
-                      "package with --target host", tok, target[0] ? target : "?");
-  }
-  return 0;
+  return check_machine(h);
 }
 
 static int open_kernels(el_model* m, const char* path) {
@@ -558,6 +630,7 @@ static int open_kernels(el_model* m, const char* path) {
   }
   return 0;
 }
+#endif /* EL_STATIC_KERNELS */
 
 /* Public API: load / free ------------------------------------------------------------------------------------ */
 
@@ -568,7 +641,9 @@ EL_API void el_free(el_model* m) {
   if (m->arena) munmap(m->arena, m->arena_map);
   if (m->caches) munmap(m->caches, m->caches_map);
   free(m->kfn);
+#ifndef EL_STATIC_KERNELS
   if (m->dl) dlclose(m->dl);
+#endif
   free(m->plan);
   free(m);
 }

@@ -1,11 +1,18 @@
 """Target registry: what each `--target` name means for TVM (target dict), the C toolchain, the kernel flavour
-(vector width) and the CPU features the generated code needs at run time."""
+(vector width, integer dot-product path) and the CPU features the generated code needs at run time.
+
+Cross targets (aarch64): kernels and the `edgellm-run` device binary are built with Debian's
+gcc-aarch64-linux-gnu, or zig (PyPI `ziglang`) when that gcc is missing; android-cpu uses the NDK's clang when
+ANDROID_NDK_HOME is set. `run_prefix` is how this machine runs the target's binaries (qemu-user for aarch64)."""
 from __future__ import annotations
 
 import os
 import platform
+import shlex
 import shutil
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import CompileError
 
@@ -26,13 +33,21 @@ class Target:
     vector_lanes: int             # f32 lanes per SIMD register: picks the schedule flavour
     prefill_chunk: int = 32
     page_size: int = 4096
-    quants: tuple[str, ...] = ("f32", "f16")
+    quants: tuple[str, ...] = ("f32", "f16", "q8", "q4g32", "q4g64", "q4g128", "t2")
     notes: dict = field(default_factory=dict)
+    kernels: str = ""             # kernel flavour: "avx512" | "avx2" | "neon" | "neon-sdot" | "neon-sdot-i8mm"
+    static_binary: bool = False   # edgellm-run linked -static, kernels linked into it (no dlopen)
+    run_prefix: tuple[str, ...] = ()   # how this machine runs the target's binaries (qemu-user), () natively
 
     def tvm_target(self):
         import tvm
 
         return tvm.target.Target(self.tvm)
+
+    @property
+    def cc_cmd(self) -> list[str]:
+        """The C compiler as an argv prefix (cc may be a command with arguments, e.g. zig)."""
+        return shlex.split(self.cc)
 
 
 def _host_x86_features() -> tuple[str, ...]:
@@ -51,19 +66,84 @@ def _host() -> Target:
     from tvm.target import codegen
 
     feats = _host_x86_features()
+    wide = "avx512f" in feats and "avx512vnni" in feats
     return Target("host", f"this machine's CPU ({codegen.llvm_get_system_cpu()}, "
                   f"{'AVX-512' if 'avx512f' in feats else 'AVX2'})", "x86_64",
                   {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": os.cpu_count() or 1},
-                  "gcc", feats, 16 if "avx512f" in feats else 8)
+                  # the 16-lane kernels' integer path needs VNNI (an AVX-512 CPU without it gets the AVX2 flavour)
+                  "gcc", feats, 16 if wide else 8, kernels="avx512" if wide else "avx2")
 
 
 _STATIC = {
     "x86-avx2": Target("x86-avx2", "any x86-64 CPU with AVX2+FMA (Haswell, Zen 1 and later)", "x86_64",
-                       {"kind": "llvm", "mcpu": "haswell"}, "gcc", ("avx2", "fma", "f16c"), 8),
-    "x86-avx512": Target("x86-avx512", "x86-64 CPUs with AVX-512 (Skylake-SP, Ice Lake, Zen 4 and later)", "x86_64",
-                         {"kind": "llvm", "mcpu": "skylake-avx512"}, "gcc",
-                         ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"), 16),
+                       {"kind": "llvm", "mcpu": "haswell"}, "gcc", ("avx2", "fma", "f16c"), 8, kernels="avx2"),
+    # VNNI is part of the definition: the 16-lane integer kernels are built on vpdpbusd (Skylake-SP lacks it: x86-avx2)
+    "x86-avx512": Target("x86-avx512", "x86-64 CPUs with AVX-512 VNNI (Cascade Lake, Ice Lake, Zen 4 and later)",
+                         "x86_64", {"kind": "llvm", "mcpu": "cascadelake"}, "gcc",
+                         ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni"), 16, kernels="avx512"),
 }
+
+A64_GNU = "aarch64-linux-gnu"
+QEMU_A64 = ("qemu-aarch64", "-L", "/usr/aarch64-linux-gnu")   # -L: the cross glibc (libc6-arm64-cross)
+ANDROID_API = 28
+
+
+def _a64_cc(static: bool = False) -> str:
+    """Debian's cross gcc, else zig from PyPI (`pip install ziglang`; musl for static binaries)."""
+    if shutil.which(f"{A64_GNU}-gcc") or not _has_zig():
+        return f"{A64_GNU}-gcc"
+    return f"{shlex.quote(sys.executable)} -m ziglang cc -target {'aarch64-linux-musl' if static else A64_GNU}"
+
+
+def _has_zig() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ziglang") is not None
+
+
+def _ndk_clang() -> str | None:
+    """The NDK's aarch64 clang for API level ANDROID_API when ANDROID_NDK_HOME is set (and holds it)."""
+    ndk = os.environ.get("ANDROID_NDK_HOME")
+    if not ndk:
+        return None
+    host = "darwin-x86_64" if sys.platform == "darwin" else "linux-x86_64"
+    cc = Path(ndk) / "toolchains" / "llvm" / "prebuilt" / host / "bin" / f"aarch64-linux-android{ANDROID_API}-clang"
+    return str(cc) if cc.is_file() else None
+
+
+def _arm_targets() -> dict[str, Target]:
+    a64 = {"kind": "llvm", "mtriple": A64_GNU}
+    ndk = _ndk_clang()
+    android_cc = shlex.quote(ndk) if ndk else _a64_cc(static=True)
+    return {
+        "rpi4": Target("rpi4", "Raspberry Pi 4 (Cortex-A72, NEON, no dot product; 64-bit Raspberry Pi OS)", "aarch64",
+                       {**a64, "mcpu": "cortex-a72", "mattr": ["+neon"], "num-cores": 4}, _a64_cc(), ("neon",), 4,
+                       page_size=4096, kernels="neon", run_prefix=QEMU_A64,
+                       notes={"binary": "dynamic (glibc)", "runs": "64-bit Raspberry Pi OS / Debian / Ubuntu on a Pi 4 "
+                              "or any ARMv8.0-A Linux with NEON"}),
+        "rpi5": Target("rpi5", "Raspberry Pi 5 (Cortex-A76, NEON + SDOT dot product; 64-bit Raspberry Pi OS)", "aarch64",
+                       {**a64, "mcpu": "cortex-a76", "mattr": ["+neon", "+dotprod", "+fullfp16"], "num-cores": 4},
+                       _a64_cc(), ("neon", "dotprod"), 4, page_size=16384, kernels="neon-sdot", run_prefix=QEMU_A64,
+                       notes={"binary": "dynamic (glibc)", "runs": "a Pi 5 (its 16 KiB-page kernel included) or any "
+                              "ARMv8.2-A Linux with dotprod (Cortex-A55/A76 and later, Graviton 2+)"}),
+        "android-cpu": Target(
+            "android-cpu", "Android phones, CPU (ARMv8.2-A + dotprod + i8mm: Snapdragon 8 Gen 2/3 class); static "
+            f"edgellm-run for adb shell{'' if ndk else ' (no ANDROID_NDK_HOME: built with the glibc -static stand-in)'}",
+            "aarch64",
+            {"kind": "llvm", "mtriple": f"aarch64-linux-android{ANDROID_API}", "mcpu": "cortex-a76",
+             "mattr": ["+neon", "+dotprod", "+fullfp16", "+i8mm"], "num-cores": 8},
+            android_cc, ("neon", "dotprod", "i8mm"), 4, page_size=16384, kernels="neon-sdot-i8mm",
+            static_binary=True, run_prefix=("qemu-aarch64",),
+            notes={"binary": "static, kernels linked in (Android's loader cannot dlopen from a static binary)",
+                   "toolchain": "NDK clang" if ndk else "aarch64-linux-gnu-gcc -static (stand-in: glibc instead of "
+                   "bionic; same instructions and syscalls, runs from adb shell too; set ANDROID_NDK_HOME for the NDK)",
+                   "runs": "64-bit Android 9+ phones whose CPUs have dotprod and i8mm (Cortex-A510/A710/X2 and "
+                   "later: Snapdragon 8 Gen 1+, Dimensity 9000+); decode GEMVs use SDOT, prefill GEMMs i8mm SMMLA"}),
+    }
+
+
+def _all_static() -> dict[str, Target]:
+    return {**_STATIC, **_arm_targets()}
 
 
 def list_targets() -> list[Target]:
@@ -72,19 +152,22 @@ def list_targets() -> list[Target]:
         out.append(_host())
     except CompileError:
         pass
-    return out + list(_STATIC.values())
+    return out + list(_all_static().values())
 
 
 def get_target(name: str) -> Target:
     if name == "host":
         return _host()
-    if name in _STATIC:
-        return _STATIC[name]
-    names = ", ".join(["host", *_STATIC])
+    static = _all_static()
+    if name in static:
+        return static[name]
+    names = ", ".join(["host", *static])
     raise CompileError(f"unknown target '{name}': choose one of {names} (see `edgellm targets`)")
 
 
 def check_toolchain(t: Target) -> None:
-    if shutil.which(t.cc) is None:
-        raise CompileError(f"target {t.name} needs the C compiler '{t.cc}', which is not on PATH: install it "
-                           "(e.g. apt-get install gcc)")
+    cmd = t.cc_cmd
+    if not cmd or shutil.which(cmd[0]) is None:
+        hint = ("apt-get install gcc-aarch64-linux-gnu libc6-arm64-cross (or pip install ziglang)"
+                if t.arch == "aarch64" else "e.g. apt-get install gcc")
+        raise CompileError(f"target {t.name} needs the C compiler '{t.cc}', which is not on PATH: install it ({hint})")

@@ -213,3 +213,24 @@ def test_vnni_instructions_emitted():
     asm = tvm.compile(tvm.IRModule({name: func}), target=TARGET).mod.inspect_source("asm")
     assert "vpdpbusd" in asm
     assert packing.NR == 16
+
+
+# ------------------------------------------------------------------------------- quantized embedding, relu2
+
+@pytest.mark.parametrize("T,V,D", [(1, 997, 64), (16, 40, 32), (3, 16, 8), (5, 1001, 96)])
+def test_embed_q8_gathers_the_dequantized_rows(T, V, D):
+    """embed_q8 reads the q8 panel layout (incl. a tail panel when V % 16 != 0) and equals the dequantized table."""
+    r = np.random.default_rng(V + D)
+    parts = packing.quantize_q8(r.standard_normal((V, D)).astype(np.float32))
+    ids = r.integers(0, V, size=T).astype(np.int32)
+    ids[0] = V - 1
+    out = call(build("embed_q8", T=T, V=V, D=D)[1], [ids, parts["qweight"], parts["scales"]], T, D)
+    ref = ops.reference("embed_q8", [ids, parts["qweight"], parts["scales"]])
+    check(out, ref, rtol=0)
+    np.testing.assert_array_equal(out, packing.dequantize_q8(parts)[ids])
+
+
+def test_relu2_mul():
+    r = np.random.default_rng(1)
+    g, u = (r.standard_normal((7, 37)) * 3).astype(np.float32), r.standard_normal((7, 37)).astype(np.float32)
+    check(call(build("relu2_mul", T=7, F=37)[1], [g, u], 7, 37), ops.reference("relu2_mul", [g, u]))

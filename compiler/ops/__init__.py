@@ -51,6 +51,7 @@ class CpuInfo:
     vector_lanes: int  # f32 lanes per SIMD register: 16 AVX-512, 8 AVX2, 4 NEON
     num_threads: int = 2  # schedules may split parallel loops for this many threads
     arch: str = "x86_64"  # or "aarch64"
+    features: tuple[str, ...] = ()  # target CPU features the kernels may use (aarch64: "dotprod", "i8mm")
 
 
 # op -> ordered (param, short name in the kernel name, type, default or REQUIRED)
@@ -67,6 +68,8 @@ OPS = {
     "add": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
+    "relu2_mul": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
+    "embed_q8": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED)],
     "linear_q8": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
                   ("bias", "b", bool, False)],
     "linear_q4": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
@@ -113,6 +116,8 @@ def kernel_params(op: str, params: dict) -> dict:
         out[name] = v
     if op == "attention" and out["NH"] % out["KVH"]:
         raise ValueError(f"attention: NH={out['NH']} is not a multiple of KVH={out['KVH']}")
+    if op == "embed_q8" and out["D"] % 4:
+        raise ValueError(f"embed_q8: D={out['D']} must be a multiple of 4")
     if op == "rope" and out["D"] % 2:
         raise ValueError(f"rope: D={out['D']} must be even")
     if op == "linear_q4":
@@ -152,6 +157,10 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         return _ew.swiglu(simple_cpu, p["T"], p["F"])
     if op == "copy":
         return _ew.copy(simple_cpu, p["R"], p["N"])
+    if op == "relu2_mul":
+        return _ew.relu2_mul(simple_cpu, p["T"], p["F"])
+    if op == "embed_q8":
+        return _ew.embed_q8(simple_cpu, p["T"], p["V"], p["D"])
     raise ValueError(op)
 
 

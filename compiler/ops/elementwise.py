@@ -1,4 +1,5 @@
-"""Memory-bound kernels: embed, rmsnorm, rope, add, swiglu, copy (hand-written TIR).
+"""Memory-bound kernels: embed (f32/f16 table or q8 panels), rmsnorm, rope, add, swiglu, relu2_mul, copy
+(hand-written TIR).
 
 All loops are vectorized with cpu.vector_lanes f32 lanes (main part) plus a scalar tail; the outer
 loop is parallel only when the kernel touches >= PARALLEL_MIN_ELEMS elements (below that the
@@ -29,6 +30,9 @@ def _flat(kind: str, cpu, R: int, N: int):
             return a[i] + b[i]
         if kind == "copy":
             return a[i]
+        if kind == "relu2_mul":  # BitNet's squared-ReLU gate: relu(g)^2 * u
+            r = T.max(a[i], T.float32(0))
+            return r * r * b[i]
         g = a[i]  # swiglu: g * sigmoid(g) * u
         return g * b[i] / (T.float32(1) + fast_exp(T.float32(0) - g))
 
@@ -74,6 +78,10 @@ def swiglu(cpu, T_: int, F: int):
     return _flat("swiglu", cpu, T_, F)
 
 
+def relu2_mul(cpu, T_: int, F: int):
+    return _flat("relu2_mul", cpu, T_, F)
+
+
 def copy(cpu, R: int, N: int):
     return _flat("copy", cpu, R, N)
 
@@ -101,6 +109,30 @@ def embed(cpu, T_: int, V: int, D: int, wdtype: str = "float32"):
             if Dm < D:
                 for d in range(Dm, D):
                     O[t, d] = w(Wb, I[t], d)
+    return kern
+
+
+def embed_q8(cpu, T_: int, V: int, D: int):
+    """Gather rows of a q8 table (quant/packing.py layout: 16-row panels of 4-byte chunks, code = q + 128,
+    one f32 scale per row), so a tied embedding / lm_head is stored once, in the head's scheme."""
+    full = (V // 16) * 16
+    outer = _outer(T_ * D)
+
+    @T.prim_func
+    def kern(ids: T.handle, qw: T.handle, sc: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        I = T.match_buffer(ids, (T_,), "int32")
+        Q = T.match_buffer(qw, (V, D), "uint8")
+        S = T.match_buffer(sc, (V,), F32)
+        O = T.match_buffer(o, (T_, D), F32)
+        Qf = T.decl_buffer((V * D,), "uint8", data=Q.data)
+        for t in outer(T_):
+            row: T.let = T.Cast("int64", T.max(T.min(I[t], V - 1), 0))
+            rp: T.let = T.if_then_else(row < full, T.int64(16), T.int64(V - full))
+            base: T.let = (row // 16) * 16 * D + (row % 16) * 4
+            for c in range(D // 4):
+                for b in T.vectorized(4):
+                    O[t, c * 4 + b] = (T.Cast(F32, Qf[base + c * 4 * rp + b]) - T.float32(128)) * S[row]
     return kern
 
 

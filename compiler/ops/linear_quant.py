@@ -23,7 +23,12 @@ of row r, and multiplied with the 4 matching int8 activations broadcast to all l
      unsigned-code offset is removed once per block: isum = sum(code * xq) - offset * sum(xq).
   AVX2 (vector_lanes 8, x86): vpmaddubsw + vpmaddwd per 8 rows x 4 k (q4/t2 codes <= 15 never saturate the
      int16 pairs); q8 uses the sign trick (|x| u8 x sign(w, x) s8, <= 2 * 127 * 127) on signed codes.
-  other (NEON, ...): the same loops in plain integer TIR (LLVM vectorizes them).
+  aarch64 with dotprod (rpi5, android-cpu): one SDOT per 4 rows x 4 k (each 16-byte quarter of a chunk, the
+     activation word broadcast); q4/t2 codes (<= 15) are valid int8 as they are, q8 codes are flipped to signed.
+  aarch64 with i8mm (android-cpu), prefill only: SMMLA, 2 rows x 2 tokens x 8 k per instruction; the operands of
+     k0..3 and k4..7 are zipped per row pair (zip1/zip2 .4s), tokens go in pairs (Tt = 4), and the 2x2 tiles are
+     put back in token order once per block.
+  other (NEON without dotprod: rpi4, ...): the same loops in plain integer TIR (LLVM lowers them to smull/smlal).
 T == 1 (decode GEMV, memory bound): parallel over panels; 2 (q8: alternating chunks; q4: one per nibble) or
   4 (t2: one per bit pair) independent int accumulators per panel, so on VNNI the codes are only masked in
   place (v & 0xF0 = 16 * code) and each accumulator is shifted back exactly once per block (q4) or per row
@@ -61,11 +66,15 @@ PREMUL_UNPACK = True   # GEMV on VNNI: mask codes in place (no shifts), rescale 
 
 def path_for(cpu) -> str:
     """Which integer dot-product flavour a CpuInfo gets: 'vnni' (x86 with 16 f32 lanes: AVX-512 + VNNI, i.e.
-    Cascade Lake / Ice Lake / Zen 4 and later), 'avx2' (x86 with 8 lanes) or 'generic' (plain TIR)."""
+    Cascade Lake / Ice Lake / Zen 4 and later), 'avx2' (x86 with 8 lanes), 'sdot' (aarch64 with the dotprod
+    extension: Cortex-A55/A76 and later) or 'generic' (plain TIR; on aarch64 without dotprod LLVM lowers it to
+    NEON widening multiplies and adds)."""
     if cpu.arch == "x86_64" and cpu.vector_lanes >= 16:
         return "vnni"
     if cpu.arch == "x86_64" and cpu.vector_lanes == 8:
         return "avx2"
+    if cpu.arch == "aarch64" and "dotprod" in getattr(cpu, "features", ()):
+        return "sdot"
     return "generic"
 
 
@@ -96,9 +105,41 @@ def dot4(path, acc, w, xq, off):
             p = T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", T.reinterpret("int8x32", h), xb)
             parts.append(T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", p, T.Broadcast(T.int16(1), 16)))
         return acc + T.Shuffle(parts, list(range(16)))
+    if path == "sdot":
+        return dot4_sdot(acc, T.reinterpret("int8x64", w), xq, off)
     terms = [T.Cast("int32x16", T.Shuffle([w], [4 * r + b for r in range(16)])) *
              T.Broadcast(T.Cast(I32, xq[off + b]), 16) for b in range(4)]
     return acc + ((terms[0] + terms[1]) + (terms[2] + terms[3]))
+
+
+def dot4_sdot(acc, w, xq, off):
+    """aarch64 SDOT: w int8x64 (4 quarters of rows 0-3, 4-7, 8-11, 12-15), each lane += 4-way int8 dot product
+    with the 4 activations xq[off:off+4] broadcast (sdot's indexed form). Signed x signed: q4/t2 codes (<= 15)
+    are valid int8 as they are; q8 codes are flipped to signed first (code ^ 128 = q)."""
+    xb = T.reinterpret("int8x16", T.Broadcast(_xword(xq, off), 4))
+    accs = _halves(acc, 4, 4)
+    res = [T.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.sdot", accs[q],
+                                   T.Shuffle([w], list(range(16 * q, 16 * q + 16))), xb) for q in range(4)]
+    return concat_vecs(res, 4)
+
+
+def mmla8(acc, ua, ub, xq, off0, off1):
+    """aarch64 i8mm SMMLA for 16 rows x 2 tokens x 8 k. acc int32x32: 8 row pairs, each [r0 t0, r0 t1, r1 t0,
+    r1 t1] (smmla's 2x2 tile); ua / ub: the int8x64 operands of k0..k3 / k4..k7 (row r in bytes 4r..4r+3), zipped
+    per row pair into smmla's 2x8 A; xq[off0:off0+8], xq[off1:off1+8]: the two tokens' activations (its B)."""
+    wa, wb = T.reinterpret("int8x64", ua), T.reinterpret("int8x64", ub)
+    xb = T.Shuffle([xq[T.Ramp(off0, 1, 8)], xq[T.Ramp(off1, 1, 8)]], list(range(16)))
+    res = []
+    for q, a in enumerate(_halves(acc, 8, 4)):
+        idx = [*range(8 * q, 8 * q + 4), *range(64 + 8 * q, 68 + 8 * q), *range(8 * q + 4, 8 * q + 8),
+               *range(68 + 8 * q, 72 + 8 * q)]
+        res.append(T.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.smmla", a, T.Shuffle([wa, wb], idx), xb))
+    return concat_vecs(res, 4)
+
+
+def mmla_tokens(acc):
+    """The int32x32 of mmla8 in token-major order: token 0's 16 rows, then token 1's."""
+    return T.Shuffle([acc], [(r // 2) * 4 + (r % 2) * 2 + t for t in range(2) for r in range(16)])
 
 
 def dot4_signed_avx2(acc, w, xq, off):
@@ -245,8 +286,17 @@ def _drop_bias(func, bias: bool, index: int):
     return tirx.PrimFunc(params, func.body, func.ret_type, func.attrs)
 
 
-def _tt(path, T_, vnni_tt):
-    return 1 if T_ == 1 else min(T_, vnni_tt if path == "vnni" else 2)
+def _tt(path, T_, vnni_tt, mm=False):
+    """Tokens per register block of the prefill GEMM (AVX-512 and NEON have 32 vector registers; SMMLA works on
+    token pairs, a ragged last pair repeats the last token)."""
+    if mm:
+        return 4 if T_ >= 3 else 2
+    return 1 if T_ == 1 else min(T_, vnni_tt if path == "vnni" else 4 if path == "sdot" else 2)
+
+
+def _use_mmla(cpu, path, T_) -> bool:
+    """Prefill GEMMs on aarch64 with i8mm use SMMLA (2 tokens x 2 rows x 8 k per instruction); decode keeps SDOT."""
+    return path == "sdot" and T_ > 1 and "i8mm" in getattr(cpu, "features", ())
 
 
 # ---------------------------------------------------------------------------------------- q8 / q4 kernels
@@ -255,12 +305,14 @@ def block_kernel(cpu, scheme: str, T_: int, N: int, K: int, G: int | None, bias:
     path = path_for(cpu)
     g = _Geo(scheme, T_, N, K, G)
     group = scheme == "q4"
-    signed_w = scheme == "q8" and path == "avx2"
+    signed_w = scheme == "q8" and path in ("avx2", "sdot")
     corr_mul = 0 if signed_w else g.off
     BPR, NCH, SUB, NBf, R, KB, KG = g.BPR, g.NCH, g.SUB, g.NBf, g.R, g.KB, g.KG
     CPB = QA // g.kpc                       # chunks per activation block
     BPG = (G // QA) if group else 1         # activation blocks per scale group
-    Tt = _tt(path, T_, 8)
+    mm = _use_mmla(cpu, path, T_)
+    NPAIR = CPB * SUB // 2                  # SMMLA: 8-k operand pairs per block
+    Tt = _tt(path, T_, 8, mm)
     NA = 2 if Tt == 1 else 1                # independent int accumulators per token (latency of the dot chain)
     NTB = (T_ + Tt - 1) // Tt
     rag_t = T_ % Tt != 0
@@ -295,6 +347,8 @@ def block_kernel(cpu, scheme: str, T_: int, N: int, K: int, G: int | None, bias:
         return iacc[ti * NA * 16 + l] + (T.shift_right(hi, bits) if premul else hi)
 
     def dot(acc, w, xq, off):
+        if signed_w and path == "sdot":
+            return dot4_sdot(acc, T.reinterpret("int8x64", w), xq, off)
         if signed_w:
             return dot4_signed_avx2(acc, T.reinterpret("int8x64", w), xq, off)
         return dot4(path, acc, w, xq, off)
@@ -314,14 +368,27 @@ def block_kernel(cpu, scheme: str, T_: int, N: int, K: int, G: int | None, bias:
             for kb in range(KB):
                 for l in T.vectorized(Tt * NA * 16):
                     iacc[l] = 0
-                for c in T.unroll(CPB):
-                    v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + (kb * CPB + c) * 64, 1, 64)]
-                    for h in T.unroll(SUB):
-                        u: T.let[T.uint8x64] = operand(v, h)
-                        for ti in T.unroll(Tt):
-                            iacc[T.Ramp((ti * NA + (c * SUB + h) % NA) * 16, 1, 16)] = dot(
-                                iacc[T.Ramp((ti * NA + (c * SUB + h) % NA) * 16, 1, 16)], u, xq,
-                                trow(tb, ti) * K + kb * QA + c * g.kpc + h * 4)
+                if mm:
+                    for m in T.unroll(NPAIR):   # operands 2m, 2m+1 (chunk c = i // SUB, sub h = i % SUB): k 8m..8m+7
+                        ua: T.let[T.uint8x64] = operand(Wsrc[T.Ramp(wbase + (kb * CPB + (2 * m) // SUB) * 64, 1, 64)],
+                                                        (2 * m) % SUB)
+                        ub: T.let[T.uint8x64] = operand(Wsrc[T.Ramp(wbase + (kb * CPB + (2 * m + 1) // SUB) * 64, 1, 64)],
+                                                        (2 * m + 1) % SUB)
+                        for tp in T.unroll(Tt // 2):
+                            iacc[T.Ramp(tp * 32, 1, 32)] = mmla8(iacc[T.Ramp(tp * 32, 1, 32)], ua, ub, xq,
+                                                                 trow(tb, 2 * tp) * K + kb * QA + 8 * m,
+                                                                 trow(tb, 2 * tp + 1) * K + kb * QA + 8 * m)
+                    for tp in T.unroll(Tt // 2):
+                        iacc[T.Ramp(tp * 32, 1, 32)] = mmla_tokens(iacc[T.Ramp(tp * 32, 1, 32)])
+                else:
+                    for c in T.unroll(CPB):
+                        v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + (kb * CPB + c) * 64, 1, 64)]
+                        for h in T.unroll(SUB):
+                            u: T.let[T.uint8x64] = operand(v, h)
+                            for ti in T.unroll(Tt):
+                                iacc[T.Ramp((ti * NA + (c * SUB + h) % NA) * 16, 1, 16)] = dot(
+                                    iacc[T.Ramp((ti * NA + (c * SUB + h) % NA) * 16, 1, 16)], u, xq,
+                                    trow(tb, ti) * K + kb * QA + c * g.kpc + h * 4)
                 for ti in T.unroll(Tt):
                     for l in T.vectorized(16):
                         facc[ti * 16 + l] = facc[ti * 16 + l] + T.Cast(
@@ -396,7 +463,8 @@ def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool):
     path = path_for(cpu)
     g = _Geo("t2", T_, N, K)
     BPR, NCH, NBf, R = g.BPR, g.NCH, g.NBf, g.R
-    Tt = _tt(path, T_, 8)
+    mm = _use_mmla(cpu, path, T_)
+    Tt = _tt(path, T_, 8, mm)
     NA = 4 if Tt == 1 else 1
     NTB = (T_ + Tt - 1) // Tt
     rag_t = T_ % Tt != 0
@@ -434,11 +502,24 @@ def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool):
                 iacc[l] = 0
             for ch in range(NCH):
                 v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + ch * 64, 1, 64)]
-                for j in T.unroll(4):
-                    u: T.let[T.uint8x64] = operand(v, j)
-                    for ti in T.unroll(Tt):
-                        iacc[T.Ramp((ti * NA + j % NA) * 16, 1, 16)] = dot4(
-                            path, iacc[T.Ramp((ti * NA + j % NA) * 16, 1, 16)], u, xq, trow(tb, ti) * K + ch * 16 + 4 * j)
+                if mm:
+                    for m in T.unroll(2):   # bit pairs 2m, 2m+1: k 16ch + 8m .. +7
+                        ua: T.let[T.uint8x64] = operand(v, 2 * m)
+                        ub: T.let[T.uint8x64] = operand(v, 2 * m + 1)
+                        for tp in T.unroll(Tt // 2):
+                            iacc[T.Ramp(tp * 32, 1, 32)] = mmla8(iacc[T.Ramp(tp * 32, 1, 32)], ua, ub, xq,
+                                                                 trow(tb, 2 * tp) * K + ch * 16 + 8 * m,
+                                                                 trow(tb, 2 * tp + 1) * K + ch * 16 + 8 * m)
+                else:
+                    for j in T.unroll(4):
+                        u: T.let[T.uint8x64] = operand(v, j)
+                        for ti in T.unroll(Tt):
+                            iacc[T.Ramp((ti * NA + j % NA) * 16, 1, 16)] = dot4(
+                                path, iacc[T.Ramp((ti * NA + j % NA) * 16, 1, 16)], u, xq,
+                                trow(tb, ti) * K + ch * 16 + 4 * j)
+            if mm:
+                for tp in T.unroll(Tt // 2):
+                    iacc[T.Ramp(tp * 32, 1, 32)] = mmla_tokens(iacc[T.Ramp(tp * 32, 1, 32)])
             for ti in T.unroll(Tt):
                 if tb * Tt + ti < T_:
                     if full:

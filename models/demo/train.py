@@ -422,7 +422,10 @@ def write_tokenizer(tok, d: Path):
     d.mkdir(parents=True, exist_ok=True)
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2) + "\n")
-    gen = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+    # `edgellm run` (like transformers' generate) samples with these when the command line gives no setting:
+    # greedy decoding loops on models this small
+    gen = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0, "do_sample": True, "temperature": 0.8,
+           "top_k": 40, "top_p": 0.95, "repetition_penalty": 1.1}
     (d / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
 
 

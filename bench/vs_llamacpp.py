@@ -1,0 +1,423 @@
+"""edgellm vs llama.cpp on the same weights, same threads, same machine, in one interleaved run (issue 5).
+
+    python bench/vs_llamacpp.py [--size small|1b] [--schemes f16,q8,q4g32,t2] [--rounds 3] [--threads 2]
+                                [--ternary] [--work DIR] [--llama-bench PATH] [--json]
+
+1. generates a seeded random Llama in Hugging Face format (f16 safetensors, written one tensor at a time):
+   `small` ~110M (dim 768, 12 layers, 12 heads, ffn 2048, vocab 32000, tied embeddings) or `1b` (TinyLlama shape:
+   dim 2048, 22 layers, 32 heads / 4 KV heads, ffn 5632, vocab 32000); `--ternary` makes every linear weight exactly
+   absmean-ternary per row (so t2 and TQ2_0 hold the same weights losslessly);
+2. compiles it with edgellm for each scheme (a scheme that does not compile gets an "n/a" row);
+3. builds llama.cpp's llama-bench and llama-quantize from PyPI's llama-cpp-python 0.3.36 sdist (vendored llama.cpp
+   commit 0c1e57098; -DGGML_NATIVE=ON; cached in the work dir) unless --llama-bench is given, writes the same weights
+   as an F16 GGUF (Q/K rows permuted like convert_hf_to_gguf.py) and quantizes it: f16->F16, q8->Q8_0,
+   q4g32->Q4_0, t2->TQ2_0;
+4. per scheme and round: memory read bandwidth (bench/membw.c), `edgellm bench --json`, `llama-bench -o json`,
+   alternately, with the same threads, prompt (-p) and generation (-n) lengths;
+5. prints one table: prefill and decode tok/s (median over rounds), edgellm/llama.cpp ratios (median, min-max over
+   rounds), bytes of weights read per decoded token, and that traffic as % of the read bandwidth measured in the run.
+
+Both sides time decode from a different context: llama-bench's tg test decodes -n tokens from an empty cache,
+edgellm bench decodes after the -p prompt (the generate path), i.e. over a slightly longer context.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+LLAMA_CPP_PYTHON = "0.3.36"          # vendors llama.cpp 0c1e57098
+SDIST = f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
+
+SIZES = {
+    "small": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                  num_attention_heads=12, num_key_value_heads=12, head_dim=64, tie_word_embeddings=True),
+    "1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+               num_attention_heads=32, num_key_value_heads=4, head_dim=64, tie_word_embeddings=False),
+}
+GGUF_TYPE = {"f16": "F16", "q8": "Q8_0", "q4g32": "Q4_0", "t2": "TQ2_0"}
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+# ---- 1. model -------------------------------------------------------------------------------------------------
+def make_model(work: Path, size: str, seed: int, ternary: bool) -> Path:
+    from edgellm.models.synthetic import make_checkpoint
+
+    d = work / "models" / f"llama-{size}-seed{seed}{'-ternary' if ternary else ''}"
+    if not (d / "config.json").is_file():
+        log(f"generating {d.name} (f16 safetensors) ...")
+        t0 = time.perf_counter()
+        make_checkpoint(d, seed=seed, dtype="float16", tokenizer=False, ternary=ternary, streaming=True,
+                        max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, **SIZES[size])
+        log(f"  {time.perf_counter() - t0:.0f} s")
+    return d
+
+
+# ---- 2. edgellm packages --------------------------------------------------------------------------------------
+def compile_package(work: Path, model: Path, scheme: str, max_context: int) -> tuple[Path | None, str]:
+    out = work / "packages" / f"{model.name}-{scheme}.edgellm"
+    if (out / "manifest.json").is_file():
+        return out, ""
+    log(f"edgellm compile {model.name} -q {scheme} ...")
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "edgellm.cli", "compile", str(model), "-q", scheme, "-o", str(out),
+           "--max-context", str(max_context), "--quiet"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        why = (p.stderr.strip().splitlines() or ["failed"])[-1]
+        log(f"  {scheme}: n/a ({why})")
+        return None, why
+    log(f"  {time.perf_counter() - t0:.0f} s")
+    return out, ""
+
+
+# ---- 3. llama.cpp ---------------------------------------------------------------------------------------------
+def build_llamacpp(work: Path, jobs: int) -> tuple[Path, Path]:
+    """llama-bench and llama-quantize built from the llama-cpp-python sdist; cached under work/llama-build."""
+    build = work / "llama-build"
+    bench, quant = build / "bin" / "llama-bench", build / "bin" / "llama-quantize"
+    if bench.is_file() and quant.is_file():
+        return bench, quant
+    src = work / SDIST / "vendor" / "llama.cpp"
+    if not (src / "CMakeLists.txt").is_file():
+        tgz = work / f"{SDIST}.tar.gz"
+        if not tgz.is_file():
+            log(f"pip download llama-cpp-python=={LLAMA_CPP_PYTHON} (sdist) ...")
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", "llama-cpp-python", "--no-deps",
+                            f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)], check=True)
+        with tarfile.open(tgz) as t:
+            t.extractall(work, filter="data")
+    log(f"building llama-bench, llama-quantize (-j{jobs}, nice 19) in {build} ...")
+    t0 = time.perf_counter()
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    nice = ["nice", "-n", "19"] if shutil.which("nice") else []
+    subprocess.run([*nice, "cmake", "-S", str(src), "-B", str(build), *gen, "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+                    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([*nice, "cmake", "--build", str(build), "--target", "llama-bench", "llama-quantize", f"-j{jobs}"],
+                   check=True, stdout=subprocess.DEVNULL)
+    (build / "edgellm-build.json").write_text(json.dumps({"seconds": time.perf_counter() - t0, "jobs": jobs}))
+    log(f"  built in {time.perf_counter() - t0:.0f} s")
+    return bench, quant
+
+
+def _safetensors_views(path: Path) -> dict[str, np.ndarray]:
+    """Zero-copy (memory-mapped) arrays of a safetensors file."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    dt = {"F16": np.float16, "F32": np.float32}
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = e["data_offsets"]
+        out[name] = mm[8 + n + a: 8 + n + b].view(dt[e["dtype"]]).reshape(e["shape"])
+    return out
+
+
+def permute_qk(w: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
+    """convert_hf_to_gguf.py LlamaModel.permute: HF rotate_half row order -> GGML's interleaved rope pairs."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(model: Path, out: Path) -> Path:
+    """The checkpoint as an F16 llama GGUF (norms F32, as convert_hf_to_gguf.py writes them) with an SPM vocab:
+    <s> </s> <unk>, the 256 byte tokens, then filler pieces."""
+    import gguf
+
+    if out.is_file():
+        return out
+    cfg = json.loads((model / "config.json").read_text())
+    nh, nkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
+    hd, vocab = cfg.get("head_dim", d // nh), cfg["vocab_size"]
+    w = gguf.GGUFWriter(str(out) + ".tmp", "llama")
+    w.add_name(model.name)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(d)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_vocab_size(vocab)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"\u2581t{i}" for i in range(len(tokens), vocab)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    types += [gguf.TokenType.NORMAL] * (vocab - len(types))
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(vocab - 259)])
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    w.add_add_bos_token(False)
+    t = _safetensors_views(model / "model.safetensors")
+    w.add_tensor("token_embd.weight", t["model.embed_tokens.weight"])
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.asarray(t[p + "input_layernorm.weight"], dtype=np.float32))
+        w.add_tensor(f"blk.{i}.attn_q.weight", permute_qk(np.asarray(t[p + "self_attn.q_proj.weight"]), nh, nh))
+        w.add_tensor(f"blk.{i}.attn_k.weight", permute_qk(np.asarray(t[p + "self_attn.k_proj.weight"]), nh, nkv))
+        w.add_tensor(f"blk.{i}.attn_v.weight", t[p + "self_attn.v_proj.weight"])
+        w.add_tensor(f"blk.{i}.attn_output.weight", t[p + "self_attn.o_proj.weight"])
+        w.add_tensor(f"blk.{i}.ffn_norm.weight",
+                     np.asarray(t[p + "post_attention_layernorm.weight"], dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", t[p + "mlp.gate_proj.weight"])
+        w.add_tensor(f"blk.{i}.ffn_up.weight", t[p + "mlp.up_proj.weight"])
+        w.add_tensor(f"blk.{i}.ffn_down.weight", t[p + "mlp.down_proj.weight"])
+    w.add_tensor("output_norm.weight", np.asarray(t["model.norm.weight"], dtype=np.float32))
+    if "lm_head.weight" in t:
+        w.add_tensor("output.weight", t["lm_head.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(str(out) + ".tmp", out)
+    return out
+
+
+def quantize_gguf(quantize: Path, f16: Path, gtype: str, threads: int) -> tuple[Path | None, str]:
+    if gtype == "F16":
+        return f16, ""
+    out = f16.with_name(f16.name.replace("-F16.gguf", f"-{gtype}.gguf"))
+    if out.is_file():
+        return out, ""
+    log(f"llama-quantize {gtype} ...")
+    try:
+        p = subprocess.run([str(quantize), str(f16), str(out) + ".tmp", gtype, str(threads)], capture_output=True,
+                           text=True)
+    except OSError as e:
+        log(f"  {gtype}: n/a ({e})")
+        return None, str(e)
+    if p.returncode != 0:
+        why = (p.stderr.strip().splitlines() or ["failed"])[-1]
+        log(f"  {gtype}: n/a ({why})")
+        return None, why
+    os.replace(str(out) + ".tmp", out)
+    return out, ""
+
+
+def gguf_read_per_token(path: Path) -> int:
+    """Bytes of weights llama.cpp reads per decoded token: all tensors, token_embd only one row unless it is also
+    the output matrix (no output.weight)."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    names = {t.name for t in r.tensors}
+    total = 0
+    for t in r.tensors:
+        if t.name == "token_embd.weight" and "output.weight" in names:
+            total += int(t.n_bytes) // int(t.shape[-1])   # GGUF shape is (n_embd, n_vocab): rows are the last dim
+        else:
+            total += int(t.n_bytes)
+    return total
+
+
+# ---- 4. runs --------------------------------------------------------------------------------------------------
+def run_child(cmd: list[str]) -> tuple[str, float]:
+    """stdout of a command and its own peak RSS in MB (os.wait4: per child, not the max over all children)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if p.returncode != 0:
+            tail = err.read().strip().splitlines()[-3:]
+            raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {p.returncode}: {' | '.join(tail)}")
+        return out.read(), ru.ru_maxrss / 1024
+
+
+def build_membw(work: Path) -> Path:
+    exe = work / "membw"
+    src = HERE / "membw.c"
+    if not exe.is_file() or exe.stat().st_mtime < src.stat().st_mtime:
+        subprocess.run(["gcc", "-O3", "-march=native", "-pthread", str(src), "-o", str(exe)], check=True)
+    return exe
+
+
+def membw(exe: Path, threads: int) -> float:
+    out, _ = run_child([str(exe), str(threads), "1024", "8"])
+    return json.loads(out)["read_gbs_median"]
+
+
+def run_edgellm(pkg: Path, a) -> dict:
+    out, rss = run_child([sys.executable, "-m", "edgellm.cli", "bench", str(pkg), "--prompt-len", str(a.prompt_len),
+                          "--gen-len", str(a.gen_len), "--threads", str(a.threads), "--reps", str(a.reps), "--json"])
+    r = json.loads(out)
+    return {"prefill": r["prefill_tok_s"], "decode": r["decode_tok_s"], "ttft_s": r["ttft_s"], "rss_mb": rss,
+            "read_per_token": r["weights_read_per_token"]}
+
+
+def run_llamacpp(bench: Path, gguf_path: Path, a) -> dict:
+    out, rss = run_child([str(bench), "-m", str(gguf_path), "-t", str(a.threads), "-p", str(a.prompt_len),
+                          "-n", str(a.gen_len), "-r", str(a.reps), "-o", "json"])
+    res = {"rss_mb": rss}
+    for t in json.loads(out):
+        key = "prefill" if t["n_prompt"] > 0 and t["n_gen"] == 0 else "decode"
+        res[key] = statistics.median(t["samples_ts"])
+        res["model_size"] = t["model_size"]
+    return res
+
+
+# ---- 5. report ------------------------------------------------------------------------------------------------
+def summarize(rounds: list[dict]) -> dict:
+    e, lc = [r["edgellm"] for r in rounds], [r["llamacpp"] for r in rounds]
+    s = {}
+    for k in ("prefill", "decode"):
+        ratios = [x[k] / y[k] for x, y in zip(e, lc)]
+        s[k] = {"edgellm": statistics.median(x[k] for x in e), "llamacpp": statistics.median(y[k] for y in lc),
+                "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+    bw = statistics.median(r["membw_gbs"] for r in rounds)
+    s["membw_gbs"] = bw
+    s["read_per_token"] = {"edgellm": e[0]["read_per_token"], "llamacpp": lc[0]["read_per_token"]}
+    s["bw_pct"] = {side: 100 * s["read_per_token"][side] * s["decode"][side] / (bw * 1e9)
+                   for side in ("edgellm", "llamacpp")}
+    s["peak_rss_mb"] = {"edgellm": max(x["rss_mb"] for x in e), "llamacpp": max(y["rss_mb"] for y in lc)}
+    return s
+
+
+def table(result: dict) -> str:
+    hdr = ("| scheme (llama.cpp) | prefill tok/s edgellm / llama.cpp | ratio (min-max) | decode tok/s edgellm / llama.cpp "
+           "| ratio (min-max) | weights read/token MB edgellm / llama.cpp | % of mem BW edgellm / llama.cpp |")
+    lines = [hdr, "|" + "---|" * 7]
+    for scheme, r in result["schemes"].items():
+        name = f"{scheme} ({GGUF_TYPE[scheme]})"
+        if "summary" not in r:
+            lines.append(f"| {name} | n/a | | n/a | | | {r.get('error', '')} |")
+            continue
+        s = r["summary"]
+        p, d, rb, bw = s["prefill"], s["decode"], s["read_per_token"], s["bw_pct"]
+        lines.append(f"| {name} | {p['edgellm']:.1f} / {p['llamacpp']:.1f} | {p['ratio']:.2f} ({p['ratio_min']:.2f}-"
+                     f"{p['ratio_max']:.2f}) | {d['edgellm']:.1f} / {d['llamacpp']:.1f} | {d['ratio']:.2f} "
+                     f"({d['ratio_min']:.2f}-{d['ratio_max']:.2f}) | {rb['edgellm'] / 1e6:.1f} / "
+                     f"{rb['llamacpp'] / 1e6:.1f} | {bw['edgellm']:.0f} / {bw['llamacpp']:.0f} |")
+    m = result["meta"]
+    bws = [r["summary"]["membw_gbs"] for r in result["schemes"].values() if "summary" in r]
+    lines.append(f"\n{m['model']}: {m['threads']} threads, prompt {m['prompt_len']}, generate {m['gen_len']}, "
+                 f"{m['rounds']} interleaved rounds x {m['reps']} reps (medians); llama.cpp {m['llamacpp']}; "
+                 f"read bandwidth ({m['threads']} threads) {min(bws, default=0):.1f}-{max(bws, default=0):.1f} GB/s")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", choices=sorted(SIZES), default="small")
+    ap.add_argument("--schemes", default="f16,q8,q4g32,t2", help="comma list of " + ",".join(GGUF_TYPE))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="repetitions inside each bench process (median)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--gen-len", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ternary", action="store_true", help="exactly absmean-ternary linear weights (per row)")
+    ap.add_argument("--work", default=os.path.expanduser("~/.cache/edgellm/bench"))
+    ap.add_argument("--llama-bench", default=None, help="use this llama-bench instead of building one")
+    ap.add_argument("--llama-quantize", default=None, help="[default: llama-quantize beside --llama-bench]")
+    ap.add_argument("--jobs", type=int, default=2, help="build parallelism for llama.cpp")
+    ap.add_argument("--json", action="store_true", help="print the whole result as JSON (the table goes to stderr)")
+    a = ap.parse_args(argv)
+    schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
+    bad = [s for s in schemes if s not in GGUF_TYPE]
+    if bad or a.rounds < 1:
+        ap.error(f"unknown scheme(s) {bad}: choose from {','.join(GGUF_TYPE)}" if bad else "--rounds must be >= 1")
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        ap.error("the GGUF writer is missing: pip install gguf")
+    work = Path(a.work).expanduser()
+    work.mkdir(parents=True, exist_ok=True)
+
+    if a.llama_bench:
+        lbench = Path(a.llama_bench)
+        if not lbench.is_file():
+            ap.error(f"--llama-bench {lbench} does not exist")
+        lquant = Path(a.llama_quantize) if a.llama_quantize else lbench.with_name("llama-quantize")
+        version = str(lbench)
+    else:
+        lbench, lquant = build_llamacpp(work, a.jobs)
+        version = f"0c1e57098 (llama-cpp-python {LLAMA_CPP_PYTHON} sdist), GGML_NATIVE=ON"
+    model = make_model(work, a.size, a.seed, a.ternary)
+    (work / "gguf").mkdir(exist_ok=True)
+    f16 = write_gguf(model, work / "gguf" / f"{model.name}-F16.gguf")
+    mbw = build_membw(work)
+    max_ctx = max(256, a.prompt_len + a.gen_len)
+    n_params = sum(v.size for v in _safetensors_views(model / "model.safetensors").values())
+
+    result = {"meta": {"model": f"{model.name} ({n_params / 1e6:.0f}M params)",
+                       "threads": a.threads, "prompt_len": a.prompt_len, "gen_len": a.gen_len, "rounds": a.rounds,
+                       "reps": a.reps, "llamacpp": version, "cpu": _cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M")},
+              "schemes": {}}
+    todo = {}
+    for s in schemes:
+        pkg, why = compile_package(work, model, s, max_ctx)
+        gg, why2 = quantize_gguf(lquant, f16, GGUF_TYPE[s], a.threads) if pkg else (None, "")
+        result["schemes"][s] = {"package": str(pkg) if pkg else None, "gguf": str(gg) if gg else None}
+        if pkg is None or gg is None:
+            result["schemes"][s]["error"] = f"edgellm: {why}" if pkg is None else f"llama.cpp: {why2}"
+        else:
+            todo[s] = (pkg, gg)
+    read_lc = {s: gguf_read_per_token(gg) for s, (_, gg) in todo.items()}
+    for s, (pkg, gg) in todo.items():
+        rounds = []
+        for i in range(a.rounds):
+            bw = membw(mbw, a.threads)
+            try:
+                e = run_edgellm(pkg, a)
+                lc = run_llamacpp(lbench, gg, a)
+            except (OSError, RuntimeError, json.JSONDecodeError, KeyError) as ex:
+                result["schemes"][s]["error"] = str(ex)
+                log(f"{s}: n/a ({ex})")
+                break
+            lc["read_per_token"] = read_lc[s]
+            rounds.append({"membw_gbs": bw, "edgellm": e, "llamacpp": lc})
+            log(f"{s} round {i + 1}/{a.rounds}: bw {bw:.1f} GB/s | edgellm prefill {e['prefill']:.1f} decode "
+                f"{e['decode']:.1f} | llama.cpp prefill {lc['prefill']:.1f} decode {lc['decode']:.1f} tok/s")
+        else:
+            result["schemes"][s]["rounds"] = rounds
+            result["schemes"][s]["summary"] = summarize(rounds)
+    out = work / f"result-{a.size}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(result, indent=1))
+    t = table(result)
+    if a.json:
+        log(t)
+        print(json.dumps(result, indent=1))
+    else:
+        print(t)
+    log(f"(result saved to {out})")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
+    except OSError:
+        return "?"
+
+
+if __name__ == "__main__":
+    main()

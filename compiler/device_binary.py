@@ -1,0 +1,111 @@
+"""Build `bin/edgellm-run`, the package's own command-line runner (runtime/edgellm_run.c), for its target.
+
+The binary is libedgellm's C sources compiled straight in (no shared libedgellm to install) with the target's C
+compiler (targets/registry.py): dynamically linked against libc for the host and the Raspberry Pi targets (it
+dlopens PKG/kernels.so like the Python Runtime does), statically linked for android-cpu so that it runs from
+`adb shell` with nothing installed. A static executable cannot dlopen (Android's loader refuses; glibc's static
+dlopen needs the very glibc it was built with), so there the package's kernels are linked into the binary: the
+kernels object is compiled as a TVM system lib (compiler/kernels_build.py) and registers itself at start-up
+(runtime.c, EL_STATIC_KERNELS). That binary belongs to its package (it holds that package's kernels).
+
+Object files of the runtime sources are cached per target, flags and source contents under the edgellm cache
+directory, so compiling many packages costs one link each."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..errors import CompileError
+from ..targets import Target, check_toolchain
+from .kernels_build import SHIM, uses_barrier
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNTIME, OFFLOAD = ROOT / "runtime", ROOT / "offload"
+LIB_SOURCES = (RUNTIME / "runtime.c", RUNTIME / "threadpool.c", RUNTIME / "sampler.c", OFFLOAD / "weight_store.c")
+TOKENIZER = RUNTIME / "tokenizer.c"   # optional: text prompts (-p) need it
+CLI = RUNTIME / "edgellm_run.c"
+BIN_DIR, BINARY = "bin", "edgellm-run"
+CFLAGS = ("-std=c11", "-O2")
+
+
+def sources() -> list[Path]:
+    return [CLI, *LIB_SOURCES, *([TOKENIZER] if TOKENIZER.is_file() else [])]
+
+
+def _cache_dir() -> Path:
+    from .cache import cache_root
+
+    return cache_root() / "objects"
+
+
+def _headers_digest() -> bytes:
+    h = hashlib.sha256()
+    for d in (RUNTIME, OFFLOAD):
+        for f in sorted(d.glob("*.h")):
+            h.update(f.name.encode() + f.read_bytes())
+    return h.digest()
+
+
+def _tool_id(cc: list[str]) -> str:
+    exe = shutil.which(cc[0]) or cc[0]
+    try:
+        st = os.stat(exe)
+        return f"{' '.join(cc)}:{st.st_size}:{int(st.st_mtime)}"
+    except OSError:
+        return " ".join(cc)
+
+
+def _compile(cc: list[str], src: Path, flags: list[str], work: Path) -> Path:
+    """src -> object file, through the cache (key: compiler, flags, source and header contents)."""
+    key = hashlib.sha256(_tool_id(cc).encode() + "\0".join(flags).encode() + _headers_digest()
+                         + src.read_bytes()).hexdigest()[:20]
+    cached = _cache_dir() / f"{src.stem}-{key}.o"
+    if cached.is_file():
+        return cached
+    obj = work / f"{src.stem}.o"
+    r = subprocess.run([*cc, *flags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise CompileError(f"compiling {src.name} for edgellm-run with {' '.join(cc)} failed: "
+                           f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    try:   # publish atomically; a failure to cache is not an error
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cached.parent, suffix=".o.tmp")
+        os.close(fd)
+        shutil.copyfile(obj, tmp)
+        os.replace(tmp, cached)
+    except OSError:
+        return obj
+    return cached
+
+
+def build_edgellm_run(target: Target, out_path: Path, kernels_obj: Path | None = None) -> Path:
+    """Compile and link edgellm-run for target into out_path (its directory is created). Static-binary targets
+    need kernels_obj, the package's system-lib kernels object (build_kernels(..., keep_object=True))."""
+    check_toolchain(target)
+    cc = target.cc_cmd
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    android_ndk = any("android" in part for part in cc)
+    flags = [*CFLAGS, f"-I{RUNTIME}", f"-I{OFFLOAD}"]
+    if TOKENIZER.is_file():
+        flags.append("-DEL_HAVE_TOKENIZER")
+    libs = ["-lm"] if android_ndk else ["-lpthread", "-lm"]   # bionic: pthread is part of libc
+    if target.static_binary:
+        if kernels_obj is None:
+            raise CompileError(f"target {target.name} links its kernels into edgellm-run: build them with "
+                               "keep_object=True and pass the object")
+        flags += ["-DEL_STATIC_KERNELS", f"-DEL_STATIC_BARRIERS={int(uses_barrier(Path(kernels_obj)))}"]
+        link_extra, tail = [str(kernels_obj)], ["-static", *libs]
+    else:
+        link_extra, tail = [], [*libs] if android_ndk else ["-lpthread", "-ldl", "-lm"]
+    with tempfile.TemporaryDirectory(prefix="edgellm-run-") as tmp:
+        objs = [str(_compile(cc, src, flags, Path(tmp))) for src in [*sources(), *([SHIM] if target.static_binary else [])]]
+        cmd = [*cc, "-s", *objs, *link_extra, "-o", str(out_path), *tail]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise CompileError(f"linking edgellm-run with {target.cc} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    return out_path

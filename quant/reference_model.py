@@ -1,0 +1,46 @@
+"""The numpy oracle of a quantized package: the reference backend (models/numpy_backend.py) with every matrix
+stored in its scheme and every linear computed by the scheme's exact kernel model (dequantized weights, int8
+activation quantization included). Compiled packages are tested against it."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..models.numpy_backend import NumpyGraph, NumpyModel
+from .schemes import Scheme
+
+
+class QuantizedGraph(NumpyGraph):
+    def __init__(self, spec, weight, scheme: Scheme, head_scheme: Scheme, parts: dict, dtype=np.float32):
+        super().__init__(spec, weight, dtype)
+        self.scheme, self.head_scheme, self._parts = scheme, head_scheme, parts
+
+    def _stored(self, name: str, scheme: Scheme) -> dict:
+        key = (name, scheme.name)
+        if key not in self._parts:
+            self._parts[key] = scheme.quantize(np.asarray(self._weight(name), np.float32))
+        return self._parts[key]
+
+    def embed(self, ids, w):
+        self._T = len(ids)
+        key = (w, "dequantized:" + self.head_scheme.name)
+        if key not in self._parts:
+            self._parts[key] = self.head_scheme.dequantize(self._stored(w, self.head_scheme)).astype(self.dtype)
+        return self._parts[key][np.asarray(ids)]
+
+    def linear(self, x, w, b=None):
+        head = w in (self.spec.lm_head_name, "lm_head.weight")
+        scheme = self.head_scheme if head else self.scheme
+        y = scheme.reference_linear(np.asarray(x, np.float32), self._stored(w, scheme),
+                                    None if b is None else self.w(b))
+        return y.astype(self.dtype)
+
+
+class QuantizedModel(NumpyModel):
+    """NumpyModel whose graph stores matrices in `scheme` (the lm_head and embedding in `head_scheme`)."""
+
+    def __init__(self, spec, weight, scheme: Scheme, head_scheme: Scheme, dtype=np.float32):
+        self.scheme, self.head_scheme, self._parts = scheme, head_scheme, {}
+        super().__init__(spec, weight, dtype)
+
+    def reset(self):
+        self.g = QuantizedGraph(self.spec, self._weight, self.scheme, self.head_scheme, self._parts, self.dtype)

@@ -1,0 +1,97 @@
+"""`edgellm bench`: prefill and decode speed of a package, llama-bench style.
+
+A seeded random prompt of valid ids (no end-of-sequence ids) is prefilled from an empty context, then `gen_len`
+decode steps run greedily with ignore-eos semantics (every step decodes one token, whatever it is). One warm-up
+repetition pages the weights in; the medians of `reps` timed repetitions are reported."""
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import time
+
+import numpy as np
+
+from ..errors import InputError
+from .api import Runtime
+
+
+def weights_read_per_token(manifest: dict) -> int:
+    """Bytes of weights one decode step reads: every tensor once, except the embedding table (one row, unless it is
+    tied to the lm_head) and tables the kernels index by position (rope)."""
+    total = 0
+    tied = not any(t["name"].startswith("lm_head.") for t in manifest["tensors"])
+    for t in manifest["tensors"]:
+        name = t["name"]
+        if name.startswith("rope."):
+            continue
+        if "embed_tokens" in name and t["shape"] and not tied:
+            total += t["nbytes"] // max(1, t["shape"][0])
+            continue
+        total += t["nbytes"]
+    return total
+
+
+def prompt_ids(vocab: int, n: int, exclude: set[int], seed: int = 0) -> np.ndarray:
+    """n seeded random ids in [0, vocab) avoiding `exclude` (eos ids)."""
+    ok = np.setdiff1d(np.arange(vocab), np.fromiter(exclude, dtype=np.int64, count=len(exclude)))
+    if ok.size == 0:
+        raise InputError("the package's vocabulary has only end-of-sequence tokens")
+    return ok[np.random.default_rng(seed).integers(0, ok.size, n)].astype(np.int64)
+
+
+def _one(rt: Runtime, ids: np.ndarray, gen_len: int) -> tuple[float, float, float, int]:
+    """(prefill seconds, ttft seconds, decode seconds, tokens decoded) of one repetition from an empty context."""
+    rt.reset()
+    t0 = time.perf_counter()
+    logits = rt.prefill(ids)
+    t1 = time.perf_counter()
+    tok = int(np.argmax(logits))
+    ttft = time.perf_counter() - t0
+    n = 0
+    td = time.perf_counter()
+    for _ in range(gen_len):
+        tok = int(np.argmax(rt.decode_step(tok)))
+        n += 1
+    return t1 - t0, ttft, time.perf_counter() - td, n
+
+
+def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, threads: int | None = None,
+          reps: int = 3, warmup: int = 1, seed: int = 0) -> dict:
+    """Median prefill/decode tokens per second, time to first token and peak RSS of one package."""
+    if prompt_len < 1:
+        raise InputError(f"--prompt-len {prompt_len} is invalid: must be >= 1")
+    if gen_len < 1:
+        raise InputError(f"--gen-len {gen_len} is invalid: must be >= 1")
+    if reps < 1:
+        raise InputError(f"--reps {reps} is invalid: must be >= 1")
+    t0 = time.perf_counter()
+    with Runtime.load(package, threads=threads) as rt:
+        load_s = time.perf_counter() - t0
+        if prompt_len + gen_len > rt.max_context:
+            raise InputError(f"--prompt-len {prompt_len} + --gen-len {gen_len} exceeds the package's context "
+                             f"{rt.max_context}: shorten them or recompile with a larger --max-context")
+        ids = prompt_ids(rt.vocab, prompt_len, rt.eos_ids, seed)
+        for _ in range(warmup):
+            _one(rt, ids, gen_len)
+        runs = [_one(rt, ids, gen_len) for _ in range(reps)]
+        n_threads = rt.threads
+        m = rt.manifest
+    pf = [prompt_len / r[0] for r in runs]
+    dc = [r[3] / r[2] for r in runs]
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return {
+        "package": str(package), "quant": m["quant"]["scheme"], "threads": n_threads,
+        "prompt_len": prompt_len, "gen_len": gen_len, "reps": reps, "warmup": warmup,
+        "prefill_tok_s": statistics.median(pf), "decode_tok_s": statistics.median(dc),
+        "ttft_s": statistics.median(r[1] for r in runs), "peak_rss_mb": peak_kb / 1024, "load_s": load_s,
+        "decode_tokens": runs[0][3], "prefill_tok_s_all": pf, "decode_tok_s_all": dc,
+        "weights_bytes": m["weights_bytes"], "weights_read_per_token": weights_read_per_token(m),
+    }
+
+
+def format_bench(r: dict) -> str:
+    return (f"{r['package']} ({r['quant']}, {r['threads']} threads, median of {r['reps']}): "
+            f"prefill {r['prefill_tok_s']:.1f} tok/s ({r['prompt_len']} tokens), "
+            f"decode {r['decode_tok_s']:.1f} tok/s ({r['decode_tokens']} tokens), ttft {r['ttft_s'] * 1e3:.1f} ms, "
+            f"peak RSS {r['peak_rss_mb']:.0f} MB")

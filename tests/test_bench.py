@@ -1,0 +1,60 @@
+"""`edgellm bench`: JSON keys, decode token count, errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import edgellm
+from edgellm.cli import main
+from edgellm.models.synthetic import make_checkpoint
+from edgellm.runtime.bench import bench, prompt_ids
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    ck = make_checkpoint(root / "ck", seed=5, tokenizer=False)
+    return edgellm.compile(str(ck), quant="f32", out=root / "pkg", max_context=64, prefill_chunk=8, progress=False)
+
+
+def test_bench_json(pkg, capsys):
+    assert main(["bench", str(pkg), "--prompt-len", "12", "--gen-len", "7", "--threads", "1", "--reps", "2",
+                 "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    for k in ("prefill_tok_s", "decode_tok_s", "ttft_s", "peak_rss_mb", "weights_read_per_token"):
+        assert isinstance(r[k], (int, float)) and r[k] > 0, k
+    assert r["decode_tokens"] == 7 and r["prompt_len"] == 12 and r["threads"] == 1
+    assert len(r["decode_tok_s_all"]) == 2
+    assert r["weights_read_per_token"] < r["weights_bytes"]
+
+
+def test_bench_text_and_errors(pkg, capsys):
+    assert main(["bench", str(pkg), "--prompt-len", "4", "--gen-len", "2", "--reps", "1"]) == 0
+    assert "decode" in capsys.readouterr().out
+    assert main(["bench", str(pkg), "--prompt-len", "60", "--gen-len", "10"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "context" in err and err.count("\n") == 1
+    assert main(["bench", str(pkg / "missing")]) == 1
+
+
+def test_prompt_ids_avoid_eos():
+    ids = prompt_ids(5, 200, {1, 3}, seed=0)
+    assert set(ids.tolist()) == {0, 2, 4}
+    assert (prompt_ids(5, 20, {1}, seed=1) == prompt_ids(5, 20, {1}, seed=1)).all()
+
+
+def test_bench_counts_decode_steps(pkg):
+    r = bench(pkg, prompt_len=3, gen_len=5, threads=1, reps=1, warmup=0)
+    assert r["decode_tokens"] == 5 and r["warmup"] == 0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_streaming_checkpoint_equals_in_memory(tmp_path, dtype):
+    from safetensors.numpy import load_file
+
+    a = load_file(str(make_checkpoint(tmp_path / "a", seed=2, dtype=dtype, tokenizer=False, ternary=True)
+                      / "model.safetensors"))
+    b = load_file(str(make_checkpoint(tmp_path / "b", seed=2, dtype=dtype, tokenizer=False, ternary=True,
+                                      streaming=True) / "model.safetensors"))
+    assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and (a[k] == b[k]).all() for k in a)
