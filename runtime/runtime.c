@@ -111,6 +111,8 @@ typedef struct {
   TVMFFIAny* any;          /* [n_args], v_ptr -> &t[i] */
   int64_t* shape;          /* [4 * n_args], ours: PREFIX args get shape[0] patched per run */
   uint64_t* row_bytes;     /* [n_args] bytes of one row (shape[1..] elements), for AT_POS / PREFIX */
+  double prof_s;           /* EDGELLM_PROFILE: seconds spent in this step, summed over runs */
+  uint64_t prof_calls;
 } step;
 
 typedef struct {
@@ -634,8 +636,53 @@ static int open_kernels(el_model* m, const char* path) {
 
 /* Public API: load / free ------------------------------------------------------------------------------------ */
 
+/* EDGELLM_PROFILE=1: at el_free, per program a table of its kernels (time summed over the steps that call the
+ * same kernel) to stderr, slowest first. Off by default: it costs two clock reads per step. */
+static int profiling(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char* s = getenv("EDGELLM_PROFILE");
+    on = s && *s && strcmp(s, "0") != 0;
+  }
+  return on;
+}
+
+static void profile_report(const el_model* m) {
+  for (int k = 0; k < N_PROGRAMS; k++) {
+    const program* pg = &m->prog[k];
+    double total = 0;
+    uint64_t runs = 0;
+    for (uint32_t i = 0; i < pg->n_steps; i++) total += pg->steps[i].prof_s;
+    if (pg->n_steps) runs = pg->steps[0].prof_calls;
+    if (total <= 0 || !runs) continue;
+    fprintf(stderr, "edgellm profile: %s, %llu runs, %.3f ms per run in kernels\n", PROGRAM_NAMES[k],
+            (unsigned long long)runs, 1e3 * total / runs);
+    fprintf(stderr, "  %6s %9s %6s  %s\n", "%", "ms/run", "steps", "kernel");
+    /* aggregate by kernel name: O(n^2) over a few hundred steps, once */
+    char* done = calloc(pg->n_steps, 1);
+    for (;;) {
+      int best = -1;
+      double best_t = -1;
+      for (uint32_t i = 0; i < pg->n_steps; i++) {
+        if (done[i]) continue;
+        double t = 0;
+        for (uint32_t j = i; j < pg->n_steps; j++)
+          if (!done[j] && strcmp(pg->steps[j].kernel, pg->steps[i].kernel) == 0) t += pg->steps[j].prof_s;
+        if (t > best_t) best_t = t, best = (int)i;
+      }
+      if (best < 0) break;
+      int n = 0;
+      for (uint32_t j = (uint32_t)best; j < pg->n_steps; j++)
+        if (!done[j] && strcmp(pg->steps[j].kernel, pg->steps[best].kernel) == 0) done[j] = 1, n++;
+      fprintf(stderr, "  %6.2f %9.3f %6d  %s\n", 100 * best_t / total, 1e3 * best_t / runs, n, pg->steps[best].kernel);
+    }
+    free(done);
+  }
+}
+
 EL_API void el_free(el_model* m) {
   if (!m) return;
+  if (profiling()) profile_report(m);
   for (int k = 0; k < N_PROGRAMS; k++) free(m->prog[k].steps);
   if (m->store) m->store->close(m->store);
   if (m->arena) munmap(m->arena, m->arena_map);
@@ -752,7 +799,9 @@ static int run(el_model* m, int k, int pos) {
     char msg[1024];
     if (ai == st->n_args) {
       TVMFFIAny ret = {.type_index = kTVMFFINone};
+      double t0 = profiling() ? now_s() : 0;
       rc = st->fn(NULL, st->any, (int32_t)st->n_args, &ret);
+      if (t0 > 0) st->prof_s += now_s() - t0, st->prof_calls++;
       m->stats.kernel_calls++;
       if (rc != 0) take_kernel_msg(msg, sizeof msg);
     } else {

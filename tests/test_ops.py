@@ -97,6 +97,7 @@ def test_bad_params():
 LINEAR_SHAPES = [  # (T, N, K)
     (1, 768, 768), (1, 997, 40), (1, 5, 3), (1, 64, 17), (1, 256, 1000),
     (16, 768, 768), (64, 3072, 768), (64, 768, 3072), (32, 997, 40), (7, 33, 17), (2, 3, 5), (5, 130, 64),
+    (128, 50, 72), (37, 130, 70),  # x86 prefill: gemm_outer with ragged row blocks / a padded token tile
 ]
 
 
@@ -144,10 +145,11 @@ def test_attention_other_vector_widths():
 
 
 def test_linear_other_vector_widths():
-    """AVX2-width (8) and NEON-width (4) schedules, run on this CPU (only the lane count differs)."""
-    for lanes in (8, 4):
-        cpu = ops.CpuInfo(vector_lanes=lanes, num_threads=2)
-        for T, N, K in [(1, 100, 72), (16, 50, 40), (6, 7, 9)]:
+    """AVX-512-width (16), AVX2-width (8) and NEON-width (4) schedules, run on this CPU (only the lane count
+    differs; LLVM splits the wider vectors), with and without GEMV software prefetch."""
+    for lanes in (16, 8, 4):
+        cpu = ops.CpuInfo(vector_lanes=lanes, num_threads=2, prefetch_bytes=1024 if lanes != 4 else 0)
+        for T, N, K in [(1, 100, 72), (16, 50, 40), (6, 7, 9), (40, 31, 24)]:
             r = rng(lanes + T)
             x, W = randn(r, (T, K)), randn(r, (N, K), "float16")
             out = run("linear", [x, W], (T, N), cpu=cpu, T=T, N=N, K=K, wdtype="float16")
