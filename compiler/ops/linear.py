@@ -170,13 +170,14 @@ def gemm_outer(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=N
     """Prefill GEMM as register-blocked outer products (BLIS-style, tokens in the vector lanes).
 
     The activations are transposed once per call into token tiles xt[tile][k][TV] (TV = NV*VL tokens; pad
-    tokens zero), so a tile's k steps read one contiguous stream. Per block of Nn weight rows (f16: first widened once into an f32 scratch row panel, so the
-    inner loop has no conversions) and per TV tokens, each k step does NV vector loads of xt, Nn scalar
-    broadcasts of W[n, k] and Nn*NV FMAs into register accumulators: 12 FMAs per 8 loads on AVX2 (the dot-product
-    form needs 6 loads + 2 widenings per 8 FMAs and a horizontal reduction per output). Outputs are written once,
-    as scalars (a tile is Nn rows x TV tokens of out[t, n]); ragged N clamps its rows and guards the stores.
+    tokens zero), so a tile's k steps read one contiguous stream. Per block of Nn weight rows (f16: widened
+    once into an f32 scratch panel, so the inner loop has no conversions) and per token tile, each k step
+    does NV vector loads of xt, Nn scalar broadcasts of W[n, k] and Nn*NV FMAs into register accumulators:
+    12 FMAs per 8 loads on AVX2 (the dot-product gemm needs 6 loads + 2 widenings per 8 FMAs and a horizontal
+    reduction per output). Outputs are written once, as scalars (a tile is Nn rows x TV tokens of out[t, n]);
+    ragged N clamps its rows and guards the stores.
     Measured on a 2-thread Zen 3 (f16 5632x2048, GFLOP/s, FMA peak ~204): T=32 143 vs 136 for the dot-product
-    gemm, T=64 154 vs 125, T=128 175 vs 125 (f16 widening in the panel costs ~10% at T=32, less at larger T)."""
+    gemm, T=64 154 vs 125, T=128 175 vs 125 (the f16 panel widening costs ~10% at T=32, less at larger T)."""
     VL = cpu.vector_lanes
     Nn, NV = blocking or outer_blocking(cpu)
     Nn = min(Nn, N)
