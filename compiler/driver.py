@@ -102,7 +102,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     max_ctx = int(max_context or min(spec.max_position_embeddings, DEFAULT_MAX_CONTEXT))
     if not 1 <= max_ctx <= spec.max_position_embeddings:
         raise CompileError(f"--max-context {max_ctx} is out of range: this model supports 1..{spec.max_position_embeddings}")
-    chunk = int(prefill_chunk or tgt.prefill_chunk)
+    chunk = int(prefill_chunk or (tgt.float_prefill_chunk if quant in ("f32", "f16") and tgt.float_prefill_chunk
+                                  else tgt.prefill_chunk))
     if not 1 <= chunk <= 1024:
         raise CompileError(f"--prefill-chunk {chunk} is out of range: use 1..1024 (typical 16-128)")
     kv_rows = max_ctx + chunk   # a padded last chunk may write up to chunk-1 rows past max_ctx

@@ -32,6 +32,7 @@ class Target:
     features: tuple[str, ...]     # CPU features the kernels may use (checked by the runtime before dlopen)
     vector_lanes: int             # f32 lanes per SIMD register: picks the schedule flavour
     prefill_chunk: int = 32
+    float_prefill_chunk: int | None = None   # for f32/f16 packages, when it differs from prefill_chunk
     page_size: int = 4096
     quants: tuple[str, ...] = ("f32", "f16", "q8", "q4g32", "q4g64", "q4g128", "t2")
     notes: dict = field(default_factory=dict)
@@ -50,10 +51,11 @@ class Target:
         return shlex.split(self.cc)
 
 
-# x86 prefill GEMMs (gemm_outer) reach ~86% of FMA peak at 128 tokens a chunk, ~70% at 32 (the f16 panel widening
-# and the token-tile setup amortise over the chunk); a prompt shorter than a chunk still costs a whole chunk, so
-# short-prompt uses may prefer --prefill-chunk 32.
-X86_PREFILL_CHUNK = 128
+# x86 f32/f16 prefill GEMMs (gemm_outer) reach ~86% of FMA peak at 128 tokens a chunk, ~70% at 32 (the f16 panel
+# widening and the token-tile setup amortise over the chunk). Integer schemes keep 32: their int8 activations of a
+# 128-token chunk (128 x 5632 bytes for a 1B down-projection) no longer fit L2 (measured on 1B q4g32, Zen 3:
+# prefill 87.8 tok/s at 32, 64.5 at 128). A prompt shorter than a chunk still costs a whole chunk.
+X86_FLOAT_PREFILL_CHUNK = 128
 
 
 def _host_x86_features() -> tuple[str, ...]:
@@ -77,19 +79,19 @@ def _host() -> Target:
                   f"{'AVX-512' if 'avx512f' in feats else 'AVX2'})", "x86_64",
                   {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": os.cpu_count() or 1},
                   # the 16-lane kernels' integer path needs VNNI (an AVX-512 CPU without it gets the AVX2 flavour)
-                  "gcc", feats, 16 if wide else 8, prefill_chunk=X86_PREFILL_CHUNK,
+                  "gcc", feats, 16 if wide else 8, float_prefill_chunk=X86_FLOAT_PREFILL_CHUNK,
                   kernels="avx512" if wide else "avx2")
 
 
 _STATIC = {
     "x86-avx2": Target("x86-avx2", "any x86-64 CPU with AVX2+FMA (Haswell, Zen 1 and later)", "x86_64",
                        {"kind": "llvm", "mcpu": "haswell"}, "gcc", ("avx2", "fma", "f16c"), 8,
-                       prefill_chunk=X86_PREFILL_CHUNK, kernels="avx2"),
+                       float_prefill_chunk=X86_FLOAT_PREFILL_CHUNK, kernels="avx2"),
     # VNNI is part of the definition: the 16-lane integer kernels are built on vpdpbusd (Skylake-SP lacks it: x86-avx2)
     "x86-avx512": Target("x86-avx512", "x86-64 CPUs with AVX-512 VNNI (Cascade Lake, Ice Lake, Zen 4 and later)",
                          "x86_64", {"kind": "llvm", "mcpu": "cascadelake"}, "gcc",
                          ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni"), 16,
-                         prefill_chunk=X86_PREFILL_CHUNK, kernels="avx512"),
+                         float_prefill_chunk=X86_FLOAT_PREFILL_CHUNK, kernels="avx512"),
 }
 
 A64_GNU = "aarch64-linux-gnu"

@@ -62,6 +62,43 @@ def test_chunk_size_does_not_change_logits(tiny_models, tmp_path, packages):
         assert relerr(a.logits(PROMPT), b.logits(PROMPT)) < 1e-5
 
 
+@pytest.mark.parametrize("quant", ["f32", "f16"])
+def test_long_chunk_matches_numpy(tiny_models, tmp_path, quant):
+    """Prefill chunks of 32 and 128 tokens (x86: the outer-product GEMM, gemm_outer) against the numpy model, with a
+    prompt that fills one 32-token chunk and pads the next (and pads most of a 128-token one)."""
+    spec, ck, _ = load_checkpoint(str(tiny_models["llama-gqa"]))
+    ref = NumpyModel(spec, ck.get)
+    prompt = [(7 * i + 3) % spec.vocab_size for i in range(45)]
+    want = ref.logits(prompt)
+    for chunk in (32, 128):
+        pkg = edgellm.compile(str(tiny_models["llama-gqa"]), quant=quant, out=tmp_path / f"c{chunk}", max_context=160,
+                              prefill_chunk=chunk, progress=False)
+        with edgellm.Runtime.load(pkg, threads=2) as rt:
+            got = rt.logits(prompt)
+        assert relerr(got, want) < (1e-4 if quant == "f32" else 2e-2), chunk
+
+
+def test_profile_report(packages):
+    """EDGELLM_PROFILE=1: per-program kernel tables on stderr when the model is freed; every plan step counted."""
+    code = ("import edgellm, sys\n"
+            "with edgellm.Runtime.load(sys.argv[1], threads=2) as rt:\n"
+            "    rt.generate([5, 17, 33], max_new_tokens=4, ignore_eos=True)\n")
+    env = {**__import__("os").environ, "EDGELLM_PROFILE": "1"}
+    p = subprocess.run([sys.executable, "-c", code, str(packages["llama-gqa"])], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    plan = json.loads((packages["llama-gqa"] / "manifest.json").read_text())["programs"]
+    for prog in ("prefill", "decode"):
+        head = next(ln for ln in p.stderr.splitlines() if ln.startswith(f"edgellm profile: {prog},"))
+        rows = p.stderr.split(head, 1)[1].split("edgellm profile:")[0].strip().splitlines()[1:]
+        steps = sum(int(r.split()[2]) for r in rows)
+        shares = sum(float(r.split()[0]) for r in rows)
+        assert steps == plan[prog]["steps"] and abs(shares - 100) < 0.1, (prog, rows)
+    off = subprocess.run([sys.executable, "-c", code, str(packages["llama-gqa"])], capture_output=True, text=True,
+                         env={**env, "EDGELLM_PROFILE": "0"}, timeout=120)
+    assert "edgellm profile" not in off.stderr
+
+
 def test_threads_do_not_change_results(packages):
     outs = []
     for t in (1, 2, 3):
