@@ -121,14 +121,10 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             return rope[name]
         return ck.get(name)
 
-    from ..compiler.ops import CpuInfo, host_is_intel, x86_prefetch_bytes
+    from ..compiler.ops import CpuInfo
 
-    # decode GEMV software-prefetch distance: x86 only (the AVX-512 target is an Intel-first ISA here)
-    pf = 0
-    if tgt.arch == "x86_64":
-        pf = x86_prefetch_bytes(tgt.name == "x86-avx512" or (tgt.name == "host" and host_is_intel()))
     cpu = CpuInfo(vector_lanes=tgt.vector_lanes, num_threads=max(1, int(tgt.tvm.get("num-cores", 2))), arch=tgt.arch,
-                  features=tuple(tgt.features), prefetch_bytes=pf)
+                  features=tuple(tgt.features), prefetch_bytes=tgt.prefetch_bytes)
     pre = None
     if gptq:
         from ..quant.calibration import gptq_from_checkpoint

@@ -210,22 +210,10 @@ def host_cpu_info(num_threads: int = 2) -> CpuInfo:
         cpu = tvm.target.codegen.llvm_get_system_cpu()
         lanes = 16 if any(s in cpu for s in ("avx512", "skylake-avx512", "cascadelake", "icelake",
                                                  "sapphirerapids", "znver4", "znver5")) else 8
+    from ...targets.registry import host_is_intel, x86_prefetch_bytes
+
     return CpuInfo(vector_lanes=lanes, num_threads=num_threads, arch="x86_64",
                    prefetch_bytes=x86_prefetch_bytes(host_is_intel()))
-
-
-def x86_prefetch_bytes(intel: bool) -> int:
-    """Software-prefetch distance of the f16/f32 decode GEMV (2 threads, GB/s, noisy shared hosts): Cascade Lake
-    4 KiB ahead 19.3 -> 25.5; Zen 3 1 KiB ahead 22.9 -> 25.1 and 26.8 -> 30.5, while 4 KiB there costs (22.7 -> 19.7)."""
-    return 4096 if intel else 1024
-
-
-def host_is_intel() -> bool:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            return "GenuineIntel" in fh.read(4096)
-    except OSError:
-        return False
 
 
 def llvm_target(num_threads: int = 2):

@@ -29,16 +29,26 @@ def _w(v, wdtype):
     return v if wdtype == F32 else v.astype(F32)
 
 
-def gemv(cpu, N: int, K: int, wdtype: str, bias: bool, pf_bytes: int | None = None):
+def _store_out(bias: bool):
+    """out[t, n] = val (+ b[n]): the store every linear schedule ends with."""
+    @T.macro
+    def store(O, Bs, t, n, val):
+        if bias:
+            O[t, n] = val + Bs[n]
+        else:
+            O[t, n] = val
+
+    return store
+
+
+def gemv(cpu, N: int, K: int, wdtype: str, bias: bool):
     VL = cpu.vector_lanes
     U = max(1, min(4 if VL >= 8 else 8, K // VL))  # independent FMA chains (NEON: more, narrower)
     L = U * VL if K >= VL else 0
     Km = (K // L) * L if L else 0
     LA = max(L, VL)
-    if pf_bytes is None:
-        pf_bytes = cpu.prefetch_bytes
     PB = 2 if wdtype == "float16" else 4  # bytes per weight
-    pf = pf_bytes // PB  # prefetch distance in weights
+    pf = cpu.prefetch_bytes // PB  # prefetch distance in weights
     NPF = max(1, L * PB // 64) if pf > 0 and L > 0 else 0  # prefetches (64-byte lines) per U*VL step
     B_shape = (N,) if bias else (1,)
     outer = T.parallel if N * K >= PARALLEL_MIN_ELEMS else T.serial
@@ -114,6 +124,8 @@ def gemm(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=None):
         outs, binds = tree_reduce([acc[T.Ramp(i * VL, 1, VL)] for i in range(TN)], VL)
         return let_wrap(concat_vecs(outs, VL), binds)
 
+    store = _store_out(bias)
+
     @T.prim_func
     def linear(x: T.handle, w: T.handle, b: T.handle, o: T.handle):
         T.func_attr({"tirx.noalias": True})
@@ -147,15 +159,9 @@ def gemm(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=None):
                                     W[nrow(nb, ni), k], wdtype)
                         if rag_t or rag_n:
                             if tb * Tt + ti < T_ and nb * Nn + ni < N:
-                                if bias:
-                                    O[tb * Tt + ti, nb * Nn + ni] = res[ti * Nn + ni] + Bs[nb * Nn + ni]
-                                else:
-                                    O[tb * Tt + ti, nb * Nn + ni] = res[ti * Nn + ni]
+                                store(O, Bs, tb * Tt + ti, nb * Nn + ni, res[ti * Nn + ni])
                         else:
-                            if bias:
-                                O[tb * Tt + ti, nb * Nn + ni] = res[ti * Nn + ni] + Bs[nb * Nn + ni]
-                            else:
-                                O[tb * Tt + ti, nb * Nn + ni] = res[ti * Nn + ni]
+                            store(O, Bs, tb * Tt + ti, nb * Nn + ni, res[ti * Nn + ni])
 
     return _drop_bias(linear, bias)
 
@@ -202,12 +208,7 @@ def gemm_outer(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=N
     def wval(W, wf, nb, ni, k):
         return wf[ni * KS + k] if pack else W[nrow(nb, ni), k]
 
-    @T.macro
-    def store(O, Bs, t, n, val):
-        if bias:
-            O[t, n] = val + Bs[n]
-        else:
-            O[t, n] = val
+    store = _store_out(bias)
 
     @T.prim_func
     def linear(x: T.handle, w: T.handle, b: T.handle, o: T.handle):
@@ -292,5 +293,5 @@ def make(cpu, T: int, N: int, K: int, wdtype: str = "float32", bias: bool = Fals
 def use_outer(cpu, T_: int) -> bool:
     """x86 prefill chunks of at least one token tile take gemm_outer; NEON (no cheap scalar broadcast-FMA in
     LLVM's lowering here) and short chunks keep the dot-product gemm."""
-    Nn, NV = outer_blocking(cpu)
+    _, NV = outer_blocking(cpu)
     return cpu.arch == "x86_64" and T_ >= NV * cpu.vector_lanes
