@@ -36,7 +36,7 @@ def default_output(model: str, quant: str, target: str) -> Path:
     return Path(f"{Path(str(model).rstrip('/')).name}-{quant}-{target}.edgellm")
 
 
-HEAD_QUANTS = ("f32", "f16", "q8")
+HEAD_QUANTS = ("f32", "f16", "q8", "q4g32", "q4g64", "q4g128")
 
 
 def choose_schemes(spec, quant: str | None, head_quant: str | None, progress: bool = True):

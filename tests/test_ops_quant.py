@@ -81,8 +81,9 @@ def run_check(op, T, N, K, G=32, bias=False, cpu=CPU, seed=0):
 
 
 OPS_Q = ["linear_q8", "linear_q4", "linear_t2", "linear_t2_lut"]
-SHAPES = [  # (T, N, K): decode and prefill; N multiple of 16 or not (tail panel); K = 64, 768, 2048
-    (1, 64, 64), (1, 37, 768), (1, 100, 2048), (16, 48, 768), (32, 53, 2048), (16, 7, 64)]
+SHAPES = [  # (T, N, K): decode and prefill; N multiple of 16 or not (tail panel); K = 64, 768, 2048, and 800
+    # (t2: 50 chunks per row, not a multiple of the AVX2 int16 flush interval)
+    (1, 64, 64), (1, 37, 768), (1, 100, 2048), (16, 48, 768), (32, 53, 2048), (16, 7, 64), (1, 20, 800), (5, 20, 800)]
 
 
 @pytest.mark.parametrize("T,N,K", SHAPES)
@@ -128,6 +129,24 @@ def test_activation_rounding_ties_match():
         arrays[0] = x
         _, f = build(op, **p)
         check(call(f, arrays, 2, 16), ops.reference(op, arrays, **p))
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("T", [1, 3])
+def test_int16_accumulation_at_its_limit(T, sign):
+    """Largest codes times full-scale activations everywhere: the AVX2 kernels' int16 partial sums reach their
+    bound (t2: 32512 in the 4x-scaled accumulator; q4: 8 * 2 * 15 * 127 = 30480 per block) and must not wrap."""
+    N, K = 32, 2048
+    x = np.full((T, K), sign, np.float32)
+    for op in OPS_Q:
+        scheme, arrays, p = problem(op, T, N, K)
+        arrays[0] = x
+        arrays[1] = scheme.quantize(np.ones((N, K), np.float32))[scheme.part_order[0]]
+        arrays[2] = scheme.quantize(np.ones((N, K), np.float32))[scheme.part_order[1]]
+        _, f = build(op, **p)
+        ref = ops.reference(op, arrays, **p)
+        assert np.allclose(np.abs(ref), K, rtol=0.02), ref[0, :4]   # the limit case really is one
+        check(call(f, arrays, T, N), ref)
 
 
 def test_fallback_kernels_are_correct(monkeypatch):
@@ -228,6 +247,18 @@ def test_embed_q8_gathers_the_dequantized_rows(T, V, D):
     ref = ops.reference("embed_q8", [ids, parts["qweight"], parts["scales"]])
     check(out, ref, rtol=0)
     np.testing.assert_array_equal(out, packing.dequantize_q8(parts)[ids])
+
+
+@pytest.mark.parametrize("T,V,D,G", [(1, 997, 64, 32), (16, 40, 128, 64), (3, 16, 256, 128), (5, 1001, 96, 32)])
+def test_embed_q4_gathers_the_dequantized_rows(T, V, D, G):
+    """embed_q4 reads the q4 panel layout (nibbles, panel-interleaved f16 group scales, tail panel) exactly."""
+    r = np.random.default_rng(V + D)
+    parts = packing.quantize_q4(r.standard_normal((V, D)).astype(np.float32), G)
+    ids = r.integers(0, V, size=T).astype(np.int32)
+    ids[0] = V - 1
+    out = call(build("embed_q4", T=T, V=V, D=D, G=G)[1], [ids, parts["qweight"], parts["scales"]], T, D)
+    np.testing.assert_array_equal(out, packing.dequantize_q4(parts)[ids])
+    check(out, ops.reference("embed_q4", [ids, parts["qweight"], parts["scales"]]), rtol=0)
 
 
 def test_relu2_mul():

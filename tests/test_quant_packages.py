@@ -67,6 +67,23 @@ def test_head_quant_override(ckpts, tmp_path):
         assert relerr(rt.logits(PROMPT), ref.logits(PROMPT)) < TOL
 
 
+@pytest.mark.parametrize("model,quant,head", [("llama", "t2", "q4g32"), ("qwen2-tied", "q8", "q4g64")])
+def test_q4_head(ckpts, tmp_path, model, quant, head):
+    """A q4 embedding table + lm_head (embed_q4 gathers, linear_q4 GEMV; stored once when tied) follows the oracle
+    and stores less than the default q8 head."""
+    spec, ck, _ = load_checkpoint(str(ckpts[model]))
+    pkg = compiled(ckpts[model], tmp_path, quant, head_quant=head)
+    man = json.loads((pkg / "manifest.json").read_text())
+    assert man["quant"]["head"] == head and man["quant"]["embedding"] == head
+    ref = QuantizedModel(spec, ck.get, get_scheme(quant), get_scheme(head))
+    with edgellm.Runtime.load(pkg, threads=2) as rt:
+        assert relerr(rt.logits(PROMPT), ref.logits(PROMPT)) < TOL
+        got = rt.generate(PROMPT, max_new_tokens=16, ignore_eos=True).token_ids
+    assert got == ref.greedy(PROMPT, 16)
+    q8 = json.loads((compiled(ckpts[model], tmp_path, quant) / "manifest.json").read_text())
+    assert sum(t["nbytes"] for t in man["tensors"]) < sum(t["nbytes"] for t in q8["tensors"])
+
+
 def test_quantized_packages_are_smaller(ckpts, tmp_path):
     def stored(q):   # bytes of the tensors themselves (weights.bin also pads each region to 16 KiB)
         man = json.loads((compiled(ckpts["llama"], tmp_path, q) / "manifest.json").read_text())
@@ -116,7 +133,7 @@ def test_bad_quant_input(ckpts, tmp_path, capsys):
     ck = str(ckpts["llama"])
     out = tmp_path / "never"
     assert "unknown quantization scheme 'q3'" in _cli_error(capsys, ["compile", ck, "-q", "q3", "-o", str(out)])
-    assert "--head-quant q4g32" in _cli_error(capsys, ["compile", ck, "-q", "q8", "--head-quant", "q4g32", "-o", str(out)])
+    assert "--head-quant t2" in _cli_error(capsys, ["compile", ck, "-q", "q8", "--head-quant", "t2", "-o", str(out)])
     assert "--gptq applies to the int4 schemes" in _cli_error(capsys, ["compile", ck, "-q", "q8", "--gptq", "-o", str(out)])
     assert "calibration file" in _cli_error(capsys, ["compile", ck, "-q", "q4g32", "--gptq", "--calib",
                                                      str(tmp_path / "missing.txt"), "-o", str(out)])

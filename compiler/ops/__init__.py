@@ -71,6 +71,8 @@ OPS = {
     "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "relu2_mul": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "embed_q8": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED)],
+    "embed_q4": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED),
+                 ("G", "g", int, 32)],
     "linear_q8": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
                   ("bias", "b", bool, False)],
     "linear_q4": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
@@ -119,6 +121,8 @@ def kernel_params(op: str, params: dict) -> dict:
         raise ValueError(f"attention: NH={out['NH']} is not a multiple of KVH={out['KVH']}")
     if op == "embed_q8" and out["D"] % 4:
         raise ValueError(f"embed_q8: D={out['D']} must be a multiple of 4")
+    if op == "embed_q4" and (out["G"] not in (32, 64, 128) or out["D"] % out["G"]):
+        raise ValueError(f"embed_q4: D={out['D']} must be a multiple of the group G={out['G']} (32, 64 or 128)")
     if op == "rope" and out["D"] % 2:
         raise ValueError(f"rope: D={out['D']} must be even")
     if op == "linear_q4":
@@ -162,6 +166,8 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         return _ew.relu2_mul(simple_cpu, p["T"], p["F"])
     if op == "embed_q8":
         return _ew.embed_q8(simple_cpu, p["T"], p["V"], p["D"])
+    if op == "embed_q4":
+        return _ew.embed_q4(simple_cpu, p["T"], p["V"], p["D"], p["G"])
     raise ValueError(op)
 
 

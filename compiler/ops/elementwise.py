@@ -1,4 +1,4 @@
-"""Memory-bound kernels: embed (f32/f16 table or q8 panels), rmsnorm, rope, add, swiglu, relu2_mul, copy
+"""Memory-bound kernels: embed (f32/f16 table, or q8 / q4 panels), rmsnorm, rope, add, swiglu, relu2_mul, copy
 (hand-written TIR).
 
 All loops are vectorized with cpu.vector_lanes f32 lanes (main part) plus a scalar tail; the outer
@@ -133,6 +133,35 @@ def embed_q8(cpu, T_: int, V: int, D: int):
             for c in range(D // 4):
                 for b in T.vectorized(4):
                     O[t, c * 4 + b] = (T.Cast(F32, Qf[base + c * 4 * rp + b]) - T.float32(128)) * S[row]
+    return kern
+
+
+def embed_q4(cpu, T_: int, V: int, D: int, G: int):
+    """Gather rows of a q4 table (quant/packing.py layout: 16-row panels of 4-byte chunks, low nibble k = 8c + b,
+    high nibble k = 8c + 4 + b, code = q + 8; f16 scales per row and group of G, panel-interleaved)."""
+    full = (V // 16) * 16
+    KG = D // G
+    outer = _outer(T_ * D)
+
+    @T.prim_func
+    def kern(ids: T.handle, qw: T.handle, sc: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        I = T.match_buffer(ids, (T_,), "int32")
+        Q = T.match_buffer(qw, (V, D // 2), "uint8")
+        S = T.match_buffer(sc, (V, KG), "float16")
+        O = T.match_buffer(o, (T_, D), F32)
+        Qf = T.decl_buffer((V * D // 2,), "uint8", data=Q.data)
+        Sf = T.decl_buffer((V * KG,), "float16", data=S.data)
+        for t in outer(T_):
+            row: T.let = T.Cast("int64", T.max(T.min(I[t], V - 1), 0))
+            rp: T.let = T.if_then_else(row < full, T.int64(16), T.int64(V - full))
+            base: T.let = (row // 16) * 16 * (D // 2) + (row % 16) * 4
+            sbase: T.let = (row // 16) * 16 * KG + row % 16
+            for c in range(D // 8):
+                for h in T.unroll(2):
+                    for b in T.vectorized(4):
+                        O[t, c * 8 + h * 4 + b] = T.Cast(F32, T.Cast("int32", (Qf[base + c * 4 * rp + b] >> T.Cast(
+                            "uint8", 4 * h)) & T.uint8(15)) - 8) * T.Cast(F32, Sf[sbase + (c * 8 // G) * rp])
     return kern
 
 

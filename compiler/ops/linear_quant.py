@@ -112,6 +112,27 @@ def dot4(path, acc, w, xq, off):
     return acc + ((terms[0] + terms[1]) + (terms[2] + terms[3]))
 
 
+def madd16_avx2(acc16, w, xq, off):
+    """AVX2 with int16 accumulation: acc16 (int16x32: per 8-row half, two k-pair sums per row) + vpmaddubsw of the
+    u8 codes w with xq[off:off+4]; widening to int32 (flush16) is paid once per many operands, not per operand."""
+    xb = T.reinterpret("int8x32", T.Broadcast(_xword(xq, off), 8))
+    parts = [T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", T.reinterpret("int8x32", h), xb)
+             for h in _halves(w, 2, 32)]
+    return acc16 + T.Shuffle(parts, list(range(32)))
+
+
+def flush16(acc16):
+    """int16x32 of madd16_avx2 -> int32x16 row sums (vpmaddwd with ones adds each row's two pair sums)."""
+    parts = [T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", h, T.Broadcast(T.int16(1), 16))
+             for h in _halves(acc16, 2, 16)]
+    return T.Shuffle(parts, list(range(16)))
+
+
+def i16_capacity(max_code: int) -> int:
+    """vpmaddubsw results (each <= 2 * max_code * 127) one int16 lane holds without overflow."""
+    return 32767 // (2 * max_code * 127)
+
+
 def dot4_sdot(acc, w, xq, off):
     """aarch64 SDOT: w int8x64 (4 quarters of rows 0-3, 4-7, 8-11, 12-15), each lane += 4-way int8 dot product
     with the 4 activations xq[off:off+4] broadcast (sdot's indexed form). Signed x signed: q4/t2 codes (<= 15)
@@ -179,6 +200,11 @@ def lookup16_neon(tab, base, idx):
         i = T.reinterpret("int8x16", T.Shuffle([idx], list(range(16 * q, 16 * q + 16))))
         res.append(T.call_llvm_pure_intrin("int8x16", "llvm.aarch64.neon.tbl1", t, i))
     return T.reinterpret("uint8x64", concat_vecs(res, 16))
+
+
+def prefetch(buf, idx):
+    """Software prefetch of the cache line holding buf[idx] (read, keep in all levels)."""
+    return T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(buf[idx]), 0, 3, 1))
 
 
 def _outer(parallel: bool):
@@ -313,7 +339,11 @@ def block_kernel(cpu, scheme: str, T_: int, N: int, K: int, G: int | None, bias:
     mm = _use_mmla(cpu, path, T_)
     NPAIR = CPB * SUB // 2                  # SMMLA: 8-k operand pairs per block
     Tt = _tt(path, T_, 8, mm)
-    NA = 2 if Tt == 1 else 1                # independent int accumulators per token (latency of the dot chain)
+    # AVX2 q4: the block's 8 vpmaddubsw results per token add up in int16 (8 * 2 * 15 * 127 < 2^15) and are widened
+    # once per block; q8's signed products (<= 2 * 127^2) fill an int16 lane alone
+    i16 = path == "avx2" and not signed_w and CPB * g.SUB <= i16_capacity((1 << g.bits) - 1)
+    NA = 2 if Tt == 1 and not i16 else 1    # independent int accumulators per token (latency of the dot chain)
+    PF = cpu.prefetch_bytes if T_ == 1 else 0   # decode streams the weights once: prefetch ahead of the loads
     NTB = (T_ + Tt - 1) // Tt
     rag_t = T_ % Tt != 0
     S_shape, S_dt = ((N, KG), "float16") if group else ((N,), F32)
@@ -359,16 +389,31 @@ def block_kernel(cpu, scheme: str, T_: int, N: int, K: int, G: int | None, bias:
         return T.float32(1)
 
     @T.macro
-    def panel(Wsrc, wbase, Ssrc, sbase, X, Sr, Bs, O, xq, dx, cr, nb, full):
+    def panel(Wsrc, wbase, wlen, Ssrc, sbase, X, Sr, Bs, O, xq, dx, cr, nb, full):
         facc = T.alloc_buffer((Tt * 16,), F32, scope="global", annotations=STACK)
         iacc = T.alloc_buffer((Tt * NA * 16,), I32, scope="global", annotations=STACK)
+        acc16 = T.alloc_buffer((Tt * 32,), "int16", scope="global", annotations=STACK)
         for tb in range(NTB):
             for l in T.vectorized(Tt * 16):
                 facc[l] = T.float32(0)
             for kb in range(KB):
                 for l in T.vectorized(Tt * NA * 16):
                     iacc[l] = 0
-                if mm:
+                if i16:
+                    for l in T.vectorized(Tt * 32):
+                        acc16[l] = T.int16(0)
+                    for c in T.unroll(CPB):
+                        if PF > 0:
+                            prefetch(Wsrc, T.min(wbase + (kb * CPB + c) * 64 + PF, wlen - 1))
+                        v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + (kb * CPB + c) * 64, 1, 64)]
+                        for h in T.unroll(SUB):
+                            u: T.let[T.uint8x64] = operand(v, h)
+                            for ti in T.unroll(Tt):
+                                acc16[T.Ramp(ti * 32, 1, 32)] = madd16_avx2(
+                                    acc16[T.Ramp(ti * 32, 1, 32)], u, xq, trow(tb, ti) * K + kb * QA + c * g.kpc + h * 4)
+                    for ti in T.unroll(Tt):
+                        iacc[T.Ramp(ti * 16, 1, 16)] = flush16(acc16[T.Ramp(ti * 32, 1, 32)])
+                elif mm:
                     for m in T.unroll(NPAIR):   # operands 2m, 2m+1 (chunk c = i // SUB, sub h = i % SUB): k 8m..8m+7
                         ua: T.let[T.uint8x64] = operand(Wsrc[T.Ramp(wbase + (kb * CPB + (2 * m) // SUB) * 64, 1, 64)],
                                                         (2 * m) % SUB)
@@ -382,6 +427,8 @@ def block_kernel(cpu, scheme: str, T_: int, N: int, K: int, G: int | None, bias:
                         iacc[T.Ramp(tp * 32, 1, 32)] = mmla_tokens(iacc[T.Ramp(tp * 32, 1, 32)])
                 else:
                     for c in T.unroll(CPB):
+                        if PF > 0:
+                            prefetch(Wsrc, T.min(wbase + (kb * CPB + c) * 64 + PF, wlen - 1))
                         v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + (kb * CPB + c) * 64, 1, 64)]
                         for h in T.unroll(SUB):
                             u: T.let[T.uint8x64] = operand(v, h)
@@ -446,14 +493,14 @@ def block_kernel(cpu, scheme: str, T_: int, N: int, K: int, G: int | None, bias:
         cr = T.alloc_buffer((T_ * KB,), I32, scope="global")
         act(X, xq, dx, cr)
         for nb in outer(NBf):
-            panel(Wf, nb * NR * BPR, Sf, nb * NR * KG, X, Sf, Bs, O, xq, dx, cr, nb, True)
+            panel(Wf, nb * NR * BPR, N * BPR, Sf, nb * NR * KG, X, Sf, Bs, O, xq, dx, cr, nb, True)
         if R > 0:
             Ws = T.alloc_buffer((WS_len,), U8, scope="global")
             Ss = T.alloc_buffer((SS_len,), S_dt, scope="global")
             tail_copy(Wf, Ws)
             if group:
                 tail_scales(Sf, Ss)
-            panel(Ws, 0, Ss, 0, X, Sf, Bs, O, xq, dx, cr, NBf, False)
+            panel(Ws, 0, WS_len, Ss, 0, X, Sf, Bs, O, xq, dx, cr, NBf, False)
 
     return _drop_bias(linear_q, bias, 3)
 
@@ -465,7 +512,17 @@ def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool):
     BPR, NCH, NBf, R = g.BPR, g.NCH, g.NBf, g.R
     mm = _use_mmla(cpu, path, T_)
     Tt = _tt(path, T_, 8, mm)
-    NA = 4 if Tt == 1 else 1
+    # AVX2: vpmaddubsw results add up in int16 and are widened once per FL chunks. GEMV: one 16-bit shift per
+    # vector serves two bit pairs, (v & 3, v & 12) and ((v >> 4) & 3, (v >> 4) & 12); the `& 12` operands are
+    # 4 * code and go to their own accumulator (index 1), shifted back by 2 when widened (exact). The prefill GEMM
+    # (2 tokens) keeps one accumulator per token and a shift per bit pair (two more accumulators would spill)
+    i16 = path == "avx2"
+    pair4 = i16 and Tt == 1
+    NA16 = 2 if pair4 else 1
+    FL = (i16_capacity(4 * 2 * g.off) // 2 if pair4 else i16_capacity(2 * g.off) // 4) if i16 else NCH
+    NF = (NCH + FL - 1) // FL
+    NA = 4 if Tt == 1 and not i16 else 1
+    PF = cpu.prefetch_bytes if T_ == 1 else 0   # decode streams the weights once: prefetch ahead of the loads
     NTB = (T_ + Tt - 1) // Tt
     rag_t = T_ % Tt != 0
     B_shape = (N,) if bias else (1,)
@@ -490,17 +547,44 @@ def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool):
         return (iacc[l] + iacc[16 + l]) + (iacc[32 + l] + iacc[48 + l])
 
     def operand(v, j):
+        if pair4:
+            return (v >> T.Broadcast(T.Cast(U8, 4 * (j // 2)), 64)) & T.Broadcast(
+                T.Cast(U8, T.shift_left(3, 2 * (j % 2))), 64)
         if premul:
             return v & T.Broadcast(T.Cast(U8, T.shift_left(3, 2 * j)), 64)
         return (v >> T.Broadcast(T.Cast(U8, 2 * j), 64)) & _u8(3)
 
     @T.macro
-    def panel(Wsrc, wbase, Sc, Bs, O, xq, dx, cr, nb, full):
+    def panel(Wsrc, wbase, wlen, Sc, Bs, O, xq, dx, cr, nb, full):
         iacc = T.alloc_buffer((Tt * NA * 16,), I32, scope="global", annotations=STACK)
+        acc16 = T.alloc_buffer((Tt * NA16 * 32,), "int16", scope="global", annotations=STACK)
         for tb in range(NTB):
             for l in T.vectorized(Tt * NA * 16):
                 iacc[l] = 0
-            for ch in range(NCH):
+            if i16:
+                for f in range(NF):
+                    for l in T.vectorized(Tt * NA16 * 32):
+                        acc16[l] = T.int16(0)
+                    for cc in range(T.min(FL, NCH - f * FL)):
+                        if PF > 0:
+                            prefetch(Wsrc, T.min(wbase + (f * FL + cc) * 64 + PF, wlen - 1))
+                        v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + (f * FL + cc) * 64, 1, 64)]
+                        for j in T.unroll(4):
+                            u: T.let[T.uint8x64] = operand(v, j)
+                            for ti in T.unroll(Tt):
+                                acc16[T.Ramp((ti * NA16 + j % NA16) * 32, 1, 32)] = madd16_avx2(
+                                    acc16[T.Ramp((ti * NA16 + j % NA16) * 32, 1, 32)], u, xq,
+                                    trow(tb, ti) * K + (f * FL + cc) * 16 + 4 * j)
+                    for ti in T.unroll(Tt):
+                        if pair4:
+                            iacc[T.Ramp(0, 1, 16)] = iacc[T.Ramp(0, 1, 16)] + (flush16(acc16[T.Ramp(0, 1, 32)]) + (
+                                T.shift_right(flush16(acc16[T.Ramp(32, 1, 32)]), T.Broadcast(2, 16))))
+                        else:
+                            iacc[T.Ramp(ti * 16, 1, 16)] = iacc[T.Ramp(ti * 16, 1, 16)] + flush16(
+                                acc16[T.Ramp(ti * 32, 1, 32)])
+            for ch in range(0 if i16 else NCH):
+                if PF > 0:
+                    prefetch(Wsrc, T.min(wbase + ch * 64 + PF, wlen - 1))
                 v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + ch * 64, 1, 64)]
                 if mm:
                     for m in T.unroll(2):   # bit pairs 2m, 2m+1: k 16ch + 8m .. +7
@@ -555,11 +639,11 @@ def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool):
         cr = T.alloc_buffer((T_,), I32, scope="global")
         act(X, xq, dx, cr)
         for nb in outer(NBf):
-            panel(Wf, nb * NR * BPR, Sc, Bs, O, xq, dx, cr, nb, True)
+            panel(Wf, nb * NR * BPR, N * BPR, Sc, Bs, O, xq, dx, cr, nb, True)
         if R > 0:
             Ws = T.alloc_buffer((WS_len,), U8, scope="global")
             tail_copy(Wf, Ws)
-            panel(Ws, 0, Sc, Bs, O, xq, dx, cr, NBf, False)
+            panel(Ws, 0, WS_len, Sc, Bs, O, xq, dx, cr, NBf, False)
 
     return _drop_bias(linear_t2, bias, 3)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-NINPUTS = {"embed": 2, "embed_q8": 3, "relu2_mul": 2, "rmsnorm": 2, "rope": 3, "attention": 3, "add": 2, "swiglu": 2, "copy": 1}
+NINPUTS = {"embed": 2, "embed_q8": 3, "embed_q4": 3, "relu2_mul": 2, "rmsnorm": 2, "rope": 3, "attention": 3, "add": 2, "swiglu": 2, "copy": 1}
 QUANT_LINEAR = ("linear_q8", "linear_q4", "linear_t2", "linear_t2_lut")
 
 
@@ -71,9 +71,10 @@ def reference(op: str, args, **p) -> np.ndarray:
         return _f64(a[0]).copy()
     if op == "relu2_mul":
         return np.maximum(_f64(a[0]), 0) ** 2 * _f64(a[1])
-    if op == "embed_q8":
+    if op in ("embed_q8", "embed_q4"):
         from ...quant import packing
 
-        table = packing.dequantize_q8({"qweight": a[1], "scales": a[2]}).astype(np.float64)
+        deq = packing.dequantize_q8 if op == "embed_q8" else packing.dequantize_q4
+        table = deq({"qweight": a[1], "scales": a[2]}).astype(np.float64)
         return table[np.clip(np.asarray(a[0]), 0, table.shape[0] - 1)]
     raise ValueError(f"unknown op {op!r}")
