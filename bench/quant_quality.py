@@ -4,8 +4,9 @@
 
 Rows: demo-llama in f32, f16, q8, q4g32 RTN (also with a q4g32 embedding/head), q4g32 GPTQ, q4g64 RTN, q4g128
 RTN, q4g128 GPTQ, t2 post-training, and demo-bitnet's native ternary package (q8 and q4g32 embedding/head). Each
-row gives perplexity, its change vs f32, the mean KL divergence of its next-token distribution from the f32 package's (demo-llama rows; on the first --kl-tokens tokens: perplexity alone
-cannot rank schemes whose loss is within noise), bits per weight and the weight bytes. Non-overlapping windows of
+row gives perplexity, its change vs f32, the mean KL divergence of its next-token distribution from the f32
+package's (demo-llama rows; on the first --kl-tokens tokens: perplexity alone cannot rank schemes whose loss is
+within noise), bits per weight and the weight bytes. Non-overlapping windows of
 the models' training context (256) over the shipped held-out text.
 """
 from __future__ import annotations

@@ -55,8 +55,11 @@ def blocking(cpu, T_: int, NH: int, KVH: int):
     nt = max(1, cpu.num_threads)
     Tq = next(c for c in (8, 4, 2, 1) if T_ % c == 0)
     Gb = next(c for c in (8, 4, 2, 1) if G % c == 0)
-    # keep enough tasks for the threads (causal rows have unequal cost, so aim for >= 4 per thread)
-    while Gb * Tq > 1 and KVH * (G // Gb) * (T_ // Tq) < 4 * nt:
+    # keep enough tasks for the threads: prefill's causal rows have unequal cost, so aim for >= 4 per thread; in
+    # decode all rows cost the same and one task per kv head is best: each task streams its head's K/V rows
+    # (evicted from the caches by the weight stream between layers) once, instead of once per head block
+    min_tasks = nt if T_ == 1 else 4 * nt
+    while Gb * Tq > 1 and KVH * (G // Gb) * (T_ // Tq) < min_tasks:
         if Tq >= Gb and Tq > 1:
             Tq //= 2
         else:

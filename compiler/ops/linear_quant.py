@@ -21,15 +21,19 @@ shift+and per nibble; t2: shift+and per bit pair) into u8 codes whose int32 lane
 of row r, and multiplied with the 4 matching int8 activations broadcast to all lanes:
   AVX-512 (vector_lanes 16, x86): one VNNI vpdpbusd per 16 rows x 4 k (u8 codes x s8 activations); the
      unsigned-code offset is removed once per block: isum = sum(code * xq) - offset * sum(xq).
-  AVX2 (vector_lanes 8, x86): vpmaddubsw + vpmaddwd per 8 rows x 4 k (q4/t2 codes <= 15 never saturate the
-     int16 pairs); q8 uses the sign trick (|x| u8 x sign(w, x) s8, <= 2 * 127 * 127) on signed codes.
+  AVX2 (vector_lanes 8, x86): vpmaddubsw per 8 rows x 4 k (q4/t2 codes <= 15 never saturate the int16 pairs),
+     and the int16 results are added up in int16 as far as they cannot overflow (q4: the block's 8 operands; t2:
+     FL chunks, see i16_capacity) before one vpmaddwd widens them to int32; q8 uses the sign trick
+     (|x| u8 x sign(w, x) s8, <= 2 * 127 * 127: one result fills an int16 lane) with vpmaddwd per operand.
   aarch64 with dotprod (rpi5, android-cpu): one SDOT per 4 rows x 4 k (each 16-byte quarter of a chunk, the
      activation word broadcast); q4/t2 codes (<= 15) are valid int8 as they are, q8 codes are flipped to signed.
   aarch64 with i8mm (android-cpu), prefill only: SMMLA, 2 rows x 2 tokens x 8 k per instruction; the operands of
      k0..3 and k4..7 are zipped per row pair (zip1/zip2 .4s), tokens go in pairs (Tt = 4), and the 2x2 tiles are
      put back in token order once per block.
   other (NEON without dotprod: rpi4, ...): the same loops in plain integer TIR (LLVM lowers them to smull/smlal).
-T == 1 (decode GEMV, memory bound): parallel over panels; 2 (q8: alternating chunks; q4: one per nibble) or
+T == 1 (decode GEMV, memory bound): parallel over panels; each 64-byte chunk load is preceded by a software prefetch
+  cpu.prefetch_bytes ahead in the panel stream (x86 targets; the hardware prefetcher alone left 5-12% of the
+  bandwidth unused on Zen 3); on VNNI and sdot 2 (q8: alternating chunks; q4: one per nibble) or
   4 (t2: one per bit pair) independent int accumulators per panel, so on VNNI the codes are only masked in
   place (v & 0xF0 = 16 * code) and each accumulator is shifted back exactly once per block (q4) or per row
   (t2): one `and` + one vpdpbusd per 64 bytes of weights (t2 needs K <= 65536 for that; larger K shifts).

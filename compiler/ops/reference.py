@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-NINPUTS = {"embed": 2, "embed_q8": 3, "embed_q4": 3, "relu2_mul": 2, "rmsnorm": 2, "rope": 3, "attention": 3, "add": 2, "swiglu": 2, "copy": 1}
+NINPUTS = {"embed": 2, "embed_q8": 3, "embed_q4": 3, "relu2_mul": 2, "rmsnorm": 2, "rope": 3, "attention": 3, "add": 2,
+           "swiglu": 2, "copy": 1}
 QUANT_LINEAR = ("linear_q8", "linear_q4", "linear_t2", "linear_t2_lut")
 
 
