@@ -132,3 +132,10 @@ def concat_vecs(vecs, w):
         vecs = [tirx.Shuffle([vecs[i], vecs[i + 1]], list(range(2 * w))) for i in range(0, len(vecs), 2)]
         w *= 2
     return vecs[0]
+
+
+def prefetch(buf, idx):
+    """Software prefetch of the cache line holding buf[idx] (read, keep in all cache levels)."""
+    from tvm.script import tirx as T
+
+    return T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(buf[idx]), 0, 3, 1))

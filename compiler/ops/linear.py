@@ -22,7 +22,7 @@ from __future__ import annotations
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, concat_vecs, hsum, let_wrap, tree_reduce
+from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, concat_vecs, hsum, let_wrap, prefetch, tree_reduce
 
 
 def _w(v, wdtype):
@@ -71,8 +71,7 @@ def gemv(cpu, N: int, K: int, wdtype: str, bias: bool):
                 for ko in range(Km // L):
                     if NPF > 0:
                         for pi in T.unroll(NPF):
-                            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(
-                                Wf[T.min(n * K + ko * L + pf + pi * (64 // PB), N * K - 1)]), 0, 3, 1))
+                            prefetch(Wf, T.min(n * K + ko * L + pf + pi * (64 // PB), N * K - 1))
                     for u in T.unroll(U):
                         for l in T.vectorized(VL):
                             acc[u * VL + l] = acc[u * VL + l] + X[0, ko * L + u * VL + l] * _w(

@@ -61,7 +61,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ...quant.packing import EPS_BLOCK, EPS_TOKEN, LAYOUTS, NR, QA
-from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, concat_vecs, hmax, hsum
+from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, concat_vecs, hmax, hsum, prefetch
 
 U8 = "uint8"
 I32 = "int32"
@@ -204,11 +204,6 @@ def lookup16_neon(tab, base, idx):
         i = T.reinterpret("int8x16", T.Shuffle([idx], list(range(16 * q, 16 * q + 16))))
         res.append(T.call_llvm_pure_intrin("int8x16", "llvm.aarch64.neon.tbl1", t, i))
     return T.reinterpret("uint8x64", concat_vecs(res, 16))
-
-
-def prefetch(buf, idx):
-    """Software prefetch of the cache line holding buf[idx] (read, keep in all levels)."""
-    return T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(buf[idx]), 0, 3, 1))
 
 
 def _outer(parallel: bool):
@@ -403,21 +398,7 @@ def block_kernel(cpu, scheme: str, T_: int, N: int, K: int, G: int | None, bias:
             for kb in range(KB):
                 for l in T.vectorized(Tt * NA * 16):
                     iacc[l] = 0
-                if i16:
-                    for l in T.vectorized(Tt * 32):
-                        acc16[l] = T.int16(0)
-                    for c in T.unroll(CPB):
-                        if PF > 0:
-                            prefetch(Wsrc, T.min(wbase + (kb * CPB + c) * 64 + PF, wlen - 1))
-                        v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + (kb * CPB + c) * 64, 1, 64)]
-                        for h in T.unroll(SUB):
-                            u: T.let[T.uint8x64] = operand(v, h)
-                            for ti in T.unroll(Tt):
-                                acc16[T.Ramp(ti * 32, 1, 32)] = madd16_avx2(
-                                    acc16[T.Ramp(ti * 32, 1, 32)], u, xq, trow(tb, ti) * K + kb * QA + c * g.kpc + h * 4)
-                    for ti in T.unroll(Tt):
-                        iacc[T.Ramp(ti * 16, 1, 16)] = flush16(acc16[T.Ramp(ti * 32, 1, 32)])
-                elif mm:
+                if mm:
                     for m in T.unroll(NPAIR):   # operands 2m, 2m+1 (chunk c = i // SUB, sub h = i % SUB): k 8m..8m+7
                         ua: T.let[T.uint8x64] = operand(Wsrc[T.Ramp(wbase + (kb * CPB + (2 * m) // SUB) * 64, 1, 64)],
                                                         (2 * m) % SUB)
@@ -430,6 +411,9 @@ def block_kernel(cpu, scheme: str, T_: int, N: int, K: int, G: int | None, bias:
                     for tp in T.unroll(Tt // 2):
                         iacc[T.Ramp(tp * 32, 1, 32)] = mmla_tokens(iacc[T.Ramp(tp * 32, 1, 32)])
                 else:
+                    if i16:
+                        for l in T.vectorized(Tt * 32):
+                            acc16[l] = T.int16(0)
                     for c in T.unroll(CPB):
                         if PF > 0:
                             prefetch(Wsrc, T.min(wbase + (kb * CPB + c) * 64 + PF, wlen - 1))
@@ -437,9 +421,17 @@ def block_kernel(cpu, scheme: str, T_: int, N: int, K: int, G: int | None, bias:
                         for h in T.unroll(SUB):
                             u: T.let[T.uint8x64] = operand(v, h)
                             for ti in T.unroll(Tt):
-                                iacc[T.Ramp((ti * NA + (c * SUB + h) % NA) * 16, 1, 16)] = dot(
-                                    iacc[T.Ramp((ti * NA + (c * SUB + h) % NA) * 16, 1, 16)], u, xq,
-                                    trow(tb, ti) * K + kb * QA + c * g.kpc + h * 4)
+                                if i16:
+                                    acc16[T.Ramp(ti * 32, 1, 32)] = madd16_avx2(
+                                        acc16[T.Ramp(ti * 32, 1, 32)], u, xq,
+                                        trow(tb, ti) * K + kb * QA + c * g.kpc + h * 4)
+                                else:
+                                    iacc[T.Ramp((ti * NA + (c * SUB + h) % NA) * 16, 1, 16)] = dot(
+                                        iacc[T.Ramp((ti * NA + (c * SUB + h) % NA) * 16, 1, 16)], u, xq,
+                                        trow(tb, ti) * K + kb * QA + c * g.kpc + h * 4)
+                    if i16:
+                        for ti in T.unroll(Tt):
+                            iacc[T.Ramp(ti * 16, 1, 16)] = flush16(acc16[T.Ramp(ti * 32, 1, 32)])
                 for ti in T.unroll(Tt):
                     for l in T.vectorized(16):
                         facc[ti * 16 + l] = facc[ti * 16 + l] + T.Cast(
