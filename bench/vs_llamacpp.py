@@ -23,6 +23,7 @@ edgellm bench decodes after the -p prompt (the generate path), i.e. over a sligh
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -68,10 +69,29 @@ def make_model(work: Path, size: str, seed: int, ternary: bool) -> Path:
 
 
 # ---- 2. edgellm packages --------------------------------------------------------------------------------------
+PACKAGE_SOURCES = ("compiler", "quant", "runtime", "offload", "targets", "models")  # what a package is built from
+
+
+def source_stamp(max_context: int) -> str:
+    """Fingerprint of the edgellm sources (and options) a cached package was built from: a package built before a
+    kernel change must not be benchmarked as if it were current."""
+    root = HERE.parent
+    h = hashlib.sha256(f"max_context={max_context}".encode())
+    for d in PACKAGE_SOURCES:
+        for f in sorted((root / d).rglob("*")):
+            if f.suffix in (".py", ".c", ".h") and f.is_file():
+                h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def compile_package(work: Path, model: Path, scheme: str, max_context: int) -> tuple[Path | None, str]:
     out = work / "packages" / f"{model.name}-{scheme}.edgellm"
+    stamp = source_stamp(max_context)
     if (out / "manifest.json").is_file():
-        return out, ""
+        if (out / "bench-stamp").is_file() and (out / "bench-stamp").read_text() == stamp:
+            return out, ""
+        log(f"{out.name}: built from other sources, rebuilding")
+        shutil.rmtree(out)
     log(f"edgellm compile {model.name} -q {scheme} ...")
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "edgellm.cli", "compile", str(model), "-q", scheme, "-o", str(out),
@@ -81,6 +101,7 @@ def compile_package(work: Path, model: Path, scheme: str, max_context: int) -> t
         why = (p.stderr.strip().splitlines() or ["failed"])[-1]
         log(f"  {scheme}: n/a ({why})")
         return None, why
+    (out / "bench-stamp").write_text(stamp)
     log(f"  {time.perf_counter() - t0:.0f} s")
     return out, ""
 
@@ -317,7 +338,7 @@ def table(result: dict) -> str:
                      f"({d['ratio_min']:.2f}-{d['ratio_max']:.2f}) | {rb['edgellm'] / 1e6:.1f} / "
                      f"{rb['llamacpp'] / 1e6:.1f} | {bw['edgellm']:.0f} / {bw['llamacpp']:.0f} |")
     m = result["meta"]
-    bws = [r["summary"]["membw_gbs"] for r in result["schemes"].values() if "summary" in r]
+    bws = [rd["membw_gbs"] for r in result["schemes"].values() if "summary" in r for rd in r.get("rounds", ())]
     lines.append(f"\n{m['model']}: {m['threads']} threads, prompt {m['prompt_len']}, generate {m['gen_len']}, "
                  f"{m['rounds']} interleaved rounds x {m['reps']} reps (medians); llama.cpp {m['llamacpp']}; "
                  f"read bandwidth ({m['threads']} threads) {min(bws, default=0):.1f}-{max(bws, default=0):.1f} GB/s")

@@ -58,3 +58,36 @@ def test_streaming_checkpoint_equals_in_memory(tmp_path, dtype):
     b = load_file(str(make_checkpoint(tmp_path / "b", seed=2, dtype=dtype, tokenizer=False, ternary=True,
                                       streaming=True) / "model.safetensors"))
     assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and (a[k] == b[k]).all() for k in a)
+
+
+def test_vs_llamacpp_rebuilds_packages_built_from_other_sources(tmp_path, monkeypatch):
+    """bench/vs_llamacpp.py reuses a cached package only while the sources it was built from are unchanged."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "vs_llamacpp.py"
+    spec = importlib.util.spec_from_file_location("vs_llamacpp", path)
+    vs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vs)
+    calls = []
+
+    def fake_compile(cmd, **kw):
+        out = Path(cmd[cmd.index("-o") + 1])
+        out.mkdir(parents=True)
+        (out / "manifest.json").write_text("{}")
+        calls.append(out)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(vs.subprocess, "run", fake_compile)
+    model = tmp_path / "llama-small-seed0"
+    assert vs.source_stamp(256) == vs.source_stamp(256) != vs.source_stamp(512)
+    out, _ = vs.compile_package(tmp_path, model, "t2", 256)
+    assert len(calls) == 1 and (out / "bench-stamp").read_text() == vs.source_stamp(256)
+    vs.compile_package(tmp_path, model, "t2", 256)
+    assert len(calls) == 1  # cached
+    (out / "bench-stamp").write_text("0123456789abcdef")  # built from older sources
+    vs.compile_package(tmp_path, model, "t2", 256)
+    assert len(calls) == 2
+    vs.compile_package(tmp_path, model, "t2", 512)  # other options
+    assert len(calls) == 3
