@@ -23,6 +23,7 @@ edgellm bench decodes after the -p prompt (the generate path), i.e. over a sligh
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -72,9 +73,11 @@ def make_model(work: Path, size: str, seed: int, ternary: bool) -> Path:
 PACKAGE_SOURCES = ("compiler", "quant", "runtime", "offload", "targets", "models")  # what a package is built from
 
 
+@functools.cache
 def source_stamp(max_context: int) -> str:
     """Fingerprint of the edgellm sources (and options) a cached package was built from: a package built before a
-    kernel change must not be benchmarked as if it were current."""
+    kernel change must not be benchmarked as if it were current. Read once per run (the sources must not change
+    during a benchmark anyway: TVMScript re-reads them while compiling)."""
     root = HERE.parent
     h = hashlib.sha256(f"max_context={max_context}".encode())
     for d in PACKAGE_SOURCES:
