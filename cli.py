@@ -21,8 +21,8 @@ def cli():
 @click.option("--quant", "-q", default=None,
               help="weight scheme: f32, f16, q8, q4g32, q4g64, q4g128, t2 [default: f16; t2 for BitNet checkpoints]")
 @click.option("--head-quant", default=None,
-              help="scheme of the embedding table and lm_head: f32, f16, q8, q4g32, q4g64, q4g128 "
-                   "[default: the float scheme, q8 for integer ones]")
+              help="scheme of the embedding table and lm_head: f32, f16, q8, q6, q4g32, q4g64, q4g128 (q6: 6.5 bits, "
+                   "llama.cpp's Q6_K output size) [default: the float scheme, q8 for integer ones]")
 @click.option("--gptq", is_flag=True, help="GPTQ (second-order error compensation) instead of round-to-nearest, for q4 schemes")
 @click.option("--calib", type=click.Path(), default=None, help="calibration text file for --gptq [default: built-in sample]")
 @click.option("--act-order", is_flag=True, help="GPTQ: quantize columns in order of decreasing activation energy")

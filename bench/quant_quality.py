@@ -2,8 +2,9 @@
 
     python bench/quant_quality.py [--max-tokens N] [--context 256] [--work DIR] [--json]
 
-Rows: demo-llama in f32, f16, q8, q4g32 RTN (also with a q4g32 embedding/head), q4g32 GPTQ, q4g64 RTN, q4g128
-RTN, q4g128 GPTQ, t2 post-training, and demo-bitnet's native ternary package (q8 and q4g32 embedding/head). Each
+Rows: demo-llama in f32, f16, q8, q4g32 RTN (also with a q6 and a q4g32 embedding/head), q4g32 GPTQ, q4g64 RTN,
+q4g128 RTN, q4g128 GPTQ, t2 post-training, and demo-bitnet's native ternary package (q8, q6 and q4g32
+embedding/head). Each
 row gives perplexity, its change vs f32, the mean KL divergence of its next-token distribution from the f32
 package's (demo-llama rows; on the first --kl-tokens tokens: perplexity alone cannot rank schemes whose loss is
 within noise), bits per weight and the weight bytes. Non-overlapping windows of
@@ -39,6 +40,7 @@ ROWS = [  # label, model, compile kwargs
     ("f16", "demo-llama", {"quant": "f16"}),
     ("q8", "demo-llama", {"quant": "q8"}),
     ("q4g32 RTN", "demo-llama", {"quant": "q4g32"}),
+    ("q4g32 RTN, q6 head", "demo-llama", {"quant": "q4g32", "head_quant": "q6"}),
     ("q4g32 RTN, q4g32 head", "demo-llama", {"quant": "q4g32", "head_quant": "q4g32"}),
     ("q4g32 GPTQ", "demo-llama", {"quant": "q4g32", "gptq": True}),
     ("q4g64 RTN", "demo-llama", {"quant": "q4g64"}),
@@ -46,6 +48,7 @@ ROWS = [  # label, model, compile kwargs
     ("q4g128 GPTQ", "demo-llama", {"quant": "q4g128", "gptq": True}),
     ("t2 post-training", "demo-llama", {"quant": "t2"}),
     ("t2 native (demo-bitnet)", "demo-bitnet", {"quant": "t2"}),
+    ("t2 native, q6 head (demo-bitnet)", "demo-bitnet", {"quant": "t2", "head_quant": "q6"}),
     ("t2 native, q4g32 head (demo-bitnet)", "demo-bitnet", {"quant": "t2", "head_quant": "q4g32"}),
 ]
 

@@ -7,7 +7,8 @@
    `small` ~110M (dim 768, 12 layers, 12 heads, ffn 2048, vocab 32000, tied embeddings) or `1b` (TinyLlama shape:
    dim 2048, 22 layers, 32 heads / 4 KV heads, ffn 5632, vocab 32000); `--ternary` makes every linear weight exactly
    absmean-ternary per row (so t2 and TQ2_0 hold the same weights losslessly);
-2. compiles it with edgellm for each scheme (a scheme that does not compile gets an "n/a" row);
+2. compiles it with edgellm for each scheme (a scheme that does not compile gets an "n/a" row), with the head type
+   llama-quantize gives the matching file (q4g32 and t2: --head-quant q6 for Q6_K; q8 and f16 keep their own);
 3. builds llama.cpp's llama-bench and llama-quantize from PyPI's llama-cpp-python 0.3.36 sdist (vendored llama.cpp
    commit 0c1e57098; -DGGML_NATIVE=ON; cached in the work dir) unless --llama-bench is given, writes the same weights
    as an F16 GGUF (Q/K rows permuted like convert_hf_to_gguf.py) and quantizes it: f16->F16, q8->Q8_0,
@@ -49,6 +50,9 @@ SIZES = {
                num_attention_heads=32, num_key_value_heads=4, head_dim=64, tie_word_embeddings=False),
 }
 GGUF_TYPE = {"f16": "F16", "q8": "Q8_0", "q4g32": "Q4_0", "t2": "TQ2_0"}
+# The lm_head type llama-quantize gives the output tensor of these files (Q6_K, 6.5625 bits; Q8_0 files keep Q8_0,
+# F16 files F16), matched by edgellm's --head-quant so that both read the same head bytes per token.
+HEAD_QUANT = {"q4g32": "q6", "t2": "q6"}
 
 
 def log(*a):
@@ -88,17 +92,18 @@ def source_stamp(max_context: int) -> str:
 
 
 def compile_package(work: Path, model: Path, scheme: str, max_context: int) -> tuple[Path | None, str]:
-    out = work / "packages" / f"{model.name}-{scheme}.edgellm"
+    head = HEAD_QUANT.get(scheme)
+    out = work / "packages" / f"{model.name}-{scheme}{f'-head-{head}' if head else ''}.edgellm"
     stamp = source_stamp(max_context)
     if (out / "manifest.json").is_file():
         if (out / "bench-stamp").is_file() and (out / "bench-stamp").read_text() == stamp:
             return out, ""
         log(f"{out.name}: built from other sources, rebuilding")
         shutil.rmtree(out)
-    log(f"edgellm compile {model.name} -q {scheme} ...")
+    log(f"edgellm compile {model.name} -q {scheme}{f' --head-quant {head}' if head else ''} ...")
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "edgellm.cli", "compile", str(model), "-q", scheme, "-o", str(out),
-           "--max-context", str(max_context), "--quiet"]
+           "--max-context", str(max_context), "--quiet"] + (["--head-quant", head] if head else [])
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         why = (p.stderr.strip().splitlines() or ["failed"])[-1]
@@ -330,7 +335,7 @@ def table(result: dict) -> str:
            "| ratio (min-max) | weights read/token MB edgellm / llama.cpp | % of mem BW edgellm / llama.cpp |")
     lines = [hdr, "|" + "---|" * 7]
     for scheme, r in result["schemes"].items():
-        name = f"{scheme} ({GGUF_TYPE[scheme]})"
+        name = f"{scheme} ({GGUF_TYPE[scheme]})" + (f", head {HEAD_QUANT[scheme]} (Q6_K)" if scheme in HEAD_QUANT else "")
         if "summary" not in r:
             lines.append(f"| {name} | n/a | | n/a | | | {r.get('error', '')} |")
             continue

@@ -36,7 +36,7 @@ def default_output(model: str, quant: str, target: str) -> Path:
     return Path(f"{Path(str(model).rstrip('/')).name}-{quant}-{target}.edgellm")
 
 
-HEAD_QUANTS = ("f32", "f16", "q8", "q4g32", "q4g64", "q4g128")
+HEAD_QUANTS = ("f32", "f16", "q8", "q6", "q4g32", "q4g64", "q4g128")
 
 
 def choose_schemes(spec, quant: str | None, head_quant: str | None, progress: bool = True):
@@ -89,6 +89,9 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         get_scheme(quant)
     if head_quant is not None:
         get_scheme(head_quant)
+    if quant is not None and quant not in tgt.quants and quant in HEAD_QUANTS:
+        raise CompileError(f"--quant {quant} is an embedding / lm_head scheme: pass it as --head-quant {quant} "
+                           f"(body schemes on {tgt.name}: {', '.join(tgt.quants)})")
     if quant is not None and quant not in tgt.quants:
         raise CompileError(f"--quant {quant} is not supported on target {tgt.name} (supported: {', '.join(tgt.quants)})")
     if calib is not None and not Path(calib).is_file():

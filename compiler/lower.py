@@ -119,7 +119,7 @@ class Lowering:
     @property
     def embed_dtype(self) -> str:
         """How the embedding table is stored: in the head scheme (one copy when the embeddings are tied)."""
-        return self.head_scheme.name if self.head_scheme.kind in ("q8", "q4") else self.head_scheme.dtype
+        return self.head_scheme.name if self.head_scheme.kind in ("q8", "q4", "q6") else self.head_scheme.dtype
 
     def _kernel(self, op: str, **params) -> int:
         name, func = self.make_kernel(op, self.cpu, **params)
@@ -221,14 +221,14 @@ class Lowering:
         s, op = self.spec, n.op
         if op == "embed":
             name, (V, D) = n.weights[0], self._raw_shape(n.weights[0])
-            if self.head_scheme.kind in ("q8", "q4"):
+            if self.head_scheme.kind in ("q8", "q4", "q6"):
                 self.head_scheme.check_shape(name, (V, D))
                 wargs = self._parts(name, self.head_scheme,
                                     lambda: self.head_scheme.quantize(np.asarray(self._raw(name), np.float32)))
-                if self.head_scheme.kind == "q8":
-                    k = self._kernel("embed_q8", T=T, V=V, D=D)
-                else:
+                if self.head_scheme.kind == "q4":
                     k = self._kernel("embed_q4", T=T, V=V, D=D, G=self.head_scheme.group)
+                else:
+                    k = self._kernel(f"embed_{self.head_scheme.kind}", T=T, V=V, D=D)
             else:
                 wargs = [self._weight(name, dtype=self.head_scheme.dtype)]
                 k = self._kernel("embed", T=T, V=V, D=D, wdtype=self.head_scheme.dtype)

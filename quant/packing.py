@@ -31,16 +31,21 @@ What a chunk byte (row r, byte b) holds, per scheme (codes are unsigned):
     q4  : low nibble  k = 8c + b,    high nibble  k = 8c + 4 + b      code = q + 8     (q in -8..7)
     t2  : bits 2j..2j+1 hold k = 16c + 4j + b  (j = 0..3)             code = t + 1     (t in -1, 0, 1)
 
+    q6  : per block of 32 k, 6 chunks: chunks 0-3 hold the low 4 bits of the codes as q4 does (k = 8c + b,
+          8c + 4 + b), chunks 4-5 their high 2 bits as t2 does (chunk 4 + e, bits 2j..2j+1: k = 16e + 4j + b)
+                                                                      code = q + 32    (q in -32..31)
+
 so unpacking nibble h / bit pair j of a whole chunk (one shift + one and per 64 bytes) gives a VNNI operand
 for the 4 consecutive activations k0..k0+3 (q4: k0 = 8c + 4h; t2: k0 = 16c + 4j).
 
 Scales: q8 per row f32 [N] in natural order; q4 per (row, group of G along K) f16 with nominal shape
 [N, K/G], interleaved in the same panels (panel base 16p * K/G, then group-major: base + g * Rp + r, so the 16
-scales of a panel for one group are one contiguous 32-byte load); t2 one f32 scale per tensor, shape [1].
+scales of a panel for one group are one contiguous 32-byte load); q6 the same with G = 32; t2 one f32 scale per
+tensor, shape [1].
 
 Activations (inside the kernels, once per call; the numpy functions below are bit-exact models)
 ------------------------------------------------------------------------------------------------
-q8 / q4: int8 per block of QA = 32 consecutive k of each token (absmax; like llama.cpp's Q8_0 activations):
+q8 / q4 / q6: int8 per block of QA = 32 consecutive k of each token (absmax; like llama.cpp's Q8_0 activations):
     amax = max(max|x_blk|, 1e-30);  inv = 127 / amax  (f32);  xq = rint(x * inv)  (f32 multiply, round half
     to even);  dx = amax / 127  (f32)
   y[t, n] = sum_blocks dx[t, b] * s[n, b] * sum_{k in b} q[n, k] * xq[t, k]       (s = row or group scale)
@@ -61,6 +66,8 @@ EPS_TOKEN = 1e-5   # absmax clamp of t2 per-token activations (BitNet / transfor
 
 # scheme: (bits per code, k per chunk, code offset)
 LAYOUTS = {"q8": (8, 4, 128), "q4": (4, 8, 8), "t2": (2, 16, 1)}
+Q6_GROUP = 32      # q6: scale group along K = the activation block (one 6-chunk block per group)
+Q6_CHUNKS = 6      # q6: chunks per 32-k block (4 low-nibble + 2 high-bit-pair chunks)
 
 
 # ----------------------------------------------------------------------------------------------- panels
@@ -209,6 +216,54 @@ def pack_t2(t: np.ndarray, scale: float) -> dict[str, np.ndarray]:
             "scale": np.array([scale], np.float32)}
 
 
+def quantize_q6(w: np.ndarray) -> dict[str, np.ndarray]:
+    """Symmetric int6 per group of 32 along K (the Q4_0 rule at 6 bits; llama.cpp's Q6_K head has the same
+    6.5 bits per weight): m = the element of largest |w| in the group (with its sign), d = f16(m / -32),
+    q = clip(rint(w / d), -32, 31)."""
+    w = np.asarray(w, np.float32)
+    N, K = w.shape
+    wg = w.reshape(N, K // Q6_GROUP, Q6_GROUP)
+    idx = np.abs(wg).argmax(axis=-1)
+    d16 = (np.take_along_axis(wg, idx[..., None], axis=-1)[..., 0] / np.float32(-32)).astype(np.float16)
+    d = d16.astype(np.float32)[..., None]
+    q = np.where(d != 0, np.clip(np.rint(wg / np.where(d != 0, d, np.float32(1))), -32, 31), 0)
+    return pack_q6(q.reshape(N, K).astype(np.int8), d16)
+
+
+def pack_q6(q: np.ndarray, scales: np.ndarray) -> dict[str, np.ndarray]:
+    """int6 codes q (-32..31, [N, K]) and group-of-32 scales [N, K/32] -> the q6 parts {"qweight", "scales"}."""
+    q = np.asarray(q)
+    if q.ndim != 2 or q.shape[1] % Q6_GROUP or q.min(initial=0) < -32 or q.max(initial=0) > 31:
+        raise ValueError(f"q6: codes must be [N, K] in -32..31 with K % {Q6_GROUP} == 0")
+    N, K = q.shape
+    KB = K // Q6_GROUP
+    code = (q.astype(np.int16) + 32).astype(np.uint8).reshape(N, KB, Q6_GROUP)
+    lo = (code & 15).reshape(N, KB, 4, 2, 4)                      # [n, block, chunk, nibble, b]
+    hi = (code >> 4).reshape(N, KB, 2, 4, 4)                      # [n, block, chunk, bit pair, b]
+    lo_bytes = lo[:, :, :, 0] | (lo[:, :, :, 1] << 4)
+    hi_bytes = np.bitwise_or.reduce(hi << (2 * np.arange(4, dtype=np.uint8))[None, None, None, :, None], axis=3)
+    rowbytes = np.concatenate([lo_bytes, hi_bytes], axis=2).astype(np.uint8).reshape(N, K * 6 // 8)
+    return {"qweight": interleave_rows(rowbytes, 4),
+            "scales": pack_group_scales(np.asarray(scales).astype(np.float16).reshape(N, KB))}
+
+
+def unpack_q6(qweight: np.ndarray) -> np.ndarray:
+    """q6 packed uint8 [N, 3K/4] -> int codes q (-32..31) int16 [N, K]."""
+    N, BPR = qweight.shape
+    KB = BPR // (Q6_CHUNKS * 4)
+    b = deinterleave_rows(np.asarray(qweight, np.uint8), 4).reshape(N, KB, Q6_CHUNKS, 4)
+    lo = np.stack([b[:, :, :4] & 15, b[:, :, :4] >> 4], axis=3).reshape(N, KB, Q6_GROUP)
+    hi = np.stack([(b[:, :, 4:] >> (2 * j)) & 3 for j in range(4)], axis=3).reshape(N, KB, Q6_GROUP)
+    return ((hi.astype(np.int16) << 4) | lo).reshape(N, KB * Q6_GROUP) - 32
+
+
+def dequantize_q6(parts) -> np.ndarray:
+    q = unpack_q6(parts["qweight"]).astype(np.float32)
+    d = unpack_group_scales(np.asarray(parts["scales"])).astype(np.float32)
+    N, K = q.shape
+    return (q.reshape(N, K // Q6_GROUP, Q6_GROUP) * d[..., None]).reshape(N, K)
+
+
 def dequantize_t2(parts) -> np.ndarray:
     t = unpack_codes(parts["qweight"], "t2").astype(np.float32) - 1
     return t * np.float32(parts["scale"][0])
@@ -261,6 +316,13 @@ def linear_q4_ref(x, qweight, scales, bias=None) -> np.ndarray:
     G = q.shape[1] // d.shape[1]
     d_blk = np.repeat(d, G // QA, axis=1)                                  # [N, K/QA]
     return _bias((_block_sums(xq, q, QA) * dx.astype(np.float64)[:, None, :] * d_blk[None]).sum(axis=2), bias)
+
+
+def linear_q6_ref(x, qweight, scales, bias=None) -> np.ndarray:
+    xq, dx = quantize_act_blocks(x)
+    q = unpack_q6(qweight).astype(np.int32)
+    d = unpack_group_scales(np.asarray(scales)).astype(np.float64)     # [N, K/32]: one scale per block
+    return _bias((_block_sums(xq, q, QA) * dx.astype(np.float64)[:, None, :] * d[None]).sum(axis=2), bias)
 
 
 def linear_t2_ref(x, qweight, scale, bias=None) -> np.ndarray:

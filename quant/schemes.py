@@ -9,6 +9,7 @@ Only matrices (linear, embedding) are quantized; norms, biases and RoPE tables s
 | f16    | w f16[N, K]                               | 16          | f16 weights, f32 math                          |
 | q8     | qweight u8[N, K], scales f32[N]           | 8 + 32/K    | int8 per row; int8 activations per 32-k block  |
 | q4gG   | qweight u8[N, K/2], scales f16[N, K/G]    | 4 + 16/G    | int4 per G-group; int8 activations per 32-k blk|
+| q6     | qweight u8[N, 3K/4], scales f16[N, K/32]  | 6.5         | int6 per 32-group; int8 activations per 32-k blk|
 | t2     | qweight u8[N, K/4], scale f32[1]          | 2 + 32/(NK) | ternary absmean per tensor; int8 act per token |
 
 (bits_per_weight counts the scales; the per-row / per-tensor ones are counted at K = 4096 / N = K = 4096.)
@@ -41,7 +42,7 @@ class Scheme:
     name: str
     bits_per_weight: float
     description: str
-    kind: str = "float"               # float | q8 | q4 | t2
+    kind: str = "float"               # float | q8 | q4 | q6 | t2
     dtype: str = "float32"            # float schemes: storage dtype of "w"
     group: int = 0                    # q4: group size along K
     part_order: tuple[str, ...] = ("w",)
@@ -54,9 +55,10 @@ class Scheme:
             raise CompileError(f"cannot quantize '{name}' with {self.name}: expected a 2-D [N, K] matrix, "
                                f"got shape {list(shape)}")
         K = shape[1]
-        mult = {"q8": packing.QA, "q4": self.group, "t2": 16}.get(self.kind)
+        mult = {"q8": packing.QA, "q4": self.group, "q6": packing.Q6_GROUP, "t2": 16}.get(self.kind)
         if mult and K % mult:
             why = {"q8": "the int8 activation block of 32", "q4": f"the group size {self.group}",
+                   "q6": f"the group size {packing.Q6_GROUP}",
                    "t2": "the packed ternary chunk of 16"}[self.kind]
             raise CompileError(f"cannot quantize '{name}' [{shape[0]}, {K}] with {self.name}: K={K} is not a "
                                f"multiple of {why}; use --quant f16 (or a scheme whose block divides K)")
@@ -71,13 +73,16 @@ class Scheme:
             return packing.quantize_q8(w)
         if self.kind == "q4":
             return packing.quantize_q4(w, self.group)
+        if self.kind == "q6":
+            return packing.quantize_q6(w)
         return packing.quantize_t2(w)
 
     def dequantize(self, parts: dict[str, np.ndarray]) -> np.ndarray:
         """parts -> f32 [N, K]: what the weights are after quantization."""
         if self.kind == "float":
             return np.asarray(parts["w"]).astype(np.float32)
-        return {"q8": packing.dequantize_q8, "q4": packing.dequantize_q4, "t2": packing.dequantize_t2}[self.kind](parts)
+        return {"q8": packing.dequantize_q8, "q4": packing.dequantize_q4, "q6": packing.dequantize_q6,
+                "t2": packing.dequantize_t2}[self.kind](parts)
 
     # ------------------------------------------------------------------------------------------ kernels
     def linear_kernel(self, T: int, N: int, K: int, bias: bool) -> tuple[str, dict]:
@@ -90,6 +95,8 @@ class Scheme:
             return "linear_q8", p
         if self.kind == "q4":
             return "linear_q4", {**p, "G": self.group}
+        if self.kind == "q6":
+            return "linear_q6", p
         return T2_OP, p
 
     def reference_linear(self, x: np.ndarray, parts: dict[str, np.ndarray], bias=None) -> np.ndarray:
@@ -99,7 +106,8 @@ class Scheme:
             y = x.astype(np.float64) @ np.asarray(parts["w"]).astype(np.float64).T
             return y if bias is None else y + np.asarray(bias, np.float64)
         args = [parts[k] for k in self.part_order]
-        fn = {"q8": packing.linear_q8_ref, "q4": packing.linear_q4_ref, "t2": packing.linear_t2_ref}[self.kind]
+        fn = {"q8": packing.linear_q8_ref, "q4": packing.linear_q4_ref, "q6": packing.linear_q6_ref,
+              "t2": packing.linear_t2_ref}[self.kind]
         return fn(x, *args, bias=bias)
 
 
@@ -117,6 +125,10 @@ SCHEMES: dict[str, Scheme] = {
     "q4g32": _q4(32),
     "q4g64": _q4(64),
     "q4g128": _q4(128),
+    # an embedding / lm_head scheme (--head-quant q6): the bits of llama.cpp's Q6_K output tensor
+    "q6": Scheme("q6", 6 + 16 / 32, "int6 per group of 32 along K (symmetric, f16 scale per group), int8 "
+                 "activations per 32-k block, integer dot products", kind="q6", group=32,
+                 part_order=("qweight", "scales")),
     "t2": Scheme("t2", 2 + 32 / 4096 ** 2, "ternary {-1,0,+1} (BitNet b1.58 absmean, one f32 scale per tensor), "
                  "2 bits packed, int8 activations per token", kind="t2", part_order=("qweight", "scale")),
 }

@@ -84,6 +84,7 @@ def test_vs_llamacpp_rebuilds_packages_built_from_other_sources(tmp_path, monkey
     assert vs.source_stamp(256) == vs.source_stamp(256) != vs.source_stamp(512)
     out, _ = vs.compile_package(tmp_path, model, "t2", 256)
     assert len(calls) == 1 and (out / "bench-stamp").read_text() == vs.source_stamp(256)
+    assert out.name == "llama-small-seed0-t2-head-q6.edgellm"   # t2 packages carry a q6 head, as TQ2_0 files a Q6_K
     vs.compile_package(tmp_path, model, "t2", 256)
     assert len(calls) == 1  # cached
     (out / "bench-stamp").write_text("0123456789abcdef")  # built from older sources

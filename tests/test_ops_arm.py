@@ -39,7 +39,7 @@ DT = {np.dtype("float32"): (2, 32), np.dtype("float16"): (2, 16), np.dtype("int3
 
 def quant_case(op, T, N, K, G=32, bias=False, seed=0):
     r = np.random.default_rng(seed + 7 * T + N + K)
-    scheme = get_scheme(f"q4g{G}" if op == "linear_q4" else {"linear_q8": "q8"}.get(op, "t2"))
+    scheme = get_scheme(f"q4g{G}" if op == "linear_q4" else {"linear_q8": "q8", "linear_q6": "q6"}.get(op, "t2"))
     x = r.standard_normal((T, K)).astype(np.float32)
     x[:, ::17] *= 20.0                                   # outlier channels
     if T > 2:
@@ -54,6 +54,7 @@ def float_cases():
     r = np.random.default_rng(1)
     rn = lambda *s: r.standard_normal(s).astype(np.float32)  # noqa: E731
     q8 = get_scheme("q8").quantize((r.standard_normal((37, 64)) * 0.1).astype(np.float32))
+    q6 = get_scheme("q6").quantize((r.standard_normal((37, 64)) * 0.1).astype(np.float32))
     return [
         ("linear", {"T": 1, "N": 40, "K": 96}, [rn(1, 96), rn(40, 96)], (1, 40)),
         ("linear", {"T": 6, "N": 72, "K": 64, "bias": True}, [rn(6, 64), rn(72, 64), rn(72)], (6, 72)),
@@ -67,6 +68,7 @@ def float_cases():
         ("add", {"R": 3, "N": 21}, [rn(3, 21), rn(3, 21)], (3, 21)),
         ("embed", {"T": 3, "V": 50, "D": 24}, [np.array([0, 49, 7], np.int32), rn(50, 24)], (3, 24)),
         ("embed_q8", {"T": 3, "V": 37, "D": 64}, [np.array([36, 0, 20], np.int32), q8["qweight"], q8["scales"]], (3, 64)),
+        ("embed_q6", {"T": 3, "V": 37, "D": 64}, [np.array([36, 0, 20], np.int32), q6["qweight"], q6["scales"]], (3, 64)),
     ]
 
 
@@ -75,7 +77,8 @@ CASES = float_cases() + [
     for op in ("linear_q8", "linear_q4", "linear_t2", "linear_t2_lut")
     for T, N, K, kw in [(1, 40, 128, {}), (6, 48, 64, {"bias": True}), (3, 19, 256, {}), (2, 16, 96, {})]
 ] + [quant_case("linear_q4", 5, 32, 256, G=128), quant_case("linear_q4", 1, 21, 128, G=64, bias=True),
-     quant_case("linear_q4", 8, 33, 128, G=64)]
+     quant_case("linear_q4", 8, 33, 128, G=64), quant_case("linear_q6", 1, 40, 128), quant_case("linear_q6", 1, 19, 256),
+     quant_case("linear_q6", 3, 16, 64, bias=True)]
 
 
 def write_args(path: Path, arrays):

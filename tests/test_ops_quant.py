@@ -1,4 +1,5 @@
-"""Correctness of the quantized linear kernels (linear_q8 / linear_q4 / linear_t2 / linear_t2_lut) on the host CPU.
+"""Correctness of the quantized linear kernels (linear_q8 / linear_q4 / linear_q6 / linear_t2 / linear_t2_lut) on the
+host CPU.
 
 Each kernel is built with tvm.compile for the host LLVM target and compared with the scheme's exact numpy model
 (quant/packing.py: int8 activation quantization emulated bit-exactly, integer block sums exact): the kernels
@@ -22,7 +23,7 @@ NUM_THREADS = 2
 CPU = ops.host_cpu_info(NUM_THREADS)
 TARGET = ops.llvm_target(NUM_THREADS)
 RTOL = 1e-5
-SCHEME_OF = {"linear_q8": "q8", "linear_t2": "t2", "linear_t2_lut": "t2"}
+SCHEME_OF = {"linear_q8": "q8", "linear_q6": "q6", "linear_t2": "t2", "linear_t2_lut": "t2"}
 
 
 @functools.cache
@@ -80,7 +81,7 @@ def run_check(op, T, N, K, G=32, bias=False, cpu=CPU, seed=0):
                                                                bias=b))
 
 
-OPS_Q = ["linear_q8", "linear_q4", "linear_t2", "linear_t2_lut"]
+OPS_Q = ["linear_q8", "linear_q4", "linear_q6", "linear_t2", "linear_t2_lut"]
 SHAPES = [  # (T, N, K): decode and prefill; N multiple of 16 or not (tail panel); K = 64, 768, 2048, and 800
     # (t2: 50 chunks per row, not a multiple of the AVX2 int16 flush interval)
     (1, 64, 64), (1, 37, 768), (1, 100, 2048), (16, 48, 768), (32, 53, 2048), (16, 7, 64), (1, 20, 800), (5, 20, 800)]
@@ -178,7 +179,8 @@ def test_names_and_params():
     assert ops.make_kernel("linear_t2_lut", CPU, T=16, N=64, K=64, bias=True)[0] == "linear_t2_lut_t16_n64_k64_b1"
     assert ops.make_kernel("linear_q8", CPU, T=1, N=3, K=32)[0] == "linear_q8_t1_n3_k32_b0"
     for op, p in [("linear_q4", {"T": 1, "N": 8, "K": 40}), ("linear_q4", {"T": 1, "N": 8, "K": 64, "G": 16}),
-                  ("linear_q8", {"T": 1, "N": 8, "K": 48}), ("linear_t2", {"T": 1, "N": 8, "K": 40}),
+                  ("linear_q8", {"T": 1, "N": 8, "K": 48}), ("linear_q6", {"T": 1, "N": 8, "K": 48}),
+                  ("linear_t2", {"T": 1, "N": 8, "K": 40}),
                   ("linear_t2_lut", {"T": 1, "N": 8, "K": 8})]:
         with pytest.raises(ValueError):
             ops.make_kernel(op, CPU, **p)
@@ -187,6 +189,9 @@ def test_names_and_params():
     assert [(str(v.ty.dtype), tuple(int(d) for d in v.ty.shape)) for v in f.params] == [
         ("float32", (1, 64)), ("uint8", (16, 32)), ("float16", (16, 2)), ("float32", (16,)), ("float32", (1, 16))]
     assert len(ops.make_kernel("linear_t2", CPU, T=1, N=16, K=64)[1].params) == 4
+    _, f = ops.make_kernel("linear_q6", CPU, T=1, N=16, K=64)
+    assert [(str(v.ty.dtype), tuple(int(d) for d in v.ty.shape)) for v in f.params] == [
+        ("float32", (1, 64)), ("uint8", (16, 48)), ("float16", (16, 2)), ("float32", (1, 16))]
 
 
 def test_tuned_schedules_do_not_fall_back(caplog):
@@ -207,7 +212,7 @@ def test_schemes_through_the_lowering_interface():
     w = r.standard_normal((N, K)).astype(np.float32)
     x = r.standard_normal((T, K)).astype(np.float32)
     b = r.standard_normal(N).astype(np.float32)
-    for name in ("f32", "f16", "q8", "q4g32", "q4g64", "q4g128", "t2"):
+    for name in ("f32", "f16", "q8", "q4g32", "q4g64", "q4g128", "q6", "t2"):
         s = get_scheme(name)
         parts = s.quantize(w)
         op, p = s.linear_kernel(T, N, K, bias=True)
@@ -236,29 +241,26 @@ def test_vnni_instructions_emitted():
 
 # ------------------------------------------------------------------------------- quantized embedding, relu2
 
-@pytest.mark.parametrize("T,V,D", [(1, 997, 64), (16, 40, 32), (3, 16, 8), (5, 1001, 96)])
-def test_embed_q8_gathers_the_dequantized_rows(T, V, D):
-    """embed_q8 reads the q8 panel layout (incl. a tail panel when V % 16 != 0) and equals the dequantized table."""
-    r = np.random.default_rng(V + D)
-    parts = packing.quantize_q8(r.standard_normal((V, D)).astype(np.float32))
-    ids = r.integers(0, V, size=T).astype(np.int32)
-    ids[0] = V - 1
-    out = call(build("embed_q8", T=T, V=V, D=D)[1], [ids, parts["qweight"], parts["scales"]], T, D)
-    ref = ops.reference("embed_q8", [ids, parts["qweight"], parts["scales"]])
-    check(out, ref, rtol=0)
-    np.testing.assert_array_equal(out, packing.dequantize_q8(parts)[ids])
+EMBED_CASES = [("q8", 1, 997, 64), ("q8", 16, 40, 32), ("q8", 3, 16, 8), ("q8", 5, 1001, 96), ("q4g32", 1, 997, 64),
+               ("q4g64", 16, 40, 128), ("q4g128", 3, 16, 256), ("q4g32", 5, 1001, 96), ("q6", 1, 997, 64),
+               ("q6", 16, 40, 128), ("q6", 5, 1001, 96)]
 
 
-@pytest.mark.parametrize("T,V,D,G", [(1, 997, 64, 32), (16, 40, 128, 64), (3, 16, 256, 128), (5, 1001, 96, 32)])
-def test_embed_q4_gathers_the_dequantized_rows(T, V, D, G):
-    """embed_q4 reads the q4 panel layout (nibbles, panel-interleaved f16 group scales, tail panel) exactly."""
+@pytest.mark.parametrize("head,T,V,D", EMBED_CASES)
+def test_quantized_embed_gathers_the_dequantized_rows(head, T, V, D):
+    """embed_q8/q4/q6 read their panel layouts (q4/q6: panel-interleaved f16 group scales; a tail panel when
+    V % 16 != 0) and equal the dequantized table exactly."""
     r = np.random.default_rng(V + D)
-    parts = packing.quantize_q4(r.standard_normal((V, D)).astype(np.float32), G)
+    scheme, w = get_scheme(head), r.standard_normal((V, D)).astype(np.float32)
+    # packing directly: the scheme's shape check wants K % 32 for q8, embed_q8 only D % 4
+    parts = packing.quantize_q4(w, scheme.group) if scheme.kind == "q4" else getattr(packing, f"quantize_{head}")(w)
     ids = r.integers(0, V, size=T).astype(np.int32)
     ids[0] = V - 1
-    out = call(build("embed_q4", T=T, V=V, D=D, G=G)[1], [ids, parts["qweight"], parts["scales"]], T, D)
-    np.testing.assert_array_equal(out, packing.dequantize_q4(parts)[ids])
-    check(out, ops.reference("embed_q4", [ids, parts["qweight"], parts["scales"]]), rtol=0)
+    op = f"embed_{scheme.kind}"
+    args = [ids, parts["qweight"], parts["scales"]]
+    out = call(build(op, T=T, V=V, D=D, **({"G": scheme.group} if scheme.kind == "q4" else {}))[1], args, T, D)
+    np.testing.assert_array_equal(out, scheme.dequantize(parts)[ids])
+    np.testing.assert_array_equal(out, ops.reference(op, args))
 
 
 def test_relu2_mul():

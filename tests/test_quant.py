@@ -24,9 +24,11 @@ def rel_rms(a, b):
 #      scales: at K = 64, E[max] ~ 2.6 sigma gives 0.59%; per-row absmax int8 cannot reach 0.5% on Gaussian rows.)
 #  q4gG: step d = |m| / 8 with m the largest-magnitude value of the group (Q4_0 rule): RMS ~ E[max|w|] / 8 / sqrt(12)
 #      = 2.35 / 27.7 = 8.5% (G=32), 2.59 -> 9.4% (G=64), 2.83 -> 10.2% (G=128); plus rare clipping at +8 d.
+#  q6: step d = |m| / 32 (the same rule at 6 bits, G = 32): RMS ~ 2.35 / 32 / sqrt(12) = 2.1%.
 #  t2: absmean ternary, s = E|w| = sqrt(2/pi) sigma: E[(w - s clip(round(w/s), -1, 1))^2] = 0.263 sigma^2 by
 #      numerical integration -> 51.3% (it is a 1.58-bit format meant for QAT-trained weights, not for PTQ).
-ERROR_BOUNDS = {"f32": 0.0, "f16": 3e-4, "q8": 0.010, "q4g32": 0.10, "q4g64": 0.11, "q4g128": 0.12, "t2": 0.55}
+ERROR_BOUNDS = {"f32": 0.0, "f16": 3e-4, "q8": 0.010, "q4g32": 0.10, "q4g64": 0.11, "q4g128": 0.12, "q6": 0.025,
+                "t2": 0.55}
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMES))
@@ -39,15 +41,15 @@ def test_quantize_dequantize_error(name):
     assert wd.shape == w.shape and wd.dtype == np.float32
     err = rel_rms(wd, w)
     assert err <= ERROR_BOUNDS[name], f"{name}: rel RMS {err:.4f} > {ERROR_BOUNDS[name]}"
-    if name.startswith("q4"):  # the bound is tight-ish: within ~15% of the derived value
-        assert err >= 0.8 * {"q4g32": 0.085, "q4g64": 0.094, "q4g128": 0.102}[name]
+    if name.startswith(("q4", "q6")):  # the bound is tight-ish: within ~15% of the derived value
+        assert err >= 0.8 * {"q4g32": 0.085, "q4g64": 0.094, "q4g128": 0.102, "q6": 0.021}[name]
 
 
 def test_bits_per_weight():
     bpw = {n: s.bits_per_weight for n, s in SCHEMES.items()}
     assert bpw["f32"] == 32 and bpw["f16"] == 16
     assert bpw["q8"] == pytest.approx(8 + 32 / 4096)
-    assert (bpw["q4g32"], bpw["q4g64"], bpw["q4g128"]) == (4.5, 4.25, 4.125)
+    assert (bpw["q4g32"], bpw["q4g64"], bpw["q4g128"], bpw["q6"]) == (4.5, 4.25, 4.125, 6.5)
     assert bpw["t2"] == pytest.approx(2.0, abs=1e-5)
     # the counted bits match the stored bytes (scales included): at N = K = 4096 exactly, elsewhere up to the
     # per-row / per-tensor scale share
@@ -97,6 +99,32 @@ def test_layout_positions():
     assert ps[16 * 2 + 1 * 16 + 4] == s[16 + 4, 1] and ps[32 * 2 + 1 * 5 + 3] == s[32 + 3, 1]
 
 
+@pytest.mark.parametrize("N,K", [(16, 32), (37, 128), (5, 64), (48, 2048)])
+def test_q6_pack_roundtrip_and_layout(N, K):
+    """q6 codes and scales survive packing exactly; bytes sit where the quant/packing.py docstring says: per
+    32-k block 4 chunks of low nibbles (as q4) then 2 chunks of high bit pairs (as t2)."""
+    r = rng(N + K)
+    q = r.integers(-32, 32, (N, K)).astype(np.int8)
+    d = r.standard_normal((N, K // 32)).astype(np.float16)
+    parts = packing.pack_q6(q, d)
+    assert parts["qweight"].shape == (N, K * 6 // 8) and parts["scales"].shape == (N, K // 32)
+    np.testing.assert_array_equal(packing.unpack_q6(parts["qweight"]), q)
+    np.testing.assert_array_equal(packing.unpack_group_scales(parts["scales"]), d)
+    expect = q.astype(np.float32).reshape(N, K // 32, 32) * d.astype(np.float32)[..., None]
+    np.testing.assert_array_equal(packing.dequantize_q6(parts), expect.reshape(N, K))
+    if N >= 16 and K >= 64:
+        code, p = q.astype(np.int16) + 32, parts["qweight"].reshape(-1)
+        BPR = K * 6 // 8
+        # panel 0, block 1 (k 32..63), chunk 2 (k 48..55), row 3, byte b = 1: low nibbles of k 49 and 53
+        assert p[(6 + 2) * 64 + 4 * 3 + 1] == (code[3, 49] & 15) | ((code[3, 53] & 15) << 4)
+        # same block, chunk 5 (high bits of k 48..63), row 9, b = 2: bit pair j holds k = 48 + 4j + 2
+        byte = p[(6 + 5) * 64 + 4 * 9 + 2]
+        assert [(byte >> (2 * j)) & 3 for j in range(4)] == [code[9, 48 + 4 * j + 2] >> 4 for j in range(4)]
+        assert p[BPR * 16 + 4 * 2] == (code[18, 0] & 15) | ((code[18, 4] & 15) << 4)   # panel 1, row 2
+    with pytest.raises(ValueError):
+        packing.pack_q6(np.full((2, 32), 32, np.int8), np.ones((2, 1), np.float16))
+
+
 def test_q4_rule_and_t2_values():
     w = rng(5).standard_normal((3, 64)).astype(np.float32)
     q4 = get_scheme("q4g32")
@@ -112,6 +140,11 @@ def test_q4_rule_and_t2_values():
     zero = get_scheme("q8").quantize(np.zeros((2, 32), np.float32))
     assert not np.any(get_scheme("q8").dequantize(zero))
     assert not np.any(get_scheme("q4g32").dequantize(get_scheme("q4g32").quantize(np.zeros((2, 32), np.float32))))
+    assert not np.any(get_scheme("q6").dequantize(get_scheme("q6").quantize(np.zeros((2, 32), np.float32))))
+    # q6: the largest-magnitude element of every group of 32 maps to -32 exactly
+    q6 = packing.unpack_q6(get_scheme("q6").quantize(w)["qweight"]).astype(int)
+    assert q6.min() >= -32 and q6.max() <= 31
+    assert (np.take_along_axis(q6.reshape(3, 2, 32), g[..., None], axis=2) == -32).all()
 
 
 def test_check_shape_errors():
@@ -123,6 +156,8 @@ def test_check_shape_errors():
         get_scheme("q8").check_shape("x", (8, 48))
     with pytest.raises(CompileError, match=r"K=40.*16"):
         get_scheme("t2").check_shape("x", (8, 40))
+    with pytest.raises(CompileError, match=r"K=48.*group size 32"):
+        get_scheme("q6").check_shape("x", (8, 48))
     with pytest.raises(CompileError, match="2-D"):
         get_scheme("q8").check_shape("norm", (64,))
     for name in ("f32", "f16"):
@@ -143,6 +178,7 @@ def test_linear_kernel_specs():
     assert get_scheme("q4g64").linear_kernel(16, 8, 128, True) == ("linear_q4", {"T": 16, "N": 8, "K": 128,
                                                                                  "bias": True, "G": 64})
     assert get_scheme("q8").linear_kernel(1, 8, 32, False)[0] == "linear_q8"
+    assert get_scheme("q6").linear_kernel(1, 8, 32, False) == ("linear_q6", {"T": 1, "N": 8, "K": 32, "bias": False})
     assert get_scheme("t2").linear_kernel(1, 8, 32, False)[0] in ("linear_t2", "linear_t2_lut")
     assert get_scheme("q8").part_order == ("qweight", "scales") and get_scheme("t2").part_order == ("qweight", "scale")
 

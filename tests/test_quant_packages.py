@@ -67,10 +67,11 @@ def test_head_quant_override(ckpts, tmp_path):
         assert relerr(rt.logits(PROMPT), ref.logits(PROMPT)) < TOL
 
 
-@pytest.mark.parametrize("model,quant,head", [("llama", "t2", "q4g32"), ("qwen2-tied", "q8", "q4g64")])
-def test_q4_head(ckpts, tmp_path, model, quant, head):
-    """A q4 embedding table + lm_head (embed_q4 gathers, linear_q4 GEMV; stored once when tied) follows the oracle
-    and stores less than the default q8 head."""
+@pytest.mark.parametrize("model,quant,head", [("llama", "t2", "q4g32"), ("qwen2-tied", "q8", "q4g64"),
+                                              ("llama", "q4g32", "q6"), ("qwen2-tied", "t2", "q6")])
+def test_smaller_head(ckpts, tmp_path, model, quant, head):
+    """A q4 / q6 embedding table + lm_head (embed_q4/q6 gathers, linear_q4/q6 GEMV; stored once when tied) follows
+    the oracle and stores less than the default q8 head."""
     spec, ck, _ = load_checkpoint(str(ckpts[model]))
     pkg = compiled(ckpts[model], tmp_path, quant, head_quant=head)
     man = json.loads((pkg / "manifest.json").read_text())
@@ -134,6 +135,7 @@ def test_bad_quant_input(ckpts, tmp_path, capsys):
     out = tmp_path / "never"
     assert "unknown quantization scheme 'q3'" in _cli_error(capsys, ["compile", ck, "-q", "q3", "-o", str(out)])
     assert "--head-quant t2" in _cli_error(capsys, ["compile", ck, "-q", "q8", "--head-quant", "t2", "-o", str(out)])
+    assert "pass it as --head-quant q6" in _cli_error(capsys, ["compile", ck, "-q", "q6", "-o", str(out)])
     assert "--gptq applies to the int4 schemes" in _cli_error(capsys, ["compile", ck, "-q", "q8", "--gptq", "-o", str(out)])
     assert "calibration file" in _cli_error(capsys, ["compile", ck, "-q", "q4g32", "--gptq", "--calib",
                                                      str(tmp_path / "missing.txt"), "-o", str(out)])

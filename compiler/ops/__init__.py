@@ -19,6 +19,7 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 | copy      | R, N                      | a f32[R, N], out f32[R, N]                                       |
 | linear_q8 | T, N, K, bias             | x f32[T, K], qweight u8[N, K], scales f32[N], [b], out f32[T, N] |
 | linear_q4 | T, N, K, G, bias          | x f32[T, K], qweight u8[N, K/2], scales f16[N, K/G], [b], out    |
+| linear_q6 | T, N, K, bias             | x f32[T, K], qweight u8[N, 3K/4], scales f16[N, K/32], [b], out |
 | linear_t2 | T, N, K, bias             | x f32[T, K], qweight u8[N, K/4], scale f32[1], [b], out f32[T, N] |
 | linear_t2_lut | T, N, K, bias         | same args as linear_t2 (lookup-table kernel)                     |
 
@@ -73,18 +74,21 @@ OPS = {
     "embed_q8": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED)],
     "embed_q4": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED),
                  ("G", "g", int, 32)],
+    "embed_q6": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED)],
     "linear_q8": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
                   ("bias", "b", bool, False)],
     "linear_q4": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
                   ("G", "g", int, 32), ("bias", "b", bool, False)],
+    "linear_q6": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
+                  ("bias", "b", bool, False)],
     "linear_t2": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
                   ("bias", "b", bool, False)],
     "linear_t2_lut": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
                       ("bias", "b", bool, False)],
 }
-QUANT_LINEAR_OPS = ("linear_q8", "linear_q4", "linear_t2", "linear_t2_lut")
-# K granularity of the quantized linear ops (activation block 32 for q8/q4, packed chunk of 16 k for t2)
-_K_MULTIPLE = {"linear_q8": 32, "linear_t2": 16, "linear_t2_lut": 16}
+QUANT_LINEAR_OPS = ("linear_q8", "linear_q4", "linear_q6", "linear_t2", "linear_t2_lut")
+# K granularity of the quantized linear ops (activation block 32 for q8/q4/q6, packed chunk of 16 k for t2)
+_K_MULTIPLE = {"linear_q8": 32, "linear_q6": 32, "linear_t2": 16, "linear_t2_lut": 16}
 
 
 def kernel_params(op: str, params: dict) -> dict:
@@ -123,6 +127,8 @@ def kernel_params(op: str, params: dict) -> dict:
         raise ValueError(f"embed_q8: D={out['D']} must be a multiple of 4")
     if op == "embed_q4" and (out["G"] not in (32, 64, 128) or out["D"] % out["G"]):
         raise ValueError(f"embed_q4: D={out['D']} must be a multiple of the group G={out['G']} (32, 64 or 128)")
+    if op == "embed_q6" and out["D"] % 32:
+        raise ValueError(f"embed_q6: D={out['D']} must be a multiple of 32")
     if op == "rope" and out["D"] % 2:
         raise ValueError(f"rope: D={out['D']} must be even")
     if op == "linear_q4":
@@ -168,6 +174,8 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         return _ew.embed_q8(simple_cpu, p["T"], p["V"], p["D"])
     if op == "embed_q4":
         return _ew.embed_q4(simple_cpu, p["T"], p["V"], p["D"], p["G"])
+    if op == "embed_q6":
+        return _ew.embed_q6(simple_cpu, p["T"], p["V"], p["D"])
     raise ValueError(op)
 
 

@@ -165,6 +165,37 @@ def embed_q4(cpu, T_: int, V: int, D: int, G: int):
     return kern
 
 
+def embed_q6(cpu, T_: int, V: int, D: int):
+    """Gather rows of a q6 table (quant/packing.py layout: per 32-k block 4 low-nibble chunks as q4's and 2 chunks
+    of high bit pairs as t2's, code = q + 32; f16 scales per row and block of 32, panel-interleaved)."""
+    full = (V // 16) * 16
+    KB = D // 32
+    BPR = D * 6 // 8
+    outer = _outer(T_ * D)
+
+    @T.prim_func
+    def kern(ids: T.handle, qw: T.handle, sc: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        I = T.match_buffer(ids, (T_,), "int32")
+        Q = T.match_buffer(qw, (V, BPR), "uint8")
+        S = T.match_buffer(sc, (V, KB), "float16")
+        O = T.match_buffer(o, (T_, D), F32)
+        Qf = T.decl_buffer((V * BPR,), "uint8", data=Q.data)
+        Sf = T.decl_buffer((V * KB,), "float16", data=S.data)
+        for t in outer(T_):
+            row: T.let = T.Cast("int64", T.max(T.min(I[t], V - 1), 0))
+            rp: T.let = T.if_then_else(row < full, T.int64(16), T.int64(V - full))
+            base: T.let = (row // 16) * 16 * BPR + (row % 16) * 4
+            sbase: T.let = (row // 16) * 16 * KB + row % 16
+            for kb in range(KB):
+                for kk in range(32):
+                    O[t, kb * 32 + kk] = T.Cast(F32, T.Cast("int32", (Qf[base + (kb * 6 + kk // 8) * 4 * rp + kk % 4] >> T.Cast(
+                        "uint8", 4 * ((kk % 8) // 4))) & T.uint8(15)) + T.Cast("int32", (Qf[
+                            base + (kb * 6 + 4 + kk // 16) * 4 * rp + kk % 4] >> T.Cast("uint8", 2 * ((kk % 16) // 4))) & T.uint8(
+                            3)) * 16 - 32) * T.Cast(F32, Sf[sbase + kb * rp])
+    return kern
+
+
 def rmsnorm(cpu, R: int, D: int, eps: float):
     VL = cpu.vector_lanes
     U = 4 if D >= 4 * VL else 1  # independent accumulators for the sum of squares

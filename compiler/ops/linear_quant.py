@@ -60,7 +60,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ...quant.packing import EPS_BLOCK, EPS_TOKEN, LAYOUTS, NR, QA
+from ...quant.packing import EPS_BLOCK, EPS_TOKEN, LAYOUTS, NR, Q6_CHUNKS, Q6_GROUP, QA
 from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, concat_vecs, hmax, hsum, prefetch
 
 U8 = "uint8"
@@ -501,6 +501,109 @@ def block_kernel(cpu, scheme: str, T_: int, N: int, K: int, G: int | None, bias:
     return _drop_bias(linear_q, bias, 3)
 
 
+# --------------------------------------------------------------------------------------------- q6 kernel
+def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
+    """linear_q6 (the embedding / lm_head scheme of --head-quant q6). Per panel and 32-k block: 6 chunks, 4 of low
+    nibbles (unpacked as q4's) and 2 of high bit pairs (as t2's); operand = low | high << 4 (u8 codes 0..63, so
+    vpmaddubsw pairs stay below 2^15), dot products as q4's, one f16 scale per block. No SMMLA / int16 variants:
+    the head runs one token at a time."""
+    path = path_for(cpu)
+    g = _Geo("q4", T_, N, K, Q6_GROUP)
+    g.bits, g.off, g.BPR, g.NCH = 6, 32, K * 6 // 8, K // QA * Q6_CHUNKS
+    BPR, NBf, R, KB = g.BPR, g.NBf, g.R, g.KB
+    BB = Q6_CHUNKS * 64                      # panel bytes per block
+    Tt = _tt(path, T_, 8)
+    NA = 2 if Tt == 1 else 1
+    PF = cpu.prefetch_bytes if T_ == 1 else 0
+    NTB = (T_ + Tt - 1) // Tt
+    rag_t = T_ % Tt != 0
+    B_shape = (N,) if bias else (1,)
+    act = _act_blocks(cpu, g, g.off)
+    tail_copy = _tail_copy(g)
+    outer = _outer((N * K >= PARALLEL_MIN_ELEMS) if T_ == 1 else (T_ * N * K >= 4 * PARALLEL_MIN_ELEMS))
+
+    def trow(tb, ti):
+        return T.min(tb * Tt + ti, T_ - 1) if rag_t else tb * Tt + ti
+
+    def isum(iacc, ti, l):
+        return iacc[ti * 16 + l] if NA == 1 else iacc[l] + iacc[16 + l]
+
+    def operand(v, hv, h, j):
+        lo = (v >> T.Broadcast(T.Cast(U8, 4 * h), 64)) & _u8(15)
+        hi = ((hv >> T.Broadcast(T.Cast(U8, 2 * j), 64)) & _u8(3)) << T.Broadcast(T.uint8(4), 64)
+        return lo | hi
+
+    @T.macro
+    def panel(Wsrc, wbase, wlen, Ssrc, sbase, Bs, O, xq, dx, cr, nb, full):
+        facc = T.alloc_buffer((Tt * 16,), F32, scope="global", annotations=STACK)
+        iacc = T.alloc_buffer((Tt * NA * 16,), I32, scope="global", annotations=STACK)
+        for tb in range(NTB):
+            for l in T.vectorized(Tt * 16):
+                facc[l] = T.float32(0)
+            for kb in range(KB):
+                for l in T.vectorized(Tt * NA * 16):
+                    iacc[l] = 0
+                if PF > 0:
+                    for c in T.unroll(Q6_CHUNKS):
+                        prefetch(Wsrc, T.min(wbase + kb * BB + c * 64 + PF, wlen - 1))
+                for c in T.unroll(4):
+                    v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + kb * BB + c * 64, 1, 64)]
+                    hv: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + kb * BB + (4 + c // 2) * 64, 1, 64)]
+                    for h in T.unroll(2):
+                        u: T.let[T.uint8x64] = operand(v, hv, h, 2 * (c % 2) + h)
+                        for ti in T.unroll(Tt):
+                            iacc[T.Ramp((ti * NA + (2 * c + h) % NA) * 16, 1, 16)] = dot4(
+                                path, iacc[T.Ramp((ti * NA + (2 * c + h) % NA) * 16, 1, 16)], u, xq,
+                                trow(tb, ti) * K + kb * QA + 8 * c + 4 * h)
+                for ti in T.unroll(Tt):
+                    for l in T.vectorized(16):
+                        facc[ti * 16 + l] = facc[ti * 16 + l] + T.Cast(
+                            F32, isum(iacc, ti, l) - cr[trow(tb, ti) * KB + kb]) * (
+                            T.Cast(F32, Ssrc[sbase + kb * NR + l]) * dx[trow(tb, ti) * KB + kb])
+            for ti in T.unroll(Tt):
+                if tb * Tt + ti < T_:
+                    if full:
+                        for l in T.vectorized(16):
+                            O[tb * Tt + ti, nb * NR + l] = facc[ti * 16 + l] + (Bs[nb * NR + l] if bias else T.float32(0))
+                    else:
+                        for l in range(R):
+                            O[tb * Tt + ti, nb * NR + l] = facc[ti * 16 + l] + (Bs[nb * NR + l] if bias else T.float32(0))
+
+    @T.macro
+    def tail_scales(Sf, Ss):
+        for kb in range(KB):
+            for l in range(16):
+                Ss[kb * 16 + l] = T.if_then_else(l < R, Sf[NBf * NR * KB + kb * R + T.min(l, R - 1)], T.float16(0))
+
+    SS_len = KB * 16 if R else 1
+    WS_len = g.NCH * 64 if R else 1
+
+    @T.prim_func
+    def linear_q6(x: T.handle, w: T.handle, s: T.handle, b: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        X = T.match_buffer(x, (T_, K), F32)
+        W = T.match_buffer(w, (N, BPR), U8)
+        S = T.match_buffer(s, (N, KB), "float16")
+        Bs = T.match_buffer(b, B_shape, F32)
+        O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
+        Wf = T.decl_buffer((N * BPR,), U8, data=W.data)
+        Sf = T.decl_buffer((N * KB,), "float16", data=S.data)
+        xq = T.alloc_buffer((T_ * K,), "int8", scope="global")
+        dx = T.alloc_buffer((T_ * KB,), F32, scope="global")
+        cr = T.alloc_buffer((T_ * KB,), I32, scope="global")
+        act(X, xq, dx, cr)
+        for nb in outer(NBf):
+            panel(Wf, nb * NR * BPR, N * BPR, Sf, nb * NR * KB, Bs, O, xq, dx, cr, nb, True)
+        if R > 0:
+            Ws = T.alloc_buffer((WS_len,), U8, scope="global")
+            Ss = T.alloc_buffer((SS_len,), "float16", scope="global")
+            tail_copy(Wf, Ws)
+            tail_scales(Sf, Ss)
+            panel(Ws, 0, WS_len, Ss, 0, Bs, O, xq, dx, cr, NBf, False)
+
+    return _drop_bias(linear_q6, bias, 3)
+
+
 # --------------------------------------------------------------------------------------------- t2 kernel
 def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool):
     path = path_for(cpu)
@@ -776,15 +879,19 @@ def t2_lut_kernel(cpu, T_: int, N: int, K: int, bias: bool):
 def naive(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool):
     """Serial scalar loops over the same packed layout and the same activation quantization: always valid,
     slow. scheme: 'q8', 'q4', 't2' (linear_t2_lut falls back to this t2 version: same math)."""
-    g = _Geo(scheme, T_, N, K, G)
+    q6 = scheme == "q6"
+    g = _Geo("q4" if q6 else scheme, T_, N, K, Q6_GROUP if q6 else G)
+    if q6:
+        g.BPR, g.off = K * 6 // 8, 32
     bits, kpc, off = g.bits, g.kpc, g.off
     BPR, NBf, R, KG = g.BPR, g.NBf, g.R, g.KG
     per_token = scheme == "t2"
     QB = K if per_token else QA              # activation block
     NQB = K // QB
-    GB = G if scheme == "q4" else K          # weight scale block
-    S_shape, S_dt = {"q8": ((N,), F32), "q4": ((N, KG), "float16"), "t2": ((1,), F32)}[scheme]
-    S_len = {"q8": N, "q4": N * KG, "t2": 1}[scheme]
+    GB = g.G if scheme in ("q4", "q6") else K   # weight scale block
+    S_shape, S_dt = {"q8": ((N,), F32), "q4": ((N, KG), "float16"), "q6": ((N, KG), "float16"),
+                     "t2": ((1,), F32)}[scheme]
+    S_len = {"q8": N, "q4": N * KG, "q6": N * KG, "t2": 1}[scheme]
     B_shape = (N,) if bias else (1,)
     eps = EPS_TOKEN if per_token else EPS_BLOCK
     mask = (1 << bits) - 1
@@ -792,6 +899,12 @@ def naive(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool):
     def code(Wf, n, k):
         nb = n // NR
         rp = T.if_then_else(nb < NBf, NR, R) if R else NR
+        if q6:   # block k // 32: low nibble in chunk kk // 8, high bit pair in chunk 4 + kk // 16
+            base = nb * NR * BPR + 4 * (n % NR) + k % 4 + (k // QA) * Q6_CHUNKS * 4 * rp
+            kk = k % QA
+            lo = (Wf[base + (kk // 8) * 4 * rp] >> T.Cast(U8, 4 * ((kk % 8) // 4))) & T.uint8(15)
+            hi = (Wf[base + (4 + kk // 16) * 4 * rp] >> T.Cast(U8, 2 * ((kk % 16) // 4))) & T.uint8(3)
+            return T.Cast(I32, lo) + T.Cast(I32, hi) * 16 - off
         w = k % kpc
         byte = Wf[nb * NR * BPR + (k // kpc) * 4 * rp + 4 * (n % NR) + w % 4]
         return T.Cast(I32, (byte >> T.Cast(U8, bits * (w // 4))) & T.uint8(mask)) - off
@@ -801,7 +914,7 @@ def naive(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool):
             return Sf[n]
         if scheme == "t2":
             return Sf[0]
-        nb = n // NR
+        nb = n // NR  # q4 / q6: group scales, panel-interleaved
         rp = T.if_then_else(nb < NBf, NR, R) if R else NR
         return T.Cast(F32, Sf[nb * NR * KG + (kb * QB // GB) * rp + n % NR])
 
@@ -849,6 +962,8 @@ def make(op: str, cpu, T_: int, N: int, K: int, G: int | None = None, bias: bool
         return block_kernel(cpu, "q8", T_, N, K, None, bias)
     if op == "linear_q4":
         return block_kernel(cpu, "q4", T_, N, K, G, bias)
+    if op == "linear_q6":
+        return q6_kernel(cpu, T_, N, K, bias)
     if op == "linear_t2":
         return t2_kernel(cpu, T_, N, K, bias)
     if op == "linear_t2_lut":
@@ -857,5 +972,5 @@ def make(op: str, cpu, T_: int, N: int, K: int, G: int | None = None, bias: bool
 
 
 def make_naive(op: str, T_: int, N: int, K: int, G: int | None = None, bias: bool = False):
-    scheme = {"linear_q8": "q8", "linear_q4": "q4", "linear_t2": "t2", "linear_t2_lut": "t2"}[op]
+    scheme = {"linear_q8": "q8", "linear_q4": "q4", "linear_q6": "q6", "linear_t2": "t2", "linear_t2_lut": "t2"}[op]
     return naive(scheme, T_, N, K, G, bias)

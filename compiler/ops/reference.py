@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-NINPUTS = {"embed": 2, "embed_q8": 3, "embed_q4": 3, "relu2_mul": 2, "rmsnorm": 2, "rope": 3, "attention": 3, "add": 2,
-           "swiglu": 2, "copy": 1}
-QUANT_LINEAR = ("linear_q8", "linear_q4", "linear_t2", "linear_t2_lut")
+NINPUTS = {"embed": 2, "embed_q8": 3, "embed_q4": 3, "embed_q6": 3, "relu2_mul": 2, "rmsnorm": 2, "rope": 3,
+           "attention": 3, "add": 2, "swiglu": 2, "copy": 1}
+QUANT_LINEAR = ("linear_q8", "linear_q4", "linear_q6", "linear_t2", "linear_t2_lut")
 
 
 def _f64(a):
@@ -40,7 +40,7 @@ def reference(op: str, args, **p) -> np.ndarray:
         # exactly what the kernels compute (int8 activation quantization included), see quant/packing.py
         from ...quant import packing
 
-        fn = {"linear_q8": packing.linear_q8_ref, "linear_q4": packing.linear_q4_ref,
+        fn = {"linear_q8": packing.linear_q8_ref, "linear_q4": packing.linear_q4_ref, "linear_q6": packing.linear_q6_ref,
               "linear_t2": packing.linear_t2_ref, "linear_t2_lut": packing.linear_t2_ref}[op]
         return fn(a[0], a[1], a[2], a[3] if p.get("bias", False) else None)
     if op == "rope":
@@ -72,10 +72,11 @@ def reference(op: str, args, **p) -> np.ndarray:
         return _f64(a[0]).copy()
     if op == "relu2_mul":
         return np.maximum(_f64(a[0]), 0) ** 2 * _f64(a[1])
-    if op in ("embed_q8", "embed_q4"):
+    if op in ("embed_q8", "embed_q4", "embed_q6"):
         from ...quant import packing
 
-        deq = packing.dequantize_q8 if op == "embed_q8" else packing.dequantize_q4
+        deq = {"embed_q8": packing.dequantize_q8, "embed_q4": packing.dequantize_q4,
+               "embed_q6": packing.dequantize_q6}[op]
         table = deq({"qweight": a[1], "scales": a[2]}).astype(np.float64)
         return table[np.clip(np.asarray(a[0]), 0, table.shape[0] - 1)]
     raise ValueError(f"unknown op {op!r}")
