@@ -59,10 +59,17 @@ class Target:
 X86_FLOAT_PREFILL_CHUNK = 128
 
 
-def x86_prefetch_bytes(intel: bool) -> int:
-    """Software-prefetch distance of the f16/f32 decode GEMV (2 threads, GB/s, noisy shared hosts): Cascade Lake
-    4 KiB ahead 19.3 -> 25.5; Zen 3 1 KiB ahead 22.9 -> 25.1 and 26.8 -> 30.5, while 4 KiB there costs (22.7 -> 19.7)."""
-    return 4096 if intel else 1024
+def x86_prefetch_bytes(small: bool) -> int:
+    """Software-prefetch distance of the decode GEMVs (2 threads, GB/s or tok/s, noisy shared hosts). 1 KiB only for
+    the AMD cores without AVX-512 (Zen 1-3): Zen 3 streams 22.9 -> 25.1 and 26.8 -> 30.5 GB/s with 1 KiB, while 4 KiB
+    costs there (22.7 -> 19.7). Everything else takes 4 KiB: Cascade Lake 19.3 -> 25.5 GB/s; on Zen 5, 1 KiB is the
+    worst distance (q4g32 5632x2048 GEMV 56 GB/s against 70 at 4 KiB; 1B q4g32 decode 76-81 against 88-95 tok/s)."""
+    return 1024 if small else 4096
+
+
+def host_prefetch_bytes() -> int:
+    """x86_prefetch_bytes for this machine's CPU: the short distance for AMD cores without AVX-512."""
+    return x86_prefetch_bytes(not host_is_intel() and "avx512f" not in _host_x86_features())
 
 
 def host_is_intel() -> bool:
@@ -95,19 +102,20 @@ def _host() -> Target:
                   {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": os.cpu_count() or 1},
                   # the 16-lane kernels' integer path needs VNNI (an AVX-512 CPU without it gets the AVX2 flavour)
                   "gcc", feats, 16 if wide else 8, float_prefill_chunk=X86_FLOAT_PREFILL_CHUNK,
-                  prefetch_bytes=x86_prefetch_bytes(host_is_intel()), kernels="avx512" if wide else "avx2")
+                  prefetch_bytes=host_prefetch_bytes(), kernels="avx512" if wide else "avx2")
 
 
 _STATIC = {
     "x86-avx2": Target("x86-avx2", "any x86-64 CPU with AVX2+FMA (Haswell, Zen 1 and later)", "x86_64",
                        {"kind": "llvm", "mcpu": "haswell"}, "gcc", ("avx2", "fma", "f16c"), 8,
-                       float_prefill_chunk=X86_FLOAT_PREFILL_CHUNK, prefetch_bytes=x86_prefetch_bytes(False),
+                       # the short distance of the AVX2-only AMD cores (Zen 1-3), where it was measured
+                       float_prefill_chunk=X86_FLOAT_PREFILL_CHUNK, prefetch_bytes=x86_prefetch_bytes(True),
                        kernels="avx2"),
     # VNNI is part of the definition: the 16-lane integer kernels are built on vpdpbusd (Skylake-SP lacks it: x86-avx2)
     "x86-avx512": Target("x86-avx512", "x86-64 CPUs with AVX-512 VNNI (Cascade Lake, Ice Lake, Zen 4 and later)",
                          "x86_64", {"kind": "llvm", "mcpu": "cascadelake"}, "gcc",
                          ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni"), 16,
-                         float_prefill_chunk=X86_FLOAT_PREFILL_CHUNK, prefetch_bytes=x86_prefetch_bytes(True),
+                         float_prefill_chunk=X86_FLOAT_PREFILL_CHUNK, prefetch_bytes=x86_prefetch_bytes(False),
                          kernels="avx512"),
 }
 

@@ -6,7 +6,7 @@ weight packing; f16 weights are widened to f32 in registers (vcvtph2ps / fcvtl);
 T == 1 (decode GEMV, memory bound): parallel over output rows; per row U*VL lanes in U independent
   accumulator vectors (breaks the FMA latency chain), summed at the end with a shuffle tree; the K % (U*VL)
   tail is a scalar loop. On x86 each U*VL step also issues software prefetches (llvm.prefetch, one per 64-byte
-  line) cpu.prefetch_bytes ahead in the flat weight stream (Intel 4 KiB, AMD 1 KiB: see x86_prefetch_bytes).
+  line) cpu.prefetch_bytes ahead in the flat weight stream (4 KiB; AMD Zen 1-3 1 KiB: see x86_prefetch_bytes).
 T > 1 (prefill GEMM, compute bound): parallel over blocks of Nn weight rows; inside, blocks of Tt token
   rows; register block of Tt x Nn accumulator vectors (AVX-512: 4 x 4 = 16 of 32 zmm): per K-vector step
   Tt + Nn loads feed Tt*Nn FMAs. The Tt*Nn horizontal sums are done together by one transpose-reduce tree
@@ -175,14 +175,20 @@ def gemm_outer(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=N
     """Prefill GEMM as register-blocked outer products (BLIS-style, tokens in the vector lanes).
 
     The activations are transposed once per call into token tiles xt[tile][k][TV] (TV = NV*VL tokens; pad
-    tokens zero), so a tile's k steps read one contiguous stream. Per block of Nn weight rows (f16: widened
-    once into an f32 scratch panel, so the inner loop has no conversions) and per token tile, each k step
-    does NV vector loads of xt, Nn scalar broadcasts of W[n, k] and Nn*NV FMAs into register accumulators:
-    12 FMAs per 8 loads on AVX2 (the dot-product gemm needs 6 loads + 2 widenings per 8 FMAs and a horizontal
-    reduction per output). Outputs are written once, as scalars (a tile is Nn rows x TV tokens of out[t, n]);
-    ragged N clamps its rows and guards the stores.
-    Measured on a 2-thread Zen 3 (f16 5632x2048, GFLOP/s, FMA peak ~204): T=32 143 vs 136 for the dot-product
-    gemm, T=64 154 vs 125, T=128 175 vs 125 (the f16 panel widening costs ~10% at T=32, less at larger T)."""
+    tokens zero), so a tile's k steps read one contiguous stream. Per block of Nn weight rows and per token tile,
+    each k step does NV vector loads of xt, Nn scalar broadcasts of W[n, k] and Nn*NV FMAs into register
+    accumulators: 12 FMAs per 8 loads on AVX2 (the dot-product gemm needs 6 loads + 2 widenings per 8 FMAs and a
+    horizontal reduction per output). f16 weights are widened into an f32 scratch panel (no conversions in the
+    inner loop) by the block's first tile, VL k at a time right before its FMAs use them: the conversions and the
+    weight loads from DRAM overlap the FMAs instead of stalling them in a pass of their own (a separate pass cost
+    11% on Zen 5). Outputs are written once, as scalars, token-major (each token row's Nn values together: in
+    n-major order the TV rows N*4 bytes apart conflict in the L1 sets and every store missed; 2048x2048 ran 22%
+    slower); ragged N clamps its rows and guards the stores.
+    The transpose reads X row by row (down a column, its K*4-byte row stride thrashes the L1 sets).
+    Measured, f16, 2 threads, GFLOP/s: Zen 3 (FMA peak ~204) 5632x2048 T=32 143 vs 136 for the dot-product gemm,
+    T=64 154 vs 125, T=128 175 vs 125. Zen 5 (AVX-512, peak ~500), T=128: 5632x2048 435, 2048x5632 424,
+    2048x2048 460, 256x2048 344 (396, 383, 318, 225 with a separate widening pass, n-major stores and a
+    column-wise transpose)."""
     VL = cpu.vector_lanes
     Nn, NV = blocking or outer_blocking(cpu)
     Nn = min(Nn, N)
@@ -209,6 +215,14 @@ def gemm_outer(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=N
 
     store = _store_out(bias)
 
+    @T.macro
+    def fma_step(W, wf, xt, acc, nb, tb, k):
+        for ni in T.unroll(Nn):
+            for v in T.unroll(NV):
+                for l in T.vectorized(VL):
+                    acc[(ni * NV + v) * VL + l] = acc[(ni * NV + v) * VL + l] + wval(
+                        W, wf, nb, ni, k) * xt[(tb * K + k) * TV + v * VL + l]
+
     @T.prim_func
     def linear(x: T.handle, w: T.handle, b: T.handle, o: T.handle):
         T.func_attr({"tirx.noalias": True})
@@ -218,33 +232,34 @@ def gemm_outer(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=N
         O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
         xt = T.alloc_buffer((K * TP,), F32, scope="global")
         for kc in tpar(NKC):
-            for kk in range(KC):
-                if kc * KC + kk < K:
-                    for t in range(TP):
+            for t in range(TP):
+                for kk in range(KC):
+                    if kc * KC + kk < K:
                         xt[((t // TV) * K + kc * KC + kk) * TV + t % TV] = T.if_then_else(
                             t < T_, X[T.min(t, T_ - 1), kc * KC + kk], T.float32(0))
         for nb in outer(NNB):
             wf = T.alloc_buffer((WP,), F32, scope="global")
-            if pack:
-                for ni in range(Nn):
-                    for kv in range(KV):
-                        for l in T.vectorized(VL):
-                            wf[ni * KS + kv * VL + l] = W[nrow(nb, ni), kv * VL + l].astype(F32)
-                    for k in range(KV * VL, K):
-                        wf[ni * KS + k] = W[nrow(nb, ni), k].astype(F32)
             for tb in range(NTB):
                 acc = T.alloc_buffer((Nn * TV,), F32, scope="global", annotations=STACK)
                 for i in T.unroll(Nn * NV):
                     for l in T.vectorized(VL):
                         acc[i * VL + l] = T.float32(0)
-                for k in range(K):
+                for kv in range(KV):
+                    if pack:
+                        if tb == 0:   # the first tile widens the panel, VL k at a time just before it uses them
+                            for ni in T.unroll(Nn):
+                                for l in T.vectorized(VL):
+                                    wf[ni * KS + kv * VL + l] = W[nrow(nb, ni), kv * VL + l].astype(F32)
+                    for ki in range(VL):
+                        fma_step(W, wf, xt, acc, nb, tb, kv * VL + ki)
+                for k in range(KV * VL, K):
+                    if pack:
+                        if tb == 0:
+                            for ni in range(Nn):
+                                wf[ni * KS + k] = W[nrow(nb, ni), k].astype(F32)
+                    fma_step(W, wf, xt, acc, nb, tb, k)
+                for j in T.unroll(TV):   # token-major: each row's Nn outputs are stored together
                     for ni in T.unroll(Nn):
-                        for v in T.unroll(NV):
-                            for l in T.vectorized(VL):
-                                acc[(ni * NV + v) * VL + l] = acc[(ni * NV + v) * VL + l] + wval(
-                                    W, wf, nb, ni, k) * xt[(tb * K + k) * TV + v * VL + l]
-                for ni in T.unroll(Nn):
-                    for j in T.unroll(TV):
                         if tb * TV + j < T_:
                             if rag_n:
                                 if nb * Nn + ni < N:
