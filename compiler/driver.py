@@ -127,7 +127,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     from ..compiler.ops import CpuInfo
 
     cpu = CpuInfo(vector_lanes=tgt.vector_lanes, num_threads=max(1, int(tgt.tvm.get("num-cores", 2))), arch=tgt.arch,
-                  features=tuple(tgt.features), prefetch_bytes=tgt.prefetch_bytes)
+                  features=tuple(tgt.features), prefetch_bytes=tgt.prefetch_bytes,
+                  float_prefetch_bytes=tgt.float_prefetch_bytes)
     pre = None
     if gptq:
         from ..quant.calibration import gptq_from_checkpoint

@@ -146,9 +146,11 @@ def test_attention_other_vector_widths():
 
 def test_linear_other_vector_widths():
     """AVX-512-width (16), AVX2-width (8) and NEON-width (4) schedules, run on this CPU (only the lane count
-    differs; LLVM splits the wider vectors), with and without GEMV software prefetch."""
+    differs; LLVM splits the wider vectors), with and without GEMV software prefetch (the float GEMV's own
+    distance on the 16-lane flavour)."""
     for lanes in (16, 8, 4):
-        cpu = ops.CpuInfo(vector_lanes=lanes, num_threads=2, prefetch_bytes=1024 if lanes != 4 else 0)
+        cpu = ops.CpuInfo(vector_lanes=lanes, num_threads=2, prefetch_bytes=1024 if lanes != 4 else 0,
+                          float_prefetch_bytes=8192 if lanes == 16 else None)
         for T, N, K in [(1, 100, 72), (16, 50, 40), (6, 7, 9), (40, 31, 24)]:
             r = rng(lanes + T)
             x, W = randn(r, (T, K)), randn(r, (N, K), "float16")

@@ -5,15 +5,18 @@ from edgellm.targets import get_target, registry
 
 
 @pytest.mark.parametrize("intel, flags, expect", [
-    (False, ("avx2", "fma", "f16c"), 1024),                          # Zen 1-3: the short distance measured there
-    (False, ("avx2", "fma", "f16c", "avx512f", "avx512vnni"), 4096),  # Zen 4/5
-    (True, ("avx2", "fma", "f16c"), 4096),
-    (True, ("avx2", "fma", "f16c", "avx512f", "avx512vnni"), 4096),
+    (False, ("avx2", "fma", "f16c"), (1024, 1024)),                          # Zen 1-3: the short distances
+    (False, ("avx2", "fma", "f16c", "avx512f", "avx512vnni"), (4096, 8192)),  # Zen 4/5
+    (True, ("avx2", "fma", "f16c"), (4096, 8192)),
+    (True, ("avx2", "fma", "f16c", "avx512f", "avx512vnni"), (4096, 8192)),
 ])
 def test_decode_prefetch_distance_follows_the_cpu(monkeypatch, intel, flags, expect):
     monkeypatch.setattr(registry, "host_is_intel", lambda: intel)
     monkeypatch.setattr(registry, "_host_x86_features", lambda: flags)
     assert registry.host_prefetch_bytes() == expect
     if registry.platform.machine() in ("x86_64", "AMD64"):
-        assert get_target("host").prefetch_bytes == expect
-    assert get_target("x86-avx2").prefetch_bytes == 1024 and get_target("x86-avx512").prefetch_bytes == 4096
+        host = get_target("host")
+        assert (host.prefetch_bytes, host.float_prefetch_bytes) == expect
+    for name, pf in (("x86-avx2", (1024, 1024)), ("x86-avx512", (4096, 8192))):
+        t = get_target(name)
+        assert (t.prefetch_bytes, t.float_prefetch_bytes) == pf

@@ -54,6 +54,7 @@ class CpuInfo:
     arch: str = "x86_64"  # or "aarch64"
     features: tuple[str, ...] = ()  # target CPU features the kernels may use (aarch64: "dotprod", "i8mm")
     prefetch_bytes: int = 0  # decode GEMVs prefetch this far ahead in the weight stream (0: hardware only)
+    float_prefetch_bytes: int | None = None  # the f32/f16 GEMV's distance, when it differs from prefetch_bytes
 
 
 # op -> ordered (param, short name in the kernel name, type, default or REQUIRED)
@@ -226,8 +227,9 @@ def host_cpu_info(num_threads: int = 2) -> CpuInfo:
                                                  "sapphirerapids", "znver4", "znver5")) else 8
     from ...targets.registry import host_prefetch_bytes
 
-    return CpuInfo(vector_lanes=lanes, num_threads=num_threads, arch="x86_64",
-                   prefetch_bytes=host_prefetch_bytes())
+    pf, float_pf = host_prefetch_bytes()
+    return CpuInfo(vector_lanes=lanes, num_threads=num_threads, arch="x86_64", prefetch_bytes=pf,
+                   float_prefetch_bytes=float_pf)
 
 
 def llvm_target(num_threads: int = 2):
