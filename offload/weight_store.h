@@ -27,6 +27,7 @@ struct el_weight_store {
   void (*close)(el_weight_store* s);
   /* Bytes of weights currently held in memory by the store. */
   uint64_t (*bytes_resident)(const el_weight_store* s);
+  uint64_t bytes_huge; /* of the weights, bytes the store holds in transparent huge pages (0: none) */
   const char* policy; /* "resident", ... */
   char err[256];      /* last failure, one line */
 };
@@ -39,8 +40,10 @@ typedef struct {
   uint64_t file_bytes; /* expected size of the file */
 } el_store_config;
 
-/* "resident": the whole file mmapped read-only (MAP_PRIVATE, MADV_WILLNEED); if mmap fails (or the environment
- * sets EDGELLM_NO_MMAP=1) read() into one 64-byte aligned buffer. Returns NULL with a one-line message in err. */
+/* "resident": every weight in memory. Where the kernel offers transparent huge pages, weights of at least 16 huge
+ * pages are copied into read-only anonymous huge pages (EDGELLM_HUGEPAGES=0: never, =1: whatever the size); else the
+ * whole file is mmapped read-only (MAP_PRIVATE, MADV_WILLNEED); if mmap fails (or the environment sets
+ * EDGELLM_NO_MMAP=1) read() into one 64-byte aligned buffer. Returns NULL with a one-line message in err. */
 EL_HIDDEN el_weight_store* el_store_open_resident(const el_store_config* cfg, char* err, size_t errlen);
 
 /* Opens a store by policy name (NULL or "" = "resident"); unknown name -> NULL with err set. New policies add

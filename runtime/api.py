@@ -92,6 +92,13 @@ class Runtime:
     def threads(self) -> int:
         return self._lib.el_threads(self._h)
 
+    def stats(self) -> dict:
+        """Runtime counters since load: weight bytes held (and of those in transparent huge pages), kernel calls,
+        prefill/decode tokens and seconds."""
+        s = L.Stats()
+        self._lib.el_get_stats(self._h, C.byref(s))
+        return {name: getattr(s, name) for name, _ in L.Stats._fields_}
+
     # ---- low level -------------------------------------------------------------------------------------------
     def reset(self):
         self._lib.el_reset(self._h)

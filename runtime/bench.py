@@ -76,6 +76,7 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
             _one(rt, ids, gen_len)
         runs = [_one(rt, ids, gen_len) for _ in range(reps)]
         n_threads = rt.threads
+        huge = rt.stats()["weight_bytes_huge"]
         m = rt.manifest
     pf = [prompt_len / r[0] for r in runs]
     dc = [r[3] / r[2] for r in runs]
@@ -87,6 +88,7 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
         "ttft_s": statistics.median(r[1] for r in runs), "peak_rss_mb": peak_kb / 1024, "load_s": load_s,
         "decode_tokens": runs[0][3], "prefill_tok_s_all": pf, "decode_tok_s_all": dc,
         "weights_bytes": m["weights_bytes"], "weights_read_per_token": weights_read_per_token(m),
+        "weights_huge_pages_bytes": huge,
     }
 
 
@@ -94,4 +96,5 @@ def format_bench(r: dict) -> str:
     return (f"{r['package']} ({r['quant']}, {r['threads']} threads, median of {r['reps']}): "
             f"prefill {r['prefill_tok_s']:.1f} tok/s ({r['prompt_len']} tokens), "
             f"decode {r['decode_tok_s']:.1f} tok/s ({r['decode_tokens']} tokens), ttft {r['ttft_s'] * 1e3:.1f} ms, "
-            f"peak RSS {r['peak_rss_mb']:.0f} MB")
+            f"peak RSS {r['peak_rss_mb']:.0f} MB, load {r['load_s']:.2f} s"
+            f"{' (weights in huge pages)' if r['weights_huge_pages_bytes'] else ''}")

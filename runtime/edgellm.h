@@ -62,6 +62,7 @@ typedef struct {
   double decode_seconds;
   uint64_t prefill_tokens;
   uint64_t decode_tokens;
+  uint64_t weight_bytes_huge;      /* of the resident bytes, those in transparent huge pages */
 } el_stats;
 void el_get_stats(const el_model* m, el_stats* out);
 void el_reset_stats(el_model* m);

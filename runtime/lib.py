@@ -17,7 +17,7 @@ class SamplerParams(C.Structure):
 class Stats(C.Structure):
     _fields_ = [("weight_bytes_resident", C.c_uint64), ("kernel_calls", C.c_uint64),
                 ("prefill_seconds", C.c_double), ("decode_seconds", C.c_double),
-                ("prefill_tokens", C.c_uint64), ("decode_tokens", C.c_uint64)]
+                ("prefill_tokens", C.c_uint64), ("decode_tokens", C.c_uint64), ("weight_bytes_huge", C.c_uint64)]
 
 
 _SIGS = {

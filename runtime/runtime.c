@@ -920,6 +920,7 @@ EL_API void el_get_stats(const el_model* m, el_stats* out) {
   }
   *out = m->stats;
   out->weight_bytes_resident = m->store->bytes_resident(m->store);
+  out->weight_bytes_huge = m->store->bytes_huge;
 }
 
 EL_API void el_reset_stats(el_model* m) {

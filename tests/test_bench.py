@@ -27,6 +27,7 @@ def test_bench_json(pkg, capsys):
     assert r["decode_tokens"] == 7 and r["prompt_len"] == 12 and r["threads"] == 1
     assert len(r["decode_tok_s_all"]) == 2
     assert r["weights_read_per_token"] < r["weights_bytes"]
+    assert r["weights_huge_pages_bytes"] == 0   # a tiny package stays mmapped (huge pages from 16 huge pages up)
 
 
 def test_bench_text_and_errors(pkg, capsys):

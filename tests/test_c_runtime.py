@@ -206,6 +206,33 @@ def test_read_fallback_and_stats(lib, pkg, ref, monkeypatch):
         lib.el_free(m)
 
 
+def _thp_offered() -> bool:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("mode", ["1", "0"])
+def test_weights_in_huge_pages(lib, pkg, ref, monkeypatch, mode):
+    """EDGELLM_HUGEPAGES=1: the weights are copied into transparent huge pages (where the kernel offers them; the
+    toy package is far below the automatic threshold), =0: mmapped. Same logits either way."""
+    monkeypatch.setenv("EDGELLM_HUGEPAGES", mode)
+    m = load(lib, pkg, 2)
+    try:
+        rc, lg = prefill(lib, m, [4, 8, 15, 16, 23])
+        assert rc == 0, err(lib)
+        np.testing.assert_allclose(lg, ref([4, 8, 15, 16, 23]), rtol=1e-4, atol=1e-4)
+        s = Stats()
+        lib.el_get_stats(m, C.byref(s))
+        size = (pkg / "weights.bin").stat().st_size
+        assert s.weight_bytes_resident == size
+        assert s.weight_bytes_huge == (size if mode == "1" and _thp_offered() else 0)
+    finally:
+        lib.el_free(m)
+
+
 def test_two_models_share_kernels(lib, pkg, ref):
     a, b = load(lib, pkg, 1), load(lib, pkg, 2)
     try:
