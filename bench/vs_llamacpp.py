@@ -13,10 +13,11 @@
    commit 0c1e57098; -DGGML_NATIVE=ON; cached in the work dir) unless --llama-bench is given, writes the same weights
    as an F16 GGUF (Q/K rows permuted like convert_hf_to_gguf.py) and quantizes it: f16->F16, q8->Q8_0,
    q4g32->Q4_0, t2->TQ2_0;
-4. per scheme and round: memory read bandwidth (bench/membw.c), `edgellm bench --json`, `llama-bench -o json`,
-   alternately, with the same threads, prompt (-p) and generation (-n) lengths;
+4. per scheme and round: memory read bandwidth (bench/membw.c), `edgellm bench --json`, bandwidth again,
+   `llama-bench -o json`, bandwidth again, with the same threads, prompt (-p) and generation (-n) lengths;
 5. prints one table: prefill and decode tok/s (median over rounds), edgellm/llama.cpp ratios (median, min-max over
-   rounds), bytes of weights read per decoded token, and that traffic as % of the read bandwidth measured in the run.
+   rounds), bytes of weights read per decoded token, and that traffic as % of the read bandwidth (per run, against
+   the mean of the readings just before and after it; median over rounds).
 
 Both sides time decode from a different context: llama-bench's tg test decodes -n tokens from an empty cache,
 edgellm bench decodes after the -p prompt (the generate path), i.e. over a slightly longer context.
@@ -321,11 +322,13 @@ def summarize(rounds: list[dict]) -> dict:
         ratios = [x[k] / y[k] for x, y in zip(e, lc)]
         s[k] = {"edgellm": statistics.median(x[k] for x in e), "llamacpp": statistics.median(y[k] for y in lc),
                 "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
-    bw = statistics.median(r["membw_gbs"] for r in rounds)
-    s["membw_gbs"] = bw
+    s["membw_gbs"] = statistics.median(b for r in rounds for b in r["membw_gbs"])
     s["read_per_token"] = {"edgellm": e[0]["read_per_token"], "llamacpp": lc[0]["read_per_token"]}
-    s["bw_pct"] = {side: 100 * s["read_per_token"][side] * s["decode"][side] / (bw * 1e9)
-                   for side in ("edgellm", "llamacpp")}
+    # The share of bandwidth is taken per run, against the mean of the membw readings just before and just after
+    # it (bandwidth on shared hosts moves by 1.5x within a round), then the median over rounds.
+    s["bw_pct"] = {side: statistics.median(
+        100 * s["read_per_token"][side] * r[side]["decode"] / (statistics.mean(r["membw_gbs"][i:i + 2]) * 1e9)
+        for r in rounds) for i, side in enumerate(("edgellm", "llamacpp"))}
     s["peak_rss_mb"] = {"edgellm": max(x["rss_mb"] for x in e), "llamacpp": max(y["rss_mb"] for y in lc)}
     return s
 
@@ -346,7 +349,7 @@ def table(result: dict) -> str:
                      f"({d['ratio_min']:.2f}-{d['ratio_max']:.2f}) | {rb['edgellm'] / 1e6:.1f} / "
                      f"{rb['llamacpp'] / 1e6:.1f} | {bw['edgellm']:.0f} / {bw['llamacpp']:.0f} |")
     m = result["meta"]
-    bws = [rd["membw_gbs"] for r in result["schemes"].values() if "summary" in r for rd in r.get("rounds", ())]
+    bws = [b for r in result["schemes"].values() if "summary" in r for rd in r.get("rounds", ()) for b in rd["membw_gbs"]]
     lines.append(f"\n{m['model']}: {m['threads']} threads, prompt {m['prompt_len']}, generate {m['gen_len']}, "
                  f"{m['rounds']} interleaved rounds x {m['reps']} reps (medians); llama.cpp {m['llamacpp']}; "
                  f"read bandwidth ({m['threads']} threads) {min(bws, default=0):.1f}-{max(bws, default=0):.1f} GB/s")
@@ -414,18 +417,21 @@ def main(argv=None):
     for s, (pkg, gg) in todo.items():
         rounds = []
         for i in range(a.rounds):
-            bw = membw(mbw, a.threads)
             try:
+                bw = [membw(mbw, a.threads)]          # membw | edgellm | membw | llama.cpp | membw
                 e = run_edgellm(pkg, a)
+                bw.append(membw(mbw, a.threads))
                 lc = run_llamacpp(lbench, gg, a)
+                bw.append(membw(mbw, a.threads))
             except (OSError, RuntimeError, json.JSONDecodeError, KeyError) as ex:
                 result["schemes"][s]["error"] = str(ex)
                 log(f"{s}: n/a ({ex})")
                 break
             lc["read_per_token"] = read_lc[s]
             rounds.append({"membw_gbs": bw, "edgellm": e, "llamacpp": lc})
-            log(f"{s} round {i + 1}/{a.rounds}: bw {bw:.1f} GB/s | edgellm prefill {e['prefill']:.1f} decode "
-                f"{e['decode']:.1f} | llama.cpp prefill {lc['prefill']:.1f} decode {lc['decode']:.1f} tok/s")
+            log(f"{s} round {i + 1}/{a.rounds}: bw {'/'.join(f'{b:.1f}' for b in bw)} GB/s | edgellm prefill "
+                f"{e['prefill']:.1f} decode {e['decode']:.1f} | llama.cpp prefill {lc['prefill']:.1f} decode "
+                f"{lc['decode']:.1f} tok/s")
         else:
             result["schemes"][s]["rounds"] = rounds
             result["schemes"][s]["summary"] = summarize(rounds)

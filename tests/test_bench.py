@@ -61,16 +61,42 @@ def test_streaming_checkpoint_equals_in_memory(tmp_path, dtype):
     assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and (a[k] == b[k]).all() for k in a)
 
 
-def test_vs_llamacpp_rebuilds_packages_built_from_other_sources(tmp_path, monkeypatch):
-    """bench/vs_llamacpp.py reuses a cached package only while the sources it was built from are unchanged."""
+def _vs_llamacpp():
     import importlib.util
-    import subprocess
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "bench" / "vs_llamacpp.py"
     spec = importlib.util.spec_from_file_location("vs_llamacpp", path)
     vs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(vs)
+    return vs
+
+
+def test_vs_llamacpp_bandwidth_share_per_run():
+    """Each side's share of the bandwidth is its decode traffic over the mean of the membw readings around its own
+    run (bandwidth moves within a round), then the median over rounds; the ratios are per round too."""
+    vs = _vs_llamacpp()
+    mb = 1e6
+    def side(prefill, decode, read_mb, rss):
+        return {"prefill": prefill, "decode": decode, "read_per_token": read_mb * mb, "rss_mb": rss}
+
+    rounds = [{"membw_gbs": [70.0, 50.0, 40.0], "edgellm": side(200, 100, 540, 1), "llamacpp": side(100, 80, 500, 2)},
+              {"membw_gbs": [40.0, 40.0, 40.0], "edgellm": side(180, 60, 540, 3), "llamacpp": side(120, 60, 500, 4)}]
+    s = vs.summarize(rounds)
+    # edgellm: 54 GB/s over mean(70, 50) = 90%, 32.4 over 40 = 81%; llama.cpp: 40 over 45 = 88.9%, 30 over 40 = 75%
+    assert abs(s["bw_pct"]["edgellm"] - (90 + 81) / 2) < 1e-9
+    assert abs(s["bw_pct"]["llamacpp"] - (100 * 40 / 45 + 75) / 2) < 1e-9
+    assert s["decode"]["ratio_min"] == 1.0 and s["decode"]["ratio_max"] == 1.25
+    assert s["prefill"]["ratio"] == (2.0 + 1.5) / 2 and s["membw_gbs"] == 40.0
+    assert s["peak_rss_mb"] == {"edgellm": 3, "llamacpp": 4}
+
+
+def test_vs_llamacpp_rebuilds_packages_built_from_other_sources(tmp_path, monkeypatch):
+    """bench/vs_llamacpp.py reuses a cached package only while the sources it was built from are unchanged."""
+    import subprocess
+    from pathlib import Path
+
+    vs = _vs_llamacpp()
     calls = []
 
     def fake_compile(cmd, **kw):
