@@ -60,20 +60,21 @@ class Target:
 X86_FLOAT_PREFILL_CHUNK = 128
 
 
-def x86_prefetch_bytes(small: bool) -> tuple[int, int]:
-    """Software-prefetch distances (quantized GEMVs, f32/f16 GEMV) of decode, measured at 2 threads on noisy shared
-    hosts. 1 KiB for both on the AMD cores without AVX-512 (Zen 1-3): the f16 GEMV streams 22.9 -> 25.1 and
-    26.8 -> 30.5 GB/s with it on Zen 3, while 4 KiB costs there (22.7 -> 19.7). Elsewhere 4 KiB for the quantized
-    GEMVs and 8 KiB for the float one: Cascade Lake f16 19.3 -> 25.5 GB/s at 4 KiB; on Zen 5, 1 KiB is the worst
-    distance (1B q4g32 decode 76-81 tok/s against 88-95 at 4 KiB; 4 KiB beats 8 KiB there in 5 of 5 interleaved
-    rounds), and the f16 GEMV, whose activation row (22 KiB at K=5632) shares L1 with the stream, decodes 1B f16 2-5%
-    faster at 8 KiB than at 4 KiB (7 of 8 rounds)."""
-    return (1024, 1024) if small else (4096, 8192)
+def x86_prefetch(small: bool) -> dict:
+    """Software-prefetch distances of decode, as Target/CpuInfo fields: prefetch_bytes for the quantized GEMVs,
+    float_prefetch_bytes for the f32/f16 GEMV. Measured at 2 threads on noisy shared hosts. 1 KiB for both on the AMD
+    cores without AVX-512 (Zen 1-3): the f16 GEMV streams 22.9 -> 25.1 and 26.8 -> 30.5 GB/s with it on Zen 3,
+    while 4 KiB costs there (22.7 -> 19.7). Elsewhere 4 KiB and 8 KiB: Cascade Lake f16 19.3 -> 25.5 GB/s at 4 KiB;
+    on Zen 5, 1 KiB is the worst distance (1B q4g32 decode 76-81 tok/s against 88-95 at 4 KiB; 4 KiB beats 8 KiB
+    there in 5 of 5 interleaved rounds), and the f16 GEMV, whose activation row (22 KiB at K=5632) shares L1 with
+    the stream, decodes 1B f16 2-5% faster at 8 KiB than at 4 KiB (7 of 8 rounds)."""
+    return {"prefetch_bytes": 1024, "float_prefetch_bytes": 1024} if small else \
+        {"prefetch_bytes": 4096, "float_prefetch_bytes": 8192}
 
 
-def host_prefetch_bytes() -> tuple[int, int]:
-    """x86_prefetch_bytes for this machine's CPU: the short distances for AMD cores without AVX-512."""
-    return x86_prefetch_bytes(not host_is_intel() and "avx512f" not in _host_x86_features())
+def host_prefetch() -> dict:
+    """x86_prefetch for this machine's CPU: the short distances for AMD cores without AVX-512."""
+    return x86_prefetch(not host_is_intel() and "avx512f" not in _host_x86_features())
 
 
 def host_is_intel() -> bool:
@@ -101,27 +102,24 @@ def _host() -> Target:
 
     feats = _host_x86_features()
     wide = "avx512f" in feats and "avx512vnni" in feats
-    pf, float_pf = host_prefetch_bytes()
     return Target("host", f"this machine's CPU ({codegen.llvm_get_system_cpu()}, "
                   f"{'AVX-512' if 'avx512f' in feats else 'AVX2'})", "x86_64",
                   {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": os.cpu_count() or 1},
                   # the 16-lane kernels' integer path needs VNNI (an AVX-512 CPU without it gets the AVX2 flavour)
                   "gcc", feats, 16 if wide else 8, float_prefill_chunk=X86_FLOAT_PREFILL_CHUNK,
-                  prefetch_bytes=pf, float_prefetch_bytes=float_pf, kernels="avx512" if wide else "avx2")
+                  kernels="avx512" if wide else "avx2", **host_prefetch())
 
 
 _STATIC = {
     "x86-avx2": Target("x86-avx2", "any x86-64 CPU with AVX2+FMA (Haswell, Zen 1 and later)", "x86_64",
                        {"kind": "llvm", "mcpu": "haswell"}, "gcc", ("avx2", "fma", "f16c"), 8,
                        # the short distances of the AVX2-only AMD cores (Zen 1-3), where they were measured
-                       float_prefill_chunk=X86_FLOAT_PREFILL_CHUNK, prefetch_bytes=x86_prefetch_bytes(True)[0],
-                       float_prefetch_bytes=x86_prefetch_bytes(True)[1], kernels="avx2"),
+                       float_prefill_chunk=X86_FLOAT_PREFILL_CHUNK, kernels="avx2", **x86_prefetch(True)),
     # VNNI is part of the definition: the 16-lane integer kernels are built on vpdpbusd (Skylake-SP lacks it: x86-avx2)
     "x86-avx512": Target("x86-avx512", "x86-64 CPUs with AVX-512 VNNI (Cascade Lake, Ice Lake, Zen 4 and later)",
                          "x86_64", {"kind": "llvm", "mcpu": "cascadelake"}, "gcc",
                          ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni"), 16,
-                         float_prefill_chunk=X86_FLOAT_PREFILL_CHUNK, prefetch_bytes=x86_prefetch_bytes(False)[0],
-                         float_prefetch_bytes=x86_prefetch_bytes(False)[1], kernels="avx512"),
+                         float_prefill_chunk=X86_FLOAT_PREFILL_CHUNK, kernels="avx512", **x86_prefetch(False)),
 }
 
 A64_GNU = "aarch64-linux-gnu"

@@ -225,11 +225,9 @@ def host_cpu_info(num_threads: int = 2) -> CpuInfo:
         cpu = tvm.target.codegen.llvm_get_system_cpu()
         lanes = 16 if any(s in cpu for s in ("avx512", "skylake-avx512", "cascadelake", "icelake",
                                                  "sapphirerapids", "znver4", "znver5")) else 8
-    from ...targets.registry import host_prefetch_bytes
+    from ...targets.registry import host_prefetch
 
-    pf, float_pf = host_prefetch_bytes()
-    return CpuInfo(vector_lanes=lanes, num_threads=num_threads, arch="x86_64", prefetch_bytes=pf,
-                   float_prefetch_bytes=float_pf)
+    return CpuInfo(vector_lanes=lanes, num_threads=num_threads, arch="x86_64", **host_prefetch())
 
 
 def llvm_target(num_threads: int = 2):

@@ -6,7 +6,7 @@ weight packing; f16 weights are widened to f32 in registers (vcvtph2ps / fcvtl);
 T == 1 (decode GEMV, memory bound): parallel over output rows; per row U*VL lanes in U independent
   accumulator vectors (breaks the FMA latency chain), summed at the end with a shuffle tree; the K % (U*VL)
   tail is a scalar loop. On x86 each U*VL step also issues software prefetches (llvm.prefetch, one per 64-byte
-  line) cpu.float_prefetch_bytes ahead in the flat weight stream (8 KiB; AMD Zen 1-3 1 KiB: x86_prefetch_bytes).
+  line) cpu.float_prefetch_bytes ahead in the flat weight stream (8 KiB; AMD Zen 1-3 1 KiB: x86_prefetch).
 T > 1 (prefill GEMM, compute bound): parallel over blocks of Nn weight rows; inside, blocks of Tt token
   rows; register block of Tt x Nn accumulator vectors (AVX-512: 4 x 4 = 16 of 32 zmm): per K-vector step
   Tt + Nn loads feed Tt*Nn FMAs. The Tt*Nn horizontal sums are done together by one transpose-reduce tree
