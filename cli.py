@@ -202,7 +202,8 @@ def info_cmd(package):
         ("parameters", f"{n_params / 1e6:.2f} M"),
         ("target", f"{m['target']['name']} ({m['target']['arch']}; needs {', '.join(m['target']['features']) or '-'})"),
         ("quant", _quant_line(m["quant"])),
-        ("context", f"max {m['max_context']} tokens, prefill chunk {m['prefill_chunk']}"),
+        ("context", f"max {m['max_context']} tokens, prefill chunk {m['prefill_chunk']}"
+                    + (f" (prompt tails: {m['prefill_short_chunk']})" if m.get("prefill_short_chunk") else "")),
         ("kernels", f"{len(m['kernels'])}"),
         ("memory", f"weights {m['weights_bytes'] / 2**20:.1f} MiB, activations {m['arena_bytes'] / 2**20:.2f} MiB, "
                    f"KV cache {2 * c['n_layers'] * m['kv_rows'] * c['n_kv_heads'] * c['head_dim'] * 4 / 2**20:.1f} MiB"),

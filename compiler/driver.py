@@ -15,7 +15,7 @@ from ..models import load_checkpoint
 from ..models.rope import cos_sin
 from ..quant import get_scheme
 from ..runtime.package import FORMAT_VERSION, KERNELS, MANIFEST, PLAN, WEIGHTS
-from ..targets import get_target
+from ..targets import get_target, short_prefill_chunk
 from .tokenizer_pack import maybe_write_tokenizer_bin
 from .device_binary import BIN_DIR, BINARY, build_edgellm_run
 from .kernels_build import build_kernels
@@ -110,6 +110,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     if not 1 <= chunk <= 1024:
         raise CompileError(f"--prefill-chunk {chunk} is out of range: use 1..1024 (typical 16-128)")
     kv_rows = max_ctx + chunk   # a padded last chunk may write up to chunk-1 rows past max_ctx
+    short = short_prefill_chunk(chunk)
     out = Path(out) if out else default_output(model, quant, tgt.name)
     _log(progress, f"compiling {spec.arch} ({spec.n_layers} layers, dim {spec.hidden_size}, vocab {spec.vocab_size}) "
                    f"for {tgt.name} with {scheme.name} -> {out}")
@@ -137,7 +138,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         pre = gptq_from_checkpoint(spec, lambda n: np.asarray(ck.get(n), np.float32), scheme,
                                    model_dir / "tokenizer.json", calib_file=calib, act_order=act_order,
                                    progress=progress or None)
-    low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre)
+    low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre, short_chunk=short)
     with staged_package(out) as tmp:
         table, wbytes = write_weights(tmp / WEIGHTS, low.weights.names, low.weights.arrays, progress)
         n_params = count_params(spec)
@@ -168,7 +169,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                       "head": head_scheme.name, "embedding": low.embed_dtype,
                       "method": "gptq" if gptq else ("native" if spec.family == "bitnet" else "rtn"),
                       "n_params": n_params},
-            "max_context": max_ctx, "prefill_chunk": chunk, "kv_rows": kv_rows,
+            "max_context": max_ctx, "prefill_chunk": chunk, "prefill_short_chunk": short, "kv_rows": kv_rows,
             "files": {"plan": PLAN, "weights": WEIGHTS, "kernels": KERNELS, "binary": f"{BIN_DIR}/{BINARY}",
                       "tokenizer": "tokenizer.json" if "tokenizer.json" in tok_files else None,
                       "tokenizer_bin": "tokenizer.bin" if (tmp / "tokenizer.bin").is_file() else None},

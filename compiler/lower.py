@@ -269,23 +269,26 @@ class Lowering:
         raise AssertionError(f"no lowering for op {op}")
 
 
-PROGRAMS = (  # name, tokens (None = chunk), body, head
+PROGRAMS = (  # name, tokens ("chunk", "short" or a count), body, head
     ("decode", 1, True, True),
-    ("prefill", None, True, False),
-    ("prefill_logits", None, True, True),
+    ("prefill", "chunk", True, False),
+    ("prefill_logits", "chunk", True, True),
     ("head", 1, False, True),
+    ("prefill_short", "short", True, False),   # only with a short chunk: the tail of a prompt (runtime el_prefill)
 )
 
 
 def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: int,
-                kv_rows: int, quantized=None) -> tuple[Lowering, list[Program]]:
+                kv_rows: int, quantized=None, short_chunk: int | None = None) -> tuple[Lowering, list[Program]]:
     from ..models import family
 
     fam = family(spec)
     low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows, quantized)
     progs = []
     for name, tokens, body, head in PROGRAMS:
-        g = TraceGraph(spec, tokens or chunk)
+        if tokens == "short" and not short_chunk:
+            continue
+        g = TraceGraph(spec, {"chunk": chunk, "short": short_chunk}.get(tokens, tokens))
         inp = g.input_ids() if body else g.input_hidden()
         x = fam.body(g, inp) if body else inp
         if head:

@@ -17,6 +17,9 @@
  *   "prefill_logits" T = chunk tokens -> logits [chunk, vocab]       (body + final norm + lm_head on all rows)
  *   "decode"         T = 1            -> logits [1, vocab]           (body + head)
  *   "head"           hidden [1, dim]  -> logits [1, vocab]           (final norm + lm_head on one row)
+ *   "prefill_short"  T = short tokens -> hidden [short, dim]         (optional: packages whose chunk is long run
+ *                                                                    a prompt's last few tokens through it)
+ * A runtime skips programs it does not know (after checking them), so older runtimes run newer packages.
  * A program's input lives in the arena at in_offset (int32 token ids, or f32 hidden for "head"), its output
  * at out_offset; every program shares the one arena, so the runtime copies outputs out before the next run.
  */

@@ -78,6 +78,41 @@ def test_long_chunk_matches_numpy(tiny_models, tmp_path, quant):
         assert relerr(got, want) < (1e-4 if quant == "f32" else 2e-2), chunk
 
 
+def test_short_prefill_program(tiny_models, tmp_path, packages):
+    """A package with 64-token chunks carries a 16-token prefill program; the last piece of a prompt runs through it
+    when it needs at most half a chunk of short chunks (the KV rows it writes serve the decode that follows)."""
+    spec, ck, _ = load_checkpoint(str(tiny_models["llama-gqa"]))
+    ref = NumpyModel(spec, ck.get)
+    pkg = edgellm.compile(str(tiny_models["llama-gqa"]), quant="f32", out=tmp_path / "c64", max_context=160,
+                          prefill_chunk=64, progress=False)
+    m = json.loads((pkg / "manifest.json").read_text())
+    assert m["prefill_short_chunk"] == 16 and m["programs"]["prefill_short"]["tokens"] == 16
+    prompt = [(11 * i + 5) % spec.vocab_size for i in range(134)]
+    # prompt length -> (64-token runs, 16-token runs): 40 tokens would need 48 > 32 short rows, so one long chunk
+    runs = {5: (0, 1), 32: (0, 2), 40: (1, 0), 70: (1, 1), 133: (2, 1)}
+    with edgellm.Runtime.load(pkg, threads=2) as rt:
+        for n in runs:
+            rt.reset()
+            last = rt.prefill(prompt[:n])
+            nxt = rt.decode_step(prompt[n])
+            want = ref.logits(prompt[:n + 1])
+            assert relerr(last, want[n - 1]) < 1e-4 and relerr(nxt, want[n]) < 1e-4, n
+    # which programs ran: the runtime profile counts runs per program
+    code = ("import edgellm, sys\n"
+            "with edgellm.Runtime.load(sys.argv[1], threads=2) as rt:\n"
+            f"    for n in {list(runs)}:\n"
+            f"        rt.reset(); rt.prefill({prompt}[:n])\n")
+    p = subprocess.run([sys.executable, "-c", code, str(pkg)], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "EDGELLM_PROFILE": "1"})
+    assert p.returncode == 0, p.stderr
+    counts = {ln.split()[2].rstrip(","): int(ln.split()[3]) for ln in p.stderr.splitlines()
+              if ln.startswith("edgellm profile:")}
+    assert counts["prefill"] == sum(b for b, _ in runs.values()) and counts["prefill_short"] == sum(
+        s for _, s in runs.values()), counts
+    short_chunks = json.loads((packages["llama-gqa"] / "manifest.json").read_text())   # 8-token chunks: no program
+    assert short_chunks["prefill_short_chunk"] is None and "prefill_short" not in short_chunks["programs"]
+
+
 def test_profile_report(packages):
     """EDGELLM_PROFILE=1: per-program kernel tables on stderr when the model is freed; every plan step counted."""
     code = ("import edgellm, sys\n"
