@@ -76,8 +76,8 @@ static uint8_t* read_all(int fd, uint64_t bytes, char* err, size_t errlen, const
  * pages only where the page cache happens to hold 2 MiB folios, so the weights are copied into anonymous memory
  * advised MADV_HUGEPAGE, prefaulted in one call (MADV_POPULATE_WRITE: faulting huge pages one by one inside read()
  * took 4.6 s for 2.2 GB, populate + 2 reader threads 0.2-0.5 s) and made read-only. Used when the kernel offers
- * THP (enabled "always" or "madvise") and the weights are at least HUGE_MIN_PAGES huge pages; any failure falls
- * back to the mmap. EDGELLM_HUGEPAGES=0 turns it off, =1 uses it whatever the size (tests). */
+ * THP (enabled "always" or "madvise"), the weights are at least HUGE_MIN_PAGES huge pages and MemAvailable holds
+ * twice them; any failure falls back to the mmap. EDGELLM_HUGEPAGES=0 turns it off, =1 uses it whatever the size (tests). */
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
@@ -98,6 +98,18 @@ static size_t thp_size(void) {
 #else
   return 0;
 #endif
+}
+
+/* MemAvailable of /proc/meminfo in bytes (0 if unknown). */
+static uint64_t mem_available(void) {
+  FILE* f = fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[128];
+  unsigned long long kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+  fclose(f);
+  return (uint64_t)kb * 1024;
 }
 
 typedef struct {
@@ -127,6 +139,9 @@ static uint8_t* load_huge(int fd, uint64_t bytes, uint64_t* map_len) {
   if (env && *env == '0') return NULL;
   size_t h = thp_size();
   if (!h || bytes == 0 || (bytes < (uint64_t)HUGE_MIN_PAGES * h && !(env && *env == '1'))) return NULL;
+  /* The copy is pinned anonymous memory: take it only with room for it and the file's page cache beside it; a
+   * mapping of the file degrades gracefully under memory pressure (its pages can be dropped and read again). */
+  if (mem_available() / 2 < bytes) return NULL;
   uint64_t len = (bytes + h - 1) / h * h;
   uint8_t* raw = mmap(NULL, len + h, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return NULL;

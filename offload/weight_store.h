@@ -41,7 +41,8 @@ typedef struct {
 } el_store_config;
 
 /* "resident": every weight in memory. Where the kernel offers transparent huge pages, weights of at least 16 huge
- * pages are copied into read-only anonymous huge pages (EDGELLM_HUGEPAGES=0: never, =1: whatever the size); else the
+ * pages (and at most half the available memory) are copied into read-only anonymous huge pages
+ * (EDGELLM_HUGEPAGES=0: never, =1: whatever the size); else the
  * whole file is mmapped read-only (MAP_PRIVATE, MADV_WILLNEED); if mmap fails (or the environment sets
  * EDGELLM_NO_MMAP=1) read() into one 64-byte aligned buffer. Returns NULL with a one-line message in err. */
 EL_HIDDEN el_weight_store* el_store_open_resident(const el_store_config* cfg, char* err, size_t errlen);
