@@ -19,7 +19,7 @@ typedef struct {
   uint8_t* data;   /* file contents */
   uint64_t bytes;  /* file size */
   int mapped;      /* 1: data is an mmap of the file; 2: a copy in anonymous huge pages (mmap); 0: malloc'd copy */
-  uint64_t map_len; /* bytes mapped at data when mapped == 2 */
+  uint64_t map_len; /* bytes mapped at data (mapped != 0): the file size, or whole huge pages of the copy */
 } resident_store;
 
 static const void* resident_acquire(el_weight_store* s, uint32_t id) {
@@ -39,7 +39,7 @@ static void resident_close(el_weight_store* s) {
   resident_store* r = (resident_store*)s;
   if (!r) return;
   if (r->mapped)
-    munmap(r->data, r->mapped == 2 ? r->map_len : r->bytes);
+    munmap(r->data, r->map_len);
   else
     free(r->data);
   free(r);
@@ -77,7 +77,8 @@ static uint8_t* read_all(int fd, uint64_t bytes, char* err, size_t errlen, const
  * advised MADV_HUGEPAGE, prefaulted in one call (MADV_POPULATE_WRITE: faulting huge pages one by one inside read()
  * took 4.6 s for 2.2 GB, populate + 2 reader threads 0.2-0.5 s) and made read-only. Used when the kernel offers
  * THP (enabled "always" or "madvise"), the weights are at least HUGE_MIN_PAGES huge pages and MemAvailable holds
- * twice them; any failure falls back to the mmap. EDGELLM_HUGEPAGES=0 turns it off, =1 uses it whatever the size (tests). */
+ * twice them; any failure falls back to the mmap. EDGELLM_HUGEPAGES=0 turns it off, =1 uses it whatever the size
+ * (tests). */
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
@@ -202,6 +203,7 @@ el_weight_store* el_store_open_resident(const el_store_config* cfg, char* err, s
       madvise(p, r->bytes, MADV_WILLNEED); /* start read-ahead of the whole file now, not on first touch */
       r->data = p;
       r->mapped = 1;
+      r->map_len = r->bytes;
     }
   }
   if (!r->mapped && !(r->data = read_all(fd, r->bytes, err, errlen, cfg->path))) {
