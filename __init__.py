@@ -3,9 +3,9 @@
 Importing `edgellm` (or `edgellm.runtime`) does not import TVM: only `edgellm.compile` / `edgellm.compiler` do.
 """
 from .errors import CompileError, EdgeLLMError, InputError, ModelLoadError, PackageError
-from .runtime import GenerationResult, Runtime
+from .runtime import Context, GenerationResult, Runtime
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def compile(model, target="host", quant=None, out=None, **kwargs):  # noqa: A001 - public name from the spec
@@ -16,5 +16,5 @@ def compile(model, target="host", quant=None, out=None, **kwargs):  # noqa: A001
     return compile_model(model, target=target, quant=quant, out=out, **kwargs)
 
 
-__all__ = ["Runtime", "GenerationResult", "compile", "EdgeLLMError", "ModelLoadError", "CompileError",
+__all__ = ["Runtime", "Context", "GenerationResult", "compile", "EdgeLLMError", "ModelLoadError", "CompileError",
            "PackageError", "InputError", "__version__"]

@@ -9,6 +9,15 @@ import click
 from .errors import EdgeLLMError
 
 
+def _positive(name):
+    """click callback: an integer option that must be >= 1 when given (0 would silently mean "default")."""
+    def check(ctx, param, value):
+        if value is not None and value < 1:
+            raise click.BadParameter(f"{value} is out of range: it must be >= 1", param_hint=name)
+        return value
+    return check
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="edgellm")
 def cli():
@@ -28,8 +37,10 @@ def cli():
 @click.option("--act-order", is_flag=True, help="GPTQ: quantize columns in order of decreasing activation energy")
 @click.option("-o", "--out", type=click.Path(), default=None,
               help="package directory [default: <model>-<quant>-<target>.edgellm]")
-@click.option("--max-context", type=int, default=None, help="longest sequence the package runs [default: min(model's, 4096)]")
-@click.option("--prefill-chunk", type=int, default=None, help="prefill chunk length C [default: the target's]")
+@click.option("--max-context", type=int, default=None, callback=_positive("--max-context"),
+              help="longest sequence the package runs [default: min(model's, 4096)]")
+@click.option("--prefill-chunk", type=int, default=None, callback=_positive("--prefill-chunk"),
+              help="prefill chunk length C [default: the target's]")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, quiet):
     """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
@@ -41,17 +52,24 @@ def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, m
 
 def _sampling_options(f):
     opts = [
-        click.option("-n", "--max-new-tokens", type=int, default=128, show_default=True),
+        click.option("-n", "--max-new-tokens", type=click.IntRange(min=0), default=128, show_default=True),
         click.option("--temperature", type=float, default=None,
                      help="0 = greedy [default: the package's generation_config.json if it samples, else 0]"),
-        click.option("--top-k", type=int, default=None, help="0 = off [default: generation_config.json, else 0]"),
-        click.option("--top-p", type=float, default=None, help="1 = off [default: generation_config.json, else 1]"),
+        click.option("--top-k", type=click.IntRange(min=0), default=None, help="0 = off [default: the package's]"),
+        click.option("--top-p", type=float, default=None, help="1 = off [default: the package's]"),
+        click.option("--min-p", type=float, default=None, help="0 = off [default: the package's]"),
         click.option("--repetition-penalty", type=float, default=None,
-                     help="1 = off [default: generation_config.json, else 1]"),
-        click.option("--seed", type=int, default=None, help="sampling seed (default: random)"),
+                     help="1 = off; applies when greedy too [default: the package's]"),
+        click.option("--presence-penalty", type=float, default=None, help="0 = off [default: the package's]"),
+        click.option("--frequency-penalty", type=float, default=None, help="0 = off [default: the package's]"),
+        click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=None,
+                     help="sampling seed (default: random)"),
         click.option("--stop", multiple=True, help="stop string (repeatable)"),
         click.option("--ignore-eos", is_flag=True, help="keep generating past end-of-sequence tokens"),
-        click.option("--threads", type=int, default=None, help="threads [default: one per CPU]"),
+        click.option("--threads", type=click.IntRange(1, 256), default=None, help="threads [default: one per CPU]"),
+        click.option("--digest", default=None, help="refuse to run unless the package matches this sha256:... digest "
+                                                    "(printed by edgellm compile)"),
+        click.option("--memory-budget", default=None, help="bytes of weights the runtime may hold, e.g. 600MB"),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -59,6 +77,21 @@ def _sampling_options(f):
 
 
 DEMO_PROMPT = "def read_config(path):"
+SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+NEUTRAL = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+           "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def describe_sampling(defaults: dict, given: dict) -> str:
+    """One line on the sampling in effect: what was given, else the package's defaults (generation_config.json)."""
+    eff = {k: given[k] if given.get(k) is not None else defaults[k] for k in SAMPLING}
+    from_pkg = any(given.get(k) is None and abs(defaults[k] - NEUTRAL[k]) > 1e-6 for k in SAMPLING)
+    mode = "greedy" if eff["temperature"] <= 0 else "sampled"
+    shown = [k for k in SAMPLING if abs(eff[k] - NEUTRAL[k]) > 1e-6 and not (mode == "greedy" and k in
+                                                                           ("temperature", "top_k", "top_p", "min_p"))]
+    desc = ", ".join(f"{k.replace('_', '-')} {eff[k]:g}" for k in shown)
+    sep = " with " if mode == "sampled" else ", "
+    return mode + (f"{sep}{desc}" if desc else "") + (" (package defaults from generation_config.json)" if from_pkg else "")
 
 
 @cli.command("run")
@@ -68,16 +101,16 @@ DEMO_PROMPT = "def read_config(path):"
 @click.option("-p", "--prompt", default=None, help=f"prompt text [default with the demo model: {DEMO_PROMPT!r}]")
 @click.option("--quant", "-q", default=None, help="scheme when compiling --model [default: f16; t2 for BitNet]")
 @_sampling_options
-def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop,
-            ignore_eos, threads):
+def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
+            presence_penalty, frequency_penalty, seed, stop, ignore_eos, threads, digest, memory_budget):
     """Generate text from PACKAGE (or --model, default: the bundled demo), streaming it to stdout; a tok/s summary
-    goes to stderr."""
+    goes to stderr. Sampling options not given come from the package (its generation_config.json), as in
+    Runtime.generate and bin/edgellm-run: the same arguments and seed give the same tokens everywhere."""
+    from .errors import InputError
     from .runtime import Runtime
-    from .runtime.api import check_sampling_args
 
-    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "repetition_penalty": repetition_penalty}
-    check_sampling_args(max_new_tokens, *({"temperature": 0.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
-                                          | {k: v for k, v in given.items() if v is not None}).values())
+    if any(s == "" for s in stop):
+        raise InputError("--stop '' is invalid: a stop string needs at least one character")
     if package and model:
         raise click.UsageError("give a PACKAGE or --model, not both")
     if not package:
@@ -89,20 +122,21 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
             prompt = DEMO_PROMPT
     if prompt is None:
         raise click.UsageError("give a prompt with -p")
-    from .runtime.package import sampling_defaults
-
-    sampling, source = sampling_defaults(package, given)
-    with Runtime.load(package, threads=threads) as rt:
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+             "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty,
+             "frequency_penalty": frequency_penalty}
+    with Runtime.load(package, threads=threads, digest=digest, memory_budget=memory_budget) as rt:
         r: dict = {}
         for piece in rt.stream(prompt, max_new_tokens=max_new_tokens, seed=seed, stop=list(stop),
-                               ignore_eos=ignore_eos, _result=r, **sampling):
-            click.echo(piece, nl=False)
+                               ignore_eos=ignore_eos, _result=r, **given):
+            sys.stdout.write(piece)
             sys.stdout.flush()
         click.echo()
         pf = r["prompt_tokens"] / r["prefill_s"] if r["prefill_s"] else 0.0
         dc = r["n_decoded"] / r["decode_s"] if r["decode_s"] else 0.0
         click.echo(f"[{r['prompt_tokens']} prompt tokens, {len(r['ids'])} generated ({r['finish_reason']}); "
-                   f"prefill {pf:.1f} tok/s, decode {dc:.1f} tok/s, {rt.threads} threads; {source}]", err=True)
+                   f"prefill {pf:.1f} tok/s, decode {dc:.1f} tok/s, {rt.threads} threads; "
+                   f"{describe_sampling(rt.sampling_defaults(), given)}]", err=True)
 
 
 @cli.group("eval")
@@ -114,11 +148,13 @@ def eval_group():
 @click.argument("packages_or_models", nargs=-1, required=True)
 @click.option("--text", "text_file", type=click.Path(), default=None,
               help="text file to score [default: the demo models' held-out text]")
-@click.option("--context", type=int, default=None, help="window length in tokens [default: min(max context, 1024)]")
-@click.option("--stride", type=int, default=None, help="window step [default: context/2]")
-@click.option("--max-tokens", type=int, default=None, help="score only the first N tokens of the text")
+@click.option("--context", type=int, default=None, callback=_positive("--context"),
+              help="window length in tokens [default: min(max context, 1024)]")
+@click.option("--stride", type=int, default=None, callback=_positive("--stride"), help="window step [default: context/2]")
+@click.option("--max-tokens", type=int, default=None, callback=_positive("--max-tokens"),
+              help="score only the first N tokens of the text")
 @click.option("--quant", "-q", default=None, help="scheme when compiling a model [default: f16; t2 for BitNet]")
-@click.option("--threads", type=int, default=None)
+@click.option("--threads", type=click.IntRange(1, 256), default=None)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @click.option("--quiet", is_flag=True)
 def eval_ppl_cmd(packages_or_models, text_file, context, stride, max_tokens, quant, threads, as_json, quiet):
@@ -168,7 +204,7 @@ def eval_ppl_cmd(packages_or_models, text_file, context, stride, max_tokens, qua
 @click.argument("package", type=click.Path())
 @click.option("--prompt-len", type=int, default=128, show_default=True, help="prompt tokens prefilled")
 @click.option("--gen-len", type=int, default=64, show_default=True, help="tokens decoded (end-of-sequence ignored)")
-@click.option("--threads", type=int, default=None, help="threads [default: one per CPU]")
+@click.option("--threads", type=click.IntRange(1, 256), default=None, help="threads [default: one per CPU]")
 @click.option("--reps", type=int, default=3, show_default=True, help="timed repetitions (the median is reported)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random prompt ids")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
@@ -188,13 +224,15 @@ def info_cmd(package):
     """Describe a package: model, target, quantization, sizes."""
     from pathlib import Path
 
-    from .runtime.package import read_manifest
+    from .runtime.package import package_digest, read_manifest
 
     m = read_manifest(package)
     c = m["model"]["config"]
-    n_params = m["quant"].get("n_params") or sum(int(__import__("math").prod(t["shape"])) for t in m["tensors"]
-                                                 if not t["name"].startswith("rope."))
-    size = sum(f.stat().st_size for f in Path(package).iterdir() if f.is_file())
+    n_params = m["quant"].get("n_params")
+    if not isinstance(n_params, int) or isinstance(n_params, bool):
+        n_params = sum(int(__import__("math").prod(t["shape"])) for t in m["tensors"] if not t["name"].startswith("rope."))
+    size = sum(f.stat().st_size for f in Path(package).rglob("*") if f.is_file())
+    sampling = m.get("sampling_defaults") if isinstance(m.get("sampling_defaults"), dict) else {}
     rows = [
         ("model", f"{m['model']['arch']} from {m['model']['source']}"),
         ("shape", f"{c['n_layers']} layers, dim {c['hidden_size']}, {c['n_heads']} heads / {c['n_kv_heads']} kv heads, "
@@ -209,13 +247,17 @@ def info_cmd(package):
                    f"KV cache {2 * c['n_layers'] * m['kv_rows'] * c['n_kv_heads'] * c['head_dim'] * 4 / 2**20:.1f} MiB"),
         ("package", f"{size / 2**20:.1f} MiB on disk, format {m['format_version']}, edgellm {m['edgellm_version']}"),
         ("tokenizer", m["files"].get("tokenizer") or "none (token ids only)"),
+        ("sampling", (describe_sampling({**NEUTRAL, **sampling}, {}).replace(" (package defaults from "
+                                                                          "generation_config.json)", "")
+                      + (" (generation_config.json)" if sampling else ""))),
+        ("digest", package_digest(package)),
     ]
     for k, v in rows:
         click.echo(f"{k:>11}: {v}")
 
 
 def _quant_line(q: dict) -> str:
-    head = f", embedding/head {q['head']}" if "head" in q else ""
+    head = f", embedding/head {q['head']}" if isinstance(q.get("head"), str) else ""
     method = f" ({q['method']})" if q.get("method") not in (None, "rtn") else ""
     return f"{q['scheme']}{method}{head}: {q['bits_per_weight']} bits per weight over all weights"
 
@@ -245,6 +287,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130
+    except BrokenPipeError:   # `edgellm run ... | head`
+        sys.stderr.close()
+        return 141
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ dlopens PKG/kernels.so like the Python Runtime does), statically linked for andr
 `adb shell` with nothing installed. A static executable cannot dlopen (Android's loader refuses; glibc's static
 dlopen needs the very glibc it was built with), so there the package's kernels are linked into the binary: the
 kernels object is compiled as a TVM system lib (compiler/kernels_build.py) and registers itself at start-up
-(runtime.c, EL_STATIC_KERNELS). That binary belongs to its package (it holds that package's kernels).
+(backend_tvm_cpu.c, EL_STATIC_KERNELS). That binary belongs to its package: it holds that package's kernels and
+its build id, and refuses any other package's plan.
 
 Object files of the runtime sources are cached per target, flags and source contents under the edgellm cache
 directory, so compiling many packages costs one link each."""
@@ -21,19 +22,20 @@ from pathlib import Path
 
 from ..errors import CompileError
 from ..targets import Target, check_toolchain
-from .kernels_build import SHIM, uses_barrier
+from .kernels_build import SHIM, TABLE_SOURCE, uses_barrier
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME, OFFLOAD = ROOT / "runtime", ROOT / "offload"
-LIB_SOURCES = (RUNTIME / "runtime.c", RUNTIME / "threadpool.c", RUNTIME / "sampler.c", OFFLOAD / "weight_store.c")
-TOKENIZER = RUNTIME / "tokenizer.c"   # optional: text prompts (-p) need it
+# libedgellm's C sources (also the extension pyproject.toml builds; tests/test_contract.py checks the two lists agree)
+LIB_SOURCES = tuple(RUNTIME / f for f in ("loader.c", "backend_tvm_cpu.c", "context.c", "generate.c", "sampler.c",
+                                          "digest.c", "threadpool.c", "tokenizer.c")) + (OFFLOAD / "resident.c",)
 CLI = RUNTIME / "edgellm_run.c"
 BIN_DIR, BINARY = "bin", "edgellm-run"
 CFLAGS = ("-std=c11", "-O2")
 
 
 def sources() -> list[Path]:
-    return [CLI, *LIB_SOURCES, *([TOKENIZER] if TOKENIZER.is_file() else [])]
+    return [CLI, *LIB_SOURCES]
 
 
 def _cache_dir() -> Path:
@@ -82,24 +84,26 @@ def _compile(cc: list[str], src: Path, flags: list[str], work: Path) -> Path:
     return cached
 
 
-def build_edgellm_run(target: Target, out_path: Path, kernels_obj: Path | None = None) -> Path:
+def build_edgellm_run(target: Target, out_path: Path, kernels_obj: Path | None = None, build_id: str = "") -> Path:
     """Compile and link edgellm-run for target into out_path (its directory is created). Static-binary targets
-    need kernels_obj, the package's system-lib kernels object (build_kernels(..., keep_object=True))."""
+    need kernels_obj, the package's system-lib kernels object (build_kernels(..., keep_object=True); its kernel
+    table source lies beside it), and the package's build id (hex), which the binary then insists on."""
     check_toolchain(target)
     cc = target.cc_cmd
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     android_ndk = any("android" in part for part in cc)
     flags = [*CFLAGS, f"-I{RUNTIME}", f"-I{OFFLOAD}"]
-    if TOKENIZER.is_file():
-        flags.append("-DEL_HAVE_TOKENIZER")
     libs = ["-lm"] if android_ndk else ["-lpthread", "-lm"]   # bionic: pthread is part of libc
     if target.static_binary:
         if kernels_obj is None:
             raise CompileError(f"target {target.name} links its kernels into edgellm-run: build them with "
                                "keep_object=True and pass the object")
-        flags += ["-DEL_STATIC_KERNELS", f"-DEL_STATIC_BARRIERS={int(uses_barrier(Path(kernels_obj)))}"]
-        link_extra, tail = [str(kernels_obj)], ["-static", *libs]
+        if len(build_id) != 32:
+            raise CompileError("a static edgellm-run needs its package's build id")
+        flags += ["-DEL_STATIC_KERNELS", f"-DEL_STATIC_BARRIERS={int(uses_barrier(Path(kernels_obj)))}",
+                  f'-DEL_BUILD_ID="{build_id}"']
+        link_extra, tail = [str(kernels_obj), str(Path(kernels_obj).with_name(TABLE_SOURCE))], ["-static", *libs]
     else:
         link_extra, tail = [], [*libs] if android_ndk else ["-lpthread", "-ldl", "-lm"]
     with tempfile.TemporaryDirectory(prefix="edgellm-run-") as tmp:

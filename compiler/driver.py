@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -14,14 +15,14 @@ from ..errors import CompileError
 from ..models import load_checkpoint
 from ..models.rope import cos_sin
 from ..quant import get_scheme
-from ..runtime.package import FORMAT_VERSION, KERNELS, MANIFEST, PLAN, WEIGHTS
+from ..runtime.contract import FORMAT_VERSION, KERNELS, MANIFEST, PLAN, WEIGHTS
 from ..targets import get_target, short_prefill_chunk
-from .tokenizer_pack import maybe_write_tokenizer_bin
 from .device_binary import BIN_DIR, BINARY, build_edgellm_run
 from .kernels_build import build_kernels
 from .lower import lower_model
-from .package_writer import staged_package, write_weights
+from .package_writer import check_destination, staged_package, write_sums, write_weights
 from .plan_writer import write_plan
+from .tokenizer_pack import maybe_write_tokenizer_bin
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 DEFAULT_MAX_CONTEXT = 4096
@@ -84,6 +85,9 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
     calibrated on calib (a text file) or the built-in sample."""
     t_start = time.perf_counter()
+    for name, v, lo, hi in (("--max-context", max_context, 1, 1 << 24), ("--prefill-chunk", prefill_chunk, 1, 1024)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
+            raise CompileError(f"{name} {v} is out of range: use {lo}..{hi}")
     tgt = get_target(target)
     if quant is not None:
         get_scheme(quant)
@@ -97,18 +101,24 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     if calib is not None and not Path(calib).is_file():
         raise CompileError(f"calibration file {calib} does not exist: pass a text file to --calib (or drop it to use "
                            "the built-in sample)")
+    if out is not None:
+        check_destination(out)   # fail before any work when the output place is wrong
     spec, ck, model_dir = load_checkpoint(model)
+    for note in ck.notes:
+        _log(progress, f"note: {note}")
+    from ..models.tokenizer_files import check_tokenizer_files, generation_defaults
+
+    check_tokenizer_files(model_dir)
+    sampling = generation_defaults(model_dir)
     scheme, head_scheme = choose_schemes(spec, quant, head_quant, progress)
     quant = scheme.name
     if gptq and scheme.kind != "q4":
         raise CompileError(f"--gptq applies to the int4 schemes (q4g32, q4g64, q4g128), not to {scheme.name}")
-    max_ctx = int(max_context or min(spec.max_position_embeddings, DEFAULT_MAX_CONTEXT))
+    max_ctx = int(max_context if max_context is not None else min(spec.max_position_embeddings, DEFAULT_MAX_CONTEXT))
     if not 1 <= max_ctx <= spec.max_position_embeddings:
         raise CompileError(f"--max-context {max_ctx} is out of range: this model supports 1..{spec.max_position_embeddings}")
-    chunk = int(prefill_chunk or (tgt.float_prefill_chunk if quant in ("f32", "f16") and tgt.float_prefill_chunk
-                                  else tgt.prefill_chunk))
-    if not 1 <= chunk <= 1024:
-        raise CompileError(f"--prefill-chunk {chunk} is out of range: use 1..1024 (typical 16-128)")
+    chunk = int(prefill_chunk if prefill_chunk is not None else
+                (tgt.float_prefill_chunk if quant in ("f32", "f16") and tgt.float_prefill_chunk else tgt.prefill_chunk))
     kv_rows = max_ctx + chunk   # a padded last chunk may write up to chunk-1 rows past max_ctx
     short = short_prefill_chunk(chunk)
     out = Path(out) if out else default_output(model, quant, tgt.name)
@@ -139,19 +149,23 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                                    model_dir / "tokenizer.json", calib_file=calib, act_order=act_order,
                                    progress=progress or None)
     low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre, short_chunk=short)
+    build_id = os.urandom(16)   # ties a static edgellm-run to this package's plan
+    kernel_table = low.kernels.entries()
     with staged_package(out) as tmp:
         table, wbytes = write_weights(tmp / WEIGHTS, low.weights.names, low.weights.arrays, progress)
         n_params = count_params(spec)
-        write_plan(tmp / PLAN, arch=tgt.arch, features=list(tgt.features), target=tgt.name, spec=spec, max_ctx=max_ctx,
-                   chunk=chunk, kv_rows=kv_rows, weight_regions=[(t["offset"], t["nbytes"]) for t in table],
-                   weights_bytes=wbytes, kernels=low.kernels.names, programs=programs)
+        write_plan(tmp / PLAN, arch=tgt.arch, features=list(tgt.features), target=tgt.name, build_id=build_id,
+                   spec=spec, max_ctx=max_ctx, chunk=chunk, kv_rows=kv_rows,
+                   weight_regions=[(t["offset"], t["nbytes"]) for t in table], weights_bytes=wbytes,
+                   kernels=kernel_table, programs=programs, sampling=sampling)
         t0 = time.perf_counter()
         _log(progress, f"building {len(low.kernels.names)} kernels with TVM for {tgt.name} ...")
-        kobj = build_kernels(low.kernels.funcs, tgt, tmp / KERNELS, keep_object=tgt.static_binary)
+        kobj = build_kernels(low.kernels.funcs, kernel_table, tgt, tmp / KERNELS, keep_object=tgt.static_binary)
         t_kernels = time.perf_counter() - t0
-        build_edgellm_run(tgt, tmp / BIN_DIR / BINARY, kernels_obj=kobj)   # the device's own runner
+        build_edgellm_run(tgt, tmp / BIN_DIR / BINARY, kernels_obj=kobj, build_id=build_id.hex())   # the device's runner
         if kobj is not None:
             kobj.unlink()
+            kobj.with_name("kernel_table.c").unlink(missing_ok=True)
         tok_files = [f for f in TOKENIZER_FILES if (model_dir / f).is_file()]
         for f in tok_files:
             shutil.copyfile(model_dir / f, tmp / f)
@@ -163,8 +177,10 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             "edgellm_version": _version(),
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "model": {"source": str(model), "arch": spec.arch, "config": spec.to_dict()},
-            "target": {"name": tgt.name, "arch": tgt.arch, "tvm": tgt.tvm, "features": list(tgt.features),
+            "target": {"name": tgt.name, "arch": tgt.arch, "tvm": tgt.tvm_dict(), "features": list(tgt.features),
                        "cc": tgt.cc},
+            "build_id": build_id.hex(),
+            "sampling_defaults": sampling,
             "quant": {"scheme": scheme.name, "bits_per_weight": round(_bits_per_weight(table, n_params), 3),
                       "head": head_scheme.name, "embedding": low.embed_dtype,
                       "method": "gptq" if gptq else ("native" if spec.family == "bitnet" else "rtn"),
@@ -182,8 +198,10 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             "tensors": table,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        digest = write_sums(tmp)   # last: it covers every file above
     _log(progress, f"done in {time.perf_counter() - t_start:.1f} s: {out} ({wbytes / 2**20:.1f} MiB of weights, "
-                   f"{len(low.kernels.names)} kernels)")
+                   f"{len(low.kernels.names)} kernels)\npackage digest {digest} (check it with "
+                   f"`edgellm run {out} --digest {digest}` or Runtime.load(..., digest=...))")
     return out
 
 

@@ -1,19 +1,28 @@
 """Build the package's kernel library: all PrimFuncs in one TVM module -> object file -> kernels.so, linked with
-runtime/kernel_shim.c so that it needs nothing from TVM at run time.
+runtime/kernel_shim.c and the kernel table (compiler/kernel_table.py) so that it needs nothing from TVM at run time.
 
 Targets with a static edgellm-run (android-cpu) compile the module as a TVM "system lib" instead: the same
 object is linked statically into bin/edgellm-run (it registers its kernels at start-up) and, through the shim's
-system-lib adapter, into kernels.so (for programs that dlopen it, e.g. an app built with the NDK)."""
+system-lib adapter, into kernels.so (for programs that dlopen it, e.g. an app built with the NDK).
+
+TVM's code generation runs in a forked child: LLVM reports some failures (a full disk while writing the object,
+say) by printing "LLVM ERROR" and exiting the process, which must not take the compiler and its clean-up with it."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from ..errors import CompileError
 from ..targets import Target, check_toolchain
+from .kernel_table import write_kernel_table
 
 SHIM = Path(__file__).resolve().parent.parent / "runtime" / "kernel_shim.c"
 KERNELS_OBJECT = "kernels.o"   # the system-lib object a static edgellm-run links (not part of the package)
+TABLE_SOURCE = "kernel_table.c"
 
 
 def uses_barrier(obj: Path) -> bool:
@@ -21,27 +30,66 @@ def uses_barrier(obj: Path) -> bool:
     return b"TVMBackendParallelBarrier" in obj.read_bytes()
 
 
-def build_kernels(funcs: dict, target: Target, out_so: Path, keep_object: bool = False) -> Path | None:
-    """Writes kernels.so; with keep_object (static-binary targets) the module is compiled as a system lib and its
-    object file is kept beside out_so and returned, for build_edgellm_run to link."""
+def _codegen_in_child(mod, target: Target, obj: Path) -> None:
+    """tvm.compile + write the object file in a forked child; its failure (exception, LLVM abort, signal) becomes a
+    one-line CompileError here, and an interrupt kills it."""
+    import tvm
+
+    tvm_target = target.tvm_target()
+    with tempfile.TemporaryFile() as err:
+        sys.stdout.flush(), sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # child: never return into the caller's stack
+            code = 1
+            try:
+                os.dup2(err.fileno(), 2)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                ex = tvm.compile(mod, target=tvm_target)
+                ex.mod.write_to_file(str(obj))
+                code = 0
+            except BaseException as e:  # noqa: BLE001 - reported to the parent through stderr
+                msg = str(e).strip().splitlines()
+                os.write(2, f"{type(e).__name__}: {msg[0] if msg else ''}\n".encode())
+            finally:
+                os._exit(code)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except BaseException:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise
+        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT:
+            raise KeyboardInterrupt
+        if status != 0 or not obj.is_file():
+            err.seek(0)
+            lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
+            died = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
+            why = next((ln for ln in reversed(lines) if "LLVM ERROR" in ln or "Error" in ln),
+                       lines[-1] if lines else f"the code generator died ({died})")
+            raise CompileError(f"TVM failed to compile the kernels for {target.name}: {why.strip()[:300]}")
+
+
+def build_kernels(funcs: dict, table: list[tuple[str, int, int, int]], target: Target, out_so: Path,
+                  keep_object: bool = False) -> Path | None:
+    """Writes kernels.so (with the kernel table `table`: (name, n_args, flags, writes) per kernel); with keep_object
+    (static-binary targets) the module is compiled as a system lib and its object file, and the table's source, are
+    kept beside out_so and the object returned, for build_edgellm_run to link."""
     import tvm
 
     check_toolchain(target)
     mod = tvm.IRModule(funcs)
     if keep_object:
         mod = mod.with_attr("system_lib_prefix", "")
-    try:
-        ex = tvm.compile(mod, target=target.tvm_target())
-    except Exception as e:  # TVM raises its own error types; keep the first line
-        raise CompileError(f"TVM failed to compile the kernels for {target.name}: {str(e).splitlines()[0]}") from e
     obj = out_so.with_name(KERNELS_OBJECT) if keep_object else out_so.with_suffix(".o")
-    ex.mod.write_to_file(str(obj))
+    table_c = write_kernel_table(table, out_so.with_name(TABLE_SOURCE))
+    _codegen_in_child(mod, target, obj)
     adapter = ["-DEDGELLM_SYSLIB_ADAPTER"] + (["-DEDGELLM_SHIM_BARRIER"] if uses_barrier(obj) else []) if keep_object else []
-    cmd = [*target.cc_cmd, "-shared", "-fPIC", "-O2", *adapter, str(obj), str(SHIM), "-o", str(out_so), "-lm",
-           "-Wl,-Bsymbolic"]
+    cmd = [*target.cc_cmd, "-shared", "-fPIC", "-O2", *adapter, str(obj), str(SHIM), str(table_c), "-o", str(out_so),
+           "-lm", "-Wl,-Bsymbolic"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if not keep_object:
         obj.unlink(missing_ok=True)
+        table_c.unlink(missing_ok=True)
     if r.returncode != 0:
-        raise CompileError(f"linking kernels.so with {target.cc} failed: {r.stderr.strip().splitlines()[-1:]}")
+        raise CompileError(f"linking kernels.so with {target.cc} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
     return obj if keep_object else None

@@ -10,12 +10,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..models.spec import ModelSpec
+from ..runtime.contract import ARG_ARENA as ARENA
+from ..runtime.contract import ARG_KCACHE as KCACHE
+from ..runtime.contract import ARG_VCACHE as VCACHE
+from ..runtime.contract import ARG_WEIGHT as WEIGHT
+from ..runtime.contract import BACKEND_TVM_CPU, KERNEL_WRITES_KV
+from ..runtime.contract import DTYPES as _DT
+from ..runtime.contract import FLAG_AT_POS as AT_POS
+from ..runtime.contract import FLAG_PREFIX as PREFIX
+from ..runtime.contract import TENSOR_ALIGN as ALIGN
 from .trace import Node, TraceGraph, Val
-
-ALIGN = 64
-ARENA, WEIGHT, KCACHE, VCACHE = 0, 1, 2, 3
-AT_POS, PREFIX = 1, 2
-_DT = {"float32": (2, 32), "float16": (2, 16), "int32": (0, 32), "bfloat16": (4, 16), "uint8": (1, 8), "int8": (0, 8)}
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Program:
     out_offset: int
     out_row_bytes: int
     arena_bytes: int
+    backend: int = BACKEND_TVM_CPU
 
 
 @dataclass
@@ -68,12 +73,29 @@ class WeightTable:
 class KernelTable:
     names: list[str] = field(default_factory=list)
     funcs: dict = field(default_factory=dict)
+    writes: dict = field(default_factory=dict)    # name -> bit mask of the arguments the kernel writes
+    kv_writers: set = field(default_factory=set)  # kernels some step lets write a KV cache view
 
     def add(self, name: str, func) -> int:
         if name not in self.funcs:
+            from .kernel_table import written_args
+
             self.funcs[name] = func
+            self.writes[name] = written_args(func, name)
             self.names.append(name)
         return self.names.index(name)
+
+    def note_steps(self, steps: list[Step]) -> None:
+        """Marks the kernels whose outputs some step puts in the KV cache (their table flag allows it)."""
+        for st in steps:
+            name = self.names[st.kernel]
+            if any(self.writes[name] >> i & 1 and a.kind in (KCACHE, VCACHE) for i, a in enumerate(st.args)):
+                self.kv_writers.add(name)
+
+    def entries(self) -> list[tuple[str, int, int, int]]:
+        """(name, n_args, flags, writes) per kernel, in table order: plan.bin's and the kernels' own table."""
+        return [(n, len(self.funcs[n].params), KERNEL_WRITES_KV if n in self.kv_writers else 0, self.writes[n])
+                for n in self.names]
 
 
 class _Arena:
@@ -215,6 +237,7 @@ class Lowering:
                 if last_use.get(v.id) == i and v.id in loc and v.id != out.id:
                     arena.free(loc[v.id])
         row_bytes = _nbytes(out) // T
+        self.kernels.note_steps(steps)
         return Program(name, T, steps, loc[inp.id], loc[out.id], row_bytes, arena.peak)
 
     def _lower_node(self, n: Node, T: int, act) -> list[Step]:
@@ -252,7 +275,8 @@ class Lowering:
             return [Step(k, [act(n.inputs[0], (T, H, D)), *cs, act(n.out, (T, H, D))])]
         if op == "attention":
             NH, KVH, D, layer = s.n_heads, s.n_kv_heads, s.head_dim, n.params["layer"]
-            k = self._kernel("attention", T=T, NH=NH, KVH=KVH, D=D)
+            W = s.window(layer)   # sliding window; one at least as long as the KV cache (rope_rows) never cuts
+            k = self._kernel("attention", T=T, NH=NH, KVH=KVH, D=D, W=0 if W >= self.rope_rows else W)
             kv = [Arg(kind, layer, "float32", (T, KVH, D), PREFIX) for kind in (KCACHE, VCACHE)]
             return [Step(k, [act(n.inputs[0], (T, NH, D)), *kv, act(n.out)])]
         if op in ("add", "swiglu", "relu2_mul"):

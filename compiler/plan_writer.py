@@ -1,19 +1,11 @@
-"""Serialize a lowered plan to plan.bin (layout: runtime/plan_format.h; keep both in sync)."""
+"""Serialize a lowered plan to plan.bin (layouts: runtime/contract.py, twin of runtime/contract.h)."""
 from __future__ import annotations
 
-import struct
-
+from ..runtime import contract as K
 from .lower import Program
 
-MAGIC, VERSION = b"EDGEPLAN", 1
-ARCH = {"x86_64": 1, "aarch64": 2}
-_HEADER = struct.Struct("<8sII64s32s12IQQii8i")
-_WEIGHT = struct.Struct("<QQ")
-_KERNEL = struct.Struct("<64s")
-_PROGRAM = struct.Struct("<24sIIQQQ")
-_STEP = struct.Struct("<II")
-_ARG = struct.Struct("<IIBBHIIIQ4q")
-assert (_HEADER.size, _WEIGHT.size, _KERNEL.size, _PROGRAM.size, _STEP.size, _ARG.size) == (216, 16, 64, 56, 8, 64)
+SAMPLING_DEFAULTS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+                     "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 def _cstr(s: str, n: int) -> bytes:
@@ -23,25 +15,35 @@ def _cstr(s: str, n: int) -> bytes:
     return b
 
 
-def write_plan(path, *, arch: str, features: list[str], target: str, spec, max_ctx: int, chunk: int, kv_rows: int,
-               weight_regions: list[tuple[int, int]], weights_bytes: int, kernels: list[str],
-               programs: list[Program]) -> None:
-    eos = list(spec.eos_token_ids)[:8]
-    parts = [_HEADER.pack(MAGIC, VERSION, ARCH[arch], _cstr(",".join(features), 64), _cstr(target, 32),
-                          spec.vocab_size, spec.hidden_size, spec.n_layers, spec.n_kv_heads, spec.head_dim, max_ctx,
-                          chunk, kv_rows, 32, len(weight_regions), len(kernels), len(programs),
-                          max(p.arena_bytes for p in programs), weights_bytes,
-                          -1 if spec.bos_token_id is None else spec.bos_token_id, len(eos), *(eos + [0] * (8 - len(eos))))]
-    parts += [_WEIGHT.pack(o, n) for o, n in weight_regions]
-    parts += [_KERNEL.pack(_cstr(k, 64)) for k in kernels]
+def write_plan(path, *, arch: str, features: list[str], target: str, build_id: bytes, spec, max_ctx: int, chunk: int,
+               kv_rows: int, weight_regions: list[tuple[int, int]], weights_bytes: int,
+               kernels: list[tuple[str, int, int, int]], programs: list[Program], sampling: dict | None = None) -> None:
+    """kernels: (name, n_args, flags, writes) per kernel; sampling: defaults from generation_config.json."""
+    eos = list(spec.eos_token_ids)[:K.MAX_EOS]
+    samp = {**SAMPLING_DEFAULTS, **(sampling or {})}
+    parts = [K.HEADER.pack(
+        magic=K.PLAN_MAGIC, version=K.PLAN_VERSION, arch=K.ARCH[arch], features=_cstr(",".join(features), 64),
+        target=_cstr(target, 32), build_id=build_id, vocab=spec.vocab_size, dim=spec.hidden_size,
+        n_layers=spec.n_layers, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, max_ctx=max_ctx, chunk=chunk,
+        kv_rows=kv_rows, kv_dtype_bits=32, n_weights=len(weight_regions), n_kernels=len(kernels),
+        n_programs=len(programs), arena_bytes=max(p.arena_bytes for p in programs), weights_bytes=weights_bytes,
+        bos_id=-1 if spec.bos_token_id is None else spec.bos_token_id, n_eos=len(eos),
+        eos_ids=eos + [0] * (K.MAX_EOS - len(eos)), **{f"sampling.{k}": v for k, v in samp.items()},
+        **{"sampling.reserved": 0})]
+    parts += [K.WEIGHT.pack(offset=o, nbytes=n) for o, n in weight_regions]
+    parts += [K.KERNEL.pack(name=_cstr(name, 64), n_args=n, flags=flags, writes=writes)
+              for name, n, flags, writes in kernels]
     for p in programs:
-        parts.append(_PROGRAM.pack(_cstr(p.name, 24), p.tokens, len(p.steps), p.in_offset, p.out_offset,
-                                   p.out_row_bytes))
+        parts.append(K.PROGRAM.pack(name=_cstr(p.name, 24), tokens=p.tokens, n_steps=len(p.steps),
+                                    in_offset=p.in_offset, out_offset=p.out_offset, out_row_bytes=p.out_row_bytes,
+                                    backend=p.backend, flags=0))
         for st in p.steps:
-            parts.append(_STEP.pack(st.kernel, len(st.args)))
+            parts.append(K.STEP.pack(kind=K.STEP_CALL, kernel=st.kernel, n_args=len(st.args), n_body=0, ids_offset=0,
+                                     n_select=0, n_experts=0))
             for a in st.args:
-                code, bits = a.dl
-                shape = list(a.shape) + [0] * (4 - len(a.shape))
-                parts.append(_ARG.pack(a.kind, a.index, code, bits, 1, len(a.shape), a.flags, 0, a.offset, *shape))
+                code, bits = K.DTYPES[a.dtype]
+                parts.append(K.ARG.pack(kind=a.kind, index=a.index, dtype_code=code, dtype_bits=bits, dtype_lanes=1,
+                                        ndim=len(a.shape), flags=a.flags, expert_stride=0, offset=a.offset,
+                                        shape=list(a.shape) + [0] * (K.MAX_ARGS_NDIM - len(a.shape))))
     with open(path, "wb") as f:
         f.write(b"".join(parts))

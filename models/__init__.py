@@ -14,7 +14,10 @@ def family(spec: ModelSpec) -> ModuleType:
 
 
 def load_checkpoint(model: str):
-    """(spec, checkpoint, model_dir) of a local dir or hub id, with every weight's presence and shape checked."""
+    """(spec, checkpoint, model_dir) of a local dir or hub id, with every weight's presence, dtype and shape checked.
+
+    Tied-embedding checkpoints that store the shared matrix only as `lm_head.weight` (as some tools save them)
+    load too: `model.embed_tokens.weight` then reads it, and `checkpoint.notes` says so (one line for the user)."""
     from ..errors import ModelLoadError
     from .checkpoint import Checkpoint, read_config, resolve_model_dir
     from .registry import spec_from_config
@@ -22,11 +25,16 @@ def load_checkpoint(model: str):
     d = resolve_model_dir(model)
     spec = spec_from_config(read_config(d))
     ck = Checkpoint(d)
+    embed = "model.embed_tokens.weight"
+    if spec.tie_word_embeddings and embed not in ck and "lm_head.weight" in ck:
+        ck.alias(embed, "lm_head.weight")
+        ck.notes.append("tied embeddings read from lm_head.weight (the checkpoint has no model.embed_tokens.weight)")
     for name, shape in family(spec).weight_shapes(spec).items():
         if name not in ck:
             raise ModelLoadError(f"weight '{name}' is missing from the checkpoint in {d} ({spec.arch})")
-        got = tuple(ck._where[name].entries[name]["shape"])
+        got = tuple(ck.entry(name)["shape"])
         if got != shape:
             raise ModelLoadError(f"weight '{name}' has shape {got}, config.json implies {shape}: config and weights "
                                  "do not belong together")
+        ck.check_readable(name)
     return spec, ck, d

@@ -5,6 +5,7 @@ want truncation reported before any work starts."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -51,59 +52,143 @@ def resolve_model_dir(model: str | os.PathLike) -> Path:
                              f"{str(e).splitlines()[0] if str(e) else ''}; pass a local directory instead") from e
 
 
+def read_json_object(path: Path) -> dict:
+    """A JSON object from a regular file, every failure one ModelLoadError line (FIFOs and devices are never opened:
+    reading one would block or never end)."""
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is {'missing' if not path.exists() else 'not a regular file'}; "
+                             "re-download or re-export the checkpoint")
+    try:
+        obj = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise ModelLoadError(f"{path} cannot be read ({e.strerror or e})") from e
+    except UnicodeDecodeError as e:
+        raise ModelLoadError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); re-download or re-export the "
+                             "checkpoint") from e
+    except (ValueError, RecursionError) as e:   # JSONDecodeError, over-long integer literals, absurd nesting
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelLoadError(f"{path} is not valid JSON ({msg}); re-download or re-export the checkpoint") from e
+    if not isinstance(obj, dict):
+        raise ModelLoadError(f"{path} is not a JSON object; re-download or re-export the checkpoint")
+    return obj
+
+
+def _is_id(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def read_config(model_dir: Path) -> dict:
     path = model_dir / "config.json"
-    if not path.is_file():
+    if not path.is_file() and not path.exists():
         raise ModelLoadError(f"{path} is missing: a Hugging Face checkpoint directory needs config.json")
-    try:
-        cfg = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelLoadError(f"{path} is not valid JSON ({e}); re-download or re-export the checkpoint") from e
-    if not isinstance(cfg, dict):
-        raise ModelLoadError(f"{path} is not a JSON object; re-download or re-export the checkpoint")
+    cfg = read_json_object(path)
     gen = model_dir / "generation_config.json"
-    if gen.is_file():  # generation_config's eos list (e.g. Llama 3 instruct) wins over config.json's
-        try:
-            g = json.loads(gen.read_text())
-            if g.get("eos_token_id") is not None:
-                cfg = {**cfg, "eos_token_id": g["eos_token_id"]}
-        except json.JSONDecodeError:
-            pass
+    if gen.exists() or gen.is_symlink():   # its eos list (e.g. Llama 3 instruct) wins over config.json's
+        g = read_json_object(gen)
+        eos = g.get("eos_token_id")
+        if eos is not None:
+            vocab = cfg.get("vocab_size")
+            top = vocab if _is_id(vocab) and vocab > 0 else None   # a bad vocab_size is config.json's error, later
+            ids = eos if isinstance(eos, list) else [eos]
+            if not all(_is_id(e) and 0 <= e and (top is None or e < top) for e in ids):
+                raise ModelLoadError(f"{gen}: eos_token_id must be a token id{f' in [0, {top})' if top else ''}, a "
+                                     f"list of them or null, got {_show(eos)}; fix or delete generation_config.json")
+            cfg = {**cfg, "eos_token_id": eos}
     return cfg
 
 
+def _show(v) -> str:
+    try:
+        r = repr(v)
+    except ValueError:   # an int too long to print (Python's 4300-digit limit)
+        return f"<{type(v).__name__} too large to print>"
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+# bytes per element of every safetensors dtype (the sub-byte float formats have none: their sizes are not checked)
+_ST_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
+                "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+
+
 class SafetensorsFile:
-    """One .safetensors file: header parsed eagerly (and checked against the file size), tensors mmapped on demand."""
+    """One .safetensors file: header parsed and validated eagerly (every entry's dtype, shape and offsets, against
+    the file size), tensors mmapped on demand."""
 
     def __init__(self, path: Path):
         self.path = path
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise ModelLoadError(f"{path} is truncated ({size} bytes): re-download the checkpoint")
-            (n,) = struct.unpack("<Q", head)
-            if n > size - 8 or n > 100 << 20:
-                raise ModelLoadError(f"{path} has a corrupt header: re-download the checkpoint")
-            try:
-                header = json.loads(f.read(n))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ModelLoadError(f"{path} has a corrupt header ({e}): re-download the checkpoint") from e
-        self.data_start = 8 + n
-        header.pop("__metadata__", None)
-        self.entries = header
-        end = max((e["data_offsets"][1] for e in header.values()), default=0)
-        if self.data_start + end > size:
-            raise ModelLoadError(f"{path} is truncated: {size} bytes, its header needs {self.data_start + end}; "
+        if not path.is_file():   # a FIFO or device: never opened (a read would block)
+            raise ModelLoadError(f"{path} is {'missing' if not path.exists() else 'not a regular file'}; "
                                  "re-download the checkpoint")
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                head = f.read(8)
+                if len(head) < 8:
+                    raise ModelLoadError(f"{path} is truncated ({size} bytes): re-download the checkpoint")
+                (n,) = struct.unpack("<Q", head)
+                if n > size - 8 or n > 100 << 20:
+                    raise ModelLoadError(f"{path} has a corrupt header (length {n}, file {size} bytes): "
+                                         "re-download the checkpoint")
+                raw = f.read(n)
+        except OSError as e:
+            raise ModelLoadError(f"{path} cannot be read ({e.strerror or e})") from e
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as e:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ModelLoadError(f"{path} has a corrupt header ({msg}): re-download the checkpoint") from e
+        if not isinstance(header, dict):
+            raise ModelLoadError(f"{path} has a corrupt header (not a JSON object): re-download the checkpoint")
+        self.data_start = 8 + n
+        meta = header.pop("__metadata__", None)
+        if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+            raise ModelLoadError(f"{path} has a corrupt header (__metadata__ must map strings to strings): "
+                                 "re-download the checkpoint")
+        data_size = size - self.data_start
+        for name, e in header.items():
+            self._check_entry(name, e, data_size)
+        self.entries: dict[str, dict] = header
         self._mm = None
+
+    def _check_entry(self, name: str, e, data_size: int) -> None:
+        def bad(why: str) -> ModelLoadError:
+            return ModelLoadError(f"{self.path}: tensor {_show(name)} has a corrupt header entry ({why}): "
+                                  "re-download the checkpoint")
+
+        if not isinstance(e, dict):
+            raise bad(f"not an object: {_show(e)}")
+        dtype, shape, offs = e.get("dtype"), e.get("shape"), e.get("data_offsets")
+        if not isinstance(dtype, str):
+            raise bad(f"dtype {_show(dtype)} is not a string")
+        if not isinstance(shape, list) or not all(_is_id(d) and d >= 0 for d in shape):
+            raise bad(f"shape {_show(shape)} is not a list of integers >= 0")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(_is_id(o) for o in offs)):
+            raise bad(f"data_offsets {_show(offs)} is not [begin, end]")
+        a, b = offs
+        if not 0 <= a <= b:
+            raise bad(f"data_offsets [{a}, {b}] are negative or reversed")
+        if b > data_size:
+            raise ModelLoadError(f"{self.path} is truncated: tensor {_show(name)} ends at byte {self.data_start + b}, "
+                                 f"the file has {self.data_start + data_size}; re-download the checkpoint")
+        item = _ST_ITEMSIZE.get(dtype)
+        if item is not None and b - a != math.prod(shape) * item:
+            raise bad(f"{b - a} bytes for shape {shape} of {dtype}, which needs {math.prod(shape) * item}")
+
+    def check_readable(self, name: str) -> None:
+        """A tensor the model needs must have a dtype we can read."""
+        dt = self.entries[name]["dtype"]
+        if dt not in _ST_DTYPES:
+            raise ModelLoadError(f"{self.path}: tensor {name} has unsupported dtype {_show(dt)} (readable: "
+                                 f"{', '.join(_ST_DTYPES)}); convert the checkpoint, e.g. to bfloat16")
 
     def get(self, name: str) -> np.ndarray:
         e = self.entries[name]
-        if e["dtype"] not in _ST_DTYPES:
-            raise ModelLoadError(f"{self.path}: tensor {name} has unsupported dtype {e['dtype']}")
+        self.check_readable(name)
         if self._mm is None:
-            self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
+            try:
+                self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
+            except (OSError, ValueError) as err:
+                raise ModelLoadError(f"{self.path} cannot be mapped ({err})") from err
         a, b = e["data_offsets"]
         raw = self._mm[self.data_start + a:self.data_start + b]
         arr = raw.view(_ST_DTYPES[e["dtype"]]).reshape(e["shape"])
@@ -112,28 +197,43 @@ class SafetensorsFile:
         return arr
 
 
+def _shard_name(index: Path, name, fname) -> str:
+    if not isinstance(name, str) or not isinstance(fname, str):
+        raise ModelLoadError(f"{index} is corrupt (weight_map must map tensor names to file names, got "
+                             f"{_show(name)}: {_show(fname)}); re-download the checkpoint")
+    if not fname or "/" in fname or "\\" in fname or fname in (".", "..") or fname.startswith("..") or "\0" in fname:
+        raise ModelLoadError(f"{index} names the shard {_show(fname)}, which is not a plain file name in the "
+                             "checkpoint directory; re-download the checkpoint")
+    return fname
+
+
 class Checkpoint:
     """Lazy name -> numpy array view of all weights of a checkpoint (single file or sharded index)."""
 
     def __init__(self, model_dir: Path):
         self.dir = model_dir
+        self.notes: list[str] = []           # what the caller may want to tell the user (one line each)
+        self._stored: dict[str, str] = {}     # name asked for -> name in the file, where they differ (aliases)
         index = model_dir / "model.safetensors.index.json"
         single = model_dir / "model.safetensors"
         self._where: dict[str, SafetensorsFile] = {}
-        if index.is_file():
-            try:
-                wm = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError) as e:
-                raise ModelLoadError(f"{index} is corrupt ({e}); re-download the checkpoint") from e
+        if index.exists() or index.is_symlink():
+            wm = read_json_object(index).get("weight_map")
+            if not isinstance(wm, dict):
+                raise ModelLoadError(f"{index} is corrupt (no weight_map object); re-download the checkpoint")
             files: dict[str, SafetensorsFile] = {}
             for name, fname in wm.items():
+                fname = _shard_name(index, name, fname)
                 if fname not in files:
                     fp = model_dir / fname
-                    if not fp.is_file():
+                    if not fp.exists():
                         raise ModelLoadError(f"{fp} is missing (listed in {index.name}); re-download the checkpoint")
                     files[fname] = SafetensorsFile(fp)
+                if name not in files[fname].entries:
+                    raise ModelLoadError(f"{index.name} places {_show(name)} in {fname}, which does not hold it; "
+                                         "re-download the checkpoint")
                 self._where[name] = files[fname]
-        elif single.is_file():
+        elif single.exists() or single.is_symlink():
             f = SafetensorsFile(single)
             self._where = {n: f for n in f.entries}
         else:
@@ -147,16 +247,28 @@ class Checkpoint:
                 f = SafetensorsFile(fp)
                 self._where.update({n: f for n in f.entries})
 
+    def alias(self, name: str, stored: str) -> None:
+        """Make `name` read the tensor stored as `stored` (e.g. tied embeddings saved only as lm_head.weight)."""
+        self._where[name] = self._where[stored]
+        self._stored[name] = self._stored.get(stored, stored)
+
     def names(self) -> list[str]:
         return list(self._where)
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
+    def entry(self, name: str) -> dict:
+        """The header entry (dtype, shape, data_offsets) of a tensor."""
+        return self._where[name].entries[self._stored.get(name, name)]
+
+    def check_readable(self, name: str) -> None:
+        self._where[name].check_readable(self._stored.get(name, name))
+
     def get(self, name: str) -> np.ndarray:
         if name not in self._where:
             raise ModelLoadError(f"weight '{name}' is missing from the checkpoint in {self.dir}")
-        return self._where[name].get(name)
+        return self._where[name].get(self._stored.get(name, name))
 
     def dtype(self, name: str) -> str:
-        return self._where[name].entries[name]["dtype"]
+        return self.entry(name)["dtype"]

@@ -63,7 +63,10 @@ class NumpyGraph:
         k = np.repeat(self.k[layer][:S], rep, axis=1)  # [S, NH, D]
         v = np.repeat(self.v[layer][:S], rep, axis=1)
         sc = np.einsum("thd,shd->hts", qh, k) / np.sqrt(s.head_dim)
-        mask = np.arange(S)[None, :] > (self.pos + np.arange(T))[:, None]
+        qpos = (self.pos + np.arange(T))[:, None]
+        mask = np.arange(S)[None, :] > qpos
+        if s.window(layer):  # sliding window: keys at positions <= q - W are invisible too
+            mask |= np.arange(S)[None, :] <= qpos - s.window(layer)
         sc = np.where(mask[None], -np.inf, sc)
         sc = np.exp(sc - sc.max(-1, keepdims=True))
         p = sc / sc.sum(-1, keepdims=True)

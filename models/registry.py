@@ -1,13 +1,25 @@
-"""Architecture registry: HF `architectures[0]` -> (ModelSpec builder, forward family, weight names)."""
+"""Architecture registry: HF `architectures[0]` -> (ModelSpec builder, forward family, weight names).
+
+Every config.json value a builder reads is checked here, where it enters: type, range and consistency, each failure
+a one-line ModelLoadError naming the key and the value (never a KeyError/TypeError/ValueError from deeper down)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from ..errors import ModelLoadError
 from .spec import ModelSpec
 
 _BUILDERS: dict[str, Callable[[dict], ModelSpec]] = {}
+
+# Sane upper bounds (far above any released model) so that a corrupt value is refused before anything is sized by it.
+_MAX = {"vocab_size": 1 << 24, "hidden_size": 1 << 17, "num_hidden_layers": 1 << 10, "num_attention_heads": 1 << 12,
+        "num_key_value_heads": 1 << 12, "head_dim": 1 << 12, "intermediate_size": 1 << 20,
+        "max_position_embeddings": 1 << 31, "num_local_experts": 1 << 10, "num_experts_per_tok": 1 << 10,
+        "sliding_window": 1 << 31, "max_window_layers": 1 << 31, "original_max_position_embeddings": 1 << 31}
+_MAX_EXPERT_LAYERS = 1 << 16     # n_layers * n_experts: every expert matrix is a separately named tensor
+_ABSENT = object()
 
 
 def register(*archs: str):
@@ -23,11 +35,18 @@ def supported_architectures() -> list[str]:
     return sorted(_BUILDERS)
 
 
-def _eos_ids(cfg: dict) -> tuple[int, ...]:
-    eos = cfg.get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+def _show(v) -> str:
+    """A value for a one-line message: repr (escapes newlines), cut short."""
+    try:
+        r = repr(v)
+    except ValueError:   # an int too long to print (Python's 4300-digit limit)
+        return f"<{type(v).__name__} too large to print>"
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _bad(key: str, what: str, v) -> ModelLoadError:
+    return ModelLoadError(f"config.json: {key} must be {what}, got {_show(v)}; fix the value or re-export the "
+                          "checkpoint with transformers")
 
 
 def _need(cfg: dict, key: str):
@@ -36,50 +55,208 @@ def _need(cfg: dict, key: str):
     return cfg[key]
 
 
-def _llama_like(cfg: dict, arch: str, acts=("silu", "swish"), **extra) -> ModelSpec:
-    hidden = int(_need(cfg, "hidden_size"))
-    heads = int(_need(cfg, "num_attention_heads"))
-    head_dim = cfg.get("head_dim") or hidden // heads
-    act = cfg.get("hidden_act", "silu")
-    if act not in acts:
-        raise ModelLoadError(f"{arch} with hidden_act '{act}' is not supported (only {'/'.join(acts)})")
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_int(key: str, v, lo: int = 1, hi: int | None = None) -> int:
+    hi = _MAX.get(key.rsplit(".", 1)[-1], 1 << 31) if hi is None else hi
+    if not _is_int(v):
+        raise _bad(key, f"an integer >= {lo}", v)
+    if v < lo:
+        raise _bad(key, f"an integer >= {lo}", v)
+    if v > hi:
+        raise ModelLoadError(f"config.json: {key} = {_show(v)} is out of range (at most {hi}): the config is corrupt")
+    return v
+
+
+def _int(cfg: dict, key: str, default=_ABSENT, lo: int = 1, null_default: bool = False) -> int:
+    """cfg[key] as an integer in [lo, _MAX[key]]; absent -> default (required when there is none); null -> default
+    only when null_default (transformers' `None` meaning "derive it")."""
+    v = cfg[key] if key in cfg else _ABSENT
+    if v is _ABSENT or (v is None and null_default):
+        if default is _ABSENT:
+            _need(cfg, key)
+        return default
+    return _check_int(key, v, lo)
+
+
+def _check_float(key: str, v, lo: float = 0.0, strict: bool = True) -> float:
+    what = f"a finite number {'>' if strict else '>='} {lo:g}"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _bad(key, what, v)
+    try:
+        f = float(v)
+    except OverflowError:
+        raise _bad(key, what, v) from None
+    if not math.isfinite(f) or f < lo or (strict and f == lo):
+        raise _bad(key, what, v)
+    return f
+
+
+def _float(cfg: dict, key: str, default: float, lo: float = 0.0, strict: bool = True) -> float:
+    return _check_float(key, cfg[key], lo, strict) if key in cfg else default
+
+
+def _bool(cfg: dict, key: str, default: bool = False) -> bool:
+    """A JSON boolean (null: the default, as transformers reads it)."""
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise _bad(key, "true or false", v)
+    return v
+
+
+def _token_id(key: str, v, vocab: int) -> int:
+    if not _is_int(v) or not 0 <= v < vocab:
+        raise _bad(key, f"a token id in [0, {vocab}) (vocab_size) or null", v)
+    return v
+
+
+def _eos_ids(cfg: dict, vocab: int) -> tuple[int, ...]:
+    eos = cfg.get("eos_token_id")
+    if eos is None:
+        return ()
+    if isinstance(eos, list):
+        return tuple(_token_id("eos_token_id", e, vocab) for e in eos)
+    return (_token_id("eos_token_id", eos, vocab),)
+
+
+def _rope(cfg: dict, head_dim: int) -> tuple[float, dict | None]:
+    """(rope_theta, llama3 scaling dict or None) from rope_scaling / rope_parameters (transformers 5) / rope_theta."""
+    for key in ("rope_scaling", "rope_parameters"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            raise _bad(key, "an object or null", cfg[key])
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-    rope_theta = cfg.get("rope_theta")
-    if isinstance(rope, dict):
-        rope_theta = rope.get("rope_theta", rope_theta)
-        rtype = rope.get("rope_type", rope.get("type", "default"))
-        if rtype in (None, "default"):
-            rope = None
-        elif rtype != "llama3":
-            raise ModelLoadError(f"rope scaling type '{rtype}' is not supported yet (supported: default, llama3)")
+    src = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+    theta = _float(cfg, "rope_theta", 10000.0)
+    if not rope:
+        return theta, None
+    if "rope_theta" in rope:
+        theta = _check_float(f"{src}.rope_theta", rope["rope_theta"])
+    rtype = rope.get("rope_type", rope.get("type", "default"))
+    if rtype is not None and not isinstance(rtype, str):
+        raise _bad(f"{src}.rope_type", "a string", rtype)
+    if rtype in (None, "default"):
+        return theta, None
+    if rtype != "llama3":
+        raise ModelLoadError(f"rope scaling type {_show(rtype)} is not supported yet (supported: default, llama3)")
+    if "factor" not in rope:
+        raise ModelLoadError(f"config.json: {src} of type llama3 has no 'factor'; re-export the checkpoint with transformers")
+    _check_float(f"{src}.factor", rope["factor"])
+    lo = _check_float(f"{src}.low_freq_factor", rope["low_freq_factor"]) if "low_freq_factor" in rope else 1.0
+    hi = _check_float(f"{src}.high_freq_factor", rope["high_freq_factor"]) if "high_freq_factor" in rope else 4.0
+    if hi <= lo:
+        raise ModelLoadError(f"config.json: {src}.high_freq_factor ({hi:g}) must be greater than low_freq_factor "
+                             f"({lo:g})")
+    if "original_max_position_embeddings" in rope:
+        _check_int(f"{src}.original_max_position_embeddings", rope["original_max_position_embeddings"])
+    return theta, dict(rope)
+
+
+def _llama_like(cfg: dict, arch: str, acts=("silu", "swish"), **extra) -> ModelSpec:
+    vocab = _int(cfg, "vocab_size")
+    hidden = _int(cfg, "hidden_size")
+    n_layers = _int(cfg, "num_hidden_layers")
+    heads = _int(cfg, "num_attention_heads")
+    kv_heads = _int(cfg, "num_key_value_heads", heads, null_default=True)
+    if heads % kv_heads:
+        raise ModelLoadError(f"config.json: num_key_value_heads ({kv_heads}) must divide num_attention_heads ({heads})")
+    head_dim = _int(cfg, "head_dim", None, null_default=True)
+    if head_dim is None:
+        if hidden % heads:
+            raise ModelLoadError(f"config.json has no head_dim and hidden_size ({hidden}) is not a multiple of "
+                                 f"num_attention_heads ({heads}): the config is inconsistent")
+        head_dim = hidden // heads
+    if head_dim % 2:
+        raise ModelLoadError(f"config.json: head_dim must be even (rotary embeddings rotate pairs), got {head_dim}")
+    intermediate = _int(cfg, "intermediate_size")
+    max_pos = _int(cfg, "max_position_embeddings", 2048)
+    rms_eps = _float(cfg, "rms_norm_eps", 1e-6)
+    act = cfg.get("hidden_act", "silu")
+    if not isinstance(act, str) or act not in acts:
+        raise ModelLoadError(f"{arch} with hidden_act {_show(act)} is not supported (only {'/'.join(acts)})")
+    if _bool(cfg, "mlp_bias") and arch == "LlamaForCausalLM":
+        raise ModelLoadError(f"{arch} with mlp_bias: true (biases on the MLP projections) is not supported yet")
+    rope_theta, rope = _rope(cfg, head_dim)
+    tied = _bool(cfg, "tie_word_embeddings", False)
+    bos = cfg.get("bos_token_id")
+    if bos is not None:
+        _token_id("bos_token_id", bos, vocab)
+    if extra.get("n_experts") and n_layers * extra["n_experts"] > _MAX_EXPERT_LAYERS:
+        raise ModelLoadError(f"config.json: {n_layers} layers x {extra['n_experts']} experts is out of range (at most "
+                             f"{_MAX_EXPERT_LAYERS} expert layers): the config is corrupt")
     return ModelSpec(
         arch=arch, family="llama",
-        vocab_size=int(_need(cfg, "vocab_size")), hidden_size=hidden,
-        n_layers=int(_need(cfg, "num_hidden_layers")), n_heads=heads,
-        n_kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=int(head_dim),
-        intermediate_size=int(_need(cfg, "intermediate_size")),
-        rms_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(rope_theta or 10000.0),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        rope_scaling=dict(rope) if rope else None,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(cfg), **extra)
+        vocab_size=vocab, hidden_size=hidden, n_layers=n_layers, n_heads=heads, n_kv_heads=kv_heads,
+        head_dim=head_dim, intermediate_size=intermediate, rms_eps=rms_eps, rope_theta=rope_theta,
+        max_position_embeddings=max_pos, rope_scaling=rope, tie_word_embeddings=tied,
+        bos_token_id=bos, eos_token_ids=_eos_ids(cfg, vocab),
+        layer_windows=_layer_windows(cfg, arch, n_layers), **extra)
 
 
-@register("LlamaForCausalLM", "MistralForCausalLM")
+def _layer_windows(cfg: dict, arch: str, n_layers: int) -> tuple[int, ...]:
+    """Per-layer sliding-window sizes (0: full attention) as transformers builds them for this architecture:
+    Mistral: `sliding_window` on every layer (transformers' default 4096 when the key is absent; null = off);
+    Mixtral: the same with default null (off);
+    Qwen2/Qwen3: only with `use_sliding_window`, on the layers `layer_types` marks "sliding_attention" (by default
+    those at index >= `max_window_layers`, default 28). Other Llama-family classes ignore `sliding_window`."""
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM"):
+        w = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
+        types = ["sliding_attention"] * n_layers
+    elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        w = cfg.get("sliding_window", 4096) if _bool(cfg, "use_sliding_window", False) else None
+        types = cfg.get("layer_types")
+        if types is None:
+            first = _int(cfg, "max_window_layers", 28, lo=0)
+            types = ["sliding_attention" if w is not None and i >= first else "full_attention" for i in range(n_layers)]
+    else:
+        return ()
+    if not isinstance(types, list) or len(types) != n_layers or any(
+            not isinstance(t, str) or t not in ("sliding_attention", "full_attention") for t in types):
+        raise ModelLoadError(f"config.json: layer_types must list 'full_attention' or 'sliding_attention' for each of "
+                             f"the {n_layers} layers, got {_show(types)}")
+    if w is None or "sliding_attention" not in types:
+        return ()
+    if not _is_int(w) or w < 1 or w > _MAX["sliding_window"]:
+        raise ModelLoadError(f"config.json: sliding_window must be a positive integer or null, got {_show(w)}")
+    return tuple(w if t == "sliding_attention" else 0 for t in types)
+
+
+@register("LlamaForCausalLM")
 def _llama(cfg: dict) -> ModelSpec:
-    return _llama_like(cfg, cfg["architectures"][0], attention_bias=bool(cfg.get("attention_bias", False)))
+    if _bool(cfg, "attention_bias"):   # transformers' Llama then has an o_proj bias too, which models/llama.py lacks
+        raise ModelLoadError("LlamaForCausalLM with attention_bias: true (biases on the q/k/v/o projections) is not "
+                             "supported yet")
+    return _llama_like(cfg, "LlamaForCausalLM")
+
+
+@register("MistralForCausalLM")
+def _mistral(cfg: dict) -> ModelSpec:
+    return _llama_like(cfg, "MistralForCausalLM")   # transformers' Mistral has no projection biases
 
 
 @register("MixtralForCausalLM")
 def _mixtral(cfg: dict) -> ModelSpec:
-    return _llama_like(cfg, "MixtralForCausalLM", n_experts=int(_need(cfg, "num_local_experts")),
-                       n_experts_per_tok=int(_need(cfg, "num_experts_per_tok")))
+    n = _int(cfg, "num_local_experts")
+    k = _int(cfg, "num_experts_per_tok")
+    if k > n:
+        raise ModelLoadError(f"config.json: num_experts_per_tok ({k}) must be at most num_local_experts ({n})")
+    return _llama_like(cfg, "MixtralForCausalLM", n_experts=n, n_experts_per_tok=k)
 
 
 @register("BitNetForCausalLM")
 def _bitnet(cfg: dict) -> ModelSpec:
-    qc = cfg.get("quantization_config") or {}
-    if qc.get("use_rms_norm") or qc.get("quantization_mode", "offline") != "offline":
+    qc = cfg.get("quantization_config")
+    if qc is None:
+        qc = {}
+    if not isinstance(qc, dict):
+        raise _bad("quantization_config", "an object", qc)
+    mode = qc.get("quantization_mode", "offline")
+    if not isinstance(mode, str):
+        raise _bad("quantization_config.quantization_mode", "a string", mode)
+    if _bool(qc, "use_rms_norm") or mode != "offline":
         raise ModelLoadError("BitNet checkpoints with online quantization or BitLinear RMSNorm are not supported: "
                              "export packed ternary weights (quantization_mode 'offline')")
     return dataclasses.replace(_llama_like({"hidden_act": "relu2", **cfg}, "BitNetForCausalLM", acts=("relu2",)),
@@ -93,14 +270,21 @@ def _qwen2(cfg: dict) -> ModelSpec:
 
 @register("Qwen3ForCausalLM")
 def _qwen3(cfg: dict) -> ModelSpec:
-    return _llama_like(cfg, "Qwen3ForCausalLM", attention_bias=bool(cfg.get("attention_bias", False)), qk_norm=True)
+    if _bool(cfg, "attention_bias"):   # transformers' Qwen3 then has an o_proj bias too, which models/llama.py lacks
+        raise ModelLoadError("Qwen3ForCausalLM with attention_bias: true (biases on the q/k/v/o projections) is not "
+                             "supported yet")
+    return _llama_like(cfg, "Qwen3ForCausalLM", qk_norm=True)
 
 
 def spec_from_config(cfg: dict) -> ModelSpec:
-    archs = cfg.get("architectures") or []
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"config.json must be a JSON object, got {type(cfg).__name__}")
+    archs = cfg.get("architectures")
     if not archs:
         raise ModelLoadError("config.json names no 'architectures': cannot tell which model this is")
+    if not isinstance(archs, list) or not isinstance(archs[0], str):
+        raise _bad("architectures", "a list of class names such as [\"LlamaForCausalLM\"]", archs)
     arch = archs[0]
     if arch not in _BUILDERS:
-        raise ModelLoadError(f"unknown architecture '{arch}': supported are {', '.join(supported_architectures())}")
+        raise ModelLoadError(f"unknown architecture {_show(arch)}: supported are {', '.join(supported_architectures())}")
     return _BUILDERS[arch](cfg)

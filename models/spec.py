@@ -24,6 +24,9 @@ class ModelSpec:
     qk_norm: bool = False         # per-head RMSNorm on q and k before RoPE (Qwen3)
     n_experts: int = 0            # MoE: experts per layer (0 = dense MLP)
     n_experts_per_tok: int = 0    # MoE: top-k experts per token (weights renormalized over the k, as Mixtral)
+    # Sliding-window attention, per layer: 0 = full causal attention, W > 0 = a query at position p attends keys
+    # p-W+1 .. p (transformers' `kv_idx > q_idx - sliding_window`). Empty = every layer full.
+    layer_windows: tuple[int, ...] = ()
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
@@ -31,13 +34,19 @@ class ModelSpec:
     def lm_head_name(self) -> str:
         return "model.embed_tokens.weight" if self.tie_word_embeddings else "lm_head.weight"
 
+    def window(self, layer: int) -> int:
+        """Attention window of a layer (0: full causal attention)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["eos_token_ids"] = list(self.eos_token_ids)
+        d["layer_windows"] = list(self.layer_windows)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelSpec:
         d = dict(d)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+        d["layer_windows"] = tuple(d.get("layer_windows", ()))
         return cls(**d)

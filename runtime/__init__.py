@@ -1,4 +1,4 @@
 """Run-time side: ctypes over libedgellm plus tokenization. Never imports TVM."""
-from .api import GenerationResult, Runtime
+from .api import Context, GenerationResult, Runtime
 
-__all__ = ["Runtime", "GenerationResult"]
+__all__ = ["Runtime", "Context", "GenerationResult"]

@@ -1,10 +1,26 @@
-"""Python API over libedgellm: Runtime.load / generate / stream / chat / logits."""
+"""Python API over libedgellm: Runtime (a loaded package) and Context (one conversation).
+
+    rt = Runtime.load(pkg)             # the model (read-only, shared) and a default context
+    rt.generate("...")                 # on the default context
+    ctx = rt.new_context()             # more conversations over the same weights: KV cache + arena each
+    ctx.generate("...")                # distinct contexts may run in distinct threads
+
+Generation runs in C (runtime/generate.c: el_generate_start / el_generate_next), the loop edgellm-run and every
+other front end use: sampling, penalties, stop ids and strings, and the defaults (the package's
+generation_config.json) are decided there, so the same arguments and seed give the same tokens everywhere.
+
+Thread safety: each Context has a lock held for a whole generate()/stream() (and for each prefill, decode, reset,
+logits call): N threads on one context are serialised and each gets correct output. reset() waits for a running
+generation; close() asks a running generation to stop at its next token (finish_reason "cancelled"), waits for it,
+then frees. One context per thread is the way to run conversations concurrently.
+"""
 from __future__ import annotations
 
 import ctypes as C
 import os
-import time
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,8 +28,10 @@ import numpy as np
 
 from ..errors import InputError, RuntimeLoadError
 from . import lib as L
-from .package import read_manifest, verify_checksums
-from .text import Detokenizer, TextCodec
+from .package import parse_bytes, read_manifest, verify_package
+from .text import TextCodec
+
+INT32_MAX = 2**31 - 1
 
 
 @dataclass
@@ -21,65 +39,97 @@ class GenerationResult:
     text: str
     token_ids: list[int]                 # the new tokens only
     prompt_tokens: int
-    finish_reason: str                   # "eos" | "stop" | "length" | "context"
+    finish_reason: str                   # "eos" | "stop" | "length" | "context" | "cancelled"
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
     ttft_s: float = 0.0                  # prompt submitted -> first new token sampled
     extra: dict = field(default_factory=dict)
 
 
-def _check_choice(name: str, value, ok: bool, why: str):
-    if not ok:
-        raise InputError(f"{name}={value!r} is invalid: {why}")
+SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty")
 
 
-def check_sampling_args(max_new_tokens, temperature, top_k, top_p, repetition_penalty) -> None:
-    _check_choice("max_new_tokens", max_new_tokens, isinstance(max_new_tokens, int) and max_new_tokens >= 0,
-                  "must be an integer >= 0")
-    _check_choice("temperature", temperature, temperature >= 0, "must be >= 0 (0 = greedy)")
-    _check_choice("top_p", top_p, 0 < top_p <= 1, "must be in (0, 1]")
-    _check_choice("top_k", top_k, isinstance(top_k, int) and top_k >= 0, "must be an integer >= 0 (0 = off)")
-    _check_choice("repetition_penalty", repetition_penalty, repetition_penalty > 0, "must be > 0 (1 = off)")
+def _threads(threads) -> int:
+    if threads is None:
+        return 0
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads <= 256:
+        raise InputError(f"threads={threads!r} is invalid: give an integer in 1..256 (or None / 0 for one per CPU)")
+    return threads
 
 
-class Runtime:
-    """A loaded package. Not thread-safe: one generation at a time per Runtime."""
+def _num(name: str, v, kind=float):
+    """A sampling argument as given (None: the package's default): numbers only, checked for range in C."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise InputError(f"{name}={v!r} is invalid: it must be a number")
+    if kind is int:
+        if isinstance(v, (float, np.floating)) and not float(v).is_integer():
+            raise InputError(f"{name}={v!r} is invalid: it must be an integer")
+        v = int(v)
+        if not 0 <= v <= INT32_MAX:
+            raise InputError(f"{name}={v!r} is invalid: it must be an integer in 0..{INT32_MAX}")
+        return v
+    return float(v)
 
-    def __init__(self, path: Path, manifest: dict, handle: int):
-        self.path, self.manifest, self._h = path, manifest, handle
-        self._lib = L.lib()
-        self.text = TextCodec(path)
-        self.vocab = self._lib.el_vocab(handle)
-        self.max_context = self._lib.el_max_context(handle)
-        self.chunk = self._lib.el_chunk(handle)
-        n = 8
-        buf = (C.c_int32 * n)()
-        self.eos_ids = set(buf[:self._lib.el_eos_ids(handle, buf, n)])
 
-    @classmethod
-    def load(cls, path: str | os.PathLike, threads: int | None = None, memory_budget: int | None = None,
-             verify: bool = False) -> Runtime:
-        """Load a package. threads: default one per CPU. verify: also check every tensor's sha256."""
-        p = Path(path)
-        m = read_manifest(p)
-        if verify:
-            verify_checksums(p, m)
-        if memory_budget is not None:
-            raise InputError("memory_budget needs an offload policy, which this build does not have yet: leave it unset")
-        h = L.lib().el_load(str(p).encode(), int(threads or 0))
-        if not h:
+class _Lock:
+    """A context's lock: held across a whole generation (also a suspended stream), so it knows its owner thread and
+    refuses re-entry from it (which would deadlock) with a clear error."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.owner: int | None = None
+
+    @contextmanager
+    def hold(self):
+        me = threading.get_ident()
+        if self.owner == me:
+            raise InputError("this context is busy in this thread (an unfinished stream()): finish or close that "
+                             "stream first, or use another context (Runtime.new_context())")
+        with self._lock:
+            self.owner = me
+            try:
+                yield
+            finally:
+                self.owner = None
+
+
+class Context:
+    """One conversation over a loaded package: its own KV cache, arena and position."""
+
+    def __init__(self, runtime: Runtime, threads: int | None = None):
+        self.runtime = runtime
+        self._lib = runtime._lib
+        self._lock = _Lock()
+        self._closing = False
+        self._h = self._lib.el_context_new(runtime._model, _threads(threads))
+        if not self._h:
             raise RuntimeLoadError(L.last_error())
-        return cls(p, m, h)
 
-    def close(self):
-        if self._h:
-            self._lib.el_free(self._h)
+    # ---- lifetime -------------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Frees the context. A generation running in another thread stops at its next token and finishes with
+        "cancelled"; a stream suspended in this thread ends when it is next resumed."""
+        if self._h is None:
+            return
+        self._closing = True
+        if self._lock.owner == threading.get_ident():
+            return   # our own suspended stream: it frees the context when it ends
+        with self._lock.hold():
+            self._free()
+
+    def _free(self) -> None:
+        if self._h is not None:
+            self._lib.el_context_free(self._h)
             self._h = None
 
     def __del__(self):
         try:
-            self.close()
-        except Exception:
+            if getattr(self, "_h", None) is not None and self._lock.owner is None:
+                self._free()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
     def __enter__(self):
@@ -88,156 +138,389 @@ class Runtime:
     def __exit__(self, *exc):
         self.close()
 
+    def _handle(self):
+        if self._h is None or self._closing:
+            raise InputError("this context (or its Runtime) is closed")
+        return self._h
+
+    # ---- low level ------------------------------------------------------------------------------------------------
     @property
     def threads(self) -> int:
-        return self._lib.el_threads(self._h)
+        return self._lib.el_context_threads(self._handle())
+
+    @property
+    def pos(self) -> int:
+        """Tokens in the KV cache."""
+        return self._lib.el_pos(self._handle())
 
     def stats(self) -> dict:
-        """Runtime counters since load: weight bytes held (and of those in transparent huge pages), kernel calls,
-        prefill/decode tokens and seconds."""
+        """Counters: weight bytes held (and in huge pages), this context's kernel calls, prefill/decode tokens and
+        seconds, and its memory: KV cache, arena, and everything it allocated (context_bytes)."""
         s = L.Stats()
-        self._lib.el_get_stats(self._h, C.byref(s))
+        self._lib.el_get_stats(self._handle(), C.byref(s))
         return {name: getattr(s, name) for name, _ in L.Stats._fields_}
 
-    # ---- low level -------------------------------------------------------------------------------------------
-    def reset(self):
-        self._lib.el_reset(self._h)
+    def reset(self) -> None:
+        with self._lock.hold():
+            self._lib.el_reset(self._handle())
 
     def _ids(self, token_ids) -> np.ndarray:
-        ids = np.ascontiguousarray(np.asarray(token_ids, dtype=np.int64))
+        try:
+            ids = np.asarray(token_ids)
+        except (TypeError, ValueError) as e:
+            raise InputError(f"token ids must be a list of integers ({e})") from None
         if ids.ndim != 1 or ids.size == 0:
             raise InputError("empty prompt: give at least one token")
-        if ids.min() < 0 or ids.max() >= self.vocab:
-            raise InputError(f"token id {int(ids.max() if ids.max() >= self.vocab else ids.min())} is out of range "
-                             f"[0, {self.vocab})")
-        if ids.size > self.max_context:
-            raise InputError(f"prompt has {ids.size} tokens but the package's context is {self.max_context}: shorten it "
-                             "or recompile with a larger --max-context")
-        return ids.astype(np.int32)
+        if ids.dtype.kind not in "iu":
+            if ids.dtype.kind == "f" and np.all(np.isfinite(ids)) and np.all(ids == np.round(ids)):
+                ids = ids.astype(np.int64)
+            else:
+                raise InputError("token ids must be integers")
+        vocab = self.runtime.vocab
+        if ids.min() < 0 or ids.max() >= vocab:
+            bad = int(ids.max() if ids.max() >= vocab else ids.min())
+            raise InputError(f"token id {bad} is out of range [0, {vocab})")
+        if ids.size > self.runtime.max_context:
+            raise InputError(f"prompt has {ids.size} tokens but the package's context is {self.runtime.max_context}: "
+                             "shorten it or recompile with a larger --max-context")
+        return np.ascontiguousarray(ids, dtype=np.int32)
 
-    def _call(self, rc: int):
+    def _call(self, rc: int) -> None:
         if rc != 0:
             raise InputError(L.last_error())
 
     def logits(self, token_ids) -> np.ndarray:
-        """Logits [len(token_ids), vocab] float32 of a fresh context (the context is left holding these tokens)."""
+        """Logits [len(token_ids), vocab] float32 from an empty context (the context is left holding these tokens)."""
         ids = self._ids(token_ids)
-        out = np.empty((ids.size, self.vocab), np.float32)
-        self.reset()
-        self._call(self._lib.el_prefill(self._h, ids.ctypes.data_as(C.POINTER(C.c_int32)), ids.size,
-                                        out.ctypes.data_as(C.POINTER(C.c_float)), 1))
+        out = np.empty((ids.size, self.runtime.vocab), np.float32)
+        with self._lock.hold():
+            h = self._handle()
+            self._lib.el_reset(h)
+            self._call(self._lib.el_prefill(h, ids.ctypes.data_as(L.I32P), ids.size, out.ctypes.data_as(L.F32P), 1))
         return out
 
     def prefill(self, token_ids) -> np.ndarray:
-        """Append tokens to the current context; returns the last position's logits [vocab]."""
+        """Append tokens to the context; returns the last position's logits [vocab]."""
         ids = self._ids(token_ids)
-        out = np.empty(self.vocab, np.float32)
-        self._call(self._lib.el_prefill(self._h, ids.ctypes.data_as(C.POINTER(C.c_int32)), ids.size,
-                                        out.ctypes.data_as(C.POINTER(C.c_float)), 0))
+        out = np.empty(self.runtime.vocab, np.float32)
+        with self._lock.hold():
+            self._call(self._lib.el_prefill(self._handle(), ids.ctypes.data_as(L.I32P), ids.size,
+                                            out.ctypes.data_as(L.F32P), 0))
         return out
 
     def decode_step(self, token: int) -> np.ndarray:
-        out = np.empty(self.vocab, np.float32)
-        self._call(self._lib.el_decode(self._h, int(token), out.ctypes.data_as(C.POINTER(C.c_float))))
+        """Append one token; returns its logits [vocab]."""
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= int(token) < self.runtime.vocab:
+            raise InputError(f"token {token!r} is not a token id in [0, {self.runtime.vocab})")
+        out = np.empty(self.runtime.vocab, np.float32)
+        with self._lock.hold():
+            self._call(self._lib.el_decode(self._handle(), int(token), out.ctypes.data_as(L.F32P)))
         return out
 
-    # ---- generation ------------------------------------------------------------------------------------------
+    # ---- generation -----------------------------------------------------------------------------------------------
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
                 raise InputError("empty prompt: give some text or token ids")
-            ids = self.text.encode(prompt)
+            ids = self.runtime.encode(prompt)
             if not ids:
                 raise InputError("the prompt tokenizes to no tokens: give some text")
             return ids
         if isinstance(prompt, (list, tuple, np.ndarray)):
-            return [int(t) for t in prompt]
+            return self._ids(prompt).tolist()
         raise InputError(f"prompt must be a str or a list of token ids, not {type(prompt).__name__}")
 
-    def _tokens(self, ids, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, ignore_eos, info):
-        """Yields new token ids; fills info with timings and the finish reason."""
-        check_sampling_args(max_new_tokens, temperature, top_k, top_p, repetition_penalty)
-        ids = self._ids(ids)
-        if seed is None:
-            seed = int.from_bytes(os.urandom(8), "little")
-        params = L.SamplerParams(float(temperature), int(top_k), float(top_p), float(repetition_penalty),
-                                 int(seed) & (2**64 - 1))
-        sampler = self._lib.el_sampler_new(C.byref(params))
-        history = (C.c_int32 * (ids.size + max_new_tokens + 1))(*ids.tolist())
-        nh = ids.size
-        info.update(finish_reason="length", prefill_s=0.0, decode_s=0.0, n_decoded=0)
-        try:
-            self.reset()
-            t0 = time.perf_counter()
-            logits = self.prefill(ids)
-            info["prefill_s"] = time.perf_counter() - t0
-            td = time.perf_counter()
-            for i in range(max_new_tokens):
-                tok = int(self._lib.el_sample(sampler, logits.ctypes.data_as(C.POINTER(C.c_float)), self.vocab,
-                                              history, nh))
-                if i == 0:
-                    info["ttft_s"] = time.perf_counter() - t0
-                if tok in self.eos_ids and not ignore_eos:
-                    info["finish_reason"] = "eos"
-                    return
-                history[nh] = tok
-                nh += 1
-                yield tok
-                if i + 1 == max_new_tokens:
-                    break
-                if self._lib.el_pos(self._h) >= self.max_context:
-                    info["finish_reason"] = "context"
-                    return
-                logits = self.decode_step(tok)
-                info["n_decoded"] += 1
-                info["decode_s"] = time.perf_counter() - td
-        finally:
-            self._lib.el_sampler_free(sampler)
-
-    def stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-               repetition_penalty: float = 1.0, seed: int | None = None, stop: str | list[str] | None = None,
-               ignore_eos: bool = False, _result: dict | None = None) -> Iterator[str]:
-        """Yields text pieces as they are generated (same arguments as generate)."""
+    def _params(self, max_new_tokens, sampling: dict, seed, stop, stop_ids, ignore_eos, keep_context):
+        """The C parameters: the package's defaults, then what the caller gave. Returns (params, keep-alive)."""
+        p = L.GenParams()
+        self._lib.el_gen_params_default(self.runtime._model, C.byref(p))
+        if max_new_tokens is not None:
+            n = _num("max_new_tokens", max_new_tokens, int) if not (isinstance(max_new_tokens, int) and
+                                                                   max_new_tokens > INT32_MAX) else INT32_MAX
+            p.max_new_tokens = min(n, INT32_MAX)   # more than the context holds just runs to its end
+        for k in SAMPLING_ARGS:
+            v = _num(k, sampling.get(k), int if k == "top_k" else float)
+            if v is not None:
+                setattr(p, k, v)
+        if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+                raise InputError(f"seed={seed!r} is invalid: it must be an integer")
+            p.seed = int(seed) & (2**64 - 1)
+        p.ignore_eos = 1 if ignore_eos else 0
+        p.keep_context = 1 if keep_context else 0
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        ids = self._prompt_ids(prompt)
-        info: dict = {}
-        detok = Detokenizer(self.text, stops) if self.text.tok is not None else None
-        new: list[int] = []
-        for tok in self._tokens(ids, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed,
-                                ignore_eos, info):
-            new.append(tok)
-            if detok is not None:
-                piece = detok.push(tok)
-                if piece:
-                    yield piece
-                if detok.stopped:
-                    info["finish_reason"] = "stop"
-                    break
-        if detok is not None:
-            tail = detok.flush()
-            if tail:
-                yield tail
-        if _result is not None:
-            _result.update(info, ids=new, prompt_tokens=len(ids), text=detok.text if detok else "")
+        for s in stops:
+            if not isinstance(s, str) or not s:
+                raise InputError(f"stop={s!r} is invalid: stop strings must be non-empty strings")
+        try:
+            enc = [s.encode("utf-8") for s in stops]
+        except UnicodeEncodeError:
+            raise InputError("a stop string is not valid UTF-8 text") from None
+        keep = []
+        if enc:
+            arr = (C.c_char_p * len(enc))(*enc)
+            keep += [arr, enc]
+            p.n_stop_strings, p.stop_strings = len(enc), C.cast(arr, C.POINTER(C.c_char_p))
+        sids = [_num("stop_ids", t, int) for t in (stop_ids or [])]
+        if sids:
+            arr = (C.c_int32 * len(sids))(*sids)
+            keep.append(arr)
+            p.n_stop_ids, p.stop_ids = len(sids), C.cast(arr, L.I32P)
+        return p, keep
 
-    def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
-                 stop: str | list[str] | None = None, ignore_eos: bool = False) -> GenerationResult:
-        """Generate from a str prompt (tokenized with the package's tokenizer) or a list of token ids (used as is)."""
+    def stream(self, prompt, max_new_tokens: int | None = 128, temperature: float | None = None,
+               top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
+               seed: int | None = None, stop: str | list[str] | None = None, ignore_eos: bool = False, *,
+               min_p: float | None = None, presence_penalty: float | None = None,
+               frequency_penalty: float | None = None, stop_ids: list[int] | None = None, keep_context: bool = False,
+               _result: dict | None = None) -> Iterator[str]:
+        """Yields text pieces as they are generated (never half a UTF-8 character, never part of a stop string).
+        Arguments as generate()."""
+        sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+                    "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty,
+                    "frequency_penalty": frequency_penalty}
+        params, keep = self._params(max_new_tokens, sampling, seed, stop, stop_ids, ignore_eos, keep_context)
+        ids = self._prompt_ids(prompt)
+        arr = np.ascontiguousarray(ids, dtype=np.int32)
+        fallback = _FallbackText(self.runtime) if not self.runtime.c_text and self.runtime.text.available else None
+        return self._run(arr, params, keep, fallback, _result)
+
+    def _run(self, arr, params, keep, fallback, result):
+        tokens: list[int] = []
+        pieces: list[bytes] = []
+        finish = None
+        with self._lock.hold():
+            try:
+                h = self._handle()
+                if self._lib.el_generate_start(h, arr.ctypes.data_as(L.I32P), arr.size, C.byref(params)) != 0:
+                    raise InputError(L.last_error())
+                ev = L.Event()
+                while True:
+                    r = self._lib.el_generate_next(h, C.byref(ev))
+                    if r < 0:
+                        raise InputError(L.last_error())
+                    if r == 1:
+                        tokens.append(ev.token)
+                    piece = C.string_at(ev.text, ev.text_len) if ev.text_len else b""
+                    if fallback is not None and r == 1:
+                        piece = fallback.push(ev.token)
+                    if piece:
+                        pieces.append(piece)
+                        yield piece.decode("utf-8", "replace")
+                    if r == 0 or ev.finish:
+                        finish = L.FINISH[ev.finish]
+                        break
+                    if self._closing:
+                        finish = "cancelled"
+                        break
+                if fallback is not None and (tail := fallback.flush()):
+                    pieces.append(tail)
+                    yield tail.decode("utf-8", "replace")
+                res = L.GenResult()
+                self._lib.el_generate_result(h, C.byref(res))
+                if result is not None:
+                    result.update(ids=tokens, text=b"".join(pieces).decode("utf-8", "replace"),
+                                  prompt_tokens=res.prompt_tokens, finish_reason=finish or L.FINISH[res.finish] or
+                                  "cancelled", prefill_s=res.prefill_seconds, decode_s=res.decode_seconds,
+                                  ttft_s=res.ttft_seconds, n_decoded=res.decoded_tokens)
+            finally:
+                del keep
+                if self._closing:
+                    self._free()
+
+    def generate(self, prompt, max_new_tokens: int | None = 128, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
+                 seed: int | None = None, stop: str | list[str] | None = None, ignore_eos: bool = False, *,
+                 min_p: float | None = None, presence_penalty: float | None = None,
+                 frequency_penalty: float | None = None, stop_ids: list[int] | None = None,
+                 keep_context: bool = False) -> GenerationResult:
+        """Generate from a str prompt (tokenized with the package's tokenizer) or a list of token ids (used as is).
+
+        Sampling arguments left None take the package's defaults (its generation_config.json: sampled where it says
+        do_sample, else greedy); temperature 0 is greedy decoding, with the penalties still applied. seed None: a
+        random seed. stop: strings that end the generation (not part of the text); stop_ids: token ids that do.
+        keep_context: append the prompt to the conversation so far instead of starting from an empty context."""
         r: dict = {}
         for _ in self.stream(prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop,
-                             ignore_eos, _result=r):
+                             ignore_eos, min_p=min_p, presence_penalty=presence_penalty,
+                             frequency_penalty=frequency_penalty, stop_ids=stop_ids, keep_context=keep_context,
+                             _result=r):
             pass
         return GenerationResult(
             text=r["text"], token_ids=r["ids"], prompt_tokens=r["prompt_tokens"], finish_reason=r["finish_reason"],
             prefill_tokens_per_s=r["prompt_tokens"] / r["prefill_s"] if r["prefill_s"] > 0 else 0.0,
             decode_tokens_per_s=r["n_decoded"] / r["decode_s"] if r["decode_s"] > 0 else 0.0,
-            ttft_s=r.get("ttft_s", 0.0))
+            ttft_s=r["ttft_s"])
 
     def chat(self, messages: list[dict], **kwargs) -> GenerationResult:
         """messages: [{"role": "user", "content": "..."}, ...], rendered with the package's chat template."""
-        if not messages:
-            raise InputError("chat needs at least one message")
-        prompt = self.text.apply_chat_template(messages)
-        ids = self.text.encode(prompt, add_special_tokens=False)
-        return self.generate(ids, **kwargs)
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages):
+            raise InputError("chat needs a non-empty list of {'role': str, 'content': str} messages")
+        prompt = self.runtime.text.apply_chat_template(messages)
+        return self.generate(self.runtime.encode(prompt, add_special_tokens=False), **kwargs)
+
+
+class _FallbackText:
+    """Text of the generated ids for packages without tokenizer.bin (their tokenizer is outside the C tokenizer's
+    families): Hugging Face decode of the ids so far, handed out as it grows (held back while it ends in an
+    unfinished character). Stop strings need tokenizer.bin and are refused for such packages."""
+
+    def __init__(self, runtime: Runtime):
+        self.tok, self.ids, self.done = runtime.text.tok, [], ""
+
+    def push(self, token: int) -> bytes:
+        self.ids.append(token)
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") or not text.startswith(self.done):
+            return b""
+        piece, self.done = text[len(self.done):], text
+        return piece.encode()
+
+    def flush(self) -> bytes:
+        text = self.tok.decode(self.ids, skip_special_tokens=True) if self.ids else ""
+        return text[len(self.done):].encode() if text.startswith(self.done) else b""
+
+
+class Runtime:
+    """A loaded package: the model (plan, kernels, weights, tokenizer; read-only and shared) and a default context.
+    The generation methods run on the default context; new_context() makes more conversations over the same
+    weights, each costing only its KV cache and arena."""
+
+    def __init__(self, path: Path, manifest: dict, handle: int):
+        self.path, self.manifest = path, manifest
+        self._lib = L.lib()
+        self._model = handle
+        self.vocab = self._lib.el_vocab(handle)
+        self.max_context = self._lib.el_max_context(handle)
+        self.chunk = self._lib.el_chunk(handle)
+        self.bos_id = self._lib.el_bos_id(handle)
+        self.c_text = bool(self._lib.el_has_tokenizer(handle))
+        buf = (C.c_int32 * 8)()
+        self.eos_ids = set(buf[:self._lib.el_eos_ids(handle, buf, 8)])
+        self._contexts: list[Context] = []
+        self.text = TextCodec(path)
+        self.context = self.new_context()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, threads: int | None = None, memory_budget: int | str | None = None,
+             verify: bool = False, digest: str | None = None, huge_pages: bool | None = None) -> Runtime:
+        """Load a package.
+
+        threads: default threads of its contexts (None: one per CPU). memory_budget: bytes (or "600MB") of weights
+        the runtime may hold (the resident policy refuses a budget smaller than the weights). verify: check every
+        file against the package's SHA256SUMS. digest: the "sha256:..." that `edgellm compile` printed; every file
+        is checked against it before any of the package's code is loaded (load packages you did not build only
+        this way). huge_pages: weights in transparent huge pages (None: automatic; EDGELLM_HUGEPAGES=0/1 sets it)."""
+        p = Path(path)
+        opts = L.LoadOptions()
+        L.lib().el_load_options_init(C.byref(opts))
+        opts.n_threads = _threads(threads)
+        if memory_budget is not None:
+            opts.memory_budget = parse_bytes(memory_budget)
+        if huge_pages is None and os.environ.get("EDGELLM_HUGEPAGES", "") in ("0", "1"):
+            huge_pages = os.environ["EDGELLM_HUGEPAGES"] == "1"
+        if huge_pages is not None:
+            opts.huge_pages = 1 if huge_pages else 0
+        if os.environ.get("EDGELLM_NO_MMAP", "0") not in ("", "0"):
+            opts.use_mmap = 0
+        manifest = read_manifest(p)
+        if digest is not None:
+            # the small files Python reads here; libedgellm checks everything before it loads any code
+            verify_package(p, digest, only=[f for f in ("manifest.json", "tokenizer.json", "tokenizer_config.json")
+                                            if (p / f).is_file()])
+            opts.digest = digest.encode()
+        elif verify:
+            verify_package(p)
+        h = L.lib().el_model_load(str(p).encode(), C.byref(opts))
+        if not h:
+            raise RuntimeLoadError(L.last_error())
+        try:
+            return cls(p, manifest, h)
+        except BaseException:
+            L.lib().el_model_free(h)
+            raise
+
+    def sampling_defaults(self) -> dict:
+        """The package's sampling defaults (from its generation_config.json), as every front end applies them."""
+        p = L.GenParams()
+        self._lib.el_gen_params_default(self._model, C.byref(p))
+        return {k: getattr(p, k) for k in SAMPLING_ARGS}
+
+    def new_context(self, threads: int | None = None) -> Context:
+        """A new conversation over this package's model (its own KV cache and arena)."""
+        if self._model is None:
+            raise InputError("this Runtime is closed")
+        c = Context(self, threads)
+        self._contexts.append(c)
+        return c
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of text: Hugging Face tokenizers when the package has tokenizer.json, else its tokenizer.bin."""
+        if not isinstance(text, str):
+            raise InputError(f"text must be a str, not {type(text).__name__}")
+        if self.text.available:
+            return self.text.encode(text, add_special_tokens)
+        if not self.c_text:
+            raise InputError("this package has no tokenizer: pass token ids (a list of ints) instead of text")
+        try:
+            raw = text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"the prompt is not valid UTF-8 text (byte {e.start}): give UTF-8 text") from None
+        n = self._lib.el_encode(self._model, raw, len(raw), -1 if add_special_tokens else 0, None, 0)
+        out = (C.c_int32 * max(n, 1))()
+        if n < 0 or self._lib.el_encode(self._model, raw, len(raw), -1 if add_special_tokens else 0, out, n) != n:
+            raise InputError(L.last_error())
+        return list(out[:n])
+
+    def close(self) -> None:
+        for c in self._contexts:
+            c.close()
+        self._contexts = []
+        if self._model is not None:
+            self._lib.el_model_free(self._model)   # freed for good once the last context is
+            self._model = None
+
+    def __del__(self):
+        try:
+            if getattr(self, "_model", None) is not None:
+                self._lib.el_model_free(self._model)
+                self._model = None
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- the default context --------------------------------------------------------------------------------------
+    @property
+    def threads(self) -> int:
+        return self.context.threads
+
+    def stats(self) -> dict:
+        return self.context.stats()
+
+    def reset(self) -> None:
+        self.context.reset()
+
+    def logits(self, token_ids) -> np.ndarray:
+        return self.context.logits(token_ids)
+
+    def prefill(self, token_ids) -> np.ndarray:
+        return self.context.prefill(token_ids)
+
+    def decode_step(self, token: int) -> np.ndarray:
+        return self.context.decode_step(token)
+
+    def stream(self, prompt, *args, **kwargs) -> Iterator[str]:
+        return self.context.stream(prompt, *args, **kwargs)
+
+    def generate(self, prompt, *args, **kwargs) -> GenerationResult:
+        return self.context.generate(prompt, *args, **kwargs)
+
+    def chat(self, messages: list[dict], **kwargs) -> GenerationResult:
+        return self.context.chat(messages, **kwargs)

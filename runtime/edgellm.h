@@ -1,7 +1,16 @@
-/* libedgellm: executes an edgellm package (plan.bin + kernels.so + weights.bin) with no TVM at run time.
+/* libedgellm: runs an edgellm package (plan.bin + kernels + weights.bin) with no TVM and no Python.
  *
- * All functions that can fail return NULL or a negative code; el_last_error() then holds a one-line
- * message (thread-local) naming the problem and, where there is one, the fix.
+ *   el_model    the package: plan, kernels, weight store, tokenizer. Read-only once loaded, shared.
+ *   el_context  one conversation over a model: KV cache, activation arena, position, sampler, counters.
+ *               Many contexts per model; distinct contexts may be used from distinct threads at once (their
+ *               kernels share one process-wide thread pool, so they interleave rather than run in parallel).
+ *               Each context function locks the context: misuse from two threads is serialised per call,
+ *               never a crash, but a generation belongs to one caller at a time.
+ *   el_generate the one generation loop (prefill, sample, stop rules, stop strings, text pieces) that every
+ *               front end calls: Python, edgellm-run, the Android app, the server.
+ *
+ * Functions that can fail return NULL or a negative code; el_last_error() then holds a one-line message
+ * (thread-local) naming the problem and, where there is one, the fix.
  */
 #ifndef EDGELLM_H
 #define EDGELLM_H
@@ -11,61 +20,156 @@ extern "C" {
 #endif
 
 typedef struct el_model el_model;
+typedef struct el_context el_context;
 typedef struct el_sampler el_sampler;
 
 const char* el_last_error(void);
 const char* el_version(void);
 
-/* Load a package directory. n_threads <= 0: one thread per online CPU. */
-el_model* el_load(const char* package_dir, int n_threads);
-void el_free(el_model* m);
+/* Model ------------------------------------------------------------------------------------------------------ */
+
+typedef struct {
+  int32_t n_threads;        /* default threads of the model's contexts; <= 0: one per online CPU */
+  int32_t huge_pages;       /* resident weights in transparent huge pages: -1 auto, 0 never, 1 always */
+  int32_t use_mmap;         /* 1: map weights.bin (default); 0: read it into memory */
+  int32_t reserved;
+  uint64_t memory_budget;   /* bytes of weights the store may hold; 0: no limit */
+  const char* weight_policy; /* weight store policy; NULL: "resident" */
+  const char* digest;        /* "sha256:<hex>" of the package's SHA256SUMS: every file is checked against it
+                                before anything is loaded or run (NULL: no check) */
+} el_load_options;
+
+void el_load_options_init(el_load_options* o); /* the defaults above */
+/* Loads a package directory; opt may be NULL (defaults). */
+el_model* el_model_load(const char* package_dir, const el_load_options* opt);
+/* Frees the model once its last context is freed (contexts keep it alive). */
+void el_model_free(el_model* m);
 
 int el_vocab(const el_model* m);
 int el_max_context(const el_model* m);
 int el_chunk(const el_model* m);
-int el_pos(const el_model* m);          /* tokens currently in the KV cache */
-int el_threads(const el_model* m);
-int el_eos_ids(const el_model* m, int32_t* out, int cap);  /* returns count */
-int el_bos_id(const el_model* m);
+int el_model_threads(const el_model* m);
+int el_bos_id(const el_model* m);                          /* -1 if none */
+int el_eos_ids(const el_model* m, int32_t* out, int cap); /* returns the count */
+int el_has_tokenizer(const el_model* m);                  /* 1: tokenizer.bin loaded (text and stop strings) */
 
-/* Forget the context (KV cache position back to 0). */
-int el_reset(el_model* m);
+/* Text through the package's tokenizer.bin (-1 without one). el_encode is snprintf-like: returns how many ids
+ * the text gives, writing at most cap; add_special < 0: the tokenizer's default (HF add_special_tokens=True). */
+int el_encode(const el_model* m, const char* text, int len, int add_special, int32_t* out, int cap);
+/* Bytes of one token's text (special tokens give ""); returns the length, writes at most cap. */
+int el_token_text(const el_model* m, int32_t id, char* buf, int cap);
 
-/* Append n tokens to the context in chunks of el_chunk() (the last chunk padded and masked).
- * logits may be NULL; if all_logits, it receives [n, vocab] floats, else the last row [vocab].
- * Fails (and changes nothing) if pos + n > max_context or n <= 0. */
-int el_prefill(el_model* m, const int32_t* ids, int n, float* logits, int all_logits);
+/* Context ---------------------------------------------------------------------------------------------------- */
 
-/* Append one token; logits [vocab] may be NULL. */
-int el_decode(el_model* m, int32_t id, float* logits);
+/* n_threads <= 0: the model's. */
+el_context* el_context_new(el_model* m, int n_threads);
+void el_context_free(el_context* c);
+el_model* el_context_model(const el_context* c);
+int el_context_threads(const el_context* c);
+int el_pos(const el_context* c); /* tokens in the KV cache */
+int el_reset(el_context* c);     /* forget the conversation (position 0); cancels a generation in progress */
 
-/* Sampling. temperature <= 0 means greedy (argmax; ties to the lowest id). top_k <= 0: off; top_p >= 1: off;
- * repetition_penalty == 1: off (CTRL-style: logit/p if > 0 else logit*p, for every id in history). */
+/* Appends n tokens (chunks of el_chunk(), the last padded and masked). logits may be NULL; all_logits: [n, vocab]
+ * floats, else the last row [vocab]. Fails and changes nothing if pos + n > max context or n <= 0. */
+int el_prefill(el_context* c, const int32_t* ids, int n, float* logits, int all_logits);
+/* Appends one token; logits [vocab] may be NULL. */
+int el_decode(el_context* c, int32_t id, float* logits);
+
+/* Generation ------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+  int32_t max_new_tokens;   /* tokens to generate at most (the context's end also stops it) */
+  float temperature;        /* 0: greedy (argmax; ties to the lowest id) */
+  int32_t top_k;            /* 0: off */
+  float top_p;              /* 1: off */
+  float min_p;              /* 0: off; keeps tokens with p >= min_p * p(best) */
+  float repetition_penalty; /* 1: off; CTRL-style over prompt and generated ids (applies when greedy too) */
+  float presence_penalty;   /* 0: off; OpenAI-style, over generated ids */
+  float frequency_penalty;  /* 0: off; OpenAI-style, per occurrence in generated ids */
+  uint64_t seed;
+  int32_t ignore_eos;       /* 1: keep going past the model's end-of-sequence ids */
+  int32_t keep_context;     /* 0: start from an empty context; 1: append the prompt to what the context holds */
+  int32_t n_stop_ids;       /* extra token ids that end the generation (not part of the output) */
+  const int32_t* stop_ids;
+  int32_t n_stop_strings;   /* UTF-8 strings that end the generation; the text never contains any part of them */
+  const char* const* stop_strings;
+} el_gen_params;
+
+/* The package's defaults (from its generation_config.json: sampled where it says do_sample, else greedy;
+ * penalties as it sets them), max_new_tokens 128, a seed from /dev/urandom. Front ends start from these and
+ * override what the user gave, so that every front end draws the same tokens for the same arguments. */
+void el_gen_params_default(const el_model* m, el_gen_params* p);
+
+enum {
+  EL_FINISH_NONE = 0,
+  EL_FINISH_EOS = 1,       /* the model's end-of-sequence id */
+  EL_FINISH_STOP = 2,      /* a stop id or stop string */
+  EL_FINISH_LENGTH = 3,    /* max_new_tokens */
+  EL_FINISH_CONTEXT = 4,   /* the context is full */
+  EL_FINISH_CANCELLED = 5, /* the callback asked to stop, or el_reset() */
+};
+
+typedef struct {
+  int32_t token;        /* the token generated, or (finish events) the id that ended it, or -1 */
+  int32_t finish;       /* EL_FINISH_NONE while generating; else why it ended (this event is the last) */
+  const char* text;     /* bytes safe to show now: never half a UTF-8 character, never part of a stop string */
+  int32_t text_len;
+  const float* logits;  /* the vocab logits `token` was drawn from (before penalties); NULL if none */
+} el_event;
+
+typedef struct {
+  int32_t prompt_tokens, generated_tokens, finish;
+  double prefill_seconds, decode_seconds, ttft_seconds; /* ttft: start -> first token sampled */
+  int32_t decoded_tokens;                               /* decode steps run (tokens per second = these / seconds) */
+} el_gen_result;
+
+/* Step by step: start prefills the prompt; each next() fills ev and returns 1 for a new token (ev->finish set if it
+ * is the last), 0 when the generation ended without a new token (ev->finish says why; ev->text holds the last of
+ * the text), -1 on error. A new start, el_reset or el_context_free ends the previous generation. */
+int el_generate_start(el_context* c, const int32_t* prompt, int n, const el_gen_params* p);
+int el_generate_next(el_context* c, el_event* ev);
+void el_generate_result(const el_context* c, el_gen_result* out);
+
+/* The loop in one call: on_event (may be NULL) sees every event; returning nonzero cancels. */
+typedef int (*el_on_event)(void* user, const el_event* ev);
+int el_generate(el_context* c, const int32_t* prompt, int n, const el_gen_params* p, el_on_event on_event,
+                void* user, el_gen_result* out);
+
+/* Sampler (used by el_generate; exported for tests and for callers that sample their own logits) ------------- */
+
 typedef struct {
   float temperature;
   int32_t top_k;
   float top_p;
+  float min_p;
   float repetition_penalty;
+  float presence_penalty;
+  float frequency_penalty;
   uint64_t seed;
 } el_sampler_params;
 
 el_sampler* el_sampler_new(const el_sampler_params* p);
 void el_sampler_free(el_sampler* s);
-/* Picks a token from logits[vocab] (modified in place). history may be NULL. */
-int32_t el_sample(el_sampler* s, float* logits, int vocab, const int32_t* history, int n_history);
+/* Draws a token from logits[vocab] (not modified). history: prompt then generated ids; the repetition penalty
+ * applies to all of them, presence/frequency penalties to history[n_prompt..]. Returns the id or -1. */
+int32_t el_sample(el_sampler* s, const float* logits, int vocab, const int32_t* history, int n_history, int n_prompt);
 
-/* Counters since load or the last el_reset_stats(). */
+/* Counters ----------------------------------------------------------------------------------------------------- */
+
 typedef struct {
-  uint64_t weight_bytes_resident;  /* bytes of weights the store holds */
-  uint64_t kernel_calls;
+  uint64_t weight_bytes_resident; /* bytes of weights the model's store holds */
+  uint64_t weight_bytes_huge;     /* of those, bytes in transparent huge pages */
+  uint64_t kernel_calls;          /* this context's, since it was made or el_reset_stats() */
   double prefill_seconds;
   double decode_seconds;
   uint64_t prefill_tokens;
   uint64_t decode_tokens;
-  uint64_t weight_bytes_huge;      /* of the resident bytes, those in transparent huge pages */
+  uint64_t kv_bytes;      /* this context's KV cache */
+  uint64_t arena_bytes;   /* this context's activation arena */
+  uint64_t context_bytes; /* everything this context allocated (KV + arena + logits and sampler buffers) */
 } el_stats;
-void el_get_stats(const el_model* m, el_stats* out);
-void el_reset_stats(el_model* m);
+void el_get_stats(const el_context* c, el_stats* out);
+void el_reset_stats(el_context* c);
 
 #ifdef __cplusplus
 }

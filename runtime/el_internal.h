@@ -1,16 +1,152 @@
-/* Shared between the libedgellm translation units; nothing here is exported. */
+/* Shared between the libedgellm translation units; nothing here is exported.
+ *
+ *   loader.c          el_model: plan.bin parsed and checked, backends opened, weight store, tokenizer
+ *   backend_tvm_cpu.c the TVM CPU backend: kernels.so (or linked-in kernels), runs a program's steps
+ *   context.c         el_context: KV cache, arena, position; prefill / decode over the programs
+ *   generate.c        the one generation loop (sampling, stop rules, stop strings, text pieces)
+ *   sampler.c         token sampling
+ *   digest.c          sha256 and the package digest (SHA256SUMS)
+ *   threadpool.c      the parallel runtime the kernels call
+ */
 #ifndef EDGELLM_INTERNAL_H
 #define EDGELLM_INTERNAL_H
+#include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 
+#include "../offload/store.h"
+#include "contract.h"
 #include "edgellm.h"
+#include "tokenizer.h"
 #include "tvm_abi.h"
 
 #define EL_API __attribute__((visibility("default")))
 #define EL_HIDDEN __attribute__((visibility("hidden")))
+#define EL_VERSION_STRING "0.2.0"
 
 /* Sets the calling thread's el_last_error() text (printf format; one line). Returns -1 for `return el_error(...)`. */
 EL_HIDDEN int el_error(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+EL_HIDDEN double el_now(void);
+EL_HIDDEN int el_profiling(void); /* EDGELLM_PROFILE set: time every step */
+
+/* A plan step, resolved at load. Steps are immutable after load (contexts share them); what a run patches (data
+ * pointers, prefix lengths) lives on the runner's stack. */
+typedef struct {
+  uint32_t kind;           /* EL_STEP_* */
+  uint32_t kernel;         /* CALL */
+  const char* kernel_name; /* for messages */
+  uint32_t n_args;
+  const el_plan_arg* args; /* into the plan bytes */
+  const uint64_t* row_bytes; /* [n_args] bytes of one row (shape[1..]), for AT_POS / PREFIX / SLOT */
+  const DLTensor* proto;     /* [n_args] prepared tensors (data NULL; shape points into shapes) */
+  const int64_t* shapes;     /* [4 * n_args] */
+  /* ROUTE */
+  uint32_t n_body, n_select, n_experts;
+  uint64_t ids_offset;
+} el_step;
+
+typedef struct {
+  int present;
+  el_plan_program p;
+  uint32_t n_steps;
+  el_step* steps;
+} el_program;
+
+/* A backend runs whole programs (ExecuTorch's BackendInterface at program granularity). open/close are per model
+ * (kernels, sessions); bind/unbind per context (device buffers; may be NULL); run executes program `prog` of
+ * context c with `pos` tokens already in its KV cache: its input is in the arena at p.in_offset, its output goes to
+ * p.out_offset. Every backend reads and writes the one KV layout the context owns. */
+typedef struct {
+  const char* name;
+  int (*open)(el_model* m, const char* dir, void** state);
+  void (*close)(void* state);
+  int (*bind)(void* state, el_context* c, void** ctx_state);
+  void (*unbind)(void* ctx_state);
+  int (*run)(void* state, void* ctx_state, el_context* c, int prog, int pos);
+} el_backend;
+
+EL_HIDDEN extern const el_backend el_backend_tvm_cpu;
+EL_HIDDEN const el_backend* el_backend_get(uint32_t tag); /* NULL: unknown tag */
+
+struct el_model {
+  el_plan_header h;
+  uint8_t* plan; /* whole plan.bin; the tables point into it */
+  size_t plan_size;
+  const el_plan_weight* weights;
+  const el_plan_kernel* kernels;
+  el_program prog[EL_N_PROGRAMS];
+  void* backend_state[EL_N_BACKENDS];
+  int backend_open[EL_N_BACKENDS];
+  el_weight_store* store;
+  el_tokenizer* tok; /* NULL: no tokenizer.bin */
+  uint64_t cache_bytes; /* bytes of one layer's K (or V) cache: kv_rows * n_kv_heads * head_dim * 4 */
+  int n_threads;
+  pthread_mutex_t mu; /* guards refs / freed */
+  int refs;           /* contexts alive */
+  int freed;          /* el_model_free called: free when the last context goes */
+};
+
+/* Generation state (generate.c), one per context. */
+typedef struct {
+  int active;
+  el_gen_params p;   /* stop_ids / stop_strings point into `owned` */
+  char* owned;       /* the copies of stop ids and strings */
+  int32_t* hist;     /* prompt + generated ids */
+  int n_hist, cap_hist, n_prompt, n_gen;
+  int pending;       /* 1: hist[n_hist-1] is sampled but not yet decoded into the context */
+  int finish;
+  char* text;        /* generated text (bytes), up to any stop string */
+  size_t text_len, text_cap, emitted;
+  size_t max_stop;   /* longest stop string */
+  el_sampler* sampler;
+  float* logits;     /* [vocab] the logits of the next draw */
+  double t_start, prefill_s, decode_s, ttft_s;
+  int n_decoded;
+} el_gen;
+
+struct el_context {
+  el_model* m;
+  pthread_mutex_t mu;
+  uint8_t* arena;
+  size_t arena_map;
+  uint8_t* caches; /* K and V of every layer, each cache_stride bytes: K(l) = 2l, V(l) = 2l + 1 */
+  size_t caches_map, cache_stride;
+  int pos, n_threads;
+  void* backend_ctx[EL_N_BACKENDS];
+  el_stats stats;
+  double* prof_s; /* EDGELLM_PROFILE: per program step (prog_base offsets), seconds summed over runs */
+  uint64_t* prof_runs;
+  double prof_wall[EL_N_PROGRAMS];
+  uint32_t prof_base[EL_N_PROGRAMS + 1];
+  el_gen gen;
+};
+
+EL_HIDDEN uint8_t* el_cache_of(el_context* c, uint32_t kind, uint32_t layer);
+/* el_prefill / el_decode with the context already locked (the generation loop holds the lock). */
+EL_HIDDEN int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, int all_logits);
+EL_HIDDEN int el_decode_locked(el_context* c, int32_t id, float* logits);
+/* sampler.c: the one check of sampling parameters (0 or -1 with el_error set), and a sampler's heap bytes */
+EL_HIDDEN int el_check_sampling(const el_sampler_params* p);
+EL_HIDDEN size_t el_sampler_bytes(const el_sampler* s);
+EL_HIDDEN void el_gen_release(el_gen* g); /* frees a generation's state (context free / reset) */
+EL_HIDDEN void el_model_unref(el_model* m);
+
+/* sha256 (digest.c) */
+typedef struct {
+  uint32_t h[8];
+  uint64_t len;
+  uint8_t buf[64];
+  uint32_t fill;
+} el_sha256;
+EL_HIDDEN void el_sha256_init(el_sha256* s);
+EL_HIDDEN void el_sha256_update(el_sha256* s, const void* data, size_t n);
+EL_HIDDEN void el_sha256_final(el_sha256* s, uint8_t out[32]);
+/* Checks every file SHA256SUMS lists against it, and SHA256SUMS against digest ("sha256:<64 hex>"). Files the
+ * runtime loads (plan.bin, weights.bin, kernels.so, tokenizer.bin) must be listed. 0 or -1 with el_error set. */
+EL_HIDDEN int el_verify_package(const char* dir, const char* digest);
+
+/* Reads a whole small regular file (refuses FIFOs and devices without blocking); NULL with el_error set. */
+EL_HIDDEN void* el_read_small_file(const char* path, const char* what, size_t max_bytes, size_t* size);
 
 #include "threadpool.h"
 

@@ -1,4 +1,6 @@
-"""ctypes binding of libedgellm (runtime/edgellm.h). Loading it never imports TVM."""
+"""ctypes binding of libedgellm (runtime/edgellm.h). Loading it never imports TVM.
+
+The structs below mirror edgellm.h; tests/test_contract.py compiles the header and checks their sizes and offsets."""
 from __future__ import annotations
 
 import ctypes as C
@@ -9,49 +11,90 @@ from pathlib import Path
 from ..errors import EdgeLLMError
 
 
+class LoadOptions(C.Structure):
+    _fields_ = [("n_threads", C.c_int32), ("huge_pages", C.c_int32), ("use_mmap", C.c_int32), ("reserved", C.c_int32),
+                ("memory_budget", C.c_uint64), ("weight_policy", C.c_char_p), ("digest", C.c_char_p)]
+
+
+class GenParams(C.Structure):
+    _fields_ = [("max_new_tokens", C.c_int32), ("temperature", C.c_float), ("top_k", C.c_int32), ("top_p", C.c_float),
+                ("min_p", C.c_float), ("repetition_penalty", C.c_float), ("presence_penalty", C.c_float),
+                ("frequency_penalty", C.c_float), ("seed", C.c_uint64), ("ignore_eos", C.c_int32),
+                ("keep_context", C.c_int32), ("n_stop_ids", C.c_int32), ("stop_ids", C.POINTER(C.c_int32)),
+                ("n_stop_strings", C.c_int32), ("stop_strings", C.POINTER(C.c_char_p))]
+
+
+class Event(C.Structure):
+    _fields_ = [("token", C.c_int32), ("finish", C.c_int32), ("text", C.c_void_p), ("text_len", C.c_int32),
+                ("logits", C.POINTER(C.c_float))]
+
+
+class GenResult(C.Structure):
+    _fields_ = [("prompt_tokens", C.c_int32), ("generated_tokens", C.c_int32), ("finish", C.c_int32),
+                ("prefill_seconds", C.c_double), ("decode_seconds", C.c_double), ("ttft_seconds", C.c_double),
+                ("decoded_tokens", C.c_int32)]
+
+
 class SamplerParams(C.Structure):
-    _fields_ = [("temperature", C.c_float), ("top_k", C.c_int32), ("top_p", C.c_float),
-                ("repetition_penalty", C.c_float), ("seed", C.c_uint64)]
+    _fields_ = [("temperature", C.c_float), ("top_k", C.c_int32), ("top_p", C.c_float), ("min_p", C.c_float),
+                ("repetition_penalty", C.c_float), ("presence_penalty", C.c_float),
+                ("frequency_penalty", C.c_float), ("seed", C.c_uint64)]
 
 
 class Stats(C.Structure):
-    _fields_ = [("weight_bytes_resident", C.c_uint64), ("kernel_calls", C.c_uint64),
-                ("prefill_seconds", C.c_double), ("decode_seconds", C.c_double),
-                ("prefill_tokens", C.c_uint64), ("decode_tokens", C.c_uint64), ("weight_bytes_huge", C.c_uint64)]
+    _fields_ = [("weight_bytes_resident", C.c_uint64), ("weight_bytes_huge", C.c_uint64),
+                ("kernel_calls", C.c_uint64), ("prefill_seconds", C.c_double), ("decode_seconds", C.c_double),
+                ("prefill_tokens", C.c_uint64), ("decode_tokens", C.c_uint64), ("kv_bytes", C.c_uint64),
+                ("arena_bytes", C.c_uint64), ("context_bytes", C.c_uint64)]
 
 
+FINISH = {0: None, 1: "eos", 2: "stop", 3: "length", 4: "context", 5: "cancelled"}
+STRUCTS = {"el_load_options": LoadOptions, "el_gen_params": GenParams, "el_event": Event,
+           "el_gen_result": GenResult, "el_sampler_params": SamplerParams, "el_stats": Stats}
+
+P, I32P, F32P = C.c_void_p, C.POINTER(C.c_int32), C.POINTER(C.c_float)
 _SIGS = {
     "el_last_error": (C.c_char_p, []),
     "el_version": (C.c_char_p, []),
-    "el_load": (C.c_void_p, [C.c_char_p, C.c_int]),
-    "el_free": (None, [C.c_void_p]),
-    "el_vocab": (C.c_int, [C.c_void_p]),
-    "el_max_context": (C.c_int, [C.c_void_p]),
-    "el_chunk": (C.c_int, [C.c_void_p]),
-    "el_pos": (C.c_int, [C.c_void_p]),
-    "el_threads": (C.c_int, [C.c_void_p]),
-    "el_reset": (C.c_int, [C.c_void_p]),
-    "el_eos_ids": (C.c_int, [C.c_void_p, C.POINTER(C.c_int32), C.c_int]),
-    "el_bos_id": (C.c_int, [C.c_void_p]),
-    "el_prefill": (C.c_int, [C.c_void_p, C.POINTER(C.c_int32), C.c_int, C.POINTER(C.c_float), C.c_int]),
-    "el_decode": (C.c_int, [C.c_void_p, C.c_int32, C.POINTER(C.c_float)]),
-    "el_sampler_new": (C.c_void_p, [C.POINTER(SamplerParams)]),
-    "el_sampler_free": (None, [C.c_void_p]),
-    "el_sample": (C.c_int32, [C.c_void_p, C.POINTER(C.c_float), C.c_int, C.POINTER(C.c_int32), C.c_int]),
-    "el_get_stats": (None, [C.c_void_p, C.POINTER(Stats)]),
-    "el_reset_stats": (None, [C.c_void_p]),
+    "el_load_options_init": (None, [C.POINTER(LoadOptions)]),
+    "el_model_load": (P, [C.c_char_p, C.POINTER(LoadOptions)]),
+    "el_model_free": (None, [P]),
+    "el_vocab": (C.c_int, [P]),
+    "el_max_context": (C.c_int, [P]),
+    "el_chunk": (C.c_int, [P]),
+    "el_model_threads": (C.c_int, [P]),
+    "el_bos_id": (C.c_int, [P]),
+    "el_eos_ids": (C.c_int, [P, I32P, C.c_int]),
+    "el_has_tokenizer": (C.c_int, [P]),
+    "el_encode": (C.c_int, [P, C.c_char_p, C.c_int, C.c_int, I32P, C.c_int]),
+    "el_token_text": (C.c_int, [P, C.c_int32, C.c_char_p, C.c_int]),
+    "el_context_new": (P, [P, C.c_int]),
+    "el_context_free": (None, [P]),
+    "el_context_threads": (C.c_int, [P]),
+    "el_pos": (C.c_int, [P]),
+    "el_reset": (C.c_int, [P]),
+    "el_prefill": (C.c_int, [P, I32P, C.c_int, F32P, C.c_int]),
+    "el_decode": (C.c_int, [P, C.c_int32, F32P]),
+    "el_gen_params_default": (None, [P, C.POINTER(GenParams)]),
+    "el_generate_start": (C.c_int, [P, I32P, C.c_int, C.POINTER(GenParams)]),
+    "el_generate_next": (C.c_int, [P, C.POINTER(Event)]),
+    "el_generate_result": (None, [P, C.POINTER(GenResult)]),
+    "el_sampler_new": (P, [C.POINTER(SamplerParams)]),
+    "el_sampler_free": (None, [P]),
+    "el_sample": (C.c_int32, [P, F32P, C.c_int, I32P, C.c_int, C.c_int]),
+    "el_get_stats": (None, [P, C.POINTER(Stats)]),
+    "el_reset_stats": (None, [P]),
 }
 
-# runtime/tokenizer.h. Kept apart from _SIGS because tests/test_c_runtime.py builds a libedgellm of its own from a
-# source list without tokenizer.c and declares every _SIGS entry on it.
+# runtime/tokenizer.h (the C tokenizer on its own, for tests and for checking a package's tokenizer.bin)
 _TOK_SIGS = {
-    "el_tok_load": (C.c_void_p, [C.c_char_p]),
-    "el_tok_free": (None, [C.c_void_p]),
-    "el_tok_encode": (C.c_int, [C.c_void_p, C.c_char_p, C.c_int, C.c_int, C.POINTER(C.c_int32), C.c_int]),
-    "el_tok_decode": (C.c_int, [C.c_void_p, C.c_int32, C.c_char_p, C.c_int]),
-    "el_tok_bos": (C.c_int, [C.c_void_p]),
-    "el_tok_n_vocab": (C.c_int, [C.c_void_p]),
-    "el_tok_is_special": (C.c_int, [C.c_void_p, C.c_int32]),
+    "el_tok_load": (P, [C.c_char_p]),
+    "el_tok_free": (None, [P]),
+    "el_tok_encode": (C.c_int, [P, C.c_char_p, C.c_int, C.c_int, I32P, C.c_int]),
+    "el_tok_decode": (C.c_int, [P, C.c_int32, C.c_char_p, C.c_int]),
+    "el_tok_bos": (C.c_int, [P]),
+    "el_tok_n_vocab": (C.c_int, [P]),
+    "el_tok_is_special": (C.c_int, [P, C.c_int32]),
 }
 
 _lib = None
@@ -68,14 +111,17 @@ def library_path() -> Path:
     return Path(found[0])
 
 
+def declare(L: C.CDLL) -> C.CDLL:
+    for name, (res, args) in {**_SIGS, **_TOK_SIGS}.items():
+        f = getattr(L, name)
+        f.restype, f.argtypes = res, args
+    return L
+
+
 def lib() -> C.CDLL:
     global _lib
     if _lib is None:
-        L = C.CDLL(str(library_path()))
-        for name, (res, args) in {**_SIGS, **_TOK_SIGS}.items():
-            f = getattr(L, name)
-            f.restype, f.argtypes = res, args
-        _lib = L
+        _lib = declare(C.CDLL(str(library_path())))
     return _lib
 
 

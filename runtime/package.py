@@ -1,44 +1,160 @@
-"""The package contract on disk (shared by compiler and runtime): file names, format version, manifest checks."""
+"""A package on disk, as the runtime sees it: the manifest (checked field by field), the integrity checks
+(SHA256SUMS, package digests) and byte sizes given by users ("600MB"). File names and versions: runtime/contract.py."""
 from __future__ import annotations
 
+import hashlib
 import json
+import math
+import re
 from pathlib import Path
 
-from ..errors import PackageError
+from ..errors import InputError, PackageError
+from .contract import FORMAT_VERSION, MANIFEST, REQUIRED_FILES, SUMS
 
-FORMAT_VERSION = 1
-MANIFEST, PLAN, WEIGHTS, KERNELS = "manifest.json", "plan.bin", "weights.bin", "kernels.so"
-REQUIRED_FILES = (MANIFEST, PLAN, WEIGHTS, KERNELS)
-ALIGN = 16 * 1024  # every weight region starts on a 16 KiB boundary (Android page size; x86's 4 KiB divides it)
+# What the runtime and `edgellm info` read from manifest.json, with the type each must have.
+_MANIFEST_FIELDS = {
+    "format_version": int, "edgellm_version": str, "model": dict, "target": dict, "quant": dict,
+    "max_context": int, "prefill_chunk": int, "kv_rows": int, "files": dict, "weights_bytes": int,
+    "arena_bytes": int, "kernels": list, "tensors": list,
+}
+_CONFIG_INTS = ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim", "intermediate_size", "vocab_size")
+_TENSOR_FIELDS = {"name": str, "offset": int, "nbytes": int, "shape": list, "dtype": str, "sha256": str}
+
+
+def _corrupt(path: Path, what: str) -> PackageError:
+    return PackageError(f"{path / MANIFEST} is corrupt ({what}): recompile the package")
+
+
+def _check_manifest(p: Path, m) -> dict:
+    if not isinstance(m, dict):
+        raise _corrupt(p, "not a JSON object")
+    for k, t in _MANIFEST_FIELDS.items():
+        v = m.get(k)
+        if not isinstance(v, t) or isinstance(v, bool):
+            raise _corrupt(p, f"'{k}' is missing or not a {t.__name__}")
+    cfg = m["model"].get("config")
+    if not isinstance(cfg, dict) or not isinstance(m["model"].get("arch"), str):
+        raise _corrupt(p, "'model' lacks its arch or config")
+    for k in _CONFIG_INTS:
+        if not isinstance(cfg.get(k), int) or isinstance(cfg.get(k), bool) or cfg[k] < 1:
+            raise _corrupt(p, f"model config '{k}' is not a positive integer")
+    t = m["target"]
+    if not isinstance(t.get("name"), str) or not isinstance(t.get("arch"), str) or \
+            not isinstance(t.get("features"), list) or not all(isinstance(f, str) for f in t["features"]):
+        raise _corrupt(p, "'target' lacks its name, arch or features")
+    q = m["quant"]
+    if not isinstance(q.get("scheme"), str) or not isinstance(q.get("bits_per_weight"), (int, float)):
+        raise _corrupt(p, "'quant' lacks its scheme or bits_per_weight")
+    for k in ("max_context", "prefill_chunk", "kv_rows"):
+        if m[k] < 1:
+            raise _corrupt(p, f"'{k}' is {m[k]}")
+    for i, tensor in enumerate(m["tensors"]):
+        if not isinstance(tensor, dict) or any(not isinstance(tensor.get(k), ty) or isinstance(tensor.get(k), bool)
+                                               for k, ty in _TENSOR_FIELDS.items()):
+            raise _corrupt(p, f"tensor entry {i} is malformed")
+        if tensor["offset"] < 0 or tensor["nbytes"] < 0 or not all(isinstance(d, int) and d >= 0 for d in tensor["shape"]):
+            raise _corrupt(p, f"tensor {tensor['name']!r} has a negative offset, size or shape")
+    if not all(isinstance(k, str) for k in m["kernels"]):
+        raise _corrupt(p, "'kernels' is not a list of names")
+    tok = m["files"].get("tokenizer")
+    if tok is not None and tok != "tokenizer.json":
+        raise _corrupt(p, f"files.tokenizer is {tok!r}")
+    return m
 
 
 def read_manifest(path: str | Path) -> dict:
-    """Checks that `path` is a package of this format version and returns its manifest."""
+    """Checks that `path` is a package of this format version and returns its manifest (every field the runtime or
+    `edgellm info` reads is checked for presence and type)."""
     p = Path(path)
     if not p.is_dir():
         raise PackageError(f"{p} is not a package directory: compile one with `edgellm compile MODEL -o {p}`")
     mf = p / MANIFEST
-    if not mf.is_file():
+    if not mf.is_file():   # also refuses a FIFO, which would block a read
         raise PackageError(f"{p} has no {MANIFEST}: not an edgellm package (compile one with `edgellm compile`)")
     try:
-        m = json.loads(mf.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PackageError(f"{mf} is corrupt ({e}): recompile the package") from e
-    v = m.get("format_version")
+        m = json.loads(mf.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise PackageError(f"{mf} is corrupt ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}): "
+                           "recompile the package") from e
+    v = m.get("format_version") if isinstance(m, dict) else None
     if v != FORMAT_VERSION:
-        raise PackageError(f"{p} has package format version {v}, this edgellm reads {FORMAT_VERSION}: "
-                           "recompile the package with this edgellm")
+        raise PackageError(f"{p} has package format version {v}, this edgellm reads {FORMAT_VERSION}: recompile the "
+                           "package with this edgellm")
+    _check_manifest(p, m)
     for f in REQUIRED_FILES:
         if not (p / f).is_file():
             raise PackageError(f"{p} is incomplete: {f} is missing; recompile or copy the whole package again")
     return m
 
 
-def verify_checksums(path: str | Path, manifest: dict) -> None:
-    """sha256 of every tensor region in weights.bin against the manifest (catches corruption, not only truncation)."""
-    import hashlib
+# Integrity ----------------------------------------------------------------------------------------------------------
 
+def read_sums(path: str | Path) -> tuple[bytes, dict[str, str]]:
+    """SHA256SUMS of a package: its bytes and {relative path: sha256 hex}."""
+    f = Path(path) / SUMS
+    if not f.is_file():
+        raise PackageError(f"{path} has no {SUMS}, so it cannot be verified: recompile it with this edgellm")
+    data = f.read_bytes()
+    out = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        mt = re.fullmatch(r"([0-9a-f]{64})  (\S.*)", line)
+        rel = mt.group(2) if mt else ""
+        if not mt or rel.startswith("/") or any(part in ("", ".", "..") for part in rel.split("/")):
+            raise PackageError(f"{f} has a malformed line {line[:80]!r}: recompile the package")
+        out[rel] = mt.group(1)
+    return data, out
+
+
+def package_digest(path: str | Path) -> str:
+    """The package digest `edgellm compile` prints: sha256 of SHA256SUMS."""
+    data, _ = read_sums(path)
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _file_sha256(f: Path) -> str:
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_package(path: str | Path, digest: str | None = None, only: list[str] | None = None) -> None:
+    """Every file of the package against SHA256SUMS (catches corruption and modified files), and SHA256SUMS against
+    `digest` when given (then nothing can have been changed: plan, kernels, runner, tokenizer, manifest). Every file
+    of the package must be listed. only: check just these files (they must be listed)."""
+    p = Path(path)
+    data, sums = read_sums(p)
+    if digest is not None:
+        if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise InputError(f"digest {str(digest)[:80]!r} is not of the form sha256:<64 lowercase hex digits> (as "
+                             "`edgellm compile` prints it)")
+        got = "sha256:" + hashlib.sha256(data).hexdigest()
+        if got != digest:
+            raise PackageError(f"package digest mismatch: {p} is {got}, expected {digest}; the package was modified "
+                               "or is not the one you pinned: do not run it")
+    present = sorted(f.relative_to(p).as_posix() for f in p.rglob("*") if f.name != SUMS and
+                     (f.is_file() or not f.is_dir()))
+    unlisted = [f for f in present if f not in sums]
+    if unlisted:
+        raise PackageError(f"{p} holds {unlisted[0]}, which {SUMS} does not list: the package was modified; "
+                           "recompile or copy it again")
+    for rel in (only if only is not None else sums):
+        if rel not in sums:
+            raise PackageError(f"{SUMS} does not list {rel}: the package was modified; recompile it")
+        f = p / rel
+        if not f.is_file():
+            raise PackageError(f"{p} is incomplete: {rel} is missing or not a regular file; recompile or copy it again")
+        if _file_sha256(f) != sums[rel]:
+            raise PackageError(f"{p / rel} does not match its digest in {SUMS}: the package is corrupt or was "
+                               "modified; recompile or copy it again")
+
+
+def verify_checksums(path: str | Path, manifest: dict) -> None:
+    """sha256 of every tensor region in weights.bin against the manifest's tensor table."""
     import numpy as np
+
+    from .contract import WEIGHTS
 
     wb = Path(path) / WEIGHTS
     mm = np.memmap(wb, dtype=np.uint8, mode="r")
@@ -48,30 +164,25 @@ def verify_checksums(path: str | Path, manifest: dict) -> None:
             raise PackageError(f"{wb} is corrupt: tensor {t['name']} fails its checksum; recompile or copy again")
 
 
-SAMPLING_KEYS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
+# Sizes ---------------------------------------------------------------------------------------------------------------
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
 
-def sampling_defaults(package, given: dict) -> tuple[dict, str]:
-    """Sampling settings for `edgellm run`: the values given on the command line, else those of the package's
-    generation_config.json when it says do_sample (as transformers' generate() does), else greedy. Returns the
-    settings and a short description of where they came from."""
-    cfg = {}
-    f = Path(package) / "generation_config.json"
-    if f.is_file():
-        try:
-            cfg = json.loads(f.read_text())
-        except (OSError, ValueError):
-            cfg = {}
-    out = dict(SAMPLING_KEYS)
-    from_cfg = []
-    if cfg.get("do_sample"):
-        for k in out:
-            if cfg.get(k) is not None:
-                out[k] = type(out[k])(cfg[k])
-                from_cfg.append(k)
-    out.update({k: v for k, v in given.items() if v is not None})
-    from_cfg = [k for k in from_cfg if given.get(k) is None]
-    if out["temperature"] <= 0:
-        return out, "greedy"
-    desc = ", ".join(f"{k.replace('_', '-')} {out[k]:g}" for k in out if out[k] != SAMPLING_KEYS[k])
-    return out, f"sampling: {desc}" + (" (generation_config.json)" if from_cfg else "")
+def parse_bytes(v, what: str = "memory_budget") -> int:
+    """600000000, "600MB" (10^6), "600MiB" / "600M" (2^20), "1.5G" -> bytes."""
+    if isinstance(v, bool):
+        raise InputError(f"{what}={v!r} is not a size: give bytes or a string like '600MB'")
+    if isinstance(v, int):
+        n = v
+    elif isinstance(v, float) and math.isfinite(v):
+        n = int(v)
+    elif isinstance(v, str) and (mt := re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", v)) and \
+            mt.group(2).lower() in _UNITS:
+        n = int(float(mt.group(1)) * _UNITS[mt.group(2).lower()])
+    else:
+        raise InputError(f"{what}={v!r} is not a size: give bytes or a string like '600MB' or '2GiB'")
+    if n <= 0 or n > 2**62:
+        raise InputError(f"{what}={v!r} is out of range: it must be more than 0 bytes")
+    return n

@@ -1,7 +1,9 @@
-/* Token sampler: repetition penalty, then greedy, or temperature -> top-k -> softmax -> top-p -> draw.
- * Same seed, same draws (xoshiro256** seeded by splitmix64; candidates ranked by logit, ties by id). No sort:
- * top-k is a heap selection and top-p a mass-carrying quickselect; the draw walks the kept candidates in the
- * (deterministic) order those leave them in, which changes nothing about the distribution. */
+/* Token sampler: penalties, then greedy, or temperature -> top-k -> softmax -> top-p -> min-p -> draw (the order of
+ * transformers' logits processors). Same seed, same draws (xoshiro256** seeded by splitmix64; candidates ranked by
+ * logit, ties by id). No sort: top-k is a heap selection and top-p a mass-carrying quickselect; the draw walks the
+ * kept candidates in the (deterministic) order those leave them in, which changes nothing about the distribution.
+ * The logits are never modified (callers dump them): penalties work on a copy.
+ */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,11 +18,17 @@ typedef struct {
 
 struct el_sampler {
   el_sampler_params p;
-  uint64_t s[4]; /* xoshiro256** state */
-  cand* c;       /* [cap] candidates */
-  uint8_t* seen; /* [cap] repetition-penalty marks */
+  uint64_t s[4];    /* xoshiro256** state */
+  cand* c;          /* [cap] candidates */
+  float* work;      /* [cap] the logits after penalties */
+  uint8_t* seen;    /* [cap] repetition-penalty marks */
+  uint32_t* counts; /* [cap] occurrences in the generated ids (presence / frequency penalties) */
   int cap;
 };
+
+size_t el_sampler_bytes(const el_sampler* s) {
+  return s ? sizeof *s + (size_t)s->cap * (sizeof(cand) + sizeof(float) + 1 + sizeof(uint32_t)) : 0;
+}
 
 static uint64_t splitmix64(uint64_t* x) {
   uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
@@ -41,12 +49,25 @@ static uint64_t next_u64(uint64_t* s) {
 
 static double next_unit(uint64_t* s) { return (double)(next_u64(s) >> 11) * 0x1.0p-53; } /* [0, 1) */
 
+/* The one place sampling parameters are checked (every front end reaches it through el_generate). */
+int el_check_sampling(const el_sampler_params* p) {
+  if (!(isfinite(p->temperature) && p->temperature >= 0))
+    return el_error("temperature %g is invalid: it must be a finite number >= 0 (0 = greedy)", p->temperature);
+  if (p->top_k < 0) return el_error("top_k %d is invalid: it must be >= 0 (0 = off)", p->top_k);
+  if (!(p->top_p > 0 && p->top_p <= 1)) return el_error("top_p %g is invalid: it must be in (0, 1] (1 = off)", p->top_p);
+  if (!(p->min_p >= 0 && p->min_p <= 1)) return el_error("min_p %g is invalid: it must be in [0, 1] (0 = off)", p->min_p);
+  if (!(isfinite(p->repetition_penalty) && p->repetition_penalty > 0))
+    return el_error("repetition_penalty %g is invalid: it must be a finite number > 0 (1 = off)", p->repetition_penalty);
+  if (!isfinite(p->presence_penalty) || fabsf(p->presence_penalty) > 100)
+    return el_error("presence_penalty %g is invalid: it must be in [-100, 100] (0 = off)", p->presence_penalty);
+  if (!isfinite(p->frequency_penalty) || fabsf(p->frequency_penalty) > 100)
+    return el_error("frequency_penalty %g is invalid: it must be in [-100, 100] (0 = off)", p->frequency_penalty);
+  return 0;
+}
+
 EL_API el_sampler* el_sampler_new(const el_sampler_params* p) {
   if (!p) return el_error("el_sampler_new: params is NULL"), NULL;
-  if (isnan(p->temperature) || isnan(p->top_p) || !(p->repetition_penalty > 0) || isinf(p->repetition_penalty))
-    return el_error("el_sampler_new: bad parameters (temperature %g, top_p %g, repetition_penalty %g): "
-                    "repetition_penalty must be > 0, none may be NaN", p->temperature, p->top_p,
-                    p->repetition_penalty), NULL;
+  if (el_check_sampling(p) != 0) return NULL;
   el_sampler* s = calloc(1, sizeof *s);
   if (!s) return el_error("out of memory"), NULL;
   s->p = *p;
@@ -58,7 +79,9 @@ EL_API el_sampler* el_sampler_new(const el_sampler_params* p) {
 EL_API void el_sampler_free(el_sampler* s) {
   if (!s) return;
   free(s->c);
+  free(s->work);
   free(s->seen);
+  free(s->counts);
   free(s);
 }
 
@@ -120,43 +143,73 @@ static int nucleus(cand* c, int n, double top_p, double* mass) {
   return lo;
 }
 
-EL_API int32_t el_sample(el_sampler* s, float* logits, int vocab, const int32_t* history, int n_history) {
-  if (!s || !logits || vocab <= 0) return el_error("el_sample: sampler or logits is NULL, or vocab <= 0");
-  if (vocab > s->cap) {
-    cand* c = realloc(s->c, sizeof(cand) * (size_t)vocab);
-    uint8_t* seen = c ? realloc(s->seen, (size_t)vocab) : NULL;
-    if (c) s->c = c;
-    if (seen) s->seen = seen, memset(seen, 0, (size_t)vocab), s->cap = vocab;
-    if (!c || !seen) return el_error("el_sample: out of memory for a vocabulary of %d", vocab);
-  }
-  const el_sampler_params* p = &s->p;
+static int grow(el_sampler* s, int vocab) {
+  if (vocab <= s->cap) return 0;
+  cand* c = realloc(s->c, sizeof(cand) * (size_t)vocab);
+  if (c) s->c = c;
+  float* w = c ? realloc(s->work, sizeof(float) * (size_t)vocab) : NULL;
+  if (w) s->work = w;
+  uint8_t* seen = w ? realloc(s->seen, (size_t)vocab) : NULL;
+  if (seen) s->seen = seen;
+  uint32_t* counts = seen ? realloc(s->counts, sizeof(uint32_t) * (size_t)vocab) : NULL;
+  if (counts) s->counts = counts;
+  if (!counts) return el_error("el_sample: out of memory for a vocabulary of %d", vocab);
+  memset(s->seen, 0, (size_t)vocab);
+  memset(s->counts, 0, sizeof(uint32_t) * (size_t)vocab);
+  s->cap = vocab;
+  return 0;
+}
 
-  /* CTRL repetition penalty, once per distinct id in the history */
-  if (p->repetition_penalty != 1.0f && history) {
-    float rp = p->repetition_penalty;
-    for (int i = 0; i < n_history; i++) {
-      int32_t id = history[i];
+/* Penalties on a copy of the logits (marks are cleared again before returning). */
+static const float* penalize(el_sampler* s, const float* logits, int vocab, const int32_t* h, int n, int n_prompt) {
+  const el_sampler_params* p = &s->p;
+  int rep = p->repetition_penalty != 1.0f, pf = p->presence_penalty != 0 || p->frequency_penalty != 0;
+  if (!h || n <= 0 || (!rep && !pf)) return logits;
+  float* w = s->work;
+  memcpy(w, logits, sizeof(float) * (size_t)vocab);
+  if (rep) /* CTRL repetition penalty, once per distinct id of prompt and output (transformers' processor) */
+    for (int i = 0; i < n; i++) {
+      int32_t id = h[i];
       if (id < 0 || id >= vocab || s->seen[id]) continue;
       s->seen[id] = 1;
-      logits[id] = logits[id] > 0 ? logits[id] / rp : logits[id] * rp;
+      w[id] = w[id] > 0 ? w[id] / p->repetition_penalty : w[id] * p->repetition_penalty;
     }
-    for (int i = 0; i < n_history; i++)
-      if (history[i] >= 0 && history[i] < vocab) s->seen[history[i]] = 0;
+  if (pf) { /* OpenAI presence / frequency penalties over the generated ids */
+    for (int i = n_prompt; i < n; i++)
+      if (h[i] >= 0 && h[i] < vocab) s->counts[h[i]]++;
+    for (int i = n_prompt; i < n; i++) {
+      int32_t id = h[i];
+      if (id < 0 || id >= vocab || !s->counts[id]) continue;
+      w[id] -= p->presence_penalty + p->frequency_penalty * (float)s->counts[id];
+      s->counts[id] = 0;
+    }
   }
+  for (int i = 0; i < n; i++)
+    if (h[i] >= 0 && h[i] < vocab) s->seen[h[i]] = 0;
+  return w;
+}
+
+EL_API int32_t el_sample(el_sampler* s, const float* logits, int vocab, const int32_t* history, int n_history,
+                         int n_prompt) {
+  if (!s || !logits || vocab <= 0) return el_error("el_sample: sampler or logits is NULL, or vocab <= 0");
+  if (n_prompt < 0 || n_prompt > n_history) n_prompt = n_history;
+  if (grow(s, vocab) != 0) return -1;
+  const el_sampler_params* p = &s->p;
+  const float* lg = penalize(s, logits, vocab, history, n_history, n_prompt);
 
   if (!(p->temperature > 0)) { /* greedy: the first maximum; NaN compares false and never wins */
     int best = 0;
     float bv = -INFINITY;
     for (int i = 0; i < vocab; i++)
-      if (logits[i] > bv) bv = logits[i], best = i;
+      if (lg[i] > bv) bv = lg[i], best = i;
     return best;
   }
 
   cand* c = s->c;
   int n = 0;
   for (int i = 0; i < vocab; i++) {
-    logits[i] /= p->temperature;
-    if (!isnan(logits[i])) c[n++] = (cand){logits[i], i, 0};
+    float v = lg[i] / p->temperature;
+    if (!isnan(v)) c[n++] = (cand){v, i, 0};
   }
   if (n == 0) return 0;
   if (p->top_k > 0 && p->top_k < n) {
@@ -174,6 +227,16 @@ EL_API int32_t el_sample(el_sampler* s, float* logits, int vocab, const int32_t*
 
   double total = 1.0;
   if (p->top_p < 1.0f) n = nucleus(c, n, p->top_p, &total); /* renormalise over what it keeps */
+  if (p->min_p > 0) { /* keep p >= min_p * p(best); the best is always kept */
+    double best = 0;
+    for (int i = 0; i < n; i++)
+      if (c[i].p > best) best = c[i].p;
+    int k = 0;
+    total = 0;
+    for (int i = 0; i < n; i++)
+      if (c[i].p >= p->min_p * best) total += c[i].p, c[k++] = c[i];
+    n = k;
+  }
 
   double u = next_unit(s->s) * total, acc = 0;
   for (int i = 0; i < n; i++) {

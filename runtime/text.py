@@ -1,94 +1,88 @@
-"""Text side of the runtime: tokenizer.json through `tokenizers`, chat templates through jinja2, incremental
-detokenization that never emits half a UTF-8 character, and stop strings."""
+"""Text side of the Python front end: prompts -> ids with the package's tokenizer (Hugging Face `tokenizers`, or the
+C tokenizer of tokenizer.bin when there is no tokenizer.json) and chat templates rendered in jinja2's sandbox.
+Generated text comes from the C generation loop (runtime/generate.c), not from here."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, PackageError
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0][:200] if s else type(e).__name__
 
 
 class TextCodec:
     def __init__(self, package: Path):
-        from tokenizers import Tokenizer
+        self.tok = None
+        tj = package / "tokenizer.json"
+        if tj.is_file():   # is_file: a FIFO in its place is not opened (it would block)
+            from tokenizers import Tokenizer
 
-        self.tok = Tokenizer.from_file(str(package / "tokenizer.json")) if (package / "tokenizer.json").is_file() else None
+            try:
+                self.tok = Tokenizer.from_file(str(tj))
+            except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for a corrupt file
+                raise PackageError(f"{tj} is corrupt ({_first_line(e)}): recompile the package") from e
+        self.config = {}
         tc = package / "tokenizer_config.json"
-        self.config = json.loads(tc.read_text()) if tc.is_file() else {}
+        if tc.is_file():
+            try:
+                self.config = json.loads(tc.read_bytes().decode("utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+                raise PackageError(f"{tc} is corrupt ({_first_line(e)}): recompile the package") from e
+            if not isinstance(self.config, dict):
+                raise PackageError(f"{tc} is not a JSON object: recompile the package")
 
-    def _need(self):
-        if self.tok is None:
-            raise InputError("this package has no tokenizer.json: pass token ids (a list of ints) instead of text")
+    @property
+    def available(self) -> bool:
+        return self.tok is not None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        self._need()
+        if self.tok is None:
+            raise InputError("this package has no tokenizer.json: pass token ids (a list of ints) instead of text")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"the prompt is not valid UTF-8 text (byte {e.start}): give UTF-8 text") from None
         return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
-
-    def decode(self, ids: list[int]) -> str:
-        self._need()
-        return self.tok.decode(ids, skip_special_tokens=True)
 
     def token_str(self, key: str) -> str:
         v = self.config.get(key)
-        return v.get("content", "") if isinstance(v, dict) else (v or "")
+        return v.get("content", "") if isinstance(v, dict) else (v if isinstance(v, str) else "")
 
     def apply_chat_template(self, messages: list[dict]) -> str:
+        """messages rendered with the package's chat template in jinja2's ImmutableSandboxedEnvironment (as
+        transformers renders them): a template is data from the checkpoint, so it cannot reach Python objects,
+        files or the OS."""
         tmpl = self.config.get("chat_template")
         if isinstance(tmpl, list):  # named templates: take "default"
-            tmpl = next((t["template"] for t in tmpl if t.get("name") == "default"), tmpl[0]["template"])
+            named = [t for t in tmpl if isinstance(t, dict) and isinstance(t.get("template"), str)]
+            tmpl = next((t["template"] for t in named if t.get("name") == "default"), named[0]["template"] if named else None)
         if not tmpl:
             # no template: a plain transcript that still works for base models
             return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        if not isinstance(tmpl, str):
+            raise PackageError("tokenizer_config.json: chat_template is not a string: recompile the package")
         import jinja2
-
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(msg):
             raise InputError(f"chat template: {msg}")
 
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
-        return env.from_string(tmpl).render(messages=messages, add_generation_prompt=True,
-                                            bos_token=self.token_str("bos_token"), eos_token=self.token_str("eos_token"))
-
-
-class Detokenizer:
-    """Turns a growing list of ids into text pieces; holds back incomplete UTF-8 and possible stop-string prefixes."""
-
-    def __init__(self, codec: TextCodec, stop: list[str]):
-        self.codec, self.stop = codec, stop
-        self.ids: list[int] = []
-        self.emitted = 0          # characters of the full text already handed out
-        self.stopped = False
-        self.text = ""
-
-    def _full_text(self) -> str:
-        text = self.codec.decode(self.ids)
-        for s in self.stop:
-            i = text.find(s)
-            if i >= 0:
-                text, self.stopped = text[:i], True
-        return text
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        text = self._full_text()
-        if text.endswith("\ufffd") and not self.stopped:  # an incomplete multi-byte character: wait for more
-            return ""
-        self.text = text
-        safe = len(text)
-        if not self.stopped:  # keep back a tail that could still grow into a stop string
-            for s in self.stop:
-                for k in range(min(len(s) - 1, len(text)), 0, -1):
-                    if text.endswith(s[:k]):
-                        safe = min(safe, len(text) - k)
-                        break
-        piece = text[self.emitted:safe] if safe > self.emitted else ""
-        self.emitted = max(self.emitted, safe)
-        return piece
-
-    def flush(self) -> str:
-        if self.ids:
-            self.text = self._full_text()
-        piece = self.text[self.emitted:]
-        self.emitted = len(self.text)
-        return piece
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            return env.from_string(tmpl).render(messages=messages, add_generation_prompt=True,
+                                                bos_token=self.token_str("bos_token"),
+                                                eos_token=self.token_str("eos_token"))
+        except InputError:
+            raise
+        except jinja2.exceptions.SecurityError as e:
+            raise InputError("the package's chat template tried an unsafe operation and was stopped "
+                             f"({_first_line(e)})") from None
+        except Exception as e:  # noqa: BLE001 - a template may fail in any way; it is the package's data
+            raise InputError(f"the package's chat template failed: {type(e).__name__}: {_first_line(e)}") from None

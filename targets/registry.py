@@ -27,7 +27,7 @@ class Target:
     name: str
     description: str
     arch: str                     # "x86_64" | "aarch64"
-    tvm: dict                     # TVM target dict (llvm)
+    tvm: dict                     # TVM target dict (llvm); host: without mcpu, use tvm_dict() for the resolved one
     cc: str                       # C compiler that links kernels.so for this target
     features: tuple[str, ...]     # CPU features the kernels may use (checked by the runtime before dlopen)
     vector_lanes: int             # f32 lanes per SIMD register: picks the schedule flavour
@@ -41,11 +41,19 @@ class Target:
     kernels: str = ""             # kernel flavour: "avx512" | "avx2" | "neon" | "neon-sdot" | "neon-sdot-i8mm"
     static_binary: bool = False   # edgellm-run linked -static, kernels linked into it (no dlopen)
     run_prefix: tuple[str, ...] = ()   # how this machine runs the target's binaries (qemu-user), () natively
+    host_cpu: bool = False        # `tvm` lacks mcpu: it is this machine's CPU as LLVM names it (see tvm_dict)
+
+    def tvm_dict(self) -> dict:
+        """The TVM target dict with everything resolved: for the host target, `mcpu` is asked of TVM's LLVM here
+        (not when the target list is built, so that `edgellm targets` never imports TVM)."""
+        if self.host_cpu and "mcpu" not in self.tvm:
+            return {**self.tvm, "mcpu": llvm_host_cpu()}
+        return dict(self.tvm)
 
     def tvm_target(self):
         import tvm
 
-        return tvm.target.Target(self.tvm)
+        return tvm.target.Target(self.tvm_dict())
 
     @property
     def cc_cmd(self) -> list[str]:
@@ -104,20 +112,37 @@ def _host_x86_features() -> tuple[str, ...]:
     return tuple(v for k, v in _X86_FEATURES.items() if k in flags)
 
 
+def llvm_host_cpu() -> str:
+    """This machine's CPU as LLVM names it (e.g. znver3), for -mcpu: imports TVM."""
+    from tvm.target import codegen
+
+    return codegen.llvm_get_system_cpu()
+
+
+def host_cpu_name() -> str:
+    """This machine's CPU model as /proc/cpuinfo names it (no TVM needed), or the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for ln in f:
+                key, _, val = ln.partition(":")
+                if key.strip() in ("model name", "Model", "Hardware") and val.strip():
+                    return " ".join(val.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def _host() -> Target:
     arch = platform.machine()
     if arch not in ("x86_64", "AMD64"):
         raise CompileError(f"--target host supports x86_64 machines for now, this one is {arch}")
-    from tvm.target import codegen
-
     feats = _host_x86_features()
     wide = "avx512f" in feats and "avx512vnni" in feats
-    return Target("host", f"this machine's CPU ({codegen.llvm_get_system_cpu()}, "
-                  f"{'AVX-512' if 'avx512f' in feats else 'AVX2'})", "x86_64",
-                  {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": os.cpu_count() or 1},
+    return Target("host", f"this machine's CPU ({host_cpu_name()}, {'AVX-512' if 'avx512f' in feats else 'AVX2'})",
+                  "x86_64", {"kind": "llvm", "num-cores": os.cpu_count() or 1},   # mcpu: tvm_dict() resolves it
                   # the 16-lane kernels' integer path needs VNNI (an AVX-512 CPU without it gets the AVX2 flavour)
                   "gcc", feats, 16 if wide else 8, float_prefill_chunk=X86_FLOAT_PREFILL_CHUNK,
-                  kernels="avx512" if wide else "avx2", **host_prefetch())
+                  kernels="avx512" if wide else "avx2", host_cpu=True, **host_prefetch())
 
 
 _STATIC = {

@@ -1,4 +1,4 @@
-"""libedgellm (runtime/*.c, offload/weight_store.c) through ctypes, against a hand-made package (tests/c/toy_package.py).
+"""libedgellm (runtime/*.c, offload/*.c) through ctypes, against a hand-made package (tests/c/toy_package.py).
 
 The library is built here with gcc into a temp dir (or taken from $EDGELLM_LIB); TVM is needed only to compile the
 toy kernels, and those tests skip without it.
@@ -21,20 +21,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "c"))
 import toy_package as tp  # noqa: E402
 
-SOURCES = ["runtime/runtime.c", "runtime/threadpool.c", "runtime/sampler.c", "offload/weight_store.c"]
 CC = shutil.which("gcc") or shutil.which("cc")
 
+# The ctypes declarations and the source list are the package's own; this test only builds its own library.
+from edgellm.compiler.device_binary import LIB_SOURCES  # noqa: E402
+from edgellm.runtime.lib import LoadOptions, SamplerParams, Stats, declare  # noqa: E402
 
-# The ctypes declarations are the package's own (edgellm.runtime.lib); this test only builds its own library.
-from edgellm.runtime.lib import _SIGS as SIGS  # noqa: E402
-from edgellm.runtime.lib import SamplerParams, Stats  # noqa: E402,F401
+SOURCES = [str(p.relative_to(ROOT)) for p in LIB_SOURCES]
 
 F32P, I32P = C.POINTER(C.c_float), C.POINTER(C.c_int32)
 
 
 def build_lib(out: Path) -> Path:
     so = out / "libedgellm.so"
-    cmd = [CC, "-std=c11", "-O2", "-Wall", "-Wextra", "-fPIC", "-shared", *[str(ROOT / s) for s in SOURCES],
+    cmd = [CC, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", *[str(ROOT / s) for s in SOURCES],
            "-o", str(so), "-lpthread", "-ldl", "-lm"]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return so
@@ -51,10 +51,7 @@ def lib_path(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def lib(lib_path):
-    L = C.CDLL(str(lib_path))
-    for name, (res, args) in SIGS.items():
-        getattr(L, name).restype, getattr(L, name).argtypes = res, args
-    return L
+    return declare(C.CDLL(str(lib_path)))
 
 
 @pytest.fixture(scope="session")
@@ -74,33 +71,59 @@ def pkg(tmp_path_factory, kernels_so) -> Path:
 @pytest.fixture(scope="session")
 def ref():
     w = tp.make_weights()
-    return lambda ids: tp.reference(w, list(ids))
+    return lambda ids, routed=False: tp.reference(w, list(ids), routed)
 
 
 def err(lib) -> str:
     return lib.el_last_error().decode()
 
 
-def load(lib, path, threads=2):
-    m = lib.el_load(str(path).encode(), threads)
-    assert m, err(lib)
-    return m
+def options(lib, threads=2, **kw):
+    o = LoadOptions()
+    lib.el_load_options_init(C.byref(o))
+    o.n_threads = threads
+    for k, v in kw.items():
+        setattr(o, k, v)
+    return o
+
+
+class Loaded:
+    """A model and one context over it (what el_load used to be)."""
+
+    def __init__(self, lib, path, threads=2, **kw):
+        self.lib = lib
+        self.m = lib.el_model_load(str(path).encode(), C.byref(options(lib, threads, **kw)))
+        assert self.m, err(lib)
+        self.c = lib.el_context_new(self.m, 0)
+        assert self.c, err(lib)
+
+    def close(self):
+        self.lib.el_context_free(self.c)
+        self.lib.el_model_free(self.m)
+
+
+def load(lib, path, threads=2, **kw) -> Loaded:
+    return Loaded(lib, path, threads, **kw)
 
 
 def ptr(a: np.ndarray, t=F32P):
     return a.ctypes.data_as(t)
 
 
+def ctx(m):
+    return m.c if isinstance(m, Loaded) else m
+
+
 def prefill(lib, m, ids, all_logits=True, want_logits=True):
     ids = np.ascontiguousarray(ids, np.int32)
     out = np.full((len(ids), tp.V) if all_logits else (tp.V,), np.nan, np.float32)
-    rc = lib.el_prefill(m, ptr(ids, I32P), len(ids), ptr(out) if want_logits else None, int(all_logits))
+    rc = lib.el_prefill(ctx(m), ptr(ids, I32P), len(ids), ptr(out) if want_logits else None, int(all_logits))
     return rc, out
 
 
 def decode(lib, m, tok):
     out = np.full(tp.V, np.nan, np.float32)
-    return lib.el_decode(m, tok, ptr(out)), out
+    return lib.el_decode(ctx(m), tok, ptr(out)), out
 
 
 # --- executor -----------------------------------------------------------------------------------------------------
@@ -108,46 +131,46 @@ def decode(lib, m, tok):
 def test_prefill_decode_match_reference(lib, pkg, ref):
     m = load(lib, pkg)
     try:
-        assert (lib.el_vocab(m), lib.el_max_context(m), lib.el_chunk(m), lib.el_threads(m)) == (tp.V, 11, 4, 2)
-        assert lib.el_bos_id(m) == 1
+        assert (lib.el_vocab(m.m), lib.el_max_context(m.m), lib.el_chunk(m.m), lib.el_context_threads(m.c)) == (tp.V, 11, 4, 2)
+        assert lib.el_bos_id(m.m) == 1
         eos = (C.c_int32 * 8)()
-        assert lib.el_eos_ids(m, eos, 8) == 2 and list(eos[:2]) == [2, 3]
+        assert lib.el_eos_ids(m.m, eos, 8) == 2 and list(eos[:2]) == [2, 3]
         seq = [5, 7, 9, 11, 13, 2, 4, 30, 1, 0, 17]
         want = ref(seq)
         # 7 tokens: a full chunk + a padded chunk of 3, all rows
         rc, lg = prefill(lib, m, seq[:7])
         assert rc == 0, err(lib)
-        assert lib.el_pos(m) == 7
+        assert lib.el_pos(m.c) == 7
         np.testing.assert_allclose(lg, want[:7], rtol=1e-4, atol=1e-4)
         # decode continues from pos 7
         for i in (7, 8):
             rc, lg = decode(lib, m, seq[i])
             assert rc == 0, err(lib)
             np.testing.assert_allclose(lg, want[i], rtol=1e-4, atol=1e-4)
-        assert lib.el_pos(m) == 9
+        assert lib.el_pos(m.c) == 9
         # prefill starting mid-chunk (pos 9), last row only, up to the full context
         rc, lg = prefill(lib, m, seq[9:], all_logits=False)
         assert rc == 0, err(lib)
         np.testing.assert_allclose(lg, want[10], rtol=1e-4, atol=1e-4)
-        assert lib.el_pos(m) == 11
+        assert lib.el_pos(m.c) == 11
         # full: nothing fits, nothing changes
         rc, _ = decode(lib, m, 3)
         assert rc == -1 and "context is full (11 of 11" in err(lib)
         rc, _ = prefill(lib, m, [1])
         assert rc == -1 and "prompt of 1 tokens does not fit: context is at 11 of 11" in err(lib)
-        assert lib.el_pos(m) == 11
+        assert lib.el_pos(m.c) == 11
         # reset: same answers again; last-row prefill of exactly one chunk, and without logits
-        assert lib.el_reset(m) == 0 and lib.el_pos(m) == 0
+        assert lib.el_reset(m.c) == 0 and lib.el_pos(m.c) == 0
         rc, lg = prefill(lib, m, seq[:4], all_logits=False)
         assert rc == 0
         np.testing.assert_allclose(lg, want[3], rtol=1e-4, atol=1e-4)
         rc, _ = prefill(lib, m, seq[4:6], want_logits=False)
-        assert rc == 0 and lib.el_pos(m) == 6
+        assert rc == 0 and lib.el_pos(m.c) == 6
         rc, lg = prefill(lib, m, seq[6:11])  # 5 tokens from pos 6: 4 + 1 padded
         assert rc == 0
         np.testing.assert_allclose(lg, want[6:11], rtol=1e-4, atol=1e-4)
     finally:
-        lib.el_free(m)
+        m.close()
 
 
 def test_prefill_rejects_without_state_change(lib, pkg):
@@ -155,21 +178,21 @@ def test_prefill_rejects_without_state_change(lib, pkg):
     try:
         rc, _ = prefill(lib, m, list(range(12)))
         assert rc == -1 and "prompt of 12 tokens does not fit: context is at 0 of 11" in err(lib)
-        assert lib.el_prefill(m, (C.c_int32 * 1)(), 0, None, 0) == -1 and "at least one" in err(lib)
+        assert lib.el_prefill(m.c, (C.c_int32 * 1)(), 0, None, 0) == -1 and "at least one" in err(lib)
         rc, _ = prefill(lib, m, [1, 2, tp.V])
         assert rc == -1 and f"token id {tp.V} (at index 2) is outside the vocabulary" in err(lib)
         rc, _ = decode(lib, m, -1)
         assert rc == -1 and "outside the vocabulary" in err(lib)
-        assert lib.el_pos(m) == 0
+        assert lib.el_pos(m.c) == 0
     finally:
-        lib.el_free(m)
+        m.close()
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])
 def test_threads_same_result(lib, pkg, ref, threads):
     m = load(lib, pkg, threads)
     try:
-        assert lib.el_threads(m) == threads
+        assert lib.el_context_threads(m.c) == threads
         seq = [3, 1, 4, 1, 5, 9, 2, 6, 5]
         rc, lg = prefill(lib, m, seq[:6])
         assert rc == 0, err(lib)
@@ -180,30 +203,31 @@ def test_threads_same_result(lib, pkg, ref, threads):
             out.append(lg[None])
         np.testing.assert_allclose(np.concatenate(out), ref(seq), rtol=1e-4, atol=1e-4)
     finally:
-        lib.el_free(m)
+        m.close()
 
 
-def test_read_fallback_and_stats(lib, pkg, ref, monkeypatch):
-    monkeypatch.setenv("EDGELLM_NO_MMAP", "1")  # weights read() into a buffer instead of mmap
-    m = load(lib, pkg, 0)
+def test_read_fallback_and_stats(lib, pkg, ref):
+    m = load(lib, pkg, 0, use_mmap=0)  # weights read() into (read-only) memory instead of mmap
     try:
-        assert lib.el_threads(m) == os.cpu_count()
+        assert lib.el_context_threads(m.c) == os.cpu_count()
         rc, lg = prefill(lib, m, [5, 6, 7, 8, 9])
         assert rc == 0
         np.testing.assert_allclose(lg, ref([5, 6, 7, 8, 9]), rtol=1e-4, atol=1e-4)
         assert decode(lib, m, 10)[0] == 0
         s = Stats()
-        lib.el_get_stats(m, C.byref(s))
+        lib.el_get_stats(m.c, C.byref(s))
         assert s.weight_bytes_resident == (pkg / "weights.bin").stat().st_size
         steps_body = 2 + 2 * tp.L
         assert s.kernel_calls == 2 * (steps_body + 1) + (steps_body + 1)  # 2 prefill_logits chunks + 1 decode
         assert (s.prefill_tokens, s.decode_tokens) == (5, 1)
         assert s.prefill_seconds > 0 and s.decode_seconds > 0
-        lib.el_reset_stats(m)
-        lib.el_get_stats(m, C.byref(s))
+        lib.el_reset_stats(m.c)
+        lib.el_get_stats(m.c, C.byref(s))
         assert (s.kernel_calls, s.prefill_tokens, s.decode_tokens) == (0, 0, 0)
+        kv = 2 * tp.L * tp.KV_ROWS * tp.H * tp.DH * 4
+        assert s.kv_bytes >= kv and s.arena_bytes >= tp.ARENA_BYTES
     finally:
-        lib.el_free(m)
+        m.close()
 
 
 def _thp_offered() -> bool:
@@ -216,21 +240,20 @@ def _thp_offered() -> bool:
 
 @pytest.mark.parametrize("mode", ["1", "0"])
 def test_weights_in_huge_pages(lib, pkg, ref, monkeypatch, mode):
-    """EDGELLM_HUGEPAGES=1: the weights are copied into transparent huge pages (where the kernel offers them; the
-    toy package is far below the automatic threshold), =0: mmapped. Same logits either way."""
-    monkeypatch.setenv("EDGELLM_HUGEPAGES", mode)
-    m = load(lib, pkg, 2)
+    """huge_pages 1: the weights are copied into transparent huge pages (where the kernel offers them; the toy
+    package is far below the automatic threshold), 0: mmapped. Same logits either way."""
+    m = load(lib, pkg, 2, huge_pages=int(mode))
     try:
         rc, lg = prefill(lib, m, [4, 8, 15, 16, 23])
         assert rc == 0, err(lib)
         np.testing.assert_allclose(lg, ref([4, 8, 15, 16, 23]), rtol=1e-4, atol=1e-4)
         s = Stats()
-        lib.el_get_stats(m, C.byref(s))
+        lib.el_get_stats(m.c, C.byref(s))
         size = (pkg / "weights.bin").stat().st_size
         assert s.weight_bytes_resident == size
         assert s.weight_bytes_huge == (size if mode == "1" and _thp_offered() else 0)
     finally:
-        lib.el_free(m)
+        m.close()
 
 
 def test_two_models_share_kernels(lib, pkg, ref):
@@ -238,13 +261,13 @@ def test_two_models_share_kernels(lib, pkg, ref):
     try:
         assert prefill(lib, a, [1, 2, 3])[0] == 0
         rc, lg = prefill(lib, b, [4, 5])
-        assert rc == 0 and lib.el_pos(a) == 3 and lib.el_pos(b) == 2
+        assert rc == 0 and lib.el_pos(a.c) == 3 and lib.el_pos(b.c) == 2
         np.testing.assert_allclose(lg, ref([4, 5]), rtol=1e-4, atol=1e-4)  # b's KV cache is its own
         rc, lg = decode(lib, a, 6)
         np.testing.assert_allclose(lg, ref([1, 2, 3, 6])[-1], rtol=1e-4, atol=1e-4)
     finally:
-        lib.el_free(a)
-        lib.el_free(b)
+        a.close()
+        b.close()
 
 
 def test_kernel_error_becomes_last_error(lib, kernels_so, tmp_path):
@@ -259,9 +282,9 @@ def test_kernel_error_becomes_last_error(lib, kernels_so, tmp_path):
         assert rc == -1
         assert "kernel embed_4 failed (program prefill_logits, step 0" in msg and "x.shape[1]" in msg, msg
         assert "\n" not in msg
-        assert lib.el_pos(m) == 0
+        assert lib.el_pos(m.c) == 0
     finally:
-        lib.el_free(m)
+        m.close()
 
 
 def link_variant(kernels_so: Path, tmp_path: Path, extra_c: str) -> Path:
@@ -269,7 +292,8 @@ def link_variant(kernels_so: Path, tmp_path: Path, extra_c: str) -> Path:
     (tmp_path / "extra.c").write_text(extra_c)
     out = tmp_path / "kernels_extra.so"
     subprocess.run([CC, "-shared", "-fPIC", "-O2", str(kernels_so.with_suffix(".o")), str(ROOT / "runtime/kernel_shim.c"),
-                    str(tmp_path / "extra.c"), "-o", str(out), "-lm", "-Wl,-Bsymbolic"], check=True)
+                    str(kernels_so.with_name("kernels_table.c")), str(tmp_path / "extra.c"), "-o", str(out), "-lm",
+                    "-Wl,-Bsymbolic"], check=True)
     return out
 
 
@@ -286,7 +310,7 @@ def test_context_symbols(lib, kernels_so, ref, tmp_path):
         assert rc == 0
         np.testing.assert_allclose(lg, ref([3, 4, 5, 6, 7]), rtol=1e-4, atol=1e-4)
     finally:
-        lib.el_free(m)
+        m.close()
     # one that makes packed calls we cannot serve: refused at load, not a crash at run time
     so = link_variant(kernels_so, tmp_path, "void* __TVMFFIFunctionCall = 0;\n")
     msg = load_error(lib, tp.write_package(tmp_path / "f", so))
@@ -302,11 +326,11 @@ def variant(kernels_so, tmp_path, plan: bytes | None = None, **plan_kw) -> Path:
     return d
 
 
-def load_error(lib, d) -> str:
-    m = lib.el_load(str(d).encode(), 1)
+def load_error(lib, d, **kw) -> str:
+    m = lib.el_model_load(str(d).encode(), C.byref(options(lib, 1, **kw)))
     if m:
-        lib.el_free(m)
-        pytest.fail(f"el_load accepted {d}")
+        lib.el_model_free(m)
+        pytest.fail(f"el_model_load accepted {d}")
     msg = err(lib)
     assert msg and "\n" not in msg
     return msg
@@ -319,7 +343,10 @@ def patch_arg(plan: bytes, old: bytes, new: bytes) -> bytes:
 
 
 def test_missing_files(lib, kernels_so, tmp_path):
-    assert "cannot open" in load_error(lib, tmp_path / "nope") and "plan.bin" in err(lib)
+    assert "is not a package directory" in load_error(lib, tmp_path / "nope")
+    d = variant(kernels_so, tmp_path)
+    (d / "plan.bin").unlink()
+    assert "cannot open" in load_error(lib, d) and "plan.bin" in err(lib)
     d = variant(kernels_so, tmp_path)
     (d / "kernels.so").unlink()
     assert "kernels.so" in load_error(lib, d)
@@ -331,8 +358,8 @@ def test_missing_files(lib, kernels_so, tmp_path):
 def test_bad_magic_version_truncation(lib, kernels_so, tmp_path):
     plan = tp.plan_bytes()
     assert "not an edgellm plan" in load_error(lib, variant(kernels_so, tmp_path, b"XDGEPLAN" + plan[8:]))
-    assert load_error(lib, variant(kernels_so, tmp_path, version=2)) == (
-        "package format version 2, this runtime reads 1: recompile with this edgellm")
+    assert load_error(lib, variant(kernels_so, tmp_path, version=1)) == (
+        "package format version 1, this runtime reads 2: recompile the package with this edgellm")
     assert "plan.bin is truncated: 100 bytes" in load_error(lib, variant(kernels_so, tmp_path, plan[:100]))
     assert "plan.bin is corrupt" in load_error(lib, variant(kernels_so, tmp_path, plan[:-10]))
     assert "unexpected bytes after the last program" in load_error(lib, variant(kernels_so, tmp_path, plan + bytes(8)))
@@ -359,9 +386,8 @@ def test_wrong_machine_and_features(lib, kernels_so, tmp_path):
     (d / "kernels.so").write_bytes(b"not an elf at all, just text")
     assert "kernels.so is not an ELF shared library" in load_error(lib, d)
     # CPU features: unknown names are ignored; one this CPU lacks is named
-    m = lib.el_load(str(variant(kernels_so, tmp_path, features="+sse4.2,fancy-future-thing")).encode(), 1)
-    assert m, err(lib)
-    lib.el_free(m)
+    m = load(lib, variant(kernels_so, tmp_path, features="+sse4.2,fancy-future-thing"), 1)
+    m.close()
     flags = set(open("/proc/cpuinfo").read().split())
     lacking = [f for f, c in [("avx512fp16", "avx512_fp16"), ("avx512bf16", "avx512_bf16"), ("avx512vnni", "avx512_vnni"),
                               ("avx512f", "avx512f"), ("avx2", "avx2")] if c not in flags]
@@ -374,7 +400,7 @@ def test_missing_kernel_and_program(lib, kernels_so, tmp_path):
     kernels = list(tp.KERNELS)
     kernels[3] = "attn_77"
     msg = load_error(lib, variant(kernels_so, tmp_path, kernels=kernels))
-    assert "kernels.so has no kernel __tvm_ffi_attn_77 (plan kernel 3)" in msg, msg
+    assert "the kernel table of kernels.so has no attn_77" in msg, msg
     msg = load_error(lib, variant(kernels_so, tmp_path, programs=["prefill", "decode", "head"]))
     assert 'plan.bin has no program "prefill_logits"' in msg, msg
     msg = load_error(lib, variant(kernels_so, tmp_path, programs=["prefill", "prefill", "prefill_logits", "decode"]))
@@ -382,7 +408,7 @@ def test_missing_kernel_and_program(lib, kernels_so, tmp_path):
 
 
 OOB_CASES = [
-    (tp.arg(tp.ARENA, 0, tp.LOGITS, (1, tp.V)), tp.arg(tp.ARENA, 0, tp.LOGITS + 64, (1, tp.V * 4)), "beyond arena_bytes"),
+    (tp.arg(tp.ARENA, 0, tp.LOGITS, (1, tp.V)), tp.arg(tp.ARENA, 0, tp.ARENA_BYTES - 64, (1, tp.V)), "beyond arena_bytes"),
     (tp.arg(tp.WEIGHT_ARG, 0, 0, (tp.V, tp.D)), tp.arg(tp.WEIGHT_ARG, 99, 0, (tp.V, tp.D)), "names weight 99"),
     (tp.arg(tp.WEIGHT_ARG, 0, 0, (tp.V, tp.D)), tp.arg(tp.WEIGHT_ARG, 0, 64, (tp.V, tp.D)), "of weight 0, which has"),
     (tp.arg(tp.WEIGHT_ARG, 2, 0, (4, tp.D), flags=1), tp.arg(tp.WEIGHT_ARG, 2, 0, (6, tp.D), flags=1), "of weight 2"),
@@ -393,7 +419,13 @@ OOB_CASES = [
     (tp.arg(tp.KCACHE, 1, 0, (4, tp.H, tp.DH), flags=2),
      tp.arg(tp.KCACHE, 1, 0, (4, tp.H, tp.DH), flags=2)[:12] + struct.pack("<I", 5) + bytes(48), "bad shape"),
     (tp.arg(tp.KCACHE, 1, 0, (4, tp.H, tp.DH), flags=2), tp.arg(tp.KCACHE, 1, 0, (4, tp.H, tp.DH), flags=3),
-     "both AT_POS and PREFIX"),
+     "combines flags"),
+    (tp.arg(tp.KCACHE, 1, 0, (4, tp.H, tp.DH), flags=2), tp.arg(tp.KCACHE, 1, 0, (4, tp.H, tp.DH), flags=4),
+     "outside a routed step"),
+    # a kernel's output pointed at the weights (the embedding table): refused, it would overwrite them
+    (tp.arg(tp.ARENA, 0, tp.LOGITS, (4, tp.V)), tp.arg(tp.WEIGHT_ARG, 0, 0, (4, tp.V)), "is written by its kernel"),
+    # posadd's output into a K cache: posadd is not a kernel that writes the KV cache
+    (tp.arg(tp.ARENA, 0, tp.A, (4, tp.D)), tp.arg(tp.KCACHE, 0, 0, (4, tp.H, tp.DH)), "not one that writes the KV"),
     (tp.arg(tp.VCACHE, 0, 0, (4, tp.H, tp.DH), flags=2), tp.arg(tp.VCACHE, 0, 0, (4, tp.H, tp.DH), (2, 16), 2),
      "views the f32 KV cache"),
     (tp.arg(tp.ARENA, 0, tp.X, (4, tp.D)), tp.arg(9, 0, tp.X, (4, tp.D)), "unknown kind 9"),
@@ -410,13 +442,16 @@ def test_out_of_bounds_plan(lib, kernels_so, tmp_path, old, new, expect):
 
 def test_bad_kernel_index_and_counts(lib, kernels_so, tmp_path):
     plan = bytearray(tp.plan_bytes())
-    first_step = tp.HEADER.size + len(tp.WEIGHT_ORDER) * 16 + len(tp.KERNELS) * 64 + tp.PROGRAM.size
-    plan[first_step:first_step + 4] = struct.pack("<I", len(tp.KERNELS))
+    first_step = tp.HEADER.size + len(tp.WEIGHT_ORDER) * 16 + len(tp.KERNELS) * tp.KERNEL.size + tp.PROGRAM.size
+    plan[first_step + 4:first_step + 8] = struct.pack("<I", len(tp.KERNELS))
     assert f"calls kernel {len(tp.KERNELS)}, the plan has {len(tp.KERNELS)}" in load_error(
         lib, variant(kernels_so, tmp_path, bytes(plan)))
     plan = bytearray(tp.plan_bytes())
-    plan[first_step + 4:first_step + 8] = struct.pack("<I", 0xFFFFFFFF)  # n_args
-    assert "run past the end" in load_error(lib, variant(kernels_so, tmp_path, bytes(plan)))
+    plan[first_step + 8:first_step + 12] = struct.pack("<I", 0xFFFFFFFF)  # n_args
+    assert "passes 4294967295 args to kernel embed_4, which takes 3" in load_error(
+        lib, variant(kernels_so, tmp_path, bytes(plan)))
+    plan[first_step:first_step + 4] = struct.pack("<I", 7)  # step kind
+    assert "unknown kind 7" in load_error(lib, variant(kernels_so, tmp_path, bytes(plan)))
     for field, value, expect in [("n_weights", 1 << 31, "weight table"), ("n_programs", 99, "program 4 of 99"),
                                  ("kv_rows", 5, "kv_rows 5 < max_ctx"), ("weights_bytes", 100, "lies outside")]:
         d = variant(kernels_so, tmp_path, header_overrides={field: value})
@@ -428,52 +463,274 @@ def test_bad_kernel_index_and_counts(lib, kernels_so, tmp_path):
 
 FUZZ = textwrap.dedent("""
     import ctypes as C, random, sys
-    L = C.CDLL(sys.argv[1]); L.el_load.restype = C.c_void_p; L.el_load.argtypes = [C.c_char_p, C.c_int]
-    L.el_prefill.argtypes = [C.c_void_p, C.c_void_p, C.c_int, C.c_void_p, C.c_int]
-    L.el_decode.argtypes = [C.c_void_p, C.c_int32, C.c_void_p]; L.el_free.argtypes = [C.c_void_p]
+    sys.path.insert(0, sys.argv[4])
+    from edgellm.runtime.lib import LoadOptions, declare
+    L = declare(C.CDLL(sys.argv[1]))
     d = sys.argv[2]; good = open(d + "/plan.bin", "rb").read(); rng = random.Random(1); loaded = 0
     ids = (C.c_int32 * 6)(1, 2, 3, 4, 5, 6); out = (C.c_float * (6 * 64))()
+    o = LoadOptions(); L.el_load_options_init(C.byref(o)); o.n_threads = 2
     for it in range(int(sys.argv[3])):
         b = bytearray(good)
         for _ in range(rng.choice([1, 1, 2, 4, 16])):
             i = rng.randrange(len(b))
-            b[i] = rng.choice([0, 1, 2, 3, 4, 0x7F, 0x80, 0xFF, rng.randrange(256)])
+            b[i] = rng.choice([0, 1, 2, 3, 4, 8, 0x7F, 0x80, 0xFF, rng.randrange(256)])
         if rng.random() < 0.1: b = b[:rng.randrange(len(b))]
         open(d + "/plan.bin", "wb").write(bytes(b))
-        m = L.el_load(d.encode(), 2)
+        m = L.el_model_load(d.encode(), C.byref(o))
         if m:
             loaded += 1
-            L.el_prefill(m, ids, 6, out, 1); L.el_decode(m, 1, out); L.el_prefill(m, ids, 5, out, 0)
-            L.el_free(m)
+            c = L.el_context_new(m, 0)
+            L.el_prefill(c, ids, 6, out, 1); L.el_decode(c, 1, out); L.el_prefill(c, ids, 5, out, 0)
+            L.el_context_free(c); L.el_model_free(m)
     print("loaded", loaded)
 """)
 
 
-def test_fuzzed_plans_never_crash(lib_path, kernels_so, tmp_path):
-    """Random byte flips of plan.bin: el_load rejects or accepts, and an accepted plan runs or fails, never crashes.
-    Weights are read() into a writable buffer here: a flip that turns a kernel's output into a WEIGHT arg passes
-    every bounds check (the plan does not say which args are outputs) and would fault on the read-only mmap."""
-    d = variant(kernels_so, tmp_path)
-    env = dict(os.environ, EDGELLM_NO_MMAP="1")
-    r = subprocess.run([sys.executable, "-c", FUZZ, str(lib_path), str(d), "600"], capture_output=True, text=True,
-                       timeout=120, env=env)
+@pytest.mark.parametrize("routed", [False, True])
+def test_fuzzed_plans_never_crash(lib_path, kernels_so, tmp_path, routed):
+    """Random byte flips of plan.bin: the loader rejects or accepts, and an accepted plan runs or fails, never
+    crashes. The weights are mapped read-only, so a flip that pointed a kernel's output at a weight would fault: the
+    kernel tables (plan.bin's, checked against the one linked into kernels.so) make the loader refuse those."""
+    d = variant(kernels_so, tmp_path, routed=routed)
+    r = subprocess.run([sys.executable, "-c", FUZZ, str(lib_path), str(d), "600", str(ROOT.parent)],
+                       capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "loaded" in r.stdout
 
 
+# --- kernel tables, routed steps, files ----------------------------------------------------------------------------
+
+def test_kernel_table_mismatch_and_absence(lib, kernels_so, tmp_path):
+    # the plan claims embed_4 writes nothing but its first arg: kernels.so's own table disagrees
+    table = tp.kernel_entries()
+    table[0] = (table[0][0], 3, 0, 0b1)
+    msg = load_error(lib, variant(kernels_so, tmp_path, table=table))
+    assert "plan.bin is corrupt: kernel embed_4 takes 3 args writing 0x4" in msg, msg
+    # a plan that says a kernel writes nothing at all is malformed
+    table[0] = (table[0][0], 3, 0, 0)
+    assert "write mask" in load_error(lib, variant(kernels_so, tmp_path, table=table))
+    # kernels without a table (built by something else): refused before any kernel runs
+    bare = tmp_path / "bare.so"
+    subprocess.run([CC, "-shared", "-fPIC", "-O2", str(kernels_so.with_suffix(".o")), str(ROOT / "runtime/kernel_shim.c"),
+                    "-o", str(bare), "-lm"], check=True)
+    msg = load_error(lib, tp.write_package(tmp_path / "bare", bare))
+    assert "no edgellm kernel table" in msg, msg
+
+
+def test_routed_program_matches_reference(lib, kernels_so, tmp_path, ref):
+    d = variant(kernels_so, tmp_path, routed=True)
+    seq = [5, 7, 9, 11, 13, 2, 4, 30, 1]
+    want = ref(seq, routed=True)
+    assert not np.allclose(want, ref(seq)), "the routed layer must change the logits"
+    experts = set()
+    w = tp.make_weights()
+    m = load(lib, d)
+    try:
+        rc, lg = prefill(lib, m, seq[:6])
+        assert rc == 0, err(lib)
+        np.testing.assert_allclose(lg, want[:6], rtol=1e-4, atol=1e-4)
+        for i in (6, 7, 8):
+            rc, lg = decode(lib, m, seq[i])
+            assert rc == 0, err(lib)
+            np.testing.assert_allclose(lg, want[i], rtol=1e-4, atol=1e-4)
+    finally:
+        m.close()
+    # the sequence exercises more than one expert choice (else EXPERT offsets would go untested)
+    for pos in range(len(seq)):
+        y = w["E"][seq[pos]] * w["scale"] + w["P"][pos]
+        experts.add(int(np.floor(abs(np.float32(y[0])) * 10)) % tp.NE)
+    assert len(experts) > 1
+
+
+def test_routed_step_checks(lib, kernels_so, tmp_path):
+    plan = tp.plan_bytes(routed=True)
+    route = tp.route(tp.RIDS, 2 * tp.C, tp.NE, 1)
+    # an expert weight whose last expert (index + (NE - 1) * stride) lies past the weight table
+    first = tp.WEIGHT_ORDER.index("ex0")
+    old = tp.arg(tp.WEIGHT_ARG, first, 0, (tp.D,), flags=tp.EXPERT, stride=1)
+    new = tp.arg(tp.WEIGHT_ARG, first, 0, (tp.D,), flags=tp.EXPERT, stride=2)
+    assert "+ 3 experts x stride 2" in load_error(lib, variant(kernels_so, tmp_path, patch_arg(plan, old, new)))
+    # ids outside the arena; a body longer than the program
+    bad = tp.route(tp.ARENA_BYTES - 4, 2 * tp.C, tp.NE, 1)
+    assert "expert ids at arena byte" in load_error(lib, variant(kernels_so, tmp_path, patch_arg(plan, route, bad)))
+    bad = tp.route(tp.RIDS, 2 * tp.C, tp.NE, 9)
+    assert "routed body of 9 steps" in load_error(lib, variant(kernels_so, tmp_path, patch_arg(plan, route, bad)))
+    # a SLOT view that would run past the arena for the last id
+    old = tp.arg(tp.ARENA, 0, tp.YD, (1, tp.D), flags=tp.SLOT)
+    new = tp.arg(tp.ARENA, 0, tp.YD + 64, (1, tp.D), flags=tp.SLOT)
+    assert "beyond arena_bytes" in load_error(lib, variant(kernels_so, tmp_path, patch_arg(plan, old, new)))
+    # fewer experts than the router picks from: refused at run time, before any expert weight is touched
+    d = variant(kernels_so, tmp_path, plan.replace(route, tp.route(tp.RIDS, 2 * tp.C, 1, 1)))
+    m = load(lib, d)
+    try:
+        rc, _ = prefill(lib, m, [5])   # every token's second pick, (e0 + 1) % 3, or its first is >= 1
+        assert rc == -1 and "selected expert" in err(lib) and lib.el_pos(m.c) == 0
+    finally:
+        m.close()
+
+
+def test_fifo_in_place_of_files_does_not_hang(lib, kernels_so, tmp_path):
+    for name in ("plan.bin", "kernels.so", "weights.bin", "tokenizer.bin"):
+        d = tp.write_package(tmp_path / name, kernels_so)
+        (d / name).unlink(missing_ok=True)
+        os.mkfifo(d / name)
+        msg = load_error(lib, d)   # a blocking open would hang the test here
+        assert "not a regular file" in msg or "cannot open" in msg, (name, msg)
+
+
+# --- contexts -------------------------------------------------------------------------------------------------------
+
+def test_contexts_are_independent_and_threaded(lib, pkg, ref):
+    """Two contexts of one model, each in its own thread, repeatedly: each gets exactly its sequential logits."""
+    import threading
+
+    m = lib.el_model_load(str(pkg).encode(), C.byref(options(lib, 2)))
+    seqs = [[5, 7, 9, 11, 13, 2, 4], [3, 1, 4, 1, 5, 9, 2, 6]]
+    want = [ref(s) for s in seqs]
+    errors = []
+
+    def work(i):
+        c = lib.el_context_new(m, 1)
+        try:
+            for _ in range(20):
+                lib.el_reset(c)
+                rc, lg = prefill(lib, c, seqs[i][:5])
+                assert rc == 0
+                out = [lg]
+                for t in seqs[i][5:]:
+                    rc, lg = decode(lib, c, t)
+                    assert rc == 0
+                    out.append(lg[None])
+                np.testing.assert_allclose(np.concatenate(out), want[i], rtol=1e-4, atol=1e-4)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+        finally:
+            lib.el_context_free(c)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    lib.el_model_free(m)
+    assert not errors, errors
+
+
+def test_second_context_costs_kv_and_arena_only(lib, pkg):
+    m = lib.el_model_load(str(pkg).encode(), C.byref(options(lib, 2)))
+    a, b = lib.el_context_new(m, 0), lib.el_context_new(m, 0)
+    sa, sb = Stats(), Stats()
+    lib.el_get_stats(a, C.byref(sa))
+    lib.el_get_stats(b, C.byref(sb))
+    assert sa.context_bytes == sb.context_bytes
+    assert sb.kv_bytes + sb.arena_bytes <= sb.context_bytes <= sb.kv_bytes + sb.arena_bytes + 4096
+    assert sa.weight_bytes_resident == sb.weight_bytes_resident == (pkg / "weights.bin").stat().st_size
+    # the model outlives el_model_free while a context holds it
+    lib.el_context_free(a)
+    lib.el_model_free(m)
+    assert prefill(lib, b, [1, 2, 3])[0] == 0
+    lib.el_context_free(b)
+
+
+# --- generation -----------------------------------------------------------------------------------------------------
+
+def gen_params(lib, m, **kw):
+    from edgellm.runtime.lib import GenParams
+
+    p = GenParams()
+    lib.el_gen_params_default(m, C.byref(p))
+    for k, v in kw.items():
+        setattr(p, k, v)
+    return p
+
+
+def run_generate(lib, c, prompt, p):
+    from edgellm.runtime.lib import Event, GenResult
+
+    ids = np.ascontiguousarray(prompt, np.int32)
+    assert lib.el_generate_start(c, ptr(ids, I32P), len(ids), C.byref(p)) == 0, err(lib)
+    toks, ev = [], Event()
+    while True:
+        r = lib.el_generate_next(c, C.byref(ev))
+        assert r >= 0, err(lib)
+        if r == 1:
+            toks.append(ev.token)
+        if r == 0 or ev.finish:
+            break
+    res = GenResult()
+    lib.el_generate_result(c, C.byref(res))
+    return toks, res, ev.token
+
+
+def test_generate_greedy_stops_and_limits(lib, pkg, ref):
+    m = load(lib, pkg)
+    try:
+        prompt = [5, 7, 9]
+        # greedy: each token is the argmax of the reference logits of the sequence so far
+        toks, res, _ = run_generate(lib, m.c, prompt, gen_params(lib, m.m, max_new_tokens=6, ignore_eos=1))
+        seq = list(prompt)
+        for t in toks:
+            assert t == int(np.argmax(ref(seq)[-1]))
+            seq.append(t)
+        assert (res.prompt_tokens, res.generated_tokens, res.finish, res.decoded_tokens) == (3, 6, 3, 5)
+        # the context ends it: 11 - 3 prompt tokens leave room for 8 generated ones (the last is never decoded)
+        toks, res, _ = run_generate(lib, m.c, prompt, gen_params(lib, m.m, max_new_tokens=100, ignore_eos=1))
+        assert len(toks) == 9 and res.finish == 4
+        # a stop id ends it without being part of the output
+        first = int(np.argmax(ref(prompt)[-1]))
+        stop = (C.c_int32 * 1)(first)
+        toks, res, last = run_generate(lib, m.c, prompt, gen_params(lib, m.m, max_new_tokens=5, ignore_eos=1,
+                                                                    n_stop_ids=1, stop_ids=stop))
+        assert toks == [] and res.finish == 2 and last == first
+        # max_new_tokens 0: prefill only
+        toks, res, _ = run_generate(lib, m.c, prompt, gen_params(lib, m.m, max_new_tokens=0))
+        assert toks == [] and res.finish == 3
+        # bad parameters: one line, nothing started
+        for kw, msg in [({"temperature": float("nan")}, "temperature"), ({"top_p": 0.0}, "top_p"),
+                        ({"repetition_penalty": float("inf")}, "repetition_penalty"), ({"min_p": 2.0}, "min_p"),
+                        ({"max_new_tokens": -1}, "max_new_tokens")]:
+            ids = (C.c_int32 * 1)(5)
+            assert lib.el_generate_start(m.c, ids, 1, C.byref(gen_params(lib, m.m, **kw))) == -1
+            assert msg in err(lib) and "\n" not in err(lib)
+        # stop strings need tokenizer.bin, which the toy package has not
+        s = (C.c_char_p * 1)(b"x")
+        assert lib.el_generate_start(m.c, (C.c_int32 * 1)(5), 1, C.byref(gen_params(
+            lib, m.m, n_stop_strings=1, stop_strings=C.cast(s, C.POINTER(C.c_char_p))))) == -1
+        assert "tokenizer.bin" in err(lib)
+    finally:
+        m.close()
+
+
+def test_generate_reset_cancels(lib, pkg):
+    from edgellm.runtime.lib import Event
+
+    m = load(lib, pkg)
+    try:
+        ids = (C.c_int32 * 2)(5, 6)
+        assert lib.el_generate_start(m.c, ids, 2, C.byref(gen_params(lib, m.m, max_new_tokens=5, ignore_eos=1))) == 0
+        ev = Event()
+        assert lib.el_generate_next(m.c, C.byref(ev)) == 1
+        lib.el_reset(m.c)
+        assert lib.el_generate_next(m.c, C.byref(ev)) == 0 and ev.finish == 5
+        assert lib.el_pos(m.c) == 0
+    finally:
+        m.close()
+
+
 # --- sampler ------------------------------------------------------------------------------------------------------
 
-def sampler(lib, temperature=1.0, top_k=0, top_p=1.0, rep=1.0, seed=0):
-    p = SamplerParams(temperature, top_k, top_p, rep, seed)
+def sampler(lib, temperature=1.0, top_k=0, top_p=1.0, rep=1.0, seed=0, min_p=0.0, presence=0.0, frequency=0.0):
+    p = SamplerParams(temperature, top_k, top_p, min_p, rep, presence, frequency, seed)
     s = lib.el_sampler_new(C.byref(p))
     assert s, err(lib)
     return s
 
 
-def sample(lib, s, logits, history=None):
+def sample(lib, s, logits, history=None, n_prompt=None):
     lg = np.array(logits, np.float32)
     h = None if history is None else np.array(history, np.int32)
-    return lib.el_sample(s, ptr(lg), len(lg), None if h is None else ptr(h, I32P), 0 if h is None else len(h))
+    n = 0 if h is None else len(h)
+    return lib.el_sample(s, ptr(lg), len(lg), None if h is None else ptr(h, I32P), n, n if n_prompt is None else n_prompt)
 
 
 def test_sampler_greedy_and_ties(lib):
@@ -496,7 +753,7 @@ def test_sampler_deterministic_and_filters(lib):
     assert draws[0] == draws[1] and len(set(draws[0])) > 10
     s = sampler(lib, temperature=0.8, seed=99)
     assert [sample(lib, s, logits) for _ in range(50)] != draws[0][:50]
-    for kw in ({"top_k": 1}, {"top_p": 1e-6}, {"top_p": 0.0}, {"top_k": 50, "top_p": 1e-6}):
+    for kw in ({"top_k": 1}, {"top_p": 1e-6}, {"top_k": 50, "top_p": 1e-6}):
         s = sampler(lib, temperature=1.5, seed=7, **kw)
         assert all(sample(lib, s, logits) == best for _ in range(50)), kw
         lib.el_sampler_free(s)
@@ -545,8 +802,26 @@ def test_sampler_repetition_penalty(lib):
     assert sample(lib, s, [1.0, 3.0, 2.0], history=[7, -1]) == 1  # out-of-range ids are ignored
     lg = np.array([1.0, 3.0, 2.0], np.float32)
     h = np.array([1], np.int32)
-    lib.el_sample(s, ptr(lg), 3, ptr(h, I32P), 1)
-    assert lg.tolist() == [1.0, 1.5, 2.0]  # applied in place
+    lib.el_sample(s, ptr(lg), 3, ptr(h, I32P), 1, 1)
+    assert lg.tolist() == [1.0, 3.0, 2.0]  # the caller's logits are never modified
+    lib.el_sampler_free(s)
+
+
+def test_sampler_presence_frequency_min_p(lib):
+    # presence / frequency: over the generated ids only (history after n_prompt)
+    s = sampler(lib, temperature=0, presence=1.5)
+    assert sample(lib, s, [1.0, 2.0, 1.9], history=[1], n_prompt=1) == 1  # id 1 is in the prompt: no penalty
+    assert sample(lib, s, [1.0, 2.0, 1.9], history=[1], n_prompt=0) == 2  # generated: 2 - 1.5 < 1.9
+    lib.el_sampler_free(s)
+    s = sampler(lib, temperature=0, frequency=0.3)
+    assert sample(lib, s, [1.0, 2.0, 1.5], history=[1], n_prompt=0) == 1     # 2 - 0.3 > 1.5
+    assert sample(lib, s, [1.0, 2.0, 1.5], history=[1, 1], n_prompt=0) == 2  # 2 - 0.6 < 1.5
+    lib.el_sampler_free(s)
+    # min_p: only tokens with p >= min_p * p(best)
+    p = np.array([0.5, 0.3, 0.12, 0.08])
+    s = sampler(lib, temperature=1.0, min_p=0.5, seed=9)
+    seen = {sample(lib, s, np.log(p)) for _ in range(2000)}
+    assert seen == {0, 1}
     lib.el_sampler_free(s)
 
 
@@ -561,8 +836,9 @@ def test_sampler_frequencies(lib):
 
 
 def test_sampler_bad_params(lib):
-    assert not lib.el_sampler_new(C.byref(SamplerParams(1.0, 0, 1.0, 0.0, 0)))
+    assert not lib.el_sampler_new(C.byref(SamplerParams(1.0, 0, 1.0, 0.0, 0.0, 0.0, 0.0, 0)))
     assert "repetition_penalty" in err(lib)
+    assert not lib.el_sampler_new(C.byref(SamplerParams(1.0, 0, 1.0, 0.0, float("inf"), 0.0, 0.0, 0)))
     assert not lib.el_sampler_new(None)
 
 

@@ -69,6 +69,9 @@ def float_cases():
         ("embed", {"T": 3, "V": 50, "D": 24}, [np.array([0, 49, 7], np.int32), rn(50, 24)], (3, 24)),
         ("embed_q8", {"T": 3, "V": 37, "D": 64}, [np.array([36, 0, 20], np.int32), q8["qweight"], q8["scales"]], (3, 64)),
         ("embed_q6", {"T": 3, "V": 37, "D": 64}, [np.array([36, 0, 20], np.int32), q6["qweight"], q6["scales"]], (3, 64)),
+        # sliding-window attention: windows starting inside a key chunk, and (W=20, S=50) one covering a whole chunk
+        ("attention", {"T": 3, "NH": 4, "KVH": 2, "D": 16, "W": 4}, [rn(3, 4, 16), rn(40, 2, 16), rn(40, 2, 16)], (3, 64)),
+        ("attention", {"T": 1, "NH": 2, "KVH": 2, "D": 32, "W": 20}, [rn(1, 2, 32), rn(50, 2, 32), rn(50, 2, 32)], (1, 64)),
     ]
 
 

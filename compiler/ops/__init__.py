@@ -13,7 +13,7 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 | rmsnorm   | R, D, eps                 | x f32[R, D], w f32[D], out f32[R, D]                             |
 | linear    | T, N, K, wdtype, bias     | x f32[T, K], W wdtype[N, K], [b f32[N]], out f32[T, N]           |
 | rope      | T, H, D                   | x f32[T, H, D], cos f32[T, D/2], sin f32[T, D/2], out f32[T, H, D] |
-| attention | T, NH, KVH, D             | q f32[T, NH, D], k/v f32[S, KVH, D], out f32[T, NH*D] (S: symbolic int64 "S") |
+| attention | T, NH, KVH, D, W          | q f32[T, NH, D], k/v f32[S, KVH, D], out f32[T, NH*D] (S: symbolic int64 "S") |
 | add       | R, N                      | a, b f32[R, N], out f32[R, N]                                    |
 | swiglu    | T, F                      | g, u f32[T, F], out f32[T, F]                                    |
 | copy      | R, N                      | a f32[R, N], out f32[R, N]                                       |
@@ -23,7 +23,8 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 | linear_t2 | T, N, K, bias             | x f32[T, K], qweight u8[N, K/4], scale f32[1], [b], out f32[T, N] |
 | linear_t2_lut | T, N, K, bias         | same args as linear_t2 (lookup-table kernel)                     |
 
-wdtype is "float32" or "float16" (default "float32"); bias defaults to False.
+wdtype is "float32" or "float16" (default "float32"); bias defaults to False. attention's W: sliding window
+(query at position p attends keys p-W+1 .. p), default 0 = full causal attention; named "_w<W>" only when W > 0.
 Quantized ops (linear_quant.py): weights in the packed layouts of edgellm.quant.packing (produced by the
 schemes' quantize()); K must be a multiple of 32 (q8), of G (q4, G in 32/64/128) or of 16 (t2).
 """
@@ -59,6 +60,9 @@ class CpuInfo:
 
 # op -> ordered (param, short name in the kernel name, type, default or REQUIRED)
 REQUIRED = object()
+# int params that may be 0 (meaning "off"); they are left out of the kernel name when 0, so the names of kernels
+# from before the param existed do not change
+ZERO_OFF = {("attention", "W")}
 OPS = {
     "embed": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED),
               ("wdtype", "", str, "float32")],
@@ -67,7 +71,7 @@ OPS = {
                ("wdtype", "", str, "float32"), ("bias", "b", bool, False)],
     "rope": [("T", "t", int, REQUIRED), ("H", "h", int, REQUIRED), ("D", "d", int, REQUIRED)],
     "attention": [("T", "t", int, REQUIRED), ("NH", "nh", int, REQUIRED), ("KVH", "kvh", int, REQUIRED),
-                  ("D", "d", int, REQUIRED)],
+                  ("D", "d", int, REQUIRED), ("W", "w", int, 0)],
     "add": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
@@ -110,8 +114,9 @@ def kernel_params(op: str, params: dict) -> dict:
         else:
             v = params[name]
         if typ is int:
-            if isinstance(v, bool) or int(v) != v or int(v) < 1:
-                raise ValueError(f"{op}: {name} must be a positive int, got {v!r}")
+            lo = 0 if (op, name) in ZERO_OFF else 1
+            if isinstance(v, bool) or int(v) != v or int(v) < lo:
+                raise ValueError(f"{op}: {name} must be a {'non-negative' if lo == 0 else 'positive'} int, got {v!r}")
             v = int(v)
         elif typ is float:
             v = float(v)
@@ -143,7 +148,8 @@ def kernel_params(op: str, params: dict) -> dict:
 
 
 def _name(op: str, p: dict) -> str:
-    return kernel_name(op, [(short, p[name]) for name, short, _, _ in OPS[op]])
+    return kernel_name(op, [(short, p[name]) for name, short, _, _ in OPS[op]
+                            if not ((op, name) in ZERO_OFF and p[name] == 0)])
 
 
 def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
@@ -152,7 +158,7 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
             return _linear.make(cpu, p["T"], p["N"], p["K"], p["wdtype"], p["bias"])
         return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"])
     if op == "attention":
-        return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast)
+        return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast, W=p["W"])
     if op in QUANT_LINEAR_OPS:
         maker = _linear_quant.make if fast else (lambda _op, _cpu, *a, **k: _linear_quant.make_naive(_op, *a, **k))
         return maker(op, cpu, p["T"], p["N"], p["K"], G=p.get("G"), bias=p["bias"])

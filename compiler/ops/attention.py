@@ -3,6 +3,7 @@
 q f32[T, NH, D], k f32[S, KVH, D], v f32[S, KVH, D] -> out f32[T, NH*D].
 Query t sits at absolute position n_t - 1 = S - T + t and attends keys j < n_t; k/v rows past that are
 never read (they may hold padding or garbage). Head h uses kv head h // (NH // KVH); scale 1/sqrt(D).
+Sliding window W > 0 (Mistral, Qwen2/3 sliding layers): query t attends only keys max(0, n_t - W) <= j < n_t.
 
 Schedule (hand-written TIR):
 - One parallel task per block of R = Gb heads (of one GQA group) x Tq consecutive queries; tasks are
@@ -16,6 +17,10 @@ Schedule (hand-written TIR):
   the score -3e38 (exp -> exactly 0) and are never loaded.
 - Then running max m, rescale alpha = exp(m_old - m_new), p = exp(s - m_new) vectorized over the chunk
   (polynomial exp, no libm), acc += p * v[j] with the row's D-lane accumulator held in a stack buffer.
+- Window (W > 0, a separate code path; W = 0 generates exactly the full-causal kernel): the chunk loop starts
+  at the chunk holding the lowest key the block's first query sees, so a task costs O(W + Tq) keys whatever S
+  is; a chunk that a row's window starts inside takes the partial-chunk path, its keys below the window keep
+  the score -3e38 and are never loaded.
 - Scratch is constant-size per task (nothing depends on S): stack allocas when < 1 KiB, otherwise one
   TVMBackendAllocWorkspace per task (q/acc rows when R*D >= 256).
 """
@@ -72,8 +77,9 @@ def blocking(cpu, T_: int, NH: int, KVH: int):
     return Gb, Tq
 
 
-def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False):
-    """simple=True: one row per task, per-key dot products only (fallback)."""
+def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int = 0):
+    """simple=True: one row per task, per-key dot products only (fallback).
+    W > 0: sliding window, query t attends keys max(0, n_t - W) <= j < n_t; W = 0: full causal attention."""
     if NH % KVH != 0:
         raise ValueError(f"NH={NH} not a multiple of KVH={KVH}")
     VL = cpu.vector_lanes
@@ -88,6 +94,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False):
     NHB = G // Gb  # head blocks per kv head
     NTB = T_ // Tq  # query blocks
     ntask = KVH * NHB * NTB
+    if W < 0:
+        raise ValueError(f"window W={W} must be >= 0")
+    windowed = W > 0  # a Python bool: the parser keeps only the taken branch, W = 0 gives the unwindowed kernel
 
     @T.prim_func
     def attention(q: T.handle, k: T.handle, v: T.handle, o: T.handle):
@@ -117,43 +126,87 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False):
                         acc[r * D + dc * VD + l] = T.float32(0)
                 st[r * 4] = T.float32(NEG)
                 st[r * 4 + 3] = T.float32(0)
-            for c in range((nmax + (C - 1)) // C):
-                for r in range(R):
-                    # keys of this chunk visible to row r (row r sees keys j < nmax - Tq + 1 + r % Tq)
-                    nv: T.let = T.min(C, nmax - Tq + 1 + r % Tq - c * C)
-                    if nv > 0:
-                        if tree and nv == C:  # full chunk: shuffle-tree scores
-                            for jj in range(C // 2):
-                                for l in T.vectorized(VD):
-                                    pv0[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + jj, kh, l, VD, ND)
-                                    pv1[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + C // 2 + jj, kh, l, VD, ND)
-                            sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
-                        else:  # last, partial chunk: per-key dot products, invisible keys stay -3e38
-                            for jj in T.vectorized(C):
-                                sc[jj] = T.float32(NEG)
-                            for jj in range(nv):
-                                for l in T.vectorized(VD):
-                                    part[l] = T.float32(0)
-                                for dc in T.unroll(ND):
+            if windowed:  # same as below, from the first chunk holding a key the block's first query sees
+                c_lo: T.let = T.max((nmax - Tq + 1 - W) // C, 0)
+                for c in range(c_lo, (nmax + (C - 1)) // C):
+                    for r in range(R):
+                        # row r sees keys j0 + c * C <= j < nv + c * C of this chunk (0 <= j0, nv <= C)
+                        n_r: T.let = nmax - Tq + 1 + r % Tq  # keys j < n_r are causal for row r
+                        nv: T.let = T.min(C, n_r - c * C)
+                        j0: T.let = T.max(n_r - W - c * C, 0)
+                        if nv > j0:
+                            if tree and j0 == 0 and nv == C:  # full chunk: shuffle-tree scores
+                                for jj in range(C // 2):
                                     for l in T.vectorized(VD):
-                                        part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[c * C + jj, kh, dc * VD + l]
-                                sc[jj] = hsum(part, VD)
-                        st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
-                        st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
-                        for jj in T.vectorized(C):
-                            sc[jj] = fast_exp(sc[jj] - st[r * 4 + 1])
-                        st[r * 4 + 3] = st[r * 4 + 3] * st[r * 4 + 2] + hsum(sc, C)
-                        st[r * 4] = st[r * 4 + 1]
-                        for dc in T.unroll(ND):
-                            for l in T.vectorized(VD):
-                                ar[dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 2]
-                        for jj in range(nv):
+                                        pv0[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + jj, kh, l, VD, ND)
+                                        pv1[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + C // 2 + jj, kh, l, VD, ND)
+                                sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
+                            else:  # chunk cut by the window's start or the causal end: invisible keys stay -3e38
+                                for jj in T.vectorized(C):
+                                    sc[jj] = T.float32(NEG)
+                                for jj in range(nv):  # not range(j0, nv): TVM 0.27 CompactBufferAllocation overflows int32 on it
+                                    if jj >= j0:
+                                        for l in T.vectorized(VD):
+                                            part[l] = T.float32(0)
+                                        for dc in T.unroll(ND):
+                                            for l in T.vectorized(VD):
+                                                part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[c * C + jj, kh, dc * VD + l]
+                                        sc[jj] = hsum(part, VD)
+                            st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
+                            st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
+                            for jj in T.vectorized(C):
+                                sc[jj] = fast_exp(sc[jj] - st[r * 4 + 1])
+                            st[r * 4 + 3] = st[r * 4 + 3] * st[r * 4 + 2] + hsum(sc, C)
+                            st[r * 4] = st[r * 4 + 1]
                             for dc in T.unroll(ND):
                                 for l in T.vectorized(VD):
-                                    ar[dc * VD + l] = ar[dc * VD + l] + sc[jj] * Vc[c * C + jj, kh, dc * VD + l]
-                        for dc in T.unroll(ND):
-                            for l in T.vectorized(VD):
-                                acc[r * D + dc * VD + l] = ar[dc * VD + l]
+                                    ar[dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 2]
+                            for jj in range(nv):
+                                if jj >= j0:
+                                    for dc in T.unroll(ND):
+                                        for l in T.vectorized(VD):
+                                            ar[dc * VD + l] = ar[dc * VD + l] + sc[jj] * Vc[c * C + jj, kh, dc * VD + l]
+                            for dc in T.unroll(ND):
+                                for l in T.vectorized(VD):
+                                    acc[r * D + dc * VD + l] = ar[dc * VD + l]
+            else:  # full causal attention (W = 0: exactly the kernel without window support)
+                for c in range((nmax + (C - 1)) // C):
+                    for r in range(R):
+                        # keys of this chunk visible to row r (row r sees keys j < nmax - Tq + 1 + r % Tq)
+                        nv: T.let = T.min(C, nmax - Tq + 1 + r % Tq - c * C)
+                        if nv > 0:
+                            if tree and nv == C:  # full chunk: shuffle-tree scores
+                                for jj in range(C // 2):
+                                    for l in T.vectorized(VD):
+                                        pv0[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + jj, kh, l, VD, ND)
+                                        pv1[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + C // 2 + jj, kh, l, VD, ND)
+                                sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
+                            else:  # last, partial chunk: per-key dot products, invisible keys stay -3e38
+                                for jj in T.vectorized(C):
+                                    sc[jj] = T.float32(NEG)
+                                for jj in range(nv):
+                                    for l in T.vectorized(VD):
+                                        part[l] = T.float32(0)
+                                    for dc in T.unroll(ND):
+                                        for l in T.vectorized(VD):
+                                            part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[c * C + jj, kh, dc * VD + l]
+                                    sc[jj] = hsum(part, VD)
+                            st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
+                            st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
+                            for jj in T.vectorized(C):
+                                sc[jj] = fast_exp(sc[jj] - st[r * 4 + 1])
+                            st[r * 4 + 3] = st[r * 4 + 3] * st[r * 4 + 2] + hsum(sc, C)
+                            st[r * 4] = st[r * 4 + 1]
+                            for dc in T.unroll(ND):
+                                for l in T.vectorized(VD):
+                                    ar[dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 2]
+                            for jj in range(nv):
+                                for dc in T.unroll(ND):
+                                    for l in T.vectorized(VD):
+                                        ar[dc * VD + l] = ar[dc * VD + l] + sc[jj] * Vc[c * C + jj, kh, dc * VD + l]
+                            for dc in T.unroll(ND):
+                                for l in T.vectorized(VD):
+                                    acc[r * D + dc * VD + l] = ar[dc * VD + l]
             for r in range(R):
                 st[r * 4 + 3] = T.float32(1) / st[r * 4 + 3]
                 for dc in T.unroll(ND):

@@ -54,13 +54,15 @@ def reference(op: str, args, **p) -> np.ndarray:
         T, NH, D = q.shape
         S, KVH = k.shape[0], k.shape[1]
         G = NH // KVH
+        W = int(p.get("W", 0))  # sliding window (0: full causal attention)
         out = np.zeros((T, NH, D))
         for t in range(T):
             n = S - T + t + 1
+            lo = max(0, n - W) if W else 0
             for h in range(NH):
-                s = k[:n, h // G] @ q[t, h] / np.sqrt(D)
+                s = k[lo:n, h // G] @ q[t, h] / np.sqrt(D)
                 e = np.exp(s - s.max())
-                out[t, h] = (e / e.sum()) @ v[:n, h // G]
+                out[t, h] = (e / e.sum()) @ v[lo:n, h // G]
         return out.reshape(T, NH * D)
     if op == "add":
         return _f64(a[0]) + _f64(a[1])

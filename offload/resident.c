@@ -1,6 +1,6 @@
-/* Weight store policies. "resident": every weight in memory for the life of the model. */
+/* Weight store policy "resident": every weight in memory for the life of the model (offload/store.h). */
 #define _GNU_SOURCE
-#include "weight_store.h"
+#include "store.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,37 +18,40 @@ typedef struct {
   uint32_t n;
   uint8_t* data;   /* file contents */
   uint64_t bytes;  /* file size */
-  int mapped;      /* 1: data is an mmap of the file; 2: a copy in anonymous huge pages (mmap); 0: malloc'd copy */
-  uint64_t map_len; /* bytes mapped at data (mapped != 0): the file size, or whole huge pages of the copy */
+  int huge;         /* data is a copy in anonymous huge pages */
+  uint64_t map_len; /* bytes mapped at data */
 } resident_store;
 
-static const void* resident_acquire(el_weight_store* s, uint32_t id) {
+/* Read-only after open: safe from any number of threads. */
+static int resident_acquire(el_weight_store* s, const uint32_t* ids, uint32_t n, const void** ptrs) {
   resident_store* r = (resident_store*)s;
-  if (id >= r->n) {
-    snprintf(s->err, sizeof s->err, "weight %u does not exist (the plan has %u)", id, r->n);
-    return NULL;
+  for (uint32_t i = 0; i < n; i++) {
+    if (ids[i] >= r->n) {
+      snprintf(s->err, sizeof s->err, "weight %u does not exist (the plan has %u)", ids[i], r->n);
+      return -1;
+    }
+    ptrs[i] = r->data + r->table[ids[i]].offset;
   }
-  return r->data + r->table[id].offset;
+  return 0;
 }
 
-static void resident_release(el_weight_store* s, uint32_t id) { (void)s, (void)id; }
+static void resident_release(el_weight_store* s, const uint32_t* ids, uint32_t n) { (void)s, (void)ids, (void)n; }
 
 static uint64_t resident_bytes(const el_weight_store* s) { return ((const resident_store*)s)->bytes; }
 
 static void resident_close(el_weight_store* s) {
   resident_store* r = (resident_store*)s;
   if (!r) return;
-  if (r->mapped)
-    munmap(r->data, r->map_len);
-  else
-    free(r->data);
+  if (r->data) munmap(r->data, r->map_len);
   free(r);
 }
 
-/* Whole-file read for when mmap is unavailable (some FUSE/Android storage) or disabled. */
-static uint8_t* read_all(int fd, uint64_t bytes, char* err, size_t errlen, const char* path) {
-  uint8_t* buf = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64); /* + 64: never a zero-size request */
-  if (!buf) {
+/* Whole-file read into anonymous memory, made read-only (a kernel can never write the weights, whichever way they
+ * are held), for when mmap is unavailable (some FUSE/Android storage) or turned off. */
+static uint8_t* read_all(int fd, uint64_t bytes, uint64_t* map_len, char* err, size_t errlen, const char* path) {
+  size_t len = (size_t)bytes ? (size_t)bytes : 1;
+  uint8_t* buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (buf == MAP_FAILED) {
     snprintf(err, errlen, "out of memory reading %s (%llu bytes): free memory or use a smaller model", path,
              (unsigned long long)bytes);
     return NULL;
@@ -56,16 +59,18 @@ static uint8_t* read_all(int fd, uint64_t bytes, char* err, size_t errlen, const
   uint64_t done = 0;
   while (done < bytes) {
     size_t want = bytes - done > (1u << 30) ? (1u << 30) : (size_t)(bytes - done);
-    ssize_t got = read(fd, buf + done, want);
+    ssize_t got = pread(fd, buf + done, want, (off_t)done);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
       snprintf(err, errlen, "cannot read %s at byte %llu: %s; copy the package again", path,
                (unsigned long long)done, got < 0 ? strerror(errno) : "unexpected end of file");
-      free(buf);
+      munmap(buf, len);
       return NULL;
     }
     done += (uint64_t)got;
   }
+  mprotect(buf, len, PROT_READ);
+  *map_len = len;
   return buf;
 }
 
@@ -77,8 +82,7 @@ static uint8_t* read_all(int fd, uint64_t bytes, char* err, size_t errlen, const
  * advised MADV_HUGEPAGE, prefaulted in one call (MADV_POPULATE_WRITE: faulting huge pages one by one inside read()
  * took 4.6 s for 2.2 GB, populate + 2 reader threads 0.2-0.5 s) and made read-only. Used when the kernel offers
  * THP (enabled "always" or "madvise"), the weights are at least HUGE_MIN_PAGES huge pages and MemAvailable holds
- * twice them; any failure falls back to the mmap. EDGELLM_HUGEPAGES=0 turns it off, =1 uses it whatever the size
- * (tests). */
+ * twice them; any failure falls back to the mmap. huge_pages 0 turns it off, 1 uses it whatever the size (tests). */
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
@@ -135,11 +139,10 @@ static void* read_range(void* arg) {
 }
 
 /* The file in read-only anonymous huge pages, or NULL (nothing left allocated) when that is not possible. */
-static uint8_t* load_huge(int fd, uint64_t bytes, uint64_t* map_len) {
-  const char* env = getenv("EDGELLM_HUGEPAGES");
-  if (env && *env == '0') return NULL;
+static uint8_t* load_huge(int fd, uint64_t bytes, int mode, uint64_t* map_len) {
+  if (mode == 0) return NULL;
   size_t h = thp_size();
-  if (!h || bytes == 0 || (bytes < (uint64_t)HUGE_MIN_PAGES * h && !(env && *env == '1'))) return NULL;
+  if (!h || bytes == 0 || (bytes < (uint64_t)HUGE_MIN_PAGES * h && mode != 1)) return NULL;
   /* The copy is pinned anonymous memory: take it only with room for it and the file's page cache beside it; a
    * mapping of the file degrades gracefully under memory pressure (its pages can be dropped and read again). */
   if (mem_available() / 2 < bytes) return NULL;
@@ -170,13 +173,25 @@ static uint8_t* load_huge(int fd, uint64_t bytes, uint64_t* map_len) {
 }
 
 el_weight_store* el_store_open_resident(const el_store_config* cfg, char* err, size_t errlen) {
-  int fd = open(cfg->path, O_RDONLY | O_CLOEXEC);
+  if (cfg->budget && cfg->budget < cfg->file_bytes) {
+    snprintf(err, errlen, "the memory budget (%llu bytes) is smaller than the weights (%llu bytes) and the "
+             "\"resident\" policy holds them all: raise the budget or drop it", (unsigned long long)cfg->budget,
+             (unsigned long long)cfg->file_bytes);
+    return NULL;
+  }
+  /* O_NONBLOCK: a FIFO put in place of weights.bin must not hang open(); it is refused below */
+  int fd = open(cfg->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     snprintf(err, errlen, "cannot open %s: %s; recompile the package or copy it again", cfg->path, strerror(errno));
     return NULL;
   }
   struct stat st;
-  if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != cfg->file_bytes) {
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    snprintf(err, errlen, "%s is not a regular file; recompile the package or copy it again", cfg->path);
+    close(fd);
+    return NULL;
+  }
+  if ((uint64_t)st.st_size != cfg->file_bytes) {
     snprintf(err, errlen, "%s has %llu bytes, the plan needs %llu; recompile the package or copy it again",
              cfg->path, (unsigned long long)st.st_size, (unsigned long long)cfg->file_bytes);
     close(fd);
@@ -191,22 +206,22 @@ el_weight_store* el_store_open_resident(const el_store_config* cfg, char* err, s
   r->table = cfg->table;
   r->n = cfg->n;
   r->bytes = cfg->file_bytes;
-  const char* nomap = getenv("EDGELLM_NO_MMAP");
-  if ((r->data = load_huge(fd, r->bytes, &r->map_len))) {
-    r->mapped = 2;
+  if ((r->data = load_huge(fd, r->bytes, cfg->huge_pages, &r->map_len))) {
+    r->huge = 1;
     r->base.bytes_huge = r->bytes;
   }
-  if (r->bytes > 0 && !r->mapped && !(nomap && *nomap && *nomap != '0')) {
-    /* MAP_PRIVATE + PROT_READ: pages come from the page cache and are never written back or copied. */
+  if (r->bytes > 0 && !r->data && cfg->use_mmap) {
+    /* MAP_PRIVATE + PROT_READ: pages come from the page cache and are never written back or copied. Truncating
+     * the file under a running model makes the next access fault (SIGBUS), as for any mapped file: packages are
+     * not to be modified while in use (README, "Trust and safety"). */
     void* p = mmap(NULL, r->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p != MAP_FAILED) {
       madvise(p, r->bytes, MADV_WILLNEED); /* start read-ahead of the whole file now, not on first touch */
       r->data = p;
-      r->mapped = 1;
       r->map_len = r->bytes;
     }
   }
-  if (!r->mapped && !(r->data = read_all(fd, r->bytes, err, errlen, cfg->path))) {
+  if (!r->data && !(r->data = read_all(fd, r->bytes, &r->map_len, err, errlen, cfg->path))) {
     close(fd);
     free(r);
     return NULL;
@@ -214,6 +229,7 @@ el_weight_store* el_store_open_resident(const el_store_config* cfg, char* err, s
   close(fd); /* an mmap keeps its own reference to the file */
   r->base.acquire = resident_acquire;
   r->base.release = resident_release;
+  r->base.prefetch = NULL; /* everything is resident: hints are useless */
   r->base.close = resident_close;
   r->base.bytes_resident = resident_bytes;
   r->base.policy = "resident";

@@ -1,0 +1,290 @@
+/* el_context: one conversation over a shared model. It owns the KV cache, the activation arena and the position,
+ * and runs the model's programs on the backends they name. Every public function locks the context, so the
+ * position is read and advanced under the lock (two threads on one context are serialised per call, never a torn
+ * position); distinct contexts run concurrently.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "el_internal.h"
+
+static const char* const PROGRAM_NAMES[EL_N_PROGRAMS] = EL_PROGRAM_NAMES;
+
+/* Zeroed, page-aligned memory straight from the kernel: no memset of big caches, pages appear on first use. */
+static void* map_zeroed(size_t bytes) {
+  void* p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+uint8_t* el_cache_of(el_context* c, uint32_t kind, uint32_t layer) {
+  return c->caches + c->cache_stride * (2 * (size_t)layer + (kind == EL_ARG_VCACHE));
+}
+
+/* Profile (EDGELLM_PROFILE=1) ------------------------------------------------------------------------------------ */
+
+/* At context free, per program a table of its kernels (time summed over the steps that call the same kernel) to
+ * stderr, slowest first. Off by default: it costs two clock reads per step. */
+static void profile_report(const el_context* c) {
+  const el_model* m = c->m;
+  for (int k = 0; k < EL_N_PROGRAMS; k++) {
+    const el_program* pg = &m->prog[k];
+    const double* ts = c->prof_s + c->prof_base[k];
+    double total = 0;
+    for (uint32_t i = 0; i < pg->n_steps; i++) total += ts[i];
+    uint64_t runs = c->prof_runs[k];
+    if (total <= 0 || !runs) continue;
+    fprintf(stderr, "edgellm profile: %s, %llu runs, %.3f ms per run in kernels, %.3f ms per run in all\n",
+            PROGRAM_NAMES[k], (unsigned long long)runs, 1e3 * total / runs, 1e3 * c->prof_wall[k] / runs);
+    fprintf(stderr, "  %6s %9s %6s  %s\n", "%", "ms/run", "steps", "kernel");
+    char* done = calloc(pg->n_steps ? pg->n_steps : 1, 1); /* aggregate by kernel name: O(n^2) over a few hundred steps */
+    if (!done) return;
+    for (;;) {
+      int best = -1;
+      double best_t = -1;
+      for (uint32_t i = 0; i < pg->n_steps; i++) {
+        if (done[i]) continue;
+        double t = 0;
+        for (uint32_t j = i; j < pg->n_steps; j++)
+          if (!done[j] && strcmp(pg->steps[j].kernel_name, pg->steps[i].kernel_name) == 0) t += ts[j];
+        if (t > best_t) best_t = t, best = (int)i;
+      }
+      if (best < 0) break;
+      int n = 0;
+      for (uint32_t j = (uint32_t)best; j < pg->n_steps; j++)
+        if (!done[j] && strcmp(pg->steps[j].kernel_name, pg->steps[best].kernel_name) == 0) done[j] = 1, n++;
+      if (pg->steps[best].kind == EL_STEP_CALL)
+        fprintf(stderr, "  %6.2f %9.3f %6d  %s\n", 100 * best_t / total, 1e3 * best_t / runs, n,
+                pg->steps[best].kernel_name);
+    }
+    free(done);
+  }
+}
+
+/* Create / free --------------------------------------------------------------------------------------------------- */
+
+EL_API void el_context_free(el_context* c) {
+  if (!c) return;
+  el_model* m = c->m;
+  if (c->prof_s) {
+    profile_report(c);
+    free(c->prof_s);
+    free(c->prof_runs);
+  }
+  el_gen_release(&c->gen);
+  for (int b = 0; b < EL_N_BACKENDS; b++)
+    if (c->backend_ctx[b]) el_backend_get((uint32_t)b)->unbind(c->backend_ctx[b]);
+  if (c->arena) munmap(c->arena, c->arena_map);
+  if (c->caches) munmap(c->caches, c->caches_map);
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+  el_model_unref(m);
+}
+
+EL_API el_context* el_context_new(el_model* m, int n_threads) {
+  if (!m) return el_error("el_context_new: model is NULL"), NULL;
+  if (n_threads > 1024) return el_error("el_context_new: %d threads is too many (at most 256 are used)", n_threads), NULL;
+  pthread_mutex_lock(&m->mu);
+  int freed = m->freed;
+  if (!freed) m->refs++;
+  pthread_mutex_unlock(&m->mu);
+  if (freed) return el_error("el_context_new: the model was freed"), NULL;
+  el_context* c = calloc(1, sizeof *c);
+  if (!c) {
+    el_model_unref(m);
+    return el_error("out of memory"), NULL;
+  }
+  c->m = m;
+  pthread_mutex_init(&c->mu, NULL);
+  const el_plan_header* h = &m->h;
+  c->n_threads = n_threads > 0 ? (n_threads > 256 ? 256 : n_threads) : m->n_threads;
+  if (c->n_threads != m->n_threads && el_pool_reserve(c->n_threads) != 0) goto fail;
+  c->arena_map = (size_t)h->arena_bytes;
+  if (!(c->arena = map_zeroed(c->arena_map))) {
+    el_error("out of memory: the arena needs %llu bytes", (unsigned long long)h->arena_bytes);
+    goto fail;
+  }
+  c->cache_stride = (size_t)(m->cache_bytes + 63) / 64 * 64;
+  c->caches_map = c->cache_stride * 2 * h->n_layers;
+  if (!(c->caches = map_zeroed(c->caches_map))) {
+    el_error("out of memory: the KV cache needs %zu bytes; use a package with a shorter max context", c->caches_map);
+    goto fail;
+  }
+  for (int b = 0; b < EL_N_BACKENDS; b++) {
+    const el_backend* be = el_backend_get((uint32_t)b);
+    if (m->backend_open[b] && be->bind && be->bind(m->backend_state[b], c, &c->backend_ctx[b]) != 0) goto fail;
+  }
+  if (el_profiling()) {
+    uint32_t total = 0;
+    for (int k = 0; k < EL_N_PROGRAMS; k++) c->prof_base[k] = total, total += m->prog[k].n_steps;
+    c->prof_base[EL_N_PROGRAMS] = total;
+    c->prof_s = calloc(total + 1, sizeof *c->prof_s);
+    c->prof_runs = calloc(EL_N_PROGRAMS, sizeof *c->prof_runs);
+    if (!c->prof_s || !c->prof_runs) {
+      free(c->prof_s), free(c->prof_runs);
+      c->prof_s = NULL, c->prof_runs = NULL;
+    }
+  }
+  c->stats.kv_bytes = c->caches_map;
+  c->stats.arena_bytes = c->arena_map;
+  return c;
+fail:
+  el_context_free(c);
+  return NULL;
+}
+
+/* Programs ---------------------------------------------------------------------------------------------------- */
+
+/* Runs program k with `pos` tokens already in the KV cache (context locked). */
+static int run(el_context* c, int k, int pos) {
+  el_model* m = c->m;
+  uint32_t b = m->prog[k].p.backend;
+  double t0 = c->prof_s ? el_now() : 0;
+  int rc = el_backend_get(b)->run(m->backend_state[b], c->backend_ctx[b], c, k, pos);
+  if (c->prof_s) c->prof_wall[k] += el_now() - t0, c->prof_runs[k]++;
+  return rc;
+}
+
+static int check_ids(const el_model* m, const int32_t* ids, int n) {
+  for (int i = 0; i < n; i++)
+    if (ids[i] < 0 || (uint32_t)ids[i] >= m->h.vocab)
+      return el_error("token id %d (at index %d) is outside the vocabulary [0, %u)", ids[i], i, m->h.vocab);
+  return 0;
+}
+
+int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, int all_logits) {
+  el_model* m = c->m;
+  int max = (int)m->h.max_ctx;
+  if (!ids) return el_error("el_prefill: ids is NULL");
+  if (n <= 0) return el_error("el_prefill: prompt of %d tokens; it needs at least one", n);
+  if (n > max - c->pos)
+    return el_error("prompt of %d tokens does not fit: context is at %d of %d; reset the context or shorten the "
+                    "prompt", n, c->pos, max);
+  if (check_ids(m, ids, n) != 0) return -1;
+  double t0 = el_now();
+  int start = c->pos, valid = 0;
+  int k = (all_logits && logits) ? EL_PROG_PREFILL_LOGITS : EL_PROG_PREFILL;
+  const el_plan_program* p = &m->prog[k].p;
+  for (int done = 0; done < n; done += valid) {
+    /* A last piece of at most half a chunk runs through prefill_short when the package has it: a chunk costs the
+     * same however few of its rows are real (1B f16, 128-token chunks: 590 ms for a 5-token prompt, 125 ms as one
+     * 16-token chunk, 501 ms for 64 tokens as four). */
+    int left = n - done;
+    const el_program* sp = &m->prog[EL_PROG_PREFILL_SHORT];
+    if (k == EL_PROG_PREFILL && sp->present && left < (int)m->h.chunk &&
+        (left + (int)sp->p.tokens - 1) / (int)sp->p.tokens * sp->p.tokens <= m->h.chunk / 2)
+      k = EL_PROG_PREFILL_SHORT, p = &sp->p;
+    int C = (int)p->tokens;
+    valid = left < C ? left : C;
+    int32_t* in = (int32_t*)(c->arena + p->in_offset);
+    memcpy(in, ids + done, sizeof(int32_t) * (size_t)valid);
+    memset(in + valid, 0, sizeof(int32_t) * (size_t)(C - valid)); /* padding rows: id 0, masked by causality */
+    if (run(c, k, c->pos) != 0) goto fail;
+    if (k == EL_PROG_PREFILL_LOGITS)
+      for (int r = 0; r < valid; r++)
+        memcpy(logits + (size_t)(done + r) * m->h.vocab, c->arena + p->out_offset + r * p->out_row_bytes,
+               p->out_row_bytes);
+    c->pos += valid;
+  }
+  if (logits && !all_logits) {
+    const el_plan_program* hp = &m->prog[EL_PROG_HEAD].p;
+    memmove(c->arena + hp->in_offset, c->arena + p->out_offset + (uint64_t)(valid - 1) * p->out_row_bytes,
+            p->out_row_bytes);
+    if (run(c, EL_PROG_HEAD, c->pos - 1) != 0) goto fail; /* position of the row it reads */
+    memcpy(logits, c->arena + hp->out_offset, hp->out_row_bytes);
+  }
+  c->stats.prefill_seconds += el_now() - t0;
+  c->stats.prefill_tokens += (uint64_t)n;
+  return 0;
+fail:
+  c->pos = start; /* rows written past start are never read before being rewritten */
+  return -1;
+}
+
+int el_decode_locked(el_context* c, int32_t id, float* logits) {
+  el_model* m = c->m;
+  if (c->pos + 1 > (int)m->h.max_ctx)
+    return el_error("context is full (%d of %d tokens): reset the context or use a package with a longer context",
+                    c->pos, (int)m->h.max_ctx);
+  if (check_ids(m, &id, 1) != 0) return -1;
+  double t0 = el_now();
+  const el_plan_program* p = &m->prog[EL_PROG_DECODE].p;
+  *(int32_t*)(c->arena + p->in_offset) = id;
+  if (run(c, EL_PROG_DECODE, c->pos) != 0) return -1;
+  if (logits) memcpy(logits, c->arena + p->out_offset, p->out_row_bytes);
+  c->pos += 1;
+  c->stats.decode_seconds += el_now() - t0;
+  c->stats.decode_tokens += 1;
+  return 0;
+}
+
+/* Public API ------------------------------------------------------------------------------------------------------ */
+
+EL_API int el_prefill(el_context* c, const int32_t* ids, int n, float* logits, int all_logits) {
+  if (!c) return el_error("el_prefill: context is NULL");
+  pthread_mutex_lock(&c->mu);
+  int rc = el_prefill_locked(c, ids, n, logits, all_logits);
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+EL_API int el_decode(el_context* c, int32_t id, float* logits) {
+  if (!c) return el_error("el_decode: context is NULL");
+  pthread_mutex_lock(&c->mu);
+  int rc = el_decode_locked(c, id, logits);
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+EL_API int el_reset(el_context* c) {
+  if (!c) return el_error("el_reset: context is NULL");
+  pthread_mutex_lock(&c->mu);
+  c->pos = 0; /* stale cache rows are harmless: a run writes rows pos.. before any kernel reads them */
+  if (c->gen.active && !c->gen.finish) c->gen.finish = EL_FINISH_CANCELLED;
+  pthread_mutex_unlock(&c->mu);
+  return 0;
+}
+
+EL_API int el_pos(const el_context* c) {
+  if (!c) return el_error("el_pos: context is NULL");
+  el_context* w = (el_context*)c;
+  pthread_mutex_lock(&w->mu);
+  int pos = c->pos;
+  pthread_mutex_unlock(&w->mu);
+  return pos;
+}
+
+EL_API int el_context_threads(const el_context* c) { return c ? c->n_threads : el_error("context is NULL"); }
+EL_API el_model* el_context_model(const el_context* c) { return c ? c->m : NULL; }
+
+EL_API void el_get_stats(const el_context* c, el_stats* out) {
+  if (!out) return;
+  memset(out, 0, sizeof *out);
+  if (!c) {
+    el_error("el_get_stats: context is NULL");
+    return;
+  }
+  el_context* w = (el_context*)c;
+  pthread_mutex_lock(&w->mu);
+  *out = c->stats;
+  out->weight_bytes_resident = c->m->store->bytes_resident(c->m->store);
+  out->weight_bytes_huge = c->m->store->bytes_huge;
+  out->kv_bytes = c->caches_map;
+  out->arena_bytes = c->arena_map;
+  uint64_t vocab = c->m->h.vocab;
+  out->context_bytes = c->caches_map + c->arena_map + sizeof *c +
+                       (c->gen.logits ? 4 * vocab : 0) + el_sampler_bytes(c->gen.sampler) +
+                       (uint64_t)c->gen.cap_hist * 4 + c->gen.text_cap;
+  pthread_mutex_unlock(&w->mu);
+}
+
+EL_API void el_reset_stats(el_context* c) {
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  uint64_t kv = c->stats.kv_bytes, arena = c->stats.arena_bytes;
+  memset(&c->stats, 0, sizeof c->stats);
+  c->stats.kv_bytes = kv, c->stats.arena_bytes = arena;
+  pthread_mutex_unlock(&c->mu);
+}

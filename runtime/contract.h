@@ -1,0 +1,174 @@
+/* The package contract, C side: file names, format versions, plan.bin struct layouts, codes and program names.
+ *
+ * Its Python twin is runtime/contract.py (the compiler writes what this header reads); tests/test_contract.py
+ * compiles this header and checks every value, struct size and field offset against the Python module, so the two
+ * cannot drift apart. Change both together and bump EL_PLAN_VERSION when a layout changes.
+ *
+ * plan.bin, little-endian, every struct a multiple of 8 bytes:
+ *   el_plan_header
+ *   el_plan_weight x n_weights      where each weight lives in weights.bin
+ *   el_plan_kernel x n_kernels      kernel symbols (without "__tvm_ffi_"), arity and which args each writes
+ *   per program (n_programs):
+ *     el_plan_program
+ *     per step (n_steps): el_plan_step, then el_plan_arg x n_args (CALL steps; ROUTE steps have none)
+ *
+ * A program runs on the backend its tag names (EL_BACKEND_*). A CALL step calls one kernel. A ROUTE step reads
+ * n_select int32 expert ids (written by an earlier step, e.g. a router's top-k) from the arena and runs the n_body
+ * CALL steps that follow it once per id: in those, EL_FLAG_EXPERT weight args use weight index + e * expert_stride
+ * for expert e, and EL_FLAG_SLOT arena args move by i rows for the i-th id.
+ */
+#ifndef EDGELLM_CONTRACT_H
+#define EDGELLM_CONTRACT_H
+#include <stdint.h>
+
+/* Files of a package directory */
+#define EL_FORMAT_VERSION 2 /* manifest.json "format_version" */
+#define EL_FILE_MANIFEST "manifest.json"
+#define EL_FILE_PLAN "plan.bin"
+#define EL_FILE_WEIGHTS "weights.bin"
+#define EL_FILE_KERNELS "kernels.so"
+#define EL_FILE_TOKENIZER "tokenizer.bin"
+#define EL_FILE_SUMS "SHA256SUMS" /* "<sha256 hex>  <path>" per file; the package digest is its sha256 */
+#define EL_DIR_BIN "bin"
+#define EL_FILE_RUNNER "bin/edgellm-run"
+
+#define EL_PLAN_MAGIC "EDGEPLAN"
+#define EL_PLAN_VERSION 2
+#define EL_WEIGHT_ALIGN 16384 /* weight regions in weights.bin (Android page size; x86's 4 KiB divides it) */
+#define EL_TENSOR_ALIGN 64    /* every tensor a kernel sees: TVM compiles with this alignment assumption */
+#define EL_MAX_EOS 8
+#define EL_MAX_ARGS_NDIM 4
+
+enum { EL_ARCH_X86_64 = 1, EL_ARCH_AARCH64 = 2 };
+
+/* DLPack dtype codes */
+enum { EL_DT_INT = 0, EL_DT_UINT = 1, EL_DT_FLOAT = 2, EL_DT_BFLOAT = 4 };
+
+/* Argument kinds */
+enum {
+  EL_ARG_ARENA = 0,  /* data = arena + offset */
+  EL_ARG_WEIGHT = 1, /* data = weight[index] + offset (+ pos rows with AT_POS) */
+  EL_ARG_KCACHE = 2, /* layer `index` K cache */
+  EL_ARG_VCACHE = 3, /* layer `index` V cache */
+};
+
+/* Argument flags */
+enum {
+  EL_FLAG_AT_POS = 1, /* data advanced by pos rows (row = product of shape[1..ndim-1] elements) */
+  EL_FLAG_PREFIX = 2, /* KV prefix: data = cache start, shape[0] at run time = pos + shape[0] */
+  EL_FLAG_EXPERT = 4, /* in a ROUTE body, a weight: index + expert * expert_stride */
+  EL_FLAG_SLOT = 8,   /* in a ROUTE body, an arena view moved by i rows for the i-th selected id */
+};
+
+enum { EL_STEP_CALL = 0, EL_STEP_ROUTE = 1 };
+
+/* Backends, one per program (the tag is the index) */
+enum { EL_BACKEND_TVM_CPU = 0, EL_N_BACKENDS = 1 };
+#define EL_BACKEND_NAMES {"tvm_cpu"}
+
+/* Programs. prefill_short is optional (packages with long chunks run a prompt's last piece through it); the rest
+ * are required. A runtime checks then skips programs it does not know, so newer compilers' extras are harmless. */
+enum { EL_PROG_PREFILL = 0, EL_PROG_PREFILL_LOGITS, EL_PROG_DECODE, EL_PROG_HEAD, EL_PROG_PREFILL_SHORT, EL_N_PROGRAMS };
+#define EL_PROGRAM_NAMES {"prefill", "prefill_logits", "decode", "head", "prefill_short"}
+
+/* el_plan_kernel.flags / el_kernel_info.flags */
+enum { EL_KERNEL_WRITES_KV = 1 /* its outputs may be KV cache views (RoPE'd K, V projections, copies) */ };
+
+/* Sampling defaults the compiler derives from generation_config.json (transformers' generate() semantics). */
+typedef struct {
+  float temperature; /* 0: greedy */
+  int32_t top_k;     /* 0: off */
+  float top_p;       /* 1: off */
+  float min_p;       /* 0: off */
+  float repetition_penalty; /* 1: off */
+  float presence_penalty;   /* 0: off */
+  float frequency_penalty;  /* 0: off */
+  uint32_t reserved;
+} el_plan_sampling;
+
+typedef struct {
+  char magic[8];          /* EL_PLAN_MAGIC */
+  uint32_t version;       /* EL_PLAN_VERSION */
+  uint32_t arch;          /* EL_ARCH_* the kernels were built for */
+  char features[64];      /* comma-separated CPU features the kernels need, e.g. "avx512f,fma,f16c" */
+  char target[32];        /* target registry name, for messages */
+  uint8_t build_id[16];   /* random per compile: a static edgellm-run runs only the package it was built with */
+  uint32_t vocab;
+  uint32_t dim;
+  uint32_t n_layers;
+  uint32_t n_kv_heads;
+  uint32_t head_dim;
+  uint32_t max_ctx;       /* longest sequence a user may run */
+  uint32_t chunk;         /* prefill chunk length C */
+  uint32_t kv_rows;       /* rows per KV cache buffer (>= max_ctx; a padded last chunk writes up to chunk-1 more) */
+  uint32_t kv_dtype_bits; /* 32 (f32) */
+  uint32_t n_weights;
+  uint32_t n_kernels;
+  uint32_t n_programs;
+  uint64_t arena_bytes;   /* one activation arena shared by all programs of a context */
+  uint64_t weights_bytes; /* exact size weights.bin must have */
+  int32_t bos_id;         /* -1 if none */
+  int32_t n_eos;
+  int32_t eos_ids[EL_MAX_EOS];
+  el_plan_sampling sampling;
+} el_plan_header;
+
+typedef struct {
+  uint64_t offset; /* byte offset in weights.bin (EL_WEIGHT_ALIGN aligned) */
+  uint64_t nbytes;
+} el_plan_weight;
+
+typedef struct {
+  char name[64];   /* exported as __tvm_ffi_<name> */
+  uint32_t n_args;
+  uint32_t flags;  /* EL_KERNEL_* */
+  uint64_t writes; /* bit i: the kernel writes argument i */
+} el_plan_kernel;
+
+typedef struct {
+  char name[24];
+  uint32_t tokens;        /* T: tokens per run (1 or chunk) */
+  uint32_t n_steps;
+  uint64_t in_offset;     /* arena byte offset of the input (int32 ids; f32 hidden for "head") */
+  uint64_t out_offset;    /* arena byte offset of the output */
+  uint64_t out_row_bytes; /* bytes of one output row (dim*4 or vocab*4) */
+  uint32_t backend;       /* EL_BACKEND_* */
+  uint32_t flags;         /* 0 */
+} el_plan_program;
+
+typedef struct {
+  uint32_t kind;       /* EL_STEP_* */
+  uint32_t kernel;     /* CALL: index into the kernel table */
+  uint32_t n_args;     /* CALL: el_plan_arg entries that follow */
+  uint32_t n_body;     /* ROUTE: the next n_body steps (CALL) run once per selected id */
+  uint64_t ids_offset; /* ROUTE: arena byte offset of int32 ids[n_select] */
+  uint32_t n_select;   /* ROUTE: ids to run the body for */
+  uint32_t n_experts;  /* ROUTE: every id must be < n_experts */
+} el_plan_step;
+
+typedef struct {
+  uint32_t kind;
+  uint32_t index;
+  uint8_t dtype_code; /* EL_DT_* */
+  uint8_t dtype_bits;
+  uint16_t dtype_lanes; /* 1 */
+  uint32_t ndim;        /* <= EL_MAX_ARGS_NDIM */
+  uint32_t flags;       /* EL_FLAG_* */
+  uint32_t expert_stride; /* EL_FLAG_EXPERT */
+  uint64_t offset;      /* bytes */
+  int64_t shape[EL_MAX_ARGS_NDIM];
+} el_plan_arg;
+
+/* What kernels.so says about its own kernels (a table the compiler links into it, read at load). The loader
+ * trusts this over plan.bin: a plan whose steps would have a kernel write into a weight, or a non-KV kernel write
+ * into the KV cache, is refused. */
+typedef struct {
+  const char* name;
+  uint32_t n_args;
+  uint32_t flags;  /* EL_KERNEL_* */
+  uint64_t writes; /* bit i: argument i is written */
+} el_kernel_info;
+#define EL_KERNEL_INFO_SYMBOL "__edgellm_kernel_info"
+#define EL_KERNEL_INFO_COUNT_SYMBOL "__edgellm_kernel_info_count"
+
+#endif

@@ -1,0 +1,103 @@
+"""The package contract, Python side: file names, format versions, plan.bin struct layouts, codes, program names.
+
+Twin of runtime/contract.h (the C runtime reads what the compiler writes with these layouts); tests/test_contract.py
+compiles the header and checks every constant, struct size and field offset against this module. Change both
+together and bump PLAN_VERSION (and FORMAT_VERSION) when a layout changes. Runtime-side module: importing it never
+imports TVM or the compiler.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+# files of a package directory
+FORMAT_VERSION = 2                      # manifest.json "format_version"
+MANIFEST, PLAN, WEIGHTS, KERNELS = "manifest.json", "plan.bin", "weights.bin", "kernels.so"
+TOKENIZER_BIN = "tokenizer.bin"
+SUMS = "SHA256SUMS"                     # "<sha256 hex>  <path>" per file; the package digest is its sha256
+BIN_DIR, RUNNER = "bin", "bin/edgellm-run"
+REQUIRED_FILES = (MANIFEST, PLAN, WEIGHTS, KERNELS)
+
+PLAN_MAGIC, PLAN_VERSION = b"EDGEPLAN", 2
+WEIGHT_ALIGN = 16 * 1024                # weight regions in weights.bin (Android page size; x86's 4 KiB divides it)
+TENSOR_ALIGN = 64                       # every tensor a kernel sees (TVM's alignment assumption)
+MAX_EOS = 8
+MAX_ARGS_NDIM = 4
+
+ARCH = {"x86_64": 1, "aarch64": 2}
+DT_INT, DT_UINT, DT_FLOAT, DT_BFLOAT = 0, 1, 2, 4
+DTYPES = {"float32": (DT_FLOAT, 32), "float16": (DT_FLOAT, 16), "bfloat16": (DT_BFLOAT, 16), "int32": (DT_INT, 32),
+          "int8": (DT_INT, 8), "uint8": (DT_UINT, 8)}
+
+ARG_ARENA, ARG_WEIGHT, ARG_KCACHE, ARG_VCACHE = 0, 1, 2, 3
+FLAG_AT_POS, FLAG_PREFIX, FLAG_EXPERT, FLAG_SLOT = 1, 2, 4, 8
+STEP_CALL, STEP_ROUTE = 0, 1
+BACKENDS = ("tvm_cpu",)                 # the tag of a backend is its index
+BACKEND_TVM_CPU = 0
+PROGRAMS = ("prefill", "prefill_logits", "decode", "head", "prefill_short")
+OPTIONAL_PROGRAMS = ("prefill_short",)
+KERNEL_WRITES_KV = 1
+KERNEL_INFO_SYMBOL, KERNEL_INFO_COUNT_SYMBOL = "__edgellm_kernel_info", "__edgellm_kernel_info_count"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A C struct of the contract: (field, struct format) pairs in order, little-endian, no implicit padding."""
+    name: str
+    fields: tuple[tuple[str, str], ...]
+
+    @property
+    def struct(self) -> struct.Struct:
+        return struct.Struct("<" + "".join(f for _, f in self.fields))
+
+    @property
+    def size(self) -> int:
+        return self.struct.size
+
+    def offsets(self) -> dict[str, int]:
+        out, at = {}, 0
+        for name, fmt in self.fields:
+            out[name] = at
+            at += struct.calcsize("<" + fmt)
+        return out
+
+    def pack(self, **values) -> bytes:
+        missing = [n for n, _ in self.fields if n not in values]
+        if missing:
+            raise ValueError(f"{self.name}: missing {missing}")
+        flat = []
+        for name, fmt in self.fields:
+            v = values[name]
+            flat.extend(v if fmt[:-1].isdigit() and fmt[-1] not in "sx" else [v])
+        return self.struct.pack(*flat)
+
+    def unpack(self, data: bytes, offset: int = 0) -> dict:
+        vals = list(self.struct.unpack_from(data, offset))
+        out = {}
+        for name, fmt in self.fields:
+            n = int(fmt[:-1]) if fmt[:-1].isdigit() and fmt[-1] not in "sx" else 1
+            out[name] = vals[:n] if n > 1 else vals[0]
+            vals = vals[n:]
+        return out
+
+
+SAMPLING = Layout("el_plan_sampling", (("temperature", "f"), ("top_k", "i"), ("top_p", "f"), ("min_p", "f"),
+                                       ("repetition_penalty", "f"), ("presence_penalty", "f"),
+                                       ("frequency_penalty", "f"), ("reserved", "I")))
+HEADER = Layout("el_plan_header", (
+    ("magic", "8s"), ("version", "I"), ("arch", "I"), ("features", "64s"), ("target", "32s"), ("build_id", "16s"),
+    ("vocab", "I"), ("dim", "I"), ("n_layers", "I"), ("n_kv_heads", "I"), ("head_dim", "I"), ("max_ctx", "I"),
+    ("chunk", "I"), ("kv_rows", "I"), ("kv_dtype_bits", "I"), ("n_weights", "I"), ("n_kernels", "I"),
+    ("n_programs", "I"), ("arena_bytes", "Q"), ("weights_bytes", "Q"), ("bos_id", "i"), ("n_eos", "i"),
+    ("eos_ids", f"{MAX_EOS}i"),
+    *((f"sampling.{n}", f) for n, f in SAMPLING.fields)))
+WEIGHT = Layout("el_plan_weight", (("offset", "Q"), ("nbytes", "Q")))
+KERNEL = Layout("el_plan_kernel", (("name", "64s"), ("n_args", "I"), ("flags", "I"), ("writes", "Q")))
+PROGRAM = Layout("el_plan_program", (("name", "24s"), ("tokens", "I"), ("n_steps", "I"), ("in_offset", "Q"),
+                                     ("out_offset", "Q"), ("out_row_bytes", "Q"), ("backend", "I"), ("flags", "I")))
+STEP = Layout("el_plan_step", (("kind", "I"), ("kernel", "I"), ("n_args", "I"), ("n_body", "I"), ("ids_offset", "Q"),
+                               ("n_select", "I"), ("n_experts", "I")))
+ARG = Layout("el_plan_arg", (("kind", "I"), ("index", "I"), ("dtype_code", "B"), ("dtype_bits", "B"),
+                             ("dtype_lanes", "H"), ("ndim", "I"), ("flags", "I"), ("expert_stride", "I"),
+                             ("offset", "Q"), ("shape", f"{MAX_ARGS_NDIM}q")))
+LAYOUTS = (SAMPLING, HEADER, WEIGHT, KERNEL, PROGRAM, STEP, ARG)

@@ -1,0 +1,336 @@
+/* The generation loop: the one place that turns a prompt into tokens and text, for every front end (Python,
+ * edgellm-run, JNI, the server). Step by step (el_generate_start / el_generate_next) so that a front end can stream
+ * without threads or callbacks; el_generate is the same loop with a callback.
+ *
+ *   start: check the parameters, prefill the prompt (from an empty context unless keep_context), keep the logits
+ *   next:  decode the previous token (if any), sample, apply the stop rules (EOS, stop ids, max tokens, full
+ *          context), append the token's text and hand out what is safe to show: the text up to any stop string,
+ *          holding back a tail that could still become one and an unfinished UTF-8 character.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "el_internal.h"
+
+#define MAX_STOPS 64
+#define MAX_STOP_BYTES 1024
+
+static uint64_t random_seed(void) {
+  uint64_t s = 0;
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    if (read(fd, &s, sizeof s) != (ssize_t)sizeof s) s = 0;
+    close(fd);
+  }
+  if (!s) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    s = (uint64_t)t.tv_sec * 1000000007ull ^ (uint64_t)t.tv_nsec ^ ((uint64_t)getpid() << 32);
+  }
+  return s;
+}
+
+EL_API void el_gen_params_default(const el_model* m, el_gen_params* p) {
+  if (!p) return;
+  memset(p, 0, sizeof *p);
+  p->max_new_tokens = 128;
+  p->temperature = 0, p->top_k = 0, p->top_p = 1, p->min_p = 0;
+  p->repetition_penalty = 1, p->presence_penalty = 0, p->frequency_penalty = 0;
+  if (m) {
+    const el_plan_sampling* s = &m->h.sampling;
+    p->temperature = s->temperature, p->top_k = s->top_k, p->top_p = s->top_p, p->min_p = s->min_p;
+    p->repetition_penalty = s->repetition_penalty;
+    p->presence_penalty = s->presence_penalty, p->frequency_penalty = s->frequency_penalty;
+  }
+  p->seed = random_seed();
+}
+
+void el_gen_release(el_gen* g) {
+  el_sampler_free(g->sampler);
+  free(g->owned);
+  free(g->hist);
+  free(g->text);
+  free(g->logits);
+  memset(g, 0, sizeof *g);
+}
+
+/* Copies the stop ids and strings into one owned block (the caller's may not outlive start). */
+static int own_stops(el_gen* g, const el_gen_params* p, const el_model* m) {
+  if (p->n_stop_ids < 0 || p->n_stop_ids > MAX_STOPS || (p->n_stop_ids && !p->stop_ids))
+    return el_error("stop ids: give at most %d (got %d)", MAX_STOPS, p->n_stop_ids);
+  if (p->n_stop_strings < 0 || p->n_stop_strings > MAX_STOPS || (p->n_stop_strings && !p->stop_strings))
+    return el_error("stop strings: give at most %d (got %d)", MAX_STOPS, p->n_stop_strings);
+  if (p->n_stop_strings && !m->tok)
+    return el_error("stop strings need the package's tokenizer.bin, which this package does not have: stop on "
+                    "token ids instead");
+  size_t bytes = sizeof(int32_t) * (size_t)p->n_stop_ids + sizeof(char*) * (size_t)p->n_stop_strings + 8;
+  for (int i = 0; i < p->n_stop_ids; i++)
+    if (p->stop_ids[i] < 0 || (uint32_t)p->stop_ids[i] >= m->h.vocab)
+      return el_error("stop id %d is outside the vocabulary [0, %u)", p->stop_ids[i], m->h.vocab);
+  for (int i = 0; i < p->n_stop_strings; i++) {
+    const char* s = p->stop_strings[i];
+    size_t n = s ? strnlen(s, MAX_STOP_BYTES + 1) : 0;
+    if (n == 0) return el_error("stop string %d is empty: a stop string needs at least one character", i);
+    if (n > MAX_STOP_BYTES) return el_error("stop string %d is longer than %d bytes", i, MAX_STOP_BYTES);
+    bytes += n + 1;
+  }
+  char* mem = malloc(bytes);
+  if (!mem) return el_error("out of memory");
+  free(g->owned);
+  g->owned = mem;
+  int32_t* ids = (int32_t*)mem;
+  memcpy(ids, p->stop_ids, sizeof(int32_t) * (size_t)p->n_stop_ids);
+  const char** strs = (const char**)(mem + (sizeof(int32_t) * (size_t)p->n_stop_ids + 7) / 8 * 8);
+  char* at = (char*)(strs + p->n_stop_strings);
+  g->max_stop = 0;
+  for (int i = 0; i < p->n_stop_strings; i++) {
+    size_t n = strlen(p->stop_strings[i]);
+    memcpy(at, p->stop_strings[i], n + 1);
+    strs[i] = at, at += n + 1;
+    if (n > g->max_stop) g->max_stop = n;
+  }
+  g->p.stop_ids = ids;
+  g->p.stop_strings = strs;
+  return 0;
+}
+
+static int grow_text(el_gen* g, size_t need) {
+  if (need <= g->text_cap) return 0;
+  size_t cap = g->text_cap ? g->text_cap : 256;
+  while (cap < need) cap *= 2;
+  char* t = realloc(g->text, cap);
+  if (!t) return el_error("out of memory for the generated text");
+  g->text = t, g->text_cap = cap;
+  return 0;
+}
+
+EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const el_gen_params* p) {
+  if (!c || !p) return el_error("el_generate_start: context or params is NULL");
+  el_model* m = c->m;
+  el_sampler_params sp = {p->temperature, p->top_k, p->top_p, p->min_p, p->repetition_penalty,
+                          p->presence_penalty, p->frequency_penalty, p->seed};
+  if (p->max_new_tokens < 0) return el_error("max_new_tokens %d is invalid: it must be >= 0", p->max_new_tokens);
+  if (n <= 0 || !prompt) return el_error("empty prompt: give at least one token");
+  pthread_mutex_lock(&c->mu);
+  el_gen* g = &c->gen;
+  int rc = -1;
+  g->active = 0;
+  el_sampler* s = el_sampler_new(&sp); /* checks the sampling parameters */
+  if (!s || own_stops(g, p, m) != 0) {
+    el_sampler_free(s);
+    goto out;
+  }
+  el_sampler_free(g->sampler);
+  g->sampler = s;
+  const int32_t* stop_ids = g->p.stop_ids;
+  const char* const* stop_strings = g->p.stop_strings;
+  g->p = *p;
+  g->p.stop_ids = stop_ids, g->p.stop_strings = stop_strings;
+  int max = (int)m->h.max_ctx;
+  int start = p->keep_context ? c->pos : 0;
+  if (n > max - start) {
+    el_error("prompt of %d tokens does not fit: the context holds %d of %d tokens; shorten the prompt%s", n, start,
+             max, start ? " or start a new conversation" : " or recompile with a larger --max-context");
+    goto out;
+  }
+  int room = max - start - n + 1; /* tokens that can still be generated */
+  int cap = n + (p->max_new_tokens < room ? p->max_new_tokens : room) + 1;
+  if (cap > g->cap_hist) {
+    int32_t* h = realloc(g->hist, sizeof(int32_t) * (size_t)cap);
+    if (!h) {
+      el_error("out of memory");
+      goto out;
+    }
+    g->hist = h, g->cap_hist = cap;
+  }
+  if (!g->logits && !(g->logits = malloc(sizeof(float) * m->h.vocab))) {
+    el_error("out of memory");
+    goto out;
+  }
+  memcpy(g->hist, prompt, sizeof(int32_t) * (size_t)n);
+  g->n_hist = g->n_prompt = n;
+  g->n_gen = g->pending = g->n_decoded = 0;
+  g->finish = EL_FINISH_NONE;
+  g->text_len = g->emitted = 0;
+  g->decode_s = g->ttft_s = 0;
+  g->t_start = el_now();
+  c->pos = start;
+  if (el_prefill_locked(c, prompt, n, g->logits, 0) != 0) goto out;
+  g->prefill_s = el_now() - g->t_start;
+  if (p->max_new_tokens == 0) g->finish = EL_FINISH_LENGTH;
+  g->active = 1;
+  rc = 0;
+out:
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+static int is_stop_id(const el_gen* g, const el_model* m, int32_t t, int* finish) {
+  if (!g->p.ignore_eos)
+    for (int i = 0; i < m->h.n_eos; i++)
+      if (m->h.eos_ids[i] == t) return *finish = EL_FINISH_EOS, 1;
+  for (int i = 0; i < g->p.n_stop_ids; i++)
+    if (g->p.stop_ids[i] == t) return *finish = EL_FINISH_STOP, 1;
+  return 0;
+}
+
+/* Length of an unfinished UTF-8 character at the end of s[0..n) (0 if the text ends on a boundary or on bytes that
+ * can never become valid: those are shown as they are). */
+static size_t utf8_open_tail(const char* s, size_t n) {
+  for (size_t k = 1; k <= 3 && k <= n; k++) {
+    unsigned char b = (unsigned char)s[n - k];
+    if ((b & 0xC0) == 0x80) continue; /* continuation byte: look further back */
+    size_t need = (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 1;
+    return need > k ? k : 0;
+  }
+  return 0;
+}
+
+/* Appends token t's text; returns 1 if a stop string now appears (the text is cut where it starts). */
+static int append_text(el_gen* g, const el_model* m, int32_t t) {
+  if (!m->tok) return 0;
+  size_t before = g->text_len;
+  for (;;) {
+    if (grow_text(g, g->text_len + 64) != 0) return -1;
+    int room = (int)(g->text_cap - g->text_len > 0x40000000 ? 0x40000000 : g->text_cap - g->text_len);
+    int k = el_token_text(m, t, g->text + g->text_len, room);
+    if (k < 0) return -1;
+    if (k < room) {
+      g->text_len += (size_t)k;
+      break;
+    }
+    if (grow_text(g, g->text_len + (size_t)k + 1) != 0) return -1;
+  }
+  /* a stop string can only end inside the new bytes: search from max_stop - 1 bytes before them */
+  size_t from = before > g->max_stop ? before - g->max_stop + 1 : 0, cut = (size_t)-1;
+  for (int i = 0; i < g->p.n_stop_strings; i++) {
+    const char* s = g->p.stop_strings[i];
+    const char* hit = memmem(g->text + from, g->text_len - from, s, strlen(s));
+    if (hit && (size_t)(hit - g->text) < cut) cut = (size_t)(hit - g->text);
+  }
+  if (cut != (size_t)-1) {
+    g->text_len = cut;
+    return 1;
+  }
+  return 0;
+}
+
+/* How far the text may be shown: not a tail that could still grow into a stop string, nor half a character. */
+static size_t safe_end(const el_gen* g) {
+  size_t safe = g->text_len;
+  for (int i = 0; i < g->p.n_stop_strings; i++) {
+    const char* s = g->p.stop_strings[i];
+    size_t n = strlen(s);
+    for (size_t k = n - 1 < g->text_len ? n - 1 : g->text_len; k > 0; k--)
+      if (memcmp(g->text + g->text_len - k, s, k) == 0) {
+        if (g->text_len - k < safe) safe = g->text_len - k;
+        break;
+      }
+  }
+  size_t open = utf8_open_tail(g->text, safe);
+  return safe - open < g->emitted ? g->emitted : safe - open;
+}
+
+static void emit(el_gen* g, el_event* ev, size_t upto) {
+  ev->text = g->text ? g->text + g->emitted : "";
+  ev->text_len = (int32_t)(upto - g->emitted);
+  g->emitted = upto;
+}
+
+EL_API int el_generate_next(el_context* c, el_event* ev) {
+  if (!c || !ev) return el_error("el_generate_next: context or event is NULL");
+  memset(ev, 0, sizeof *ev);
+  ev->token = -1;
+  ev->text = "";
+  pthread_mutex_lock(&c->mu);
+  el_model* m = c->m;
+  el_gen* g = &c->gen;
+  int rc = -1;
+  if (!g->active) {
+    el_error("no generation in progress on this context: call el_generate_start first");
+    goto out;
+  }
+  if (g->finish) { /* ended earlier (max_new_tokens 0, a reset) or asked again after the last event */
+    ev->finish = g->finish;
+    emit(g, ev, g->text_len);
+    rc = 0;
+    goto out;
+  }
+  if (g->pending) { /* the previous token goes into the context: its logits are this draw's */
+    double t0 = el_now();
+    if (el_decode_locked(c, g->hist[g->n_hist - 1], g->logits) != 0) goto out;
+    g->decode_s += el_now() - t0;
+    g->n_decoded++;
+    g->pending = 0;
+  }
+  int32_t t = el_sample(g->sampler, g->logits, (int)m->h.vocab, g->hist, g->n_hist, g->n_prompt);
+  if (t < 0) goto out;
+  if (g->n_gen == 0) g->ttft_s = el_now() - g->t_start;
+  ev->token = t;
+  ev->logits = g->logits;
+  int finish = EL_FINISH_NONE;
+  if (is_stop_id(g, m, t, &finish)) { /* not part of the output */
+    g->finish = ev->finish = finish;
+    emit(g, ev, g->text_len);
+    rc = 0;
+    goto out;
+  }
+  g->hist[g->n_hist++] = t;
+  g->n_gen++;
+  int stopped = append_text(g, m, t);
+  if (stopped < 0) goto out;
+  if (stopped)
+    finish = EL_FINISH_STOP;
+  else if (g->n_gen >= g->p.max_new_tokens)
+    finish = EL_FINISH_LENGTH;
+  else if (c->pos >= (int)m->h.max_ctx)
+    finish = EL_FINISH_CONTEXT;
+  else
+    g->pending = 1;
+  g->finish = ev->finish = finish;
+  emit(g, ev, finish ? g->text_len : safe_end(g));
+  rc = 1;
+out:
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+EL_API void el_generate_result(const el_context* c, el_gen_result* out) {
+  if (!out) return;
+  memset(out, 0, sizeof *out);
+  if (!c) return;
+  el_context* w = (el_context*)c;
+  pthread_mutex_lock(&w->mu);
+  const el_gen* g = &c->gen;
+  out->prompt_tokens = g->n_prompt;
+  out->generated_tokens = g->n_gen;
+  out->finish = g->finish;
+  out->prefill_seconds = g->prefill_s;
+  out->decode_seconds = g->decode_s;
+  out->ttft_seconds = g->ttft_s;
+  out->decoded_tokens = g->n_decoded;
+  pthread_mutex_unlock(&w->mu);
+}
+
+EL_API int el_generate(el_context* c, const int32_t* prompt, int n, const el_gen_params* p, el_on_event on_event,
+                       void* user, el_gen_result* out) {
+  if (el_generate_start(c, prompt, n, p) != 0) return -1;
+  for (;;) {
+    el_event ev;
+    int r = el_generate_next(c, &ev);
+    if (r < 0) return -1;
+    if (on_event && on_event(user, &ev) && !ev.finish) {
+      pthread_mutex_lock(&c->mu);
+      c->gen.finish = EL_FINISH_CANCELLED;
+      pthread_mutex_unlock(&c->mu);
+      break;
+    }
+    if (r == 0 || ev.finish) break;
+  }
+  el_generate_result(c, out);
+  return 0;
+}
