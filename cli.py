@@ -85,10 +85,10 @@ NEUTRAL = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetiti
 def describe_sampling(defaults: dict, given: dict) -> str:
     """One line on the sampling in effect: what was given, else the package's defaults (generation_config.json)."""
     eff = {k: given[k] if given.get(k) is not None else defaults[k] for k in SAMPLING}
-    from_pkg = any(given.get(k) is None and abs(defaults[k] - NEUTRAL[k]) > 1e-6 for k in SAMPLING)
     mode = "greedy" if eff["temperature"] <= 0 else "sampled"
     shown = [k for k in SAMPLING if abs(eff[k] - NEUTRAL[k]) > 1e-6 and not (mode == "greedy" and k in
                                                                            ("temperature", "top_k", "top_p", "min_p"))]
+    from_pkg = any(given.get(k) is None for k in shown + (["temperature"] if mode == "sampled" else []))
     desc = ", ".join(f"{k.replace('_', '-')} {eff[k]:g}" for k in shown)
     sep = " with " if mode == "sampled" else ", "
     return mode + (f"{sep}{desc}" if desc else "") + (" (package defaults from generation_config.json)" if from_pkg else "")

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import CompileError
 from ..models import load_checkpoint
 from ..models.rope import cos_sin
-from ..quant import get_scheme
+from ..quant import SCHEMES, body_schemes, get_scheme, head_schemes
 from ..runtime.contract import FORMAT_VERSION, KERNELS, MANIFEST, PLAN, WEIGHTS
 from ..targets import get_target, short_prefill_chunk
 from .device_binary import BIN_DIR, BINARY, build_edgellm_run
@@ -37,31 +37,32 @@ def default_output(model: str, quant: str, target: str) -> Path:
     return Path(f"{Path(str(model).rstrip('/')).name}-{quant}-{target}.edgellm")
 
 
-HEAD_QUANTS = ("f32", "f16", "q8", "q6", "q4g32", "q4g64", "q4g128")
-
-
 def choose_schemes(spec, quant: str | None, head_quant: str | None, progress: bool = True):
-    """(body scheme, head scheme) for a model: the defaults, the checks, and the post-training ternary warning.
-    The head scheme stores the lm_head and the embedding table (once, when they are tied)."""
+    """(body scheme, head scheme) for a model: the defaults, the checks, and the body scheme's compile warning
+    (t2: post-training ternarization). The head scheme stores the lm_head and the embedding table (once, when they
+    are tied). What a scheme allows comes from the scheme (quant/scheme.py), never from its name."""
     if spec.family == "bitnet":
         quant = quant or "t2"
         if quant != "t2":
             raise CompileError(f"{spec.arch} checkpoints hold ternary weights: compile them with --quant t2 "
                                f"(got --quant {quant})")
     scheme = get_scheme(quant or "f16")
-    if head_quant is None:   # float packages keep their float head; integer ones store it as q8
-        head_quant = scheme.name if scheme.kind == "float" else "q8"
+    if not scheme.body:
+        raise CompileError(f"--quant {scheme.name} is an embedding / lm_head scheme: pass it as --head-quant {scheme.name} "
+                           f"(body schemes: {', '.join(body_schemes())})")
+    if head_quant is None:   # the scheme's default head: float packages keep their float head, integer ones use q8
+        head_quant = scheme.default_head or scheme.name
     head = get_scheme(head_quant)
-    if head.name not in HEAD_QUANTS:
+    if not head.head:
         raise CompileError(f"--head-quant {head.name} is not supported: the embedding/lm_head scheme must be one of "
-                           f"{', '.join(HEAD_QUANTS)}")
+                           f"{', '.join(head_schemes())}")
     if spec.n_experts:
         raise CompileError(f"{spec.arch} is a mixture-of-experts model: compiling MoE packages is not supported yet "
                            "(it arrives with expert offload); the numpy reference backend runs it")
     _check_matrix_shapes(spec, scheme, head)
-    if scheme.kind == "t2" and spec.family != "bitnet":
-        _log(progress, "warning: post-training ternarization (t2) of a model not trained for it loses most of its "
-                       "quality; t2 is meant for BitNet b1.58 checkpoints (quantization-aware trained)")
+    warning = scheme.compile_warning(spec)
+    if warning:
+        _log(progress, f"warning: {warning}")
     return scheme, head
 
 
@@ -93,7 +94,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         get_scheme(quant)
     if head_quant is not None:
         get_scheme(head_quant)
-    if quant is not None and quant not in tgt.quants and quant in HEAD_QUANTS:
+    if quant is not None and quant not in tgt.quants and not get_scheme(quant).body:
         raise CompileError(f"--quant {quant} is an embedding / lm_head scheme: pass it as --head-quant {quant} "
                            f"(body schemes on {tgt.name}: {', '.join(tgt.quants)})")
     if quant is not None and quant not in tgt.quants:
@@ -112,13 +113,14 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     sampling = generation_defaults(model_dir)
     scheme, head_scheme = choose_schemes(spec, quant, head_quant, progress)
     quant = scheme.name
-    if gptq and scheme.kind != "q4":
-        raise CompileError(f"--gptq applies to the int4 schemes (q4g32, q4g64, q4g128), not to {scheme.name}")
+    if gptq and not scheme.gptq:
+        raise CompileError(f"--gptq applies to the int4 schemes ({', '.join(n for n, s in SCHEMES.items() if s.gptq)}), "
+                           f"not to {scheme.name}")
     max_ctx = int(max_context if max_context is not None else min(spec.max_position_embeddings, DEFAULT_MAX_CONTEXT))
     if not 1 <= max_ctx <= spec.max_position_embeddings:
         raise CompileError(f"--max-context {max_ctx} is out of range: this model supports 1..{spec.max_position_embeddings}")
     chunk = int(prefill_chunk if prefill_chunk is not None else
-                (tgt.float_prefill_chunk if quant in ("f32", "f16") and tgt.float_prefill_chunk else tgt.prefill_chunk))
+                (tgt.float_prefill_chunk if scheme.float_math and tgt.float_prefill_chunk else tgt.prefill_chunk))
     kv_rows = max_ctx + chunk   # a padded last chunk may write up to chunk-1 rows past max_ctx
     short = short_prefill_chunk(chunk)
     out = Path(out) if out else default_output(model, quant, tgt.name)
@@ -160,7 +162,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                    kernels=kernel_table, programs=programs, sampling=sampling)
         t0 = time.perf_counter()
         _log(progress, f"building {len(low.kernels.names)} kernels with TVM for {tgt.name} ...")
-        kobj = build_kernels(low.kernels.funcs, kernel_table, tgt, tmp / KERNELS, keep_object=tgt.static_binary)
+        kobj = build_kernels(low.kernels.funcs, tgt, tmp / KERNELS, keep_object=tgt.static_binary, table=kernel_table)
         t_kernels = time.perf_counter() - t0
         build_edgellm_run(tgt, tmp / BIN_DIR / BINARY, kernels_obj=kobj, build_id=build_id.hex())   # the device's runner
         if kobj is not None:

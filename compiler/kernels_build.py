@@ -69,14 +69,19 @@ def _codegen_in_child(mod, target: Target, obj: Path) -> None:
             raise CompileError(f"TVM failed to compile the kernels for {target.name}: {why.strip()[:300]}")
 
 
-def build_kernels(funcs: dict, table: list[tuple[str, int, int, int]], target: Target, out_so: Path,
-                  keep_object: bool = False) -> Path | None:
-    """Writes kernels.so (with the kernel table `table`: (name, n_args, flags, writes) per kernel); with keep_object
-    (static-binary targets) the module is compiled as a system lib and its object file, and the table's source, are
-    kept beside out_so and the object returned, for build_edgellm_run to link."""
+def build_kernels(funcs: dict, target: Target, out_so: Path, keep_object: bool = False,
+                  table: list[tuple[str, int, int, int]] | None = None) -> Path | None:
+    """Writes kernels.so with its kernel table (`table`: (name, n_args, flags, writes) per kernel, as plan.bin has
+    it; None: read off the functions, no KV-writer flags); with keep_object (static-binary targets) the module is
+    compiled as a system lib and its object file, and the table's source, are kept beside out_so and the object
+    returned, for build_edgellm_run to link."""
     import tvm
 
+    from .kernel_table import written_args
+
     check_toolchain(target)
+    if table is None:
+        table = [(name, len(f.params), 0, written_args(f, name)) for name, f in funcs.items()]
     mod = tvm.IRModule(funcs)
     if keep_object:
         mod = mod.with_attr("system_lib_prefix", "")

@@ -141,7 +141,7 @@ class Lowering:
     @property
     def embed_dtype(self) -> str:
         """How the embedding table is stored: in the head scheme (one copy when the embeddings are tied)."""
-        return self.head_scheme.name if self.head_scheme.kind in ("q8", "q4", "q6") else self.head_scheme.dtype
+        return self.head_scheme.embedding
 
     def _kernel(self, op: str, **params) -> int:
         name, func = self.make_kernel(op, self.cpu, **params)
@@ -182,14 +182,15 @@ class Lowering:
     def _ternary_weight(self, name: str, T: int) -> tuple[int, list[Arg]]:
         """A BitNet BitLinear: the checkpoint's packed ternary codes and weight_scale, repacked losslessly to t2."""
         from ..models.bitnet import unpack_ternary
-        from ..quant import get_scheme, packing
+        from ..quant import get_scheme
+        from ..quant.t2 import pack_t2
 
         t2 = get_scheme("t2")
         packed = np.asarray(self._raw(name))
         N, K = 4 * packed.shape[0], packed.shape[1]
         t2.check_shape(name, (N, K))
         scale = 1.0 / float(np.asarray(self._raw(name.removesuffix(".weight") + ".weight_scale"), np.float64)[0])
-        args = self._parts(name, t2, lambda: packing.pack_t2(unpack_ternary(packed), scale))
+        args = self._parts(name, t2, lambda: pack_t2(unpack_ternary(packed), scale))
         op, params = t2.linear_kernel(T, N, K, False)
         return self._kernel(op, **params), args
 
@@ -243,18 +244,11 @@ class Lowering:
     def _lower_node(self, n: Node, T: int, act) -> list[Step]:
         s, op = self.spec, n.op
         if op == "embed":
-            name, (V, D) = n.weights[0], self._raw_shape(n.weights[0])
-            if self.head_scheme.kind in ("q8", "q4", "q6"):
-                self.head_scheme.check_shape(name, (V, D))
-                wargs = self._parts(name, self.head_scheme,
-                                    lambda: self.head_scheme.quantize(np.asarray(self._raw(name), np.float32)))
-                if self.head_scheme.kind == "q4":
-                    k = self._kernel("embed_q4", T=T, V=V, D=D, G=self.head_scheme.group)
-                else:
-                    k = self._kernel(f"embed_{self.head_scheme.kind}", T=T, V=V, D=D)
-            else:
-                wargs = [self._weight(name, dtype=self.head_scheme.dtype)]
-                k = self._kernel("embed", T=T, V=V, D=D, wdtype=self.head_scheme.dtype)
+            name, (V, D), head = n.weights[0], self._raw_shape(n.weights[0]), self.head_scheme
+            head.check_shape(name, (V, D))   # stored like the lm_head (shared with it when tied)
+            wargs = self._parts(name, head, lambda: head.quantize(np.asarray(self._raw(name), np.float32)))
+            kop, kparams = head.embed_kernel(T, V, D)
+            k = self._kernel(kop, **kparams)
             return [Step(k, [act(n.inputs[0]), *wargs, act(n.out)])]
         if op == "rmsnorm":
             h = n.params["heads"]

@@ -35,7 +35,7 @@ from ..errors import CompileError
 from ..models.numpy_backend import NumpyGraph
 from ..models.spec import ModelSpec
 from .gptq import gptq_quantize, prepare_hessian
-from .packing import pack_q4
+from .q4 import pack_q4
 
 DEFAULT_TOKENS = 4096
 DEFAULT_SEQ_LEN = 256
@@ -392,8 +392,11 @@ def gptq_model(spec: ModelSpec, get_weight: Callable[[str], np.ndarray], scheme,
     falls back to RTN (scheme.quantize)."""
     from ..models import family
 
-    if getattr(scheme, "kind", None) != "q4":
-        raise CompileError(f"GPTQ applies to the q4 schemes (q4g32, q4g64, q4g128), not {getattr(scheme, 'name', scheme)}")
+    if not getattr(scheme, "gptq", False):
+        from .scheme import SCHEMES
+
+        raise CompileError(f"GPTQ applies to the q4 schemes ({', '.join(n for n, s in SCHEMES.items() if s.gptq)}), "
+                           f"not {getattr(scheme, 'name', scheme)}")
     if spec.family != "llama":
         raise CompileError(f"GPTQ does not apply to {spec.arch} ({spec.family} family): its weights are not "
                            "float linears (BitNet checkpoints are already ternary)")

@@ -7,8 +7,8 @@ diagonal of the upper Cholesky factor U of H^-1 (H^-1 = U^T U), is spread over t
 (W[:, j] -= err * U[i, j]), which minimizes ||X W^T - X Wq^T|| greedily. Dampening: H += 0.01 * mean(diag H) I;
 dead inputs (diag H = 0: a channel that is always zero in the calibration data) get H_ii = 1 and W[:, i] = 0.
 
-The output is exactly our q4 format (quant/packing.py): codes q in -8..7, one f16 scale per (row, group of G
-contiguous k in the ORIGINAL column order), with the same scale rule as RTN (packing.q4_scales: d = m / -8, m the
+The output is exactly our q4 format (quant/q4.py): codes q in -8..7, one f16 scale per (row, group of G
+contiguous k in the ORIGINAL column order), with the same scale rule as RTN (q4.q4_scales: d = m / -8, m the
 signed absmax of the group). Scales are rounded to f16 before the codes of their group are computed, so the codes
 are optimal against the scale that is stored.
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import packing
+from .q4 import pack_q4, q4_codes, q4_scales
 
 
 def _hinv_upper(H: np.ndarray, percdamp: float) -> np.ndarray:
@@ -81,7 +81,7 @@ def gptq_quantize(w: np.ndarray, H: np.ndarray | PreparedHessian, group: int, ac
     w f32 [N, K]; H [K, K] the Hessian 2 X^T X / n of the layer inputs (a positive multiple is fine), or a
     PreparedHessian (then act_order and percdamp are the ones it was prepared with).
     Returns (q int8 [N, K] in -8..7, scales f32 [N, K/group], every scale an exact f16 value);
-    dequantized weight = q * scales repeated over each group; packing.pack_q4(q, scales) gives the q4 parts."""
+    dequantized weight = q * scales repeated over each group; pack_q4(q, scales) gives the q4 parts."""
     W = np.array(w, dtype=np.float32)                      # working copy, updated in place
     N, K = W.shape
     G = int(group)
@@ -96,7 +96,7 @@ def gptq_quantize(w: np.ndarray, H: np.ndarray | PreparedHessian, group: int, ac
     Q = np.zeros((N, K), np.int8)
     S = np.zeros((N, K // G), np.float32)
     if perm is not None:
-        S[:] = packing.q4_scales(W.reshape(N, K // G, G)).astype(np.float32)   # static groups, original order
+        S[:] = q4_scales(W.reshape(N, K // G, G)).astype(np.float32)   # static groups, original order
         W = W[:, perm]
         bs = max(1, int(block))
     else:
@@ -113,10 +113,10 @@ def gptq_quantize(w: np.ndarray, H: np.ndarray | PreparedHessian, group: int, ac
             if perm is not None:
                 d = S[:, perm[col] // G]
             elif col % G == 0:
-                d = packing.q4_scales(W1[:, i:i + G]).astype(np.float32)
+                d = q4_scales(W1[:, i:i + G]).astype(np.float32)
                 S[:, col // G] = d
             w_col = W1[:, i]
-            q = packing.q4_codes(w_col, d)
+            q = q4_codes(w_col, d)
             Q[:, col] = q
             err = (w_col - q.astype(np.float32) * d) / Hinv1[i, i]
             W1[:, i:] -= err[:, None] * Hinv1[i, i:][None, :]
@@ -130,8 +130,8 @@ def gptq_quantize(w: np.ndarray, H: np.ndarray | PreparedHessian, group: int, ac
 
 def gptq_q4_parts(w: np.ndarray, H: np.ndarray, group: int, act_order: bool = False, block: int = 128,
                   percdamp: float = 0.01) -> dict[str, np.ndarray]:
-    """GPTQ of one matrix straight to the q4 parts {"qweight", "scales"} (the layout of packing.quantize_q4)."""
-    return packing.pack_q4(*gptq_quantize(w, H, group, act_order=act_order, block=block, percdamp=percdamp))
+    """GPTQ of one matrix straight to the q4 parts {"qweight", "scales"} (the layout of q4.quantize_q4)."""
+    return pack_q4(*gptq_quantize(w, H, group, act_order=act_order, block=block, percdamp=percdamp))
 
 
 def dequantize(q: np.ndarray, scales: np.ndarray) -> np.ndarray:

@@ -1,7 +1,10 @@
-r"""Packed weight layouts of the quantized schemes, and the numpy math of their kernels (oracle).
+r"""The packed weight layout the quantized schemes share, and the exact activation quantization of their kernels.
 
-numpy only (no TVM): the compiler's kernels (compiler/ops/linear_quant.py) read exactly these layouts, and
-compiler/ops/reference.py uses the `linear_*_ref` functions below as the float64 references of those kernels.
+numpy only (no TVM). Each scheme's own quantize / pack / dequantize / `linear_*_ref` (the float64 model of its
+kernel, used by compiler/ops/reference.py) lives in its module (quant/q8.py, q4.py, q6.py, t2.py) and builds on
+what is here: the row panels (interleave_rows), code packing (pack_codes / unpack_codes, LAYOUTS), group-scale
+packing, activation quantization and integer block sums. The compiler's kernels (compiler/ops/linear_quant.py)
+read exactly these layouts and import the constants below.
 
 Row panels
 ----------
@@ -64,7 +67,8 @@ QA = 32            # activation quantization block (q8 / q4)
 EPS_BLOCK = 1e-30  # absmax clamp of q8/q4 activation blocks (only avoids 127/0)
 EPS_TOKEN = 1e-5   # absmax clamp of t2 per-token activations (BitNet / transformers BitLinear)
 
-# scheme: (bits per code, k per chunk, code offset)
+# code layouts of the chunk-packed schemes, and q6's block layout (its packing is quant/q6.py); the kernels
+# (compiler/ops/linear_quant.py) read these constants. scheme: (bits per code, k per chunk, code offset)
 LAYOUTS = {"q8": (8, 4, 128), "q4": (4, 8, 8), "t2": (2, 16, 1)}
 Q6_GROUP = 32      # q6: scale group along K = the activation block (one 6-chunk block per group)
 Q6_CHUNKS = 6      # q6: chunks per 32-k block (4 low-nibble + 2 high-bit-pair chunks)
@@ -137,139 +141,7 @@ def unpack_group_scales(s: np.ndarray) -> np.ndarray:
     return deinterleave_rows(s, 1)
 
 
-# ----------------------------------------------------------------------------------------- quantization
-def quantize_q8(w: np.ndarray) -> dict[str, np.ndarray]:
-    """Symmetric int8 per output row: d = max|w_row| / 127, q = rint(w / d) in -127..127."""
-    w = np.asarray(w, np.float32)
-    d = (np.abs(w).max(axis=1) / np.float32(127)).astype(np.float32)
-    dz = np.where(d > 0, d, np.float32(1))
-    q = np.clip(np.rint(w / dz[:, None]), -127, 127).astype(np.int16)
-    return {"qweight": pack_codes((q + 128).astype(np.uint8), "q8"), "scales": d}
-
-
-def dequantize_q8(parts) -> np.ndarray:
-    q = unpack_codes(parts["qweight"], "q8").astype(np.float32) - 128
-    return q * np.asarray(parts["scales"], np.float32)[:, None]
-
-
-def quantize_q4(w: np.ndarray, G: int) -> dict[str, np.ndarray]:
-    """Symmetric int4 per group of G along K (llama.cpp Q4_0 rule): m = the element of largest |w| in the
-    group (with its sign), d = f16(m / -8), q = clip(rint(w / d), -8, 7); m itself maps to -8 exactly."""
-    w = np.asarray(w, np.float32)
-    N, K = w.shape
-    wg = w.reshape(N, K // G, G)
-    d16 = q4_scales(wg)
-    q = q4_codes(wg, d16.astype(np.float32)[..., None]).reshape(N, K)
-    return pack_q4(q, d16)
-
-
-def q4_scales(wg: np.ndarray) -> np.ndarray:
-    """The q4 scale rule on groups along the last axis (f32 [..., G]) -> f16 [...]: d = f16(m / -8), m the
-    element of largest |w| (with its sign). Shared by RTN (quantize_q4) and GPTQ (quant/gptq.py)."""
-    wg = np.asarray(wg, np.float32)
-    idx = np.abs(wg).argmax(axis=-1)
-    m = np.take_along_axis(wg, idx[..., None], axis=-1)[..., 0]
-    return (m / np.float32(-8)).astype(np.float16)
-
-
-def q4_codes(w: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """Round-to-nearest int4 codes of w f32 against scales d f32 (broadcast to w; already f16 values):
-    clip(rint(w / d), -8, 7) in f32 arithmetic, 0 where d == 0 -> int8 in -8..7."""
-    w, d = np.asarray(w, np.float32), np.asarray(d, np.float32)
-    q = np.clip(np.rint(w / np.where(d != 0, d, np.float32(1))), -8, 7)
-    return np.where(d != 0, q, 0).astype(np.int8)
-
-
-def pack_q4(q: np.ndarray, scales: np.ndarray) -> dict[str, np.ndarray]:
-    """int4 codes q (-8..7, [N, K]) and group scales [N, K/G] (rounded to f16 here: pass f16-exact values so
-    that the codes were computed against the stored scale) -> the q4 parts {"qweight", "scales"}."""
-    q = np.asarray(q)
-    if q.min(initial=0) < -8 or q.max(initial=0) > 7:
-        raise ValueError("q4: codes out of -8..7")
-    s16 = np.asarray(scales).astype(np.float16)
-    if q.ndim != 2 or s16.ndim != 2 or s16.shape[0] != q.shape[0] or q.shape[1] % s16.shape[1]:
-        raise ValueError(f"q4: codes {q.shape} and scales {s16.shape} do not match")
-    return {"qweight": pack_codes((q.astype(np.int16) + 8).astype(np.uint8), "q4"), "scales": pack_group_scales(s16)}
-
-
-def dequantize_q4(parts) -> np.ndarray:
-    q = unpack_codes(parts["qweight"], "q4").astype(np.float32) - 8
-    d = unpack_group_scales(np.asarray(parts["scales"])).astype(np.float32)
-    N, K = q.shape
-    G = K // d.shape[1]
-    return (q.reshape(N, K // G, G) * d[..., None]).reshape(N, K)
-
-
-def quantize_t2(w: np.ndarray) -> dict[str, np.ndarray]:
-    """BitNet b1.58 absmean ternary, one scale per tensor: s = mean|w|, t = clip(rint(w / s), -1, 1)."""
-    w = np.asarray(w, np.float32)
-    s = np.float32(max(float(np.abs(w).astype(np.float64).mean()), 1e-5))
-    t = np.clip(np.rint(w / s), -1, 1).astype(np.int8)
-    return pack_t2(t, s)
-
-
-def pack_t2(t: np.ndarray, scale: float) -> dict[str, np.ndarray]:
-    """Already-ternary weights (int values -1/0/1, [N, K]) and their per-tensor scale (y = (x . t) * scale;
-    for transformers' BitLinear checkpoints scale = 1 / weight_scale) -> t2 parts."""
-    t = np.asarray(t)
-    return {"qweight": pack_codes((t.astype(np.int16) + 1).astype(np.uint8), "t2"),
-            "scale": np.array([scale], np.float32)}
-
-
-def quantize_q6(w: np.ndarray) -> dict[str, np.ndarray]:
-    """Symmetric int6 per group of 32 along K (the Q4_0 rule at 6 bits; llama.cpp's Q6_K head has the same
-    6.5 bits per weight): m = the element of largest |w| in the group (with its sign), d = f16(m / -32),
-    q = clip(rint(w / d), -32, 31)."""
-    w = np.asarray(w, np.float32)
-    N, K = w.shape
-    wg = w.reshape(N, K // Q6_GROUP, Q6_GROUP)
-    idx = np.abs(wg).argmax(axis=-1)
-    d16 = (np.take_along_axis(wg, idx[..., None], axis=-1)[..., 0] / np.float32(-32)).astype(np.float16)
-    d = d16.astype(np.float32)[..., None]
-    q = np.where(d != 0, np.clip(np.rint(wg / np.where(d != 0, d, np.float32(1))), -32, 31), 0)
-    return pack_q6(q.reshape(N, K).astype(np.int8), d16)
-
-
-def pack_q6(q: np.ndarray, scales: np.ndarray) -> dict[str, np.ndarray]:
-    """int6 codes q (-32..31, [N, K]) and group-of-32 scales [N, K/32] -> the q6 parts {"qweight", "scales"}."""
-    q = np.asarray(q)
-    if q.ndim != 2 or q.shape[1] % Q6_GROUP or q.min(initial=0) < -32 or q.max(initial=0) > 31:
-        raise ValueError(f"q6: codes must be [N, K] in -32..31 with K % {Q6_GROUP} == 0")
-    N, K = q.shape
-    KB = K // Q6_GROUP
-    code = (q.astype(np.int16) + 32).astype(np.uint8).reshape(N, KB, Q6_GROUP)
-    lo = (code & 15).reshape(N, KB, 4, 2, 4)                      # [n, block, chunk, nibble, b]
-    hi = (code >> 4).reshape(N, KB, 2, 4, 4)                      # [n, block, chunk, bit pair, b]
-    lo_bytes = lo[:, :, :, 0] | (lo[:, :, :, 1] << 4)
-    hi_bytes = np.bitwise_or.reduce(hi << (2 * np.arange(4, dtype=np.uint8))[None, None, None, :, None], axis=3)
-    rowbytes = np.concatenate([lo_bytes, hi_bytes], axis=2).astype(np.uint8).reshape(N, K * 6 // 8)
-    return {"qweight": interleave_rows(rowbytes, 4),
-            "scales": pack_group_scales(np.asarray(scales).astype(np.float16).reshape(N, KB))}
-
-
-def unpack_q6(qweight: np.ndarray) -> np.ndarray:
-    """q6 packed uint8 [N, 3K/4] -> int codes q (-32..31) int16 [N, K]."""
-    N, BPR = qweight.shape
-    KB = BPR // (Q6_CHUNKS * 4)
-    b = deinterleave_rows(np.asarray(qweight, np.uint8), 4).reshape(N, KB, Q6_CHUNKS, 4)
-    lo = np.stack([b[:, :, :4] & 15, b[:, :, :4] >> 4], axis=3).reshape(N, KB, Q6_GROUP)
-    hi = np.stack([(b[:, :, 4:] >> (2 * j)) & 3 for j in range(4)], axis=3).reshape(N, KB, Q6_GROUP)
-    return ((hi.astype(np.int16) << 4) | lo).reshape(N, KB * Q6_GROUP) - 32
-
-
-def dequantize_q6(parts) -> np.ndarray:
-    q = unpack_q6(parts["qweight"]).astype(np.float32)
-    d = unpack_group_scales(np.asarray(parts["scales"])).astype(np.float32)
-    N, K = q.shape
-    return (q.reshape(N, K // Q6_GROUP, Q6_GROUP) * d[..., None]).reshape(N, K)
-
-
-def dequantize_t2(parts) -> np.ndarray:
-    t = unpack_codes(parts["qweight"], "t2").astype(np.float32) - 1
-    return t * np.float32(parts["scale"][0])
-
-
-# ----------------------------------------------------------------------------- activations and references
+# --------------------------------------------------------------------- activations (shared by the references)
 def quantize_act_blocks(x: np.ndarray, qa: int = QA):
     """x f32 [T, K] -> (xq int8-valued int32 [T, K], dx f32 [T, K/qa]); bit-exact model of the kernels."""
     x = np.asarray(x, np.float32)
@@ -300,33 +172,3 @@ def _block_sums(xq: np.ndarray, q: np.ndarray, qa: int):
 
 def _bias(y, bias):
     return y if bias is None else y + np.asarray(bias, np.float64)
-
-
-def linear_q8_ref(x, qweight, scales, bias=None) -> np.ndarray:
-    xq, dx = quantize_act_blocks(x)
-    q = unpack_codes(qweight, "q8").astype(np.int32) - 128
-    acc = (_block_sums(xq, q, QA) * dx.astype(np.float64)[:, None, :]).sum(axis=2)
-    return _bias(acc * np.asarray(scales, np.float64)[None, :], bias)
-
-
-def linear_q4_ref(x, qweight, scales, bias=None) -> np.ndarray:
-    xq, dx = quantize_act_blocks(x)
-    q = unpack_codes(qweight, "q4").astype(np.int32) - 8
-    d = unpack_group_scales(np.asarray(scales)).astype(np.float64)     # [N, K/G]
-    G = q.shape[1] // d.shape[1]
-    d_blk = np.repeat(d, G // QA, axis=1)                                  # [N, K/QA]
-    return _bias((_block_sums(xq, q, QA) * dx.astype(np.float64)[:, None, :] * d_blk[None]).sum(axis=2), bias)
-
-
-def linear_q6_ref(x, qweight, scales, bias=None) -> np.ndarray:
-    xq, dx = quantize_act_blocks(x)
-    q = unpack_q6(qweight).astype(np.int32)
-    d = unpack_group_scales(np.asarray(scales)).astype(np.float64)     # [N, K/32]: one scale per block
-    return _bias((_block_sums(xq, q, QA) * dx.astype(np.float64)[:, None, :] * d[None]).sum(axis=2), bias)
-
-
-def linear_t2_ref(x, qweight, scale, bias=None) -> np.ndarray:
-    xq, dx = quantize_act_token(x)
-    t = unpack_codes(qweight, "t2").astype(np.float64) - 1
-    y = (xq.astype(np.float64) @ t.T) * dx.astype(np.float64)[:, None] * np.float64(np.asarray(scale).reshape(-1)[0])
-    return _bias(y, bias)

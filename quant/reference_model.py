@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.numpy_backend import NumpyGraph, NumpyModel
-from .schemes import Scheme
+from .scheme import Scheme
 
 
 class QuantizedGraph(NumpyGraph):

@@ -400,8 +400,12 @@ class Runtime:
         buf = (C.c_int32 * 8)()
         self.eos_ids = set(buf[:self._lib.el_eos_ids(handle, buf, 8)])
         self._contexts: list[Context] = []
-        self.text = TextCodec(path)
-        self.context = self.new_context()
+        try:
+            self.text = TextCodec(path)
+            self.context = self.new_context()
+        except BaseException:
+            self._model = None   # the caller (load) frees the handle; __del__ must not free it again
+            raise
 
     @classmethod
     def load(cls, path: str | os.PathLike, threads: int | None = None, memory_budget: int | str | None = None,

@@ -76,7 +76,9 @@ def read_manifest(path: str | Path) -> dict:
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise PackageError(f"{mf} is corrupt ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}): "
                            "recompile the package") from e
-    v = m.get("format_version") if isinstance(m, dict) else None
+    if not isinstance(m, dict):
+        raise _corrupt(p, "not a JSON object")
+    v = m.get("format_version")
     if v != FORMAT_VERSION:
         raise PackageError(f"{p} has package format version {v}, this edgellm reads {FORMAT_VERSION}: recompile the "
                            "package with this edgellm")

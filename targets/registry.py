@@ -22,6 +22,12 @@ _X86_FEATURES = {"avx2": "avx2", "fma": "fma", "f16c": "f16c", "avx512f": "avx51
                  "avx512_fp16": "avx512fp16"}
 
 
+def _body_schemes() -> tuple[str, ...]:
+    from ..quant import body_schemes
+
+    return tuple(body_schemes())
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
@@ -36,7 +42,7 @@ class Target:
     prefetch_bytes: int = 0       # decode GEMV software-prefetch distance (0: hardware prefetch only)
     float_prefetch_bytes: int | None = None   # for the f32/f16 GEMV, when it differs from prefetch_bytes
     page_size: int = 4096
-    quants: tuple[str, ...] = ("f32", "f16", "q8", "q4g32", "q4g64", "q4g128", "t2")
+    quants: tuple[str, ...] = field(default_factory=lambda: _body_schemes())   # --quant values it accepts
     notes: dict = field(default_factory=dict)
     kernels: str = ""             # kernel flavour: "avx512" | "avx2" | "neon" | "neon-sdot" | "neon-sdot-i8mm"
     static_binary: bool = False   # edgellm-run linked -static, kernels linked into it (no dlopen)

@@ -111,7 +111,7 @@ def test_corrupt_package_weights_caught_by_verify(pkg, tmp_path):
     b = bytearray(w.read_bytes())
     b[100] ^= 0xFF
     w.write_bytes(bytes(b))
-    with pytest.raises(PackageError, match="fails its checksum"):
+    with pytest.raises(PackageError, match="does not match its digest"):
         edgellm.Runtime.load(p, verify=True)
 
 

@@ -11,7 +11,7 @@ from edgellm.models import family, load_checkpoint
 from edgellm.models.demo import HELDOUT
 from edgellm.models.numpy_backend import NumpyGraph, NumpyModel
 from edgellm.quant import calibration as cal
-from edgellm.quant import get_scheme, packing
+from edgellm.quant import get_scheme, packing, q4
 from edgellm.quant.gptq import gptq_quantize
 
 
@@ -27,7 +27,7 @@ def _sampler(K: int, seed: int = 0):
 
 
 def _check_parts_like_rtn(parts, w, G):
-    ref = packing.quantize_q4(w, G)
+    ref = q4.quantize_q4(w, G)
     assert set(parts) == set(ref)
     for k in ref:
         assert parts[k].shape == ref[k].shape and parts[k].dtype == ref[k].dtype, k
@@ -45,15 +45,15 @@ def test_gptq_codes_scales_and_error_vs_rtn(act_order, G):
     assert q.dtype == np.int8 and q.shape == (N, K) and q.min() >= -8 and q.max() <= 7
     assert s.dtype == np.float32 and s.shape == (N, K // G)
     assert np.array_equal(s.astype(np.float16).astype(np.float32), s)          # exact f16 values
-    parts = packing.pack_q4(q, s)
+    parts = q4.pack_q4(q, s)
     _check_parts_like_rtn(parts, W, G)
-    Wq = packing.dequantize_q4(parts)
+    Wq = q4.dequantize_q4(parts)
     # the dequantized weights are the codes times exactly the stored f16 scales
     assert np.array_equal(packing.unpack_group_scales(parts["scales"]).astype(np.float32), s)
     assert np.array_equal(Wq, (q.astype(np.float32).reshape(N, K // G, G) * s[..., None]).reshape(N, K))
     if act_order:   # static groups: the scales are RTN's, from the original W
-        assert np.array_equal(parts["scales"], packing.quantize_q4(W, G)["scales"])
-    Wr = packing.dequantize_q4(packing.quantize_q4(W, G))
+        assert np.array_equal(parts["scales"], q4.quantize_q4(W, G)["scales"])
+    Wr = q4.dequantize_q4(q4.quantize_q4(W, G))
     for Xe in (X, X_test):   # calibration inputs and fresh inputs of the same distribution
         err_g = np.linalg.norm(Xe @ W.T - Xe @ Wq.T)
         err_r = np.linalg.norm(Xe @ W.T - Xe @ Wr.T)
@@ -67,8 +67,8 @@ def test_gptq_without_correlation_is_rtn(act_order):
     W = (rng.standard_normal((40, 128)) * 0.02).astype(np.float32)
     for H in (np.eye(128), np.diag(rng.uniform(0.5, 2.0, 128))):
         for G in (32, 64, 128):
-            parts = packing.pack_q4(*gptq_quantize(W, H, G, act_order=act_order))
-            ref = packing.quantize_q4(W, G)
+            parts = q4.pack_q4(*gptq_quantize(W, H, G, act_order=act_order))
+            ref = q4.quantize_q4(W, G)
             assert np.array_equal(parts["qweight"], ref["qweight"]) and np.array_equal(parts["scales"], ref["scales"])
 
 

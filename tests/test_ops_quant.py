@@ -17,7 +17,7 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 from edgellm.compiler import ops  # noqa: E402
-from edgellm.quant import get_scheme, packing  # noqa: E402
+from edgellm.quant import get_scheme, packing, q4, q6, q8  # noqa: E402
 
 NUM_THREADS = 2
 CPU = ops.host_cpu_info(NUM_THREADS)
@@ -253,12 +253,12 @@ def test_quantized_embed_gathers_the_dequantized_rows(head, T, V, D):
     r = np.random.default_rng(V + D)
     scheme, w = get_scheme(head), r.standard_normal((V, D)).astype(np.float32)
     # packing directly: the scheme's shape check wants K % 32 for q8, embed_q8 only D % 4
-    parts = packing.quantize_q4(w, scheme.group) if scheme.kind == "q4" else getattr(packing, f"quantize_{head}")(w)
+    parts = q4.quantize_q4(w, scheme.group) if head.startswith("q4") else {"q8": q8.quantize_q8, "q6": q6.quantize_q6}[head](w)
     ids = r.integers(0, V, size=T).astype(np.int32)
     ids[0] = V - 1
-    op = f"embed_{scheme.kind}"
+    op, params = scheme.embed_kernel(T, V, D)
     args = [ids, parts["qweight"], parts["scales"]]
-    out = call(build(op, T=T, V=V, D=D, **({"G": scheme.group} if scheme.kind == "q4" else {}))[1], args, T, D)
+    out = call(build(op, **params)[1], args, T, D)
     np.testing.assert_array_equal(out, scheme.dequantize(parts)[ids])
     np.testing.assert_array_equal(out, ops.reference(op, args))
 

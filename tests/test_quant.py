@@ -7,6 +7,8 @@ import pytest
 
 from edgellm.errors import CompileError
 from edgellm.quant import SCHEMES, get_scheme, packing
+from edgellm.quant.q6 import dequantize_q6, pack_q6, unpack_q6
+from edgellm.quant.t2 import pack_t2
 
 
 def rng(seed=0):
@@ -106,12 +108,12 @@ def test_q6_pack_roundtrip_and_layout(N, K):
     r = rng(N + K)
     q = r.integers(-32, 32, (N, K)).astype(np.int8)
     d = r.standard_normal((N, K // 32)).astype(np.float16)
-    parts = packing.pack_q6(q, d)
+    parts = pack_q6(q, d)
     assert parts["qweight"].shape == (N, K * 6 // 8) and parts["scales"].shape == (N, K // 32)
-    np.testing.assert_array_equal(packing.unpack_q6(parts["qweight"]), q)
+    np.testing.assert_array_equal(unpack_q6(parts["qweight"]), q)
     np.testing.assert_array_equal(packing.unpack_group_scales(parts["scales"]), d)
     expect = q.astype(np.float32).reshape(N, K // 32, 32) * d.astype(np.float32)[..., None]
-    np.testing.assert_array_equal(packing.dequantize_q6(parts), expect.reshape(N, K))
+    np.testing.assert_array_equal(dequantize_q6(parts), expect.reshape(N, K))
     if N >= 16 and K >= 64:
         code, p = q.astype(np.int16) + 32, parts["qweight"].reshape(-1)
         BPR = K * 6 // 8
@@ -122,7 +124,7 @@ def test_q6_pack_roundtrip_and_layout(N, K):
         assert [(byte >> (2 * j)) & 3 for j in range(4)] == [code[9, 48 + 4 * j + 2] >> 4 for j in range(4)]
         assert p[BPR * 16 + 4 * 2] == (code[18, 0] & 15) | ((code[18, 4] & 15) << 4)   # panel 1, row 2
     with pytest.raises(ValueError):
-        packing.pack_q6(np.full((2, 32), 32, np.int8), np.ones((2, 1), np.float16))
+        pack_q6(np.full((2, 32), 32, np.int8), np.ones((2, 1), np.float16))
 
 
 def test_q4_rule_and_t2_values():
@@ -142,7 +144,7 @@ def test_q4_rule_and_t2_values():
     assert not np.any(get_scheme("q4g32").dequantize(get_scheme("q4g32").quantize(np.zeros((2, 32), np.float32))))
     assert not np.any(get_scheme("q6").dequantize(get_scheme("q6").quantize(np.zeros((2, 32), np.float32))))
     # q6: the largest-magnitude element of every group of 32 maps to -32 exactly
-    q6 = packing.unpack_q6(get_scheme("q6").quantize(w)["qweight"]).astype(int)
+    q6 = unpack_q6(get_scheme("q6").quantize(w)["qweight"]).astype(int)
     assert q6.min() >= -32 and q6.max() <= 31
     assert (np.take_along_axis(q6.reshape(3, 2, 32), g[..., None], axis=2) == -32).all()
 
@@ -226,6 +228,57 @@ def test_t2_matches_bitnet_bitlinear():
         hf |= codes[j * (N // 4):(j + 1) * (N // 4)] << (2 * j)
     x = (r.standard_normal((5, K)) * 3).astype(np.float32)
     ref = bitlinear_ref(x, hf, weight_scale)
-    parts = packing.pack_t2(t, 1.0 / float(weight_scale))
+    parts = pack_t2(t, 1.0 / float(weight_scale))
     y = get_scheme("t2").reference_linear(x, parts)
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_registry_is_the_single_place():
+    """A scheme registered in quant/scheme.py's registry is seen everywhere without any other change: get_scheme,
+    body_schemes / head_schemes and the compiler's scheme choice (defaults, head check, shape checks)."""
+    from edgellm.compiler.driver import choose_schemes
+    from edgellm.models import load_checkpoint
+    from edgellm.quant import body_schemes, head_schemes, register
+    from edgellm.quant.float import FloatScheme
+
+    spec = load_checkpoint("demo")[0]
+    copy = FloatScheme("f32copy", "float32", 32, "float32 weights (a throwaway copy of f32)")
+    register(copy)
+    try:
+        assert get_scheme("f32copy") is copy and list(SCHEMES)[-1] == "f32copy"
+        assert "f32copy" in body_schemes() and "f32copy" in head_schemes()
+        assert choose_schemes(spec, "f32copy", None, progress=False) == (copy, copy)   # a float body keeps its head
+        assert choose_schemes(spec, "q8", "f32copy", progress=False) == (get_scheme("q8"), copy)
+        assert copy.linear_kernel(1, 8, 32, False) == get_scheme("f32").linear_kernel(1, 8, 32, False)
+        with pytest.raises(CompileError, match=r"choose one of f32, .*, t2, f32copy"):
+            get_scheme("q3")
+        with pytest.raises(ValueError, match="already registered"):
+            register(FloatScheme("f32copy", "float32", 32, "again"))
+    finally:
+        SCHEMES.pop("f32copy", None)
+    assert "f32copy" not in body_schemes() and "f32copy" not in head_schemes()
+    with pytest.raises(CompileError, match="unknown quantization scheme 'f32copy'"):
+        choose_schemes(spec, "f32copy", None, progress=False)
+
+
+def test_scheme_rules():
+    """The rules each scheme carries (what the compiler used to test by name)."""
+    from edgellm.quant import body_schemes, head_schemes
+
+    assert body_schemes() == ["f32", "f16", "q8", "q4g32", "q4g64", "q4g128", "t2"]
+    assert head_schemes() == ["f32", "f16", "q8", "q4g32", "q4g64", "q4g128", "q6"]
+    assert {n: s.default_head or n for n, s in SCHEMES.items()} == {
+        "f32": "f32", "f16": "f16", "q8": "q8", "q4g32": "q8", "q4g64": "q8", "q4g128": "q8", "q6": "q8", "t2": "q8"}
+    assert [n for n, s in SCHEMES.items() if s.gptq] == ["q4g32", "q4g64", "q4g128"]
+    assert {n: s.embedding for n, s in SCHEMES.items() if s.head} == {
+        "f32": "float32", "f16": "float16", "q8": "q8", "q4g32": "q4g32", "q4g64": "q4g64", "q4g128": "q4g128", "q6": "q6"}
+    assert get_scheme("q4g64").embed_kernel(2, 100, 128) == ("embed_q4", {"T": 2, "V": 100, "D": 128, "G": 64})
+    assert get_scheme("f16").embed_kernel(1, 10, 8) == ("embed", {"T": 1, "V": 10, "D": 8, "wdtype": "float16"})
+    with pytest.raises(CompileError, match="t2 cannot store an embedding"):
+        get_scheme("t2").embed_kernel(1, 10, 32)
+
+    class Spec:
+        family = "llama"
+    assert "post-training ternarization" in get_scheme("t2").compile_warning(Spec())
+    Spec.family = "bitnet"
+    assert get_scheme("t2").compile_warning(Spec()) is None and get_scheme("q8").compile_warning(Spec()) is None

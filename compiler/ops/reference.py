@@ -38,10 +38,10 @@ def reference(op: str, args, **p) -> np.ndarray:
         return y
     if op in QUANT_LINEAR:
         # exactly what the kernels compute (int8 activation quantization included), see quant/packing.py
-        from ...quant import packing
+        from ...quant import q4, q6, q8, t2
 
-        fn = {"linear_q8": packing.linear_q8_ref, "linear_q4": packing.linear_q4_ref, "linear_q6": packing.linear_q6_ref,
-              "linear_t2": packing.linear_t2_ref, "linear_t2_lut": packing.linear_t2_ref}[op]
+        fn = {"linear_q8": q8.linear_q8_ref, "linear_q4": q4.linear_q4_ref, "linear_q6": q6.linear_q6_ref,
+              "linear_t2": t2.linear_t2_ref, "linear_t2_lut": t2.linear_t2_ref}[op]
         return fn(a[0], a[1], a[2], a[3] if p.get("bias", False) else None)
     if op == "rope":
         x, c, s = (_f64(v) for v in a)
@@ -75,10 +75,9 @@ def reference(op: str, args, **p) -> np.ndarray:
     if op == "relu2_mul":
         return np.maximum(_f64(a[0]), 0) ** 2 * _f64(a[1])
     if op in ("embed_q8", "embed_q4", "embed_q6"):
-        from ...quant import packing
+        from ...quant import q4, q6, q8
 
-        deq = {"embed_q8": packing.dequantize_q8, "embed_q4": packing.dequantize_q4,
-               "embed_q6": packing.dequantize_q6}[op]
+        deq = {"embed_q8": q8.dequantize_q8, "embed_q4": q4.dequantize_q4, "embed_q6": q6.dequantize_q6}[op]
         table = deq({"qweight": a[1], "scales": a[2]}).astype(np.float64)
         return table[np.clip(np.asarray(a[0]), 0, table.shape[0] - 1)]
     raise ValueError(f"unknown op {op!r}")

@@ -1,0 +1,138 @@
+"""The package contract is written twice, runtime/contract.py (the compiler writes with it) and runtime/contract.h
+(the C runtime reads with it); the C API structs twice too, runtime/edgellm.h and runtime/lib.py (ctypes). This
+compiles a probe against the headers and checks every constant, struct size and field offset against Python."""
+from __future__ import annotations
+
+import ctypes as C
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from edgellm.runtime import contract as K
+from edgellm.runtime import lib as L
+
+ROOT = Path(__file__).resolve().parents[1]
+CC = shutil.which("gcc") or shutil.which("cc")
+
+# C expression -> the Python value it must equal
+CONSTANTS = {
+    "EL_FORMAT_VERSION": K.FORMAT_VERSION, "EL_PLAN_VERSION": K.PLAN_VERSION, "EL_PLAN_MAGIC": K.PLAN_MAGIC.decode(),
+    "EL_FILE_MANIFEST": K.MANIFEST, "EL_FILE_PLAN": K.PLAN, "EL_FILE_WEIGHTS": K.WEIGHTS, "EL_FILE_KERNELS": K.KERNELS,
+    "EL_FILE_TOKENIZER": K.TOKENIZER_BIN, "EL_FILE_SUMS": K.SUMS, "EL_DIR_BIN": K.BIN_DIR, "EL_FILE_RUNNER": K.RUNNER,
+    "EL_WEIGHT_ALIGN": K.WEIGHT_ALIGN, "EL_TENSOR_ALIGN": K.TENSOR_ALIGN, "EL_MAX_EOS": K.MAX_EOS,
+    "EL_MAX_ARGS_NDIM": K.MAX_ARGS_NDIM, "EL_ARCH_X86_64": K.ARCH["x86_64"], "EL_ARCH_AARCH64": K.ARCH["aarch64"],
+    "EL_DT_INT": K.DT_INT, "EL_DT_UINT": K.DT_UINT, "EL_DT_FLOAT": K.DT_FLOAT, "EL_DT_BFLOAT": K.DT_BFLOAT,
+    "EL_ARG_ARENA": K.ARG_ARENA, "EL_ARG_WEIGHT": K.ARG_WEIGHT, "EL_ARG_KCACHE": K.ARG_KCACHE,
+    "EL_ARG_VCACHE": K.ARG_VCACHE, "EL_FLAG_AT_POS": K.FLAG_AT_POS, "EL_FLAG_PREFIX": K.FLAG_PREFIX,
+    "EL_FLAG_EXPERT": K.FLAG_EXPERT, "EL_FLAG_SLOT": K.FLAG_SLOT, "EL_STEP_CALL": K.STEP_CALL,
+    "EL_STEP_ROUTE": K.STEP_ROUTE, "EL_BACKEND_TVM_CPU": K.BACKEND_TVM_CPU, "EL_N_BACKENDS": len(K.BACKENDS),
+    "EL_N_PROGRAMS": len(K.PROGRAMS), "EL_KERNEL_WRITES_KV": K.KERNEL_WRITES_KV,
+    "EL_KERNEL_INFO_SYMBOL": K.KERNEL_INFO_SYMBOL, "EL_KERNEL_INFO_COUNT_SYMBOL": K.KERNEL_INFO_COUNT_SYMBOL,
+    **{f"EL_PROG_{n.upper()}": i for i, n in enumerate(K.PROGRAMS)},
+}
+
+
+def probe_source() -> str:
+    lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "contract.h"', '#include "edgellm.h"',
+             'int main(void) {']
+    for name in CONSTANTS:
+        fmt = "%s" if isinstance(CONSTANTS[name], str) else "%lld"
+        cast = "" if fmt == "%s" else "(long long)"
+        lines.append(f'  printf("{name}={fmt}\\n", {cast}{name});')
+    lines.append('  { const char* n[] = EL_PROGRAM_NAMES; for (int i = 0; i < EL_N_PROGRAMS; i++) '
+                 'printf("program.%d=%s\\n", i, n[i]); }')
+    lines.append('  { const char* n[] = EL_BACKEND_NAMES; for (int i = 0; i < EL_N_BACKENDS; i++) '
+                 'printf("backend.%d=%s\\n", i, n[i]); }')
+    for lay in K.LAYOUTS:
+        lines.append(f'  printf("{lay.name}.sizeof=%zu\\n", sizeof({lay.name}));')
+        for field in lay.offsets():
+            lines.append(f'  printf("{lay.name}.{field}=%zu\\n", offsetof({lay.name}, {field}));')
+    for cname, st in L.STRUCTS.items():
+        lines.append(f'  printf("{cname}.sizeof=%zu\\n", sizeof({cname}));')
+        for field, _ in st._fields_:
+            lines.append(f'  printf("{cname}.{field}=%zu\\n", offsetof({cname}, {field}));')
+    lines.append("  return 0;\n}\n")
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> dict[str, str]:
+    if not CC:
+        pytest.skip("no C compiler")
+    d = tmp_path_factory.mktemp("probe")
+    (d / "probe.c").write_text(probe_source())
+    subprocess.run([CC, "-std=c11", "-Wall", f"-I{ROOT / 'runtime'}", str(d / "probe.c"), "-o", str(d / "probe")],
+                   check=True, capture_output=True, text=True)
+    out = subprocess.run([str(d / "probe")], check=True, capture_output=True, text=True).stdout
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
+def test_constants_agree(probe):
+    for name, want in CONSTANTS.items():
+        got = probe[name]
+        assert (got if isinstance(want, str) else int(got)) == want, name
+    assert tuple(probe[f"program.{i}"] for i in range(len(K.PROGRAMS))) == K.PROGRAMS
+    assert tuple(probe[f"backend.{i}"] for i in range(len(K.BACKENDS))) == K.BACKENDS
+
+
+@pytest.mark.parametrize("layout", K.LAYOUTS, ids=[x.name for x in K.LAYOUTS])
+def test_plan_layouts_agree(probe, layout):
+    assert int(probe[f"{layout.name}.sizeof"]) == layout.size
+    for field, off in layout.offsets().items():
+        assert int(probe[f"{layout.name}.{field}"]) == off, field
+
+
+@pytest.mark.parametrize("cname", sorted(L.STRUCTS))
+def test_api_structs_agree(probe, cname):
+    st = L.STRUCTS[cname]
+    assert int(probe[f"{cname}.sizeof"]) == C.sizeof(st)
+    for field, _ in st._fields_:
+        assert int(probe[f"{cname}.{field}"]) == getattr(st, field).offset, field
+
+
+def test_every_header_define_is_checked():
+    """A new constant in contract.h must get its Python twin (and a line in CONSTANTS)."""
+    text = (ROOT / "runtime" / "contract.h").read_text()
+    defined = set(re.findall(r"#define (EL_[A-Z0-9_]+) ", text)) | set(re.findall(r"\b(EL_[A-Z0-9_]+) = ", text))
+    defined -= {"EL_PROGRAM_NAMES", "EL_BACKEND_NAMES"}
+    assert defined <= set(CONSTANTS), sorted(defined - set(CONSTANTS))
+
+
+def test_library_sources_agree():
+    """pyproject.toml's libedgellm and compiler/device_binary.py's edgellm-run are built from the same sources."""
+    from edgellm.compiler.device_binary import LIB_SOURCES
+
+    ext = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["ext-modules"][0]
+    assert sorted(ext["sources"]) == sorted(str(p.relative_to(ROOT)) for p in LIB_SOURCES)
+
+
+def test_plan_writer_round_trip(tmp_path):
+    """What compiler/plan_writer.py writes parses back with the contract's layouts."""
+    from types import SimpleNamespace
+
+    from edgellm.compiler.lower import Arg, Program, Step
+    from edgellm.compiler.plan_writer import write_plan
+
+    spec = SimpleNamespace(vocab_size=10, hidden_size=4, n_layers=1, n_kv_heads=1, head_dim=4, eos_token_ids=(2, 3),
+                           bos_token_id=1)
+    prog = Program("decode", 1, [Step(0, [Arg(K.ARG_ARENA, 0, "int32", (1,)), Arg(K.ARG_WEIGHT, 0, "float32", (10, 4)),
+                                          Arg(K.ARG_ARENA, 0, "float32", (1, 4), 0, 64)])], 0, 64, 16, 128)
+    write_plan(tmp_path / "plan.bin", arch="x86_64", features=["avx2"], target="host", build_id=bytes(16), spec=spec,
+               max_ctx=8, chunk=4, kv_rows=12, weight_regions=[(0, 160)], weights_bytes=160,
+               kernels=[("embed", 3, 0, 4)], programs=[prog], sampling={"temperature": 0.7, "top_k": 5})
+    b = (tmp_path / "plan.bin").read_bytes()
+    h = K.HEADER.unpack(b)
+    assert h["magic"] == K.PLAN_MAGIC and h["version"] == K.PLAN_VERSION and h["eos_ids"][:2] == [2, 3]
+    assert abs(h["sampling.temperature"] - 0.7) < 1e-6 and h["sampling.top_k"] == 5 and h["sampling.top_p"] == 1.0
+    at = K.HEADER.size + K.WEIGHT.size
+    k = K.KERNEL.unpack(b, at)
+    assert k["name"].rstrip(b"\0") == b"embed" and (k["n_args"], k["writes"]) == (3, 4)
+    p = K.PROGRAM.unpack(b, at + K.KERNEL.size)
+    assert p["name"].rstrip(b"\0") == b"decode" and p["n_steps"] == 1 and p["backend"] == K.BACKEND_TVM_CPU
+    s = K.STEP.unpack(b, at + K.KERNEL.size + K.PROGRAM.size)
+    assert (s["kind"], s["kernel"], s["n_args"]) == (K.STEP_CALL, 0, 3)
+    assert len(b) == at + K.KERNEL.size + K.PROGRAM.size + K.STEP.size + 3 * K.ARG.size
