@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,7 +153,12 @@ def mutate(name: str, data: bytes, rng: random.Random) -> bytes:
     if name.endswith(".json"):
         return bytes((_json if r < 0.75 else _flip)(b, rng))
     if name == "tokenizer.bin":
-        return bytes((_u32_field if r < 0.5 else _flip)(b, rng))
+        b = (_u32_field if r < 0.5 else _flip)(b, rng)
+        if rng.random() < 0.8 and len(b) >= 64:   # a valid CRC, so the mutation reaches the parser behind the check
+            b[60:64] = struct.pack("<I", zlib.crc32(bytes(b[64:])) & 0xFFFFFFFF)
+            if rng.random() < 0.5:
+                b[56:60] = struct.pack("<I", len(b))
+        return bytes(b)
     return bytes(_flip(b, rng))   # weights.bin
 
 
@@ -182,15 +188,15 @@ def _probe_runner(pkg: Path, timeout: float) -> dict:
     if not exe.is_file():
         return {"kind": "ok", "tokens": None}
     try:
-        r = subprocess.run([str(exe), str(pkg), "--ids", ",".join(map(str, PROMPT_IDS)), "-n", "4", "--temperature",
-                            "0", "--ignore-eos", "--print-ids", "--threads", "2"], capture_output=True, text=True,
-                           timeout=timeout)
+        r = subprocess.run([str(exe), str(pkg), "-p", PROMPT_TEXT, "-n", "4", "--temperature", "0", "--ignore-eos",
+                            "--threads", "2", "--stop", "\n\n"], capture_output=True, text=True, timeout=timeout,
+                           errors="replace")
     except subprocess.TimeoutExpired:
         return {"kind": "hang"}
     if r.returncode < 0 or "Sanitizer" in r.stderr or "runtime error:" in r.stderr:
         return {"kind": "crash", "msg": r.stderr[-500:]}
     if r.returncode == 0:
-        return {"kind": "ok", "tokens": r.stdout.split()}
+        return {"kind": "ok", "tokens": r.stdout}
     lines = r.stderr.strip().splitlines()
     return {"kind": "error" if len(lines) == 1 and "error" in lines[0] else "traceback", "msg": r.stderr[-300:]}
 
@@ -278,7 +284,7 @@ def campaign(pkg: Path, files, per_file: int, seed: int = 0, sanitize: bool = Fa
     """Runs per_file mutations of each file; returns {file: Counter(outcome)} and the bad cases under "bad"."""
     work = Path(tempfile.mkdtemp(prefix="edgellm-fuzz-"))
     try:
-        env = dict(os.environ, PYTHONPATH=str(ROOT.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ)
         target = work / "pkg"
         shutil.copytree(pkg, target, symlinks=True)
         (target / "SHA256SUMS").unlink(missing_ok=True)   # not read unless a digest is given

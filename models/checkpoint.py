@@ -44,9 +44,9 @@ def resolve_model_dir(model: str | os.PathLike) -> Path:
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
         why = "HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached"
         raise ModelLoadError(f"'{s}' is not in the Hugging Face cache and {why}: download it where there is network "
-                             "(huggingface-cli download) or pass a local directory") from e
+                             "(`hf download ID`) or pass a local directory") from e
     except RepositoryNotFoundError as e:
-        raise ModelLoadError(f"'{s}' does not exist on the Hugging Face Hub (or needs a token: huggingface-cli login)") from e
+        raise ModelLoadError(f"'{s}' does not exist on the Hugging Face Hub (or needs a token: `hf auth login`)") from e
     except Exception as e:  # network errors come in many types
         raise ModelLoadError(f"could not fetch '{s}' from the Hugging Face Hub: {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}; pass a local directory instead") from e

@@ -83,7 +83,7 @@ static int own_stops(el_gen* g, const el_gen_params* p, const el_model* m) {
   free(g->owned);
   g->owned = mem;
   int32_t* ids = (int32_t*)mem;
-  memcpy(ids, p->stop_ids, sizeof(int32_t) * (size_t)p->n_stop_ids);
+  if (p->n_stop_ids) memcpy(ids, p->stop_ids, sizeof(int32_t) * (size_t)p->n_stop_ids);
   const char** strs = (const char**)(mem + (sizeof(int32_t) * (size_t)p->n_stop_ids + 7) / 8 * 8);
   char* at = (char*)(strs + p->n_stop_strings);
   g->max_stop = 0;
