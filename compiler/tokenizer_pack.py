@@ -1,7 +1,10 @@
 """tokenizer.json -> tokenizer.bin: the compact form of a Hugging Face tokenizer that the C tokenizer
 (runtime/tokenizer.c, format documented in runtime/tokenizer.h) reads on the device, where there is no Python.
 
-Two families are supported, each reproducing `tokenizers` exactly; anything else raises CompileError:
+Two families are supported, each reproducing `tokenizers` exactly (encoding and decoding); a BPE tokenizer whose
+normalizer or pre-tokenizer is outside them but whose decoder is one of theirs (ByteLevel, or SentencePiece's "▁"
+spaces) gets a decode-only tokenizer.bin (the generation loop's text and stop strings work; encoding is refused);
+anything else raises CompileError:
   * byte-level BPE (GPT-2, Llama-3, Qwen2/3, SmolLM, the demo models): normalizer none or NFC; pre-tokenizer
     ByteLevel (its own GPT-2 regex, or use_regex=false after a Split with the GPT-2, Llama-3 or Qwen2 pattern),
     optionally after Digits;
@@ -33,6 +36,7 @@ PATTERNS = {GPT2_PATTERN: PRE_GPT2, LLAMA3_PATTERN: PRE_LLAMA3, QWEN2_PATTERN: P
 F_IGNORE_MERGES, F_BYTE_FALLBACK, F_FUSE_UNK, F_NFC = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 F_PREPEND, F_REPLACE_SPACE, F_METASPACE, F_MS_SPLIT = 1 << 4, 1 << 5, 1 << 6, 1 << 7
 F_MS_ALWAYS, F_MS_FIRST, F_PREFIX_SPACE, F_DIGITS_EACH, F_DIGITS_RUNS = 1 << 8, 1 << 9, 1 << 10, 1 << 11, 1 << 12
+F_DECODE_ONLY = 1 << 13
 TOK_KEY, TOK_SPECIAL, TOK_ADDED = 1, 2, 4
 ADD_SPECIAL, ADD_NORMALIZED, ADD_LSTRIP, ADD_RSTRIP = 1, 2, 4, 8
 MAX_AFFIX = 16
@@ -123,6 +127,17 @@ def _pre_tokenizer(pre: dict | None) -> tuple[int, int, int]:
     raise _fail(f"pre-tokenizer chain {types} is not supported")
 
 
+def _decoder_family(dec: dict | None) -> int:
+    """The token-to-text family of a decoder chain, for a decode-only tokenizer.bin."""
+    items = _flatten(dec, "decoders")
+    types = [x.get("type") for x in items]
+    if "ByteLevel" in types:
+        return FAMILY_BYTE_LEVEL
+    if "Metaspace" in types or any(x.get("type") == "Replace" and x.get("pattern") == {"String": META} for x in items):
+        return FAMILY_SENTENCEPIECE
+    raise _fail(f"decoder chain {types} is not supported")
+
+
 def _merges(model: dict, vocab: dict[str, int]) -> list[tuple[int, int, int, int]]:
     table: dict[tuple[int, int], tuple[int, int]] = {}
     for rank, m in enumerate(model.get("merges") or []):
@@ -208,15 +223,20 @@ def pack_tokenizer(tokenizer_json: Path) -> bytes:
         raise _fail("BPE dropout is not supported")
     if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         raise _fail("continuing_subword_prefix / end_of_word_suffix are not supported")
-    family, pretok, flags = _pre_tokenizer(d.get("pre_tokenizer"))
-    norm_flags = _normalizer_flags(d.get("normalizer"))
-    flags |= norm_flags
-    if family == FAMILY_BYTE_LEVEL and norm_flags & ~F_NFC:
-        raise _fail("a byte-level tokenizer with a SentencePiece normalizer is not supported")
-    if family == FAMILY_BYTE_LEVEL and model.get("byte_fallback"):
-        raise _fail("byte_fallback in a byte-level tokenizer is not supported")
-    if family == FAMILY_SENTENCEPIECE and not flags & (F_REPLACE_SPACE | F_METASPACE):
-        raise _fail("a BPE without ByteLevel needs SentencePiece spaces (Replace ' ' -> '▁' or Metaspace)")
+    decode_only = None
+    try:
+        family, pretok, flags = _pre_tokenizer(d.get("pre_tokenizer"))
+        norm_flags = _normalizer_flags(d.get("normalizer"))
+        flags |= norm_flags
+        if family == FAMILY_BYTE_LEVEL and norm_flags & ~F_NFC:
+            raise _fail("a byte-level tokenizer with a SentencePiece normalizer is not supported")
+        if family == FAMILY_BYTE_LEVEL and model.get("byte_fallback"):
+            raise _fail("byte_fallback in a byte-level tokenizer is not supported")
+        if family == FAMILY_SENTENCEPIECE and not flags & (F_REPLACE_SPACE | F_METASPACE):
+            raise _fail("a BPE without ByteLevel needs SentencePiece spaces (Replace ' ' -> '▁' or Metaspace)")
+    except CompileError as e:   # the encoder is out of reach; the decoder may not be
+        decode_only = str(e)
+        family, pretok, flags = _decoder_family(d.get("decoder")), PRE_NONE, F_DECODE_ONLY
     flags |= (F_IGNORE_MERGES if model.get("ignore_merges") else 0) | (F_BYTE_FALLBACK if model.get("byte_fallback") else 0)
     flags |= F_FUSE_UNK if model.get("fuse_unk") else 0
 
@@ -260,7 +280,7 @@ def pack_tokenizer(tokenizer_json: Path) -> bytes:
     prefix, suffix = _template(d.get("post_processor"), token_id)
     bos = prefix[0] if prefix else _bos_from_config(tokenizer_json, token_id)
     unk = vocab.get(model.get("unk_token"), -1) if model.get("unk_token") is not None else -1
-    merges = _merges(model, vocab)
+    merges = [] if decode_only else _merges(model, vocab)
 
     def pad(b: bytes) -> bytes:
         return bytes(b) + b"\0" * (-len(b) % 4)
@@ -282,9 +302,12 @@ def pack_tokenizer(tokenizer_json: Path) -> bytes:
     return header + struct.pack("<I", zlib.crc32(body)) + body
 
 
-def write_tokenizer_bin(tokenizer_json: Path, out: Path) -> None:
-    """Writes tokenizer.bin for the C tokenizer; CompileError (one line) for a tokenizer it cannot reproduce."""
-    Path(out).write_bytes(pack_tokenizer(tokenizer_json))
+def write_tokenizer_bin(tokenizer_json: Path, out: Path) -> bool:
+    """Writes tokenizer.bin for the C tokenizer; CompileError (one line) for a tokenizer it cannot even decode.
+    Returns False when the file decodes only (its encoder is outside the supported families)."""
+    data = pack_tokenizer(tokenizer_json)
+    Path(out).write_bytes(data)
+    return not struct.unpack_from("<I", data, 16)[0] & F_DECODE_ONLY
 
 
 def maybe_write_tokenizer_bin(package_dir: Path, log: Callable[[str], None] | None = None) -> bool:
@@ -295,9 +318,13 @@ def maybe_write_tokenizer_bin(package_dir: Path, log: Callable[[str], None] | No
     if not src.is_file():
         return False
     try:
-        write_tokenizer_bin(src, Path(package_dir) / "tokenizer.bin")
+        full = write_tokenizer_bin(src, Path(package_dir) / "tokenizer.bin")
     except CompileError as e:
         if log:
-            log(f"warning: no tokenizer.bin, edgellm-run will take token ids only: {e}")
+            log(f"warning: no tokenizer.bin, edgellm-run will take token ids only and stop strings need the Python "
+                f"runtime's tokenizer: {e}")
         return False
+    if not full and log:
+        log("note: the C tokenizer decodes this tokenizer but cannot encode it (its pre-tokenizer or normalizer is "
+            "not one it reproduces): edgellm-run takes token ids; Python encodes with tokenizer.json")
     return True

@@ -72,13 +72,20 @@ class TextCodec:
         def raise_exception(msg):
             raise InputError(f"chat template: {msg}")
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+        # the environment transformers renders chat templates in: sandboxed, loop controls, its tojson and helpers
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
-            return env.from_string(tmpl).render(messages=messages, add_generation_prompt=True,
-                                                bos_token=self.token_str("bos_token"),
-                                                eos_token=self.token_str("eos_token"))
+            return env.from_string(tmpl).render(messages=messages, add_generation_prompt=True, tools=None,
+                                                documents=None, bos_token=self.token_str("bos_token"),
+                                                eos_token=self.token_str("eos_token"),
+                                                pad_token=self.token_str("pad_token"),
+                                                unk_token=self.token_str("unk_token"))
         except InputError:
             raise
         except jinja2.exceptions.SecurityError as e:

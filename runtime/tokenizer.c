@@ -53,7 +53,8 @@ enum { PRE_NONE = 0, PRE_GPT2 = 1, PRE_LLAMA3 = 2, PRE_QWEN2 = 3 };
 #define EL_TOKF_PREFIX_SPACE (1u << 10)  /* ByteLevel add_prefix_space */
 #define EL_TOKF_DIGITS_EACH (1u << 11)   /* Digits(individual_digits = true) before the regex */
 #define EL_TOKF_DIGITS_RUNS (1u << 12)   /* Digits(individual_digits = false) before the regex */
-#define EL_TOKF_KNOWN ((1u << 13) - 1)
+#define EL_TOKF_DECODE_ONLY (1u << 13)  /* the encoder is outside these families: decoding (ids -> text) only */
+#define EL_TOKF_KNOWN ((1u << 14) - 1)
 
 #define TOK_KEY 1u
 #define TOK_SPECIAL 2u
@@ -689,6 +690,9 @@ EL_API int el_tok_encode(const el_tokenizer* t, const char* text, int len, int a
   if (len < 0) len = text ? (int)strlen(text) : 0;
   if (len > 0 && !text) return el_error("el_tok_encode: text is NULL");
   if (cap < 0 || (cap > 0 && !out)) return el_error("el_tok_encode: bad output buffer (cap %d)", cap);
+  if (t->flags & EL_TOKF_DECODE_ONLY)
+    return el_error("this package's tokenizer (its pre-tokenizer or normalizer) is outside what the C tokenizer "
+                    "reproduces, so tokenizer.bin decodes only: pass token ids (--ids), or use the Python runtime");
   work w = {.t = t, .out = out, .cap = cap};
   if (add_bos < 0) {
     for (uint32_t i = 0; i < t->n_prefix; i++) emit(&w, t->prefix[i]);

@@ -21,7 +21,7 @@ from tokenizers import trainers  # noqa: E402
 from edgellm.compiler.tokenizer_pack import (  # noqa: E402
     GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN, maybe_write_tokenizer_bin, pack_tokenizer, write_tokenizer_bin,
 )
-from edgellm.errors import CompileError, PackageError  # noqa: E402
+from edgellm.errors import CompileError, InputError, PackageError  # noqa: E402
 
 try:
     from edgellm.runtime.c_tokenizer import CTokenizer
@@ -302,18 +302,35 @@ def test_corrupt_files_fail_cleanly(tokenizer_files, tmp_path):
     assert "usable" in load(good[:60] + struct.pack("<I", zlib.crc32(body)) + bytes(body))
 
 
-def test_unsupported_tokenizers_raise_compile_error(tokenizer_files, tmp_path):
+def test_unsupported_tokenizers(tokenizer_files, tmp_path):
+    """An encoder outside the two families gives a decode-only tokenizer.bin (its decoding still reproduces HF:
+    generated text and stop strings work on the device); a decoder outside them, or another model type, is a
+    CompileError."""
     base = json.loads(Path(tokenizer_files["llama3"]).read_text())
-    cases = [
-        ("model", {"type": "Unigram", "vocab": [["a", 0.0]]}, "model type"),
-        ("normalizer", {"type": "Lowercase"}, "normalizer Lowercase"),
+    hf_ids = Tokenizer.from_file(str(tokenizer_files["llama3"])).encode("Hello, wörld! 123 ünïcödé 🙂").ids
+    decode_only = [
+        ("normalizer", {"type": "Lowercase"}),
         ("pre_tokenizer", {"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": r"\w+"}, "behavior": "Isolated", "invert": False},
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}, "Split pattern"),
-        ("pre_tokenizer", {"type": "Whitespace"}, "pre-tokenizer"),
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}),
+        ("pre_tokenizer", {"type": "Whitespace"}),
     ]
-    for key, value, words in cases:
+    for key, value in decode_only:
         d = dict(base, **{key: value})
+        p = tmp_path / "t.json"
+        p.write_text(json.dumps(d))
+        assert write_tokenizer_bin(p, tmp_path / "t.bin") is False
+        hf, ct = Tokenizer.from_file(str(p)), CTokenizer(tmp_path / "t.bin")
+        assert ct.decode(hf_ids, skip_special=True) == hf.decode(hf_ids).encode()
+        with pytest.raises(InputError, match="decodes only"):
+            ct.encode("hello")
+        ct.close()
+    errors = [
+        ("model", {"type": "Unigram", "vocab": [["a", 0.0]]}, "model type"),
+        ("decoder", {"type": "WordPiece", "prefix": "##", "cleanup": True}, "decoder chain"),
+    ]
+    for key, value, words in errors:
+        d = dict(base, **{key: value}, normalizer={"type": "Lowercase"})
         p = tmp_path / "t.json"
         p.write_text(json.dumps(d))
         with pytest.raises(CompileError, match=words) as e:
@@ -331,5 +348,10 @@ def test_package_hook(tokenizer_files, tmp_path):
     d["normalizer"] = {"type": "Lowercase"}
     (tmp_path / "tokenizer.json").write_text(json.dumps(d))
     (tmp_path / "tokenizer.bin").unlink()
+    assert maybe_write_tokenizer_bin(tmp_path, logged.append) and (tmp_path / "tokenizer.bin").is_file()
+    assert len(logged) == 1 and "decodes this tokenizer but cannot encode" in logged[0]
+    d["decoder"] = {"type": "WordPiece"}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(d))
+    (tmp_path / "tokenizer.bin").unlink()
     assert not maybe_write_tokenizer_bin(tmp_path, logged.append) and not (tmp_path / "tokenizer.bin").exists()
-    assert len(logged) == 1 and logged[0].startswith("warning: no tokenizer.bin") and "Lowercase" in logged[0]
+    assert len(logged) == 2 and logged[1].startswith("warning: no tokenizer.bin") and "decoder" in logged[1]

@@ -424,3 +424,23 @@ def test_fifo_package_files_do_not_hang(pkg, tmp_path):
         r = subprocess.run([str(pkg / "bin/edgellm-run"), str(p), "--ids", "1", "-n", "2"], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 0 or len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_chat_template_renders_like_transformers(tmp_path):
+    """The sandboxed environment still renders real templates as transformers does (loop controls, tojson)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from edgellm.models.demo import DEMO_DIR
+    from edgellm.runtime.text import TextCodec
+
+    tmpl = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
+            "<|{{ m.role }}|>{{ m.content | trim }}{{ eos_token }}{% if loop.index > 6 %}{% break %}{% endif %}"
+            "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}{{ {'k': 'é'} | tojson }}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": tmpl, "bos_token": "<s>",
+                                                                "eos_token": "</s>"}))
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": " héllo "},
+            {"role": "assistant", "content": "hi"}, {"role": "user", "content": "more"}]
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(DEMO_DIR / "demo-llama" / "tokenizer.json"), bos_token="<s>",
+                                 eos_token="</s>")
+    want = hf.apply_chat_template(msgs, chat_template=tmpl, tokenize=False, add_generation_prompt=True)
+    assert TextCodec(tmp_path).apply_chat_template(msgs) == want
