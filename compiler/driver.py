@@ -24,7 +24,8 @@ from .package_writer import check_destination, staged_package, write_sums, write
 from .plan_writer import write_plan
 from .tokenizer_pack import maybe_write_tokenizer_bin
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "chat_template.jinja", "chat_template.json")   # the last two: newer checkpoints' chat templates
 DEFAULT_MAX_CONTEXT = 4096
 
 

@@ -432,8 +432,8 @@ class Runtime:
         manifest = read_manifest(p)
         if digest is not None:
             # the small files Python reads here; libedgellm checks everything before it loads any code
-            verify_package(p, digest, only=[f for f in ("manifest.json", "tokenizer.json", "tokenizer_config.json")
-                                            if (p / f).is_file()])
+            verify_package(p, digest, only=[f for f in ("manifest.json", "tokenizer.json", "tokenizer_config.json",
+                                                        "chat_template.jinja", "chat_template.json") if (p / f).is_file()])
             opts.digest = digest.encode()
         elif verify:
             verify_package(p)

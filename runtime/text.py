@@ -4,10 +4,34 @@ Generated text comes from the C generation loop (runtime/generate.c), not from h
 from __future__ import annotations
 
 import json
+import os
+import sys
+import tempfile
+import threading
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
 from ..errors import InputError, PackageError
+
+
+_stderr_lock = threading.Lock()
+
+
+@contextmanager
+def _rust_panics_silenced():
+    """`tokenizers` panics on some corrupt files, and Rust's panic hook prints the panic (and a backtrace) straight to
+    file descriptor 2 before Python sees a PanicException: hold fd 2 on a scratch file meanwhile, so a bad file is one
+    error line, not a screen of Rust."""
+    with _stderr_lock, tempfile.TemporaryFile() as scratch:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(scratch.fileno(), 2)
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def _first_line(e: BaseException) -> str:
@@ -23,9 +47,12 @@ class TextCodec:
             from tokenizers import Tokenizer
 
             try:
-                self.tok = Tokenizer.from_file(str(tj))
-            except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for a corrupt file
-                raise PackageError(f"{tj} is corrupt ({_first_line(e)}): recompile the package") from e
+                with _rust_panics_silenced():
+                    self.tok = Tokenizer.from_file(str(tj))
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # noqa: BLE001 - plain Exception, or a Rust PanicException (a BaseException)
+                raise PackageError(f"{tj} is corrupt ({_first_line(e)}): recompile the package") from None
         self.config = {}
         tc = package / "tokenizer_config.json"
         if tc.is_file():
@@ -35,6 +62,17 @@ class TextCodec:
                 raise PackageError(f"{tc} is corrupt ({_first_line(e)}): recompile the package") from e
             if not isinstance(self.config, dict):
                 raise PackageError(f"{tc} is not a JSON object: recompile the package")
+        # newer checkpoints keep the chat template in a file of its own, which wins (as in transformers)
+        jinja, cj = package / "chat_template.jinja", package / "chat_template.json"
+        try:
+            if jinja.is_file():
+                self.config = {**self.config, "chat_template": jinja.read_bytes().decode("utf-8")}
+            elif cj.is_file():
+                t = json.loads(cj.read_bytes().decode("utf-8"))
+                self.config = {**self.config, "chat_template": t.get("chat_template") if isinstance(t, dict) else None}
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise PackageError(f"the package's chat template file is corrupt ({_first_line(e)}): recompile the "
+                               "package") from e
 
     @property
     def available(self) -> bool:

@@ -444,3 +444,15 @@ def test_chat_template_renders_like_transformers(tmp_path):
                                  eos_token="</s>")
     want = hf.apply_chat_template(msgs, chat_template=tmpl, tokenize=False, add_generation_prompt=True)
     assert TextCodec(tmp_path).apply_chat_template(msgs) == want
+
+
+def test_chat_template_file_of_its_own(pkg, tmp_path):
+    """Newer checkpoints keep the template in chat_template.jinja: it is copied into the package and wins."""
+    from edgellm.runtime.text import TextCodec
+
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "old {{ messages[0].content }}"}))
+    (tmp_path / "chat_template.jinja").write_text("new {{ messages[0].content }}")
+    assert TextCodec(tmp_path).apply_chat_template([{"role": "user", "content": "x"}]) == "new x"
+    from edgellm.compiler.driver import TOKENIZER_FILES
+
+    assert "chat_template.jinja" in TOKENIZER_FILES
