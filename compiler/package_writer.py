@@ -125,24 +125,28 @@ class _Terminated(BaseException):
 def staged_package(out: Path):
     """Yields a temp dir beside `out`; on success it replaces `out` (absent, empty or an edgellm package: see
     check_destination). On any failure, including SIGTERM and a full disk, the temp dir is removed."""
+    global _terminated
     out = check_destination(out)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temps(out)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        tmp.mkdir()
-    except OSError as e:
-        raise CompileError(f"cannot write the package to {out}: {e.strerror or e}") from e
+    _terminated = False
     old_handler = None
-    try:
+    try:   # before the temp dir exists: a SIGTERM from here on unwinds through the clean-up below
         old_handler = signal.signal(signal.SIGTERM, _raise_terminated)
     except ValueError:   # not the main thread: leave signals alone
         pass
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    old = None
     try:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temps(out)
+            tmp.mkdir()
+        except OSError as e:
+            raise CompileError(f"cannot write the package to {out}: {e.strerror or e}") from e
         yield tmp
+        if _terminated:   # the handler's exception was swallowed somewhere (e.g. raised inside a __del__)
+            raise _Terminated()
         if out.exists() and not is_package(out) and any(out.iterdir()):   # appeared while we compiled
             raise CompileError(f"{out} was filled with other files during the compile: refusing to overwrite it")
-        old = None
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
             os.rename(out, old)
@@ -150,6 +154,10 @@ def staged_package(out: Path):
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException as e:
+        if old_handler is not None:   # no second SIGTERM in the middle of the clean-up
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if old is not None and old.exists() and not out.exists():
+            os.rename(old, out)   # interrupted between the two renames: the previous package goes back
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError):
             raise CompileError(f"cannot write the package to {out}: {e.strerror or e}") from e
@@ -161,5 +169,10 @@ def staged_package(out: Path):
             signal.signal(signal.SIGTERM, old_handler)
 
 
+_terminated = False
+
+
 def _raise_terminated(signum, frame):
+    global _terminated
+    _terminated = True
     raise _Terminated()
