@@ -316,29 +316,91 @@ static int tvm_open(el_model* m, const char* dir, void** state) {
   return 0;
 }
 
+/* Per-context bindings ------------------------------------------------------------------------------------------
+ * A context's DLTensors and TVMFFIAny arguments for every step of the programs this backend runs, prepared once
+ * when the context is made (shapes, dtypes, argument slots): a run then only patches data pointers and prefix
+ * lengths. Per context, not per model, so that contexts on different threads never share mutable state. */
+typedef struct {
+  DLTensor* t;     /* [n_args] */
+  TVMFFIAny* any;  /* [n_args] */
+  int64_t* shapes; /* [4 * n_args] */
+} binding;
+
+typedef struct {
+  binding* steps[EL_N_PROGRAMS]; /* [n_steps] per program run by this backend */
+  void* block;
+  uint64_t bytes;
+} tvm_ctx;
+
+static void tvm_unbind(void* ctx_state) {
+  tvm_ctx* b = ctx_state;
+  if (!b) return;
+  free(b->block);
+  free(b);
+}
+
+static int tvm_bind(void* state, el_context* c, void** ctx_state) {
+  (void)state;
+  const el_model* m = c->m;
+  size_t n_steps = 0, n_args = 0;
+  for (int k = 0; k < EL_N_PROGRAMS; k++) {
+    const el_program* pg = &m->prog[k];
+    if (!pg->present || pg->p.backend != EL_BACKEND_TVM_CPU) continue;
+    n_steps += pg->n_steps;
+    for (uint32_t si = 0; si < pg->n_steps; si++) n_args += pg->steps[si].n_args;
+  }
+  size_t bytes = sizeof(binding) * n_steps + (sizeof(DLTensor) + sizeof(TVMFFIAny) + 4 * sizeof(int64_t)) * n_args;
+  tvm_ctx* b = calloc(1, sizeof *b);
+  uint8_t* mem = b ? malloc(bytes ? bytes : 1) : NULL;
+  if (!mem) {
+    free(b);
+    return el_error("out of memory for a context's kernel arguments (%zu bytes)", bytes);
+  }
+  b->block = mem, b->bytes = bytes + sizeof *b;
+  binding* bs = (binding*)mem;
+  DLTensor* t = (DLTensor*)(bs + n_steps);
+  TVMFFIAny* any = (TVMFFIAny*)(t + n_args);
+  int64_t* shapes = (int64_t*)(any + n_args);
+  for (int k = 0; k < EL_N_PROGRAMS; k++) {
+    const el_program* pg = &m->prog[k];
+    if (!pg->present || pg->p.backend != EL_BACKEND_TVM_CPU) continue;
+    b->steps[k] = bs;
+    for (uint32_t si = 0; si < pg->n_steps; si++, bs++) {
+      const el_step* st = &pg->steps[si];
+      bs->t = t, bs->any = any, bs->shapes = shapes;
+      memcpy(t, st->proto, sizeof *t * st->n_args);
+      memcpy(shapes, st->shapes, sizeof *shapes * 4 * st->n_args);
+      for (uint32_t ai = 0; ai < st->n_args; ai++) {
+        t[ai].shape = &shapes[4 * ai];
+        any[ai].type_index = kTVMFFIDLTensorPtr;
+        any[ai].zero_padding = 0;
+        any[ai].v_ptr = &t[ai];
+      }
+      t += st->n_args, any += st->n_args, shapes += 4 * st->n_args;
+    }
+  }
+  c->backend_bytes += b->bytes;
+  *ctx_state = b;
+  return 0;
+}
+
 /* Run ---------------------------------------------------------------------------------------------------------- */
 
 /* One kernel call. expert / slot: the routed entry this call serves (-1 outside a route). */
-static int call_step(tvm_cpu* b, el_context* c, const el_step* st, int pos, int expert, int slot, int prog,
-                     uint32_t si) {
-  el_model* m = c->m;
-  el_weight_store* store = m->store;
-  DLTensor t[MAX_STEP_ARGS];
-  TVMFFIAny any[MAX_STEP_ARGS];
-  int64_t shapes[4 * MAX_STEP_ARGS];
+static int call_step(tvm_cpu* b, el_context* c, const el_step* st, binding* bd, int pos, int expert, int slot,
+                     int prog, uint32_t si) {
+  el_weight_store* store = c->m->store;
   uint32_t wid[MAX_STEP_ARGS], nw = 0;
   const void* wptr[MAX_STEP_ARGS];
   uint32_t n = st->n_args;
-  memcpy(t, st->proto, sizeof *t * n);
-  memcpy(shapes, st->shapes, sizeof *shapes * 4 * n);
   for (uint32_t ai = 0; ai < n; ai++)
     if (st->args[ai].kind == EL_ARG_WEIGHT)
       wid[nw++] = st->args[ai].index + ((st->args[ai].flags & EL_FLAG_EXPERT) ? (uint32_t)expert * st->args[ai].expert_stride : 0);
   if (nw && store->acquire(store, wid, nw, wptr) != 0)
     return el_error("the weight store (%s) could not provide the weights of kernel %s: %s", store->policy,
                     st->kernel_name, store->err);
-  uint32_t wi = 0;
-  for (uint32_t ai = 0; ai < n; ai++) {
+  DLTensor* t = bd->t;
+  for (uint32_t ai = 0, wi = 0; ai < n; ai++) {
     const el_plan_arg* a = &st->args[ai];
     const uint8_t* base;
     uint64_t at = 0;
@@ -350,17 +412,13 @@ static int call_step(tvm_cpu* b, el_context* c, const el_step* st, int pos, int 
       base = wptr[wi++];
     } else {
       base = el_cache_of(c, a->kind, a->index);
-      if (a->flags & EL_FLAG_PREFIX) shapes[4 * ai] = pos + a->shape[0];
+      if (a->flags & EL_FLAG_PREFIX) bd->shapes[4 * ai] = pos + a->shape[0];
     }
     t[ai].data = (void*)(base + a->offset + at);
-    t[ai].shape = &shapes[4 * ai];
-    any[ai].type_index = kTVMFFIDLTensorPtr;
-    any[ai].zero_padding = 0;
-    any[ai].v_ptr = &t[ai];
   }
   TVMFFIAny ret = {.type_index = kTVMFFINone};
   double t0 = c->prof_s ? el_now() : 0;
-  int rc = b->fn[st->kernel](NULL, any, (int32_t)n, &ret);
+  int rc = b->fn[st->kernel](NULL, bd->any, (int32_t)n, &ret);
   if (c->prof_s) c->prof_s[c->prof_base[prog] + si] += el_now() - t0;
   c->stats.kernel_calls++;
   if (nw) store->release(store, wid, nw);
@@ -375,14 +433,14 @@ static int call_step(tvm_cpu* b, el_context* c, const el_step* st, int pos, int 
 }
 
 static int tvm_run(void* state, void* ctx_state, el_context* c, int prog, int pos) {
-  (void)ctx_state;
   tvm_cpu* b = state;
+  binding* bd = ((tvm_ctx*)ctx_state)->steps[prog];
   const el_program* pg = &c->m->prog[prog];
   el_pool_set_threads(c->n_threads, b->barriers);
   for (uint32_t si = 0; si < pg->n_steps; si++) {
     const el_step* st = &pg->steps[si];
     if (st->kind == EL_STEP_CALL) {
-      if (call_step(b, c, st, pos, -1, -1, prog, si) != 0) return -1;
+      if (call_step(b, c, st, &bd[si], pos, -1, -1, prog, si) != 0) return -1;
       continue;
     }
     /* ROUTE: the ids an earlier kernel wrote, checked (a kernel bug must not become an out-of-range weight id) */
@@ -403,10 +461,10 @@ static int tvm_run(void* state, void* ctx_state, el_context* c, int prog, int po
         }
     for (uint32_t i = 0; i < st->n_select; i++)
       for (uint32_t j = 1; j <= st->n_body; j++)
-        if (call_step(b, c, &pg->steps[si + j], pos, ids[i], (int)i, prog, si + j) != 0) return -1;
+        if (call_step(b, c, &pg->steps[si + j], &bd[si + j], pos, ids[i], (int)i, prog, si + j) != 0) return -1;
     si += st->n_body;
   }
   return 0;
 }
 
-const el_backend el_backend_tvm_cpu = {"tvm_cpu", tvm_open, tvm_close, NULL, NULL, tvm_run};
+const el_backend el_backend_tvm_cpu = {"tvm_cpu", tvm_open, tvm_close, tvm_bind, tvm_unbind, tvm_run};

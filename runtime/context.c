@@ -274,7 +274,7 @@ EL_API void el_get_stats(const el_context* c, el_stats* out) {
   out->kv_bytes = c->caches_map;
   out->arena_bytes = c->arena_map;
   uint64_t vocab = c->m->h.vocab;
-  out->context_bytes = c->caches_map + c->arena_map + sizeof *c +
+  out->context_bytes = c->caches_map + c->arena_map + sizeof *c + c->backend_bytes +
                        (c->gen.logits ? 4 * vocab : 0) + el_sampler_bytes(c->gen.sampler) +
                        (uint64_t)c->gen.cap_hist * 4 + c->gen.text_cap;
   pthread_mutex_unlock(&w->mu);

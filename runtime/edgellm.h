@@ -166,7 +166,8 @@ typedef struct {
   uint64_t decode_tokens;
   uint64_t kv_bytes;      /* this context's KV cache */
   uint64_t arena_bytes;   /* this context's activation arena */
-  uint64_t context_bytes; /* everything this context allocated (KV + arena + logits and sampler buffers) */
+  uint64_t context_bytes; /* everything this context allocated: KV + arena + the kernels' argument bindings (about
+                             100 bytes per kernel argument) + logits and sampler buffers (O(vocab)) */
 } el_stats;
 void el_get_stats(const el_context* c, el_stats* out);
 void el_reset_stats(el_context* c);

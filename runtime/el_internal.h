@@ -113,6 +113,7 @@ struct el_context {
   size_t caches_map, cache_stride;
   int pos, n_threads;
   void* backend_ctx[EL_N_BACKENDS];
+  uint64_t backend_bytes; /* what the backends allocated for this context (bind) */
   el_stats stats;
   double* prof_s; /* EDGELLM_PROFILE: per program step (prog_base offsets), seconds summed over runs */
   uint64_t* prof_runs;
