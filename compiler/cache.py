@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..runtime.package import MANIFEST
+from ..runtime.contract import MANIFEST
 
 
 def cache_root() -> Path:

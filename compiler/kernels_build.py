@@ -9,6 +9,7 @@ TVM's code generation runs in a forked child: LLVM reports some failures (a full
 say) by printing "LLVM ERROR" and exiting the process, which must not take the compiler and its clean-up with it."""
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import subprocess
@@ -43,6 +44,7 @@ def _codegen_in_child(mod, target: Target, obj: Path) -> None:
             code = 1
             try:
                 os.dup2(err.fileno(), 2)
+                faulthandler.disable()   # an abort here is reported by the parent, not dumped by the child
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 ex = tvm.compile(mod, target=tvm_target)
                 ex.mod.write_to_file(str(obj))

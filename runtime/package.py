@@ -152,20 +152,6 @@ def verify_package(path: str | Path, digest: str | None = None, only: list[str] 
                                "modified; recompile or copy it again")
 
 
-def verify_checksums(path: str | Path, manifest: dict) -> None:
-    """sha256 of every tensor region in weights.bin against the manifest's tensor table."""
-    import numpy as np
-
-    from .contract import WEIGHTS
-
-    wb = Path(path) / WEIGHTS
-    mm = np.memmap(wb, dtype=np.uint8, mode="r")
-    for t in manifest["tensors"]:
-        o, n = t["offset"], t["nbytes"]
-        if o + n > mm.size or hashlib.sha256(mm[o:o + n]).hexdigest() != t["sha256"]:
-            raise PackageError(f"{wb} is corrupt: tensor {t['name']} fails its checksum; recompile or copy again")
-
-
 # Sizes ---------------------------------------------------------------------------------------------------------------
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,

@@ -299,7 +299,9 @@ def test_kernels_constructor_never_runs_without_a_matching_digest(pkg, tmp_path)
     """A package is native code: kernels.so's constructors run at dlopen. A tampered kernels.so (here one whose
     constructor writes a marker file) is refused by the digest check before dlopen, in Python and edgellm-run."""
     p = copy(pkg, tmp_path / "evil")
-    digest_before = __import__("edgellm.runtime.package", fromlist=["x"]).package_digest(pkg)
+    from edgellm.runtime.package import package_digest
+
+    digest_before = package_digest(pkg)
     marker = tmp_path / "pwned"
     src = tmp_path / "evil.c"
     src.write_text(f'#include <stdio.h>\n__attribute__((constructor)) static void c(void) {{ '
@@ -314,9 +316,14 @@ def test_kernels_constructor_never_runs_without_a_matching_digest(pkg, tmp_path)
                        capture_output=True, text=True)
     assert r.returncode == 1 and "kernels.so does not match" in r.stderr, r.stderr
     shutil.copy(tmp_path / "evil.so", p / "kernels.so")
+    with pytest.raises(PackageError):
+        edgellm.Runtime.load(p, digest=digest_before)
     r = subprocess.run([str(p / "bin/edgellm-run"), str(p), "--ids", "5,6", "-n", "2", "--digest", digest_before],
                        capture_output=True, text=True)
     assert r.returncode == 1 and not marker.exists()
+    # the threat is real: without a pinned digest the loader gets as far as dlopen, and the constructor runs
+    r = subprocess.run([str(p / "bin/edgellm-run"), str(p), "--ids", "5,6", "-n", "2"], capture_output=True, text=True)
+    assert r.returncode == 1 and marker.exists()
 
 
 def test_chat_template_is_sandboxed(pkg, tmp_path):
