@@ -24,3 +24,18 @@ class RuntimeLoadError(PackageError):
 
 class InputError(EdgeLLMError):
     """Bad arguments at run time: empty prompt, prompt longer than the context, unknown option value."""
+
+
+def short_repr(v) -> str:
+    """A value for a one-line message: repr (escapes newlines), cut short."""
+    try:
+        r = repr(v)
+    except ValueError:   # an int too long to print (Python's 4300-digit limit)
+        return f"<{type(v).__name__} too large to print>"
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (a library's multi-line error in a one-line one)."""
+    s = str(e).strip()
+    return s.splitlines()[0][:200] if s else type(e).__name__

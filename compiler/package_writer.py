@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ..errors import CompileError
 from ..runtime.contract import MANIFEST, PLAN, PLAN_MAGIC, SUMS, WEIGHT_ALIGN
+from ..runtime.package import file_sha256
 
 
 def write_weights(path: Path, names: list[str], arrays: list[np.ndarray], progress: bool) -> tuple[list[dict], int]:
@@ -40,14 +41,6 @@ def write_weights(path: Path, names: list[str], arrays: list[np.ndarray], progre
             off += b.size
             bar.update(b.size)
     return table, off
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_sums(pkg: Path) -> str:

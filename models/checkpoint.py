@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, short_repr
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
               "I8": np.int8, "U8": np.uint8, "I32": np.int32, "I64": np.int64, "I16": np.int16}
@@ -92,17 +92,11 @@ def read_config(model_dir: Path) -> dict:
             ids = eos if isinstance(eos, list) else [eos]
             if not all(_is_id(e) and 0 <= e and (top is None or e < top) for e in ids):
                 raise ModelLoadError(f"{gen}: eos_token_id must be a token id{f' in [0, {top})' if top else ''}, a "
-                                     f"list of them or null, got {_show(eos)}; fix or delete generation_config.json")
+                                     f"list of them or null, got {short_repr(eos)}; fix or delete generation_config.json")
             cfg = {**cfg, "eos_token_id": eos}
     return cfg
 
 
-def _show(v) -> str:
-    try:
-        r = repr(v)
-    except ValueError:   # an int too long to print (Python's 4300-digit limit)
-        return f"<{type(v).__name__} too large to print>"
-    return r if len(r) <= 60 else r[:57] + "..."
 
 
 # bytes per element of every safetensors dtype (the sub-byte float formats have none: their sizes are not checked)
@@ -152,23 +146,23 @@ class SafetensorsFile:
 
     def _check_entry(self, name: str, e, data_size: int) -> None:
         def bad(why: str) -> ModelLoadError:
-            return ModelLoadError(f"{self.path}: tensor {_show(name)} has a corrupt header entry ({why}): "
+            return ModelLoadError(f"{self.path}: tensor {short_repr(name)} has a corrupt header entry ({why}): "
                                   "re-download the checkpoint")
 
         if not isinstance(e, dict):
-            raise bad(f"not an object: {_show(e)}")
+            raise bad(f"not an object: {short_repr(e)}")
         dtype, shape, offs = e.get("dtype"), e.get("shape"), e.get("data_offsets")
         if not isinstance(dtype, str):
-            raise bad(f"dtype {_show(dtype)} is not a string")
+            raise bad(f"dtype {short_repr(dtype)} is not a string")
         if not isinstance(shape, list) or not all(_is_id(d) and d >= 0 for d in shape):
-            raise bad(f"shape {_show(shape)} is not a list of integers >= 0")
+            raise bad(f"shape {short_repr(shape)} is not a list of integers >= 0")
         if not (isinstance(offs, list) and len(offs) == 2 and all(_is_id(o) for o in offs)):
-            raise bad(f"data_offsets {_show(offs)} is not [begin, end]")
+            raise bad(f"data_offsets {short_repr(offs)} is not [begin, end]")
         a, b = offs
         if not 0 <= a <= b:
             raise bad(f"data_offsets [{a}, {b}] are negative or reversed")
         if b > data_size:
-            raise ModelLoadError(f"{self.path} is truncated: tensor {_show(name)} ends at byte {self.data_start + b}, "
+            raise ModelLoadError(f"{self.path} is truncated: tensor {short_repr(name)} ends at byte {self.data_start + b}, "
                                  f"the file has {self.data_start + data_size}; re-download the checkpoint")
         item = _ST_ITEMSIZE.get(dtype)
         if item is not None and b - a != math.prod(shape) * item:
@@ -178,7 +172,7 @@ class SafetensorsFile:
         """A tensor the model needs must have a dtype we can read."""
         dt = self.entries[name]["dtype"]
         if dt not in _ST_DTYPES:
-            raise ModelLoadError(f"{self.path}: tensor {name} has unsupported dtype {_show(dt)} (readable: "
+            raise ModelLoadError(f"{self.path}: tensor {name} has unsupported dtype {short_repr(dt)} (readable: "
                                  f"{', '.join(_ST_DTYPES)}); convert the checkpoint, e.g. to bfloat16")
 
     def get(self, name: str) -> np.ndarray:
@@ -200,9 +194,9 @@ class SafetensorsFile:
 def _shard_name(index: Path, name, fname) -> str:
     if not isinstance(name, str) or not isinstance(fname, str):
         raise ModelLoadError(f"{index} is corrupt (weight_map must map tensor names to file names, got "
-                             f"{_show(name)}: {_show(fname)}); re-download the checkpoint")
+                             f"{short_repr(name)}: {short_repr(fname)}); re-download the checkpoint")
     if not fname or "/" in fname or "\\" in fname or fname in (".", "..") or fname.startswith("..") or "\0" in fname:
-        raise ModelLoadError(f"{index} names the shard {_show(fname)}, which is not a plain file name in the "
+        raise ModelLoadError(f"{index} names the shard {short_repr(fname)}, which is not a plain file name in the "
                              "checkpoint directory; re-download the checkpoint")
     return fname
 
@@ -230,7 +224,7 @@ class Checkpoint:
                         raise ModelLoadError(f"{fp} is missing (listed in {index.name}); re-download the checkpoint")
                     files[fname] = SafetensorsFile(fp)
                 if name not in files[fname].entries:
-                    raise ModelLoadError(f"{index.name} places {_show(name)} in {fname}, which does not hold it; "
+                    raise ModelLoadError(f"{index.name} places {short_repr(name)} in {fname}, which does not hold it; "
                                          "re-download the checkpoint")
                 self._where[name] = files[fname]
         elif single.exists() or single.is_symlink():

@@ -8,7 +8,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, short_repr
 from .spec import ModelSpec
 
 _BUILDERS: dict[str, Callable[[dict], ModelSpec]] = {}
@@ -35,17 +35,10 @@ def supported_architectures() -> list[str]:
     return sorted(_BUILDERS)
 
 
-def _show(v) -> str:
-    """A value for a one-line message: repr (escapes newlines), cut short."""
-    try:
-        r = repr(v)
-    except ValueError:   # an int too long to print (Python's 4300-digit limit)
-        return f"<{type(v).__name__} too large to print>"
-    return r if len(r) <= 60 else r[:57] + "..."
 
 
 def _bad(key: str, what: str, v) -> ModelLoadError:
-    return ModelLoadError(f"config.json: {key} must be {what}, got {_show(v)}; fix the value or re-export the "
+    return ModelLoadError(f"config.json: {key} must be {what}, got {short_repr(v)}; fix the value or re-export the "
                           "checkpoint with transformers")
 
 
@@ -66,7 +59,7 @@ def _check_int(key: str, v, lo: int = 1, hi: int | None = None) -> int:
     if v < lo:
         raise _bad(key, f"an integer >= {lo}", v)
     if v > hi:
-        raise ModelLoadError(f"config.json: {key} = {_show(v)} is out of range (at most {hi}): the config is corrupt")
+        raise ModelLoadError(f"config.json: {key} = {short_repr(v)} is out of range (at most {hi}): the config is corrupt")
     return v
 
 
@@ -141,7 +134,7 @@ def _rope(cfg: dict, head_dim: int) -> tuple[float, dict | None]:
     if rtype in (None, "default"):
         return theta, None
     if rtype != "llama3":
-        raise ModelLoadError(f"rope scaling type {_show(rtype)} is not supported yet (supported: default, llama3)")
+        raise ModelLoadError(f"rope scaling type {short_repr(rtype)} is not supported yet (supported: default, llama3)")
     if "factor" not in rope:
         raise ModelLoadError(f"config.json: {src} of type llama3 has no 'factor'; re-export the checkpoint with transformers")
     _check_float(f"{src}.factor", rope["factor"])
@@ -176,7 +169,7 @@ def _llama_like(cfg: dict, arch: str, acts=("silu", "swish"), **extra) -> ModelS
     rms_eps = _float(cfg, "rms_norm_eps", 1e-6)
     act = cfg.get("hidden_act", "silu")
     if not isinstance(act, str) or act not in acts:
-        raise ModelLoadError(f"{arch} with hidden_act {_show(act)} is not supported (only {'/'.join(acts)})")
+        raise ModelLoadError(f"{arch} with hidden_act {short_repr(act)} is not supported (only {'/'.join(acts)})")
     if _bool(cfg, "mlp_bias") and arch == "LlamaForCausalLM":
         raise ModelLoadError(f"{arch} with mlp_bias: true (biases on the MLP projections) is not supported yet")
     rope_theta, rope = _rope(cfg, head_dim)
@@ -216,11 +209,11 @@ def _layer_windows(cfg: dict, arch: str, n_layers: int) -> tuple[int, ...]:
     if not isinstance(types, list) or len(types) != n_layers or any(
             not isinstance(t, str) or t not in ("sliding_attention", "full_attention") for t in types):
         raise ModelLoadError(f"config.json: layer_types must list 'full_attention' or 'sliding_attention' for each of "
-                             f"the {n_layers} layers, got {_show(types)}")
+                             f"the {n_layers} layers, got {short_repr(types)}")
     if w is None or "sliding_attention" not in types:
         return ()
     if not _is_int(w) or w < 1 or w > _MAX["sliding_window"]:
-        raise ModelLoadError(f"config.json: sliding_window must be a positive integer or null, got {_show(w)}")
+        raise ModelLoadError(f"config.json: sliding_window must be a positive integer or null, got {short_repr(w)}")
     return tuple(w if t == "sliding_attention" else 0 for t in types)
 
 
@@ -286,5 +279,5 @@ def spec_from_config(cfg: dict) -> ModelSpec:
         raise _bad("architectures", "a list of class names such as [\"LlamaForCausalLM\"]", archs)
     arch = archs[0]
     if arch not in _BUILDERS:
-        raise ModelLoadError(f"unknown architecture {_show(arch)}: supported are {', '.join(supported_architectures())}")
+        raise ModelLoadError(f"unknown architecture {short_repr(arch)}: supported are {', '.join(supported_architectures())}")
     return _BUILDERS[arch](cfg)

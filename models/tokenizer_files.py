@@ -9,22 +9,13 @@ import json
 import math
 from pathlib import Path
 
-from ..errors import CompileError
+from ..errors import CompileError, first_line, short_repr
 
 REDOWNLOAD = "re-download the checkpoint"
 
 
-def _show(v) -> str:
-    try:
-        r = repr(v)
-    except ValueError:   # an int too long to print (Python's 4300-digit limit)
-        return f"<{type(v).__name__} too large to print>"
-    return r if len(r) <= 60 else r[:57] + "..."
 
 
-def _first_line(e: BaseException) -> str:
-    s = str(e).strip()
-    return s.splitlines()[0][:200] if s else type(e).__name__
 
 
 def _present(path: Path) -> bool:
@@ -45,7 +36,7 @@ def _read_json_object(path: Path) -> dict:
     except UnicodeDecodeError as e:
         raise CompileError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); {REDOWNLOAD}") from e
     except (ValueError, RecursionError) as e:   # JSONDecodeError, over-long integer literals, absurd nesting
-        raise CompileError(f"{path} is not valid JSON ({_first_line(e)}); {REDOWNLOAD}") from e
+        raise CompileError(f"{path} is not valid JSON ({first_line(e)}); {REDOWNLOAD}") from e
     if not isinstance(obj, dict):
         raise CompileError(f"{path} is not a JSON object (it holds a {type(obj).__name__}); {REDOWNLOAD}")
     return obj
@@ -57,7 +48,7 @@ def _check_token(path: Path, key: str, v) -> None:
         return
     if isinstance(v, dict) and isinstance(v.get("content"), str):
         return
-    raise CompileError(f"{path}: {key} must be a string, null or an object with a string \"content\", got {_show(v)}; "
+    raise CompileError(f"{path}: {key} must be a string, null or an object with a string \"content\", got {short_repr(v)}; "
                        f"fix the file or {REDOWNLOAD}")
 
 
@@ -69,7 +60,7 @@ def _check_chat_template(path: Path, key: str, v) -> None:
                                    and isinstance(t.get("template"), str) for t in v):
         return
     raise CompileError(f"{path}: {key} must be a string or a list of {{\"name\": str, \"template\": str}}, got "
-                       f"{_show(v)}; fix the file or {REDOWNLOAD}")
+                       f"{short_repr(v)}; fix the file or {REDOWNLOAD}")
 
 
 def _load_tokenizer(path: Path) -> None:
@@ -85,7 +76,7 @@ def _load_tokenizer(path: Path) -> None:
     except BaseException as e:   # tokenizers raises plain Exception; a Rust panic is a BaseException (PanicException)
         if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
             raise
-        raise CompileError(f"tokenizer.json is corrupt: {_first_line(e)}; {REDOWNLOAD}") from None
+        raise CompileError(f"tokenizer.json is corrupt: {first_line(e)}; {REDOWNLOAD}") from None
 
 
 def check_tokenizer_files(model_dir: Path) -> None:
@@ -124,7 +115,7 @@ HF_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
 
 
 def _bad(path: Path, key: str, what: str, v) -> CompileError:
-    return CompileError(f"{path}: {key} must be {what}, got {_show(v)}; fix or delete generation_config.json")
+    return CompileError(f"{path}: {key} must be {what}, got {short_repr(v)}; fix or delete generation_config.json")
 
 
 def _number(path: Path, key: str, v, what: str, ok) -> float:

@@ -113,7 +113,7 @@ def package_digest(path: str | Path) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _file_sha256(f: Path) -> str:
+def file_sha256(f: Path) -> str:
     h = hashlib.sha256()
     with open(f, "rb") as fh:
         while chunk := fh.read(1 << 22):
@@ -147,7 +147,7 @@ def verify_package(path: str | Path, digest: str | None = None, only: list[str] 
         f = p / rel
         if not f.is_file():
             raise PackageError(f"{p} is incomplete: {rel} is missing or not a regular file; recompile or copy it again")
-        if _file_sha256(f) != sums[rel]:
+        if file_sha256(f) != sums[rel]:
             raise PackageError(f"{p / rel} does not match its digest in {SUMS}: the package is corrupt or was "
                                "modified; recompile or copy it again")
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
-from ..errors import InputError, PackageError
+from ..errors import InputError, PackageError, first_line
 
 
 _stderr_lock = threading.Lock()
@@ -34,9 +34,6 @@ def _rust_panics_silenced():
             os.close(saved)
 
 
-def _first_line(e: BaseException) -> str:
-    s = str(e).strip()
-    return s.splitlines()[0][:200] if s else type(e).__name__
 
 
 class TextCodec:
@@ -52,14 +49,14 @@ class TextCodec:
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as e:  # noqa: BLE001 - plain Exception, or a Rust PanicException (a BaseException)
-                raise PackageError(f"{tj} is corrupt ({_first_line(e)}): recompile the package") from None
+                raise PackageError(f"{tj} is corrupt ({first_line(e)}): recompile the package") from None
         self.config = {}
         tc = package / "tokenizer_config.json"
         if tc.is_file():
             try:
                 self.config = json.loads(tc.read_bytes().decode("utf-8"))
             except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-                raise PackageError(f"{tc} is corrupt ({_first_line(e)}): recompile the package") from e
+                raise PackageError(f"{tc} is corrupt ({first_line(e)}): recompile the package") from e
             if not isinstance(self.config, dict):
                 raise PackageError(f"{tc} is not a JSON object: recompile the package")
         # newer checkpoints keep the chat template in a file of its own, which wins (as in transformers)
@@ -71,7 +68,7 @@ class TextCodec:
                 t = json.loads(cj.read_bytes().decode("utf-8"))
                 self.config = {**self.config, "chat_template": t.get("chat_template") if isinstance(t, dict) else None}
         except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-            raise PackageError(f"the package's chat template file is corrupt ({_first_line(e)}): recompile the "
+            raise PackageError(f"the package's chat template file is corrupt ({first_line(e)}): recompile the "
                                "package") from e
 
     @property
@@ -128,6 +125,6 @@ class TextCodec:
             raise
         except jinja2.exceptions.SecurityError as e:
             raise InputError("the package's chat template tried an unsafe operation and was stopped "
-                             f"({_first_line(e)})") from None
+                             f"({first_line(e)})") from None
         except Exception as e:  # noqa: BLE001 - a template may fail in any way; it is the package's data
-            raise InputError(f"the package's chat template failed: {type(e).__name__}: {_first_line(e)}") from None
+            raise InputError(f"the package's chat template failed: {type(e).__name__}: {first_line(e)}") from None
