@@ -102,7 +102,8 @@ class Context:
     def __init__(self, runtime: Runtime, threads: int | None = None):
         self.runtime = runtime
         self._lib = runtime._lib
-        self._lock = _Lock()
+        self._lock = _Lock()              # held across a generation
+        self._life = threading.Lock()     # held by quick calls (threads, pos, stats) and by the free: never a freed handle
         self._closing = False
         self._h = self._lib.el_context_new(runtime._model, _threads(threads))
         if not self._h:
@@ -121,9 +122,10 @@ class Context:
             self._free()
 
     def _free(self) -> None:
-        if self._h is not None:
-            self._lib.el_context_free(self._h)
-            self._h = None
+        with self._life:
+            if self._h is not None:
+                self._lib.el_context_free(self._h)
+                self._h = None
 
     def __del__(self):
         try:
@@ -146,18 +148,22 @@ class Context:
     # ---- low level ------------------------------------------------------------------------------------------------
     @property
     def threads(self) -> int:
-        return self._lib.el_context_threads(self._handle())
+        with self._life:
+            return self._lib.el_context_threads(self._handle())
 
     @property
     def pos(self) -> int:
         """Tokens in the KV cache."""
-        return self._lib.el_pos(self._handle())
+        with self._life:
+            return self._lib.el_pos(self._handle())
 
     def stats(self) -> dict:
         """Counters: weight bytes held (and in huge pages), this context's kernel calls, prefill/decode tokens and
-        seconds, and its memory: KV cache, arena, and everything it allocated (context_bytes)."""
+        seconds, and its memory: KV cache, arena, and everything it allocated (context_bytes). Safe to call while
+        another thread generates on this context."""
         s = L.Stats()
-        self._lib.el_get_stats(self._handle(), C.byref(s))
+        with self._life:
+            self._lib.el_get_stats(self._handle(), C.byref(s))
         return {name: getattr(s, name) for name, _ in L.Stats._fields_}
 
     def reset(self) -> None:
