@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import attention as _attention
 from . import elementwise as _ew
@@ -41,7 +41,7 @@ from . import linear_quant as _linear_quant
 from ._util import kernel_name
 from .reference import reference
 
-__all__ = ["OPS", "QUANT_LINEAR_OPS", "CpuInfo", "host_cpu_info", "kernel_params", "llvm_target", "make_kernel", "reference"]
+__all__ = ["OPS", "QUANT_LINEAR_OPS", "CpuInfo", "prefetch_class", "host_cpu_info", "kernel_params", "llvm_target", "make_kernel", "reference"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,27 @@ class CpuInfo:
     features: tuple[str, ...] = ()  # target CPU features the kernels may use (aarch64: "dotprod", "i8mm")
     prefetch_bytes: int = 0  # decode GEMVs prefetch this far ahead in the weight stream (0: hardware only)
     float_prefetch_bytes: int | None = None  # the f32/f16 GEMV's distance, when it differs from prefetch_bytes
+    # measured per-host distances (compiler/tune): ((prefetch class, bytes), ...), overriding the two above for the
+    # decode GEMVs of that class ("linear_f16", "linear_q4", ...: see prefetch_class)
+    tuned_prefetch: tuple[tuple[str, int], ...] = ()
+
+    def for_kernel(self, op: str, params: dict) -> "CpuInfo":
+        """The CpuInfo a kernel is built with: a tuned prefetch distance replaces the target's default for its
+        class. A prefetch is only a hint, so this never changes what a kernel computes."""
+        cls = prefetch_class(op, params)
+        for name, nbytes in self.tuned_prefetch:
+            if name == cls:
+                return replace(self, prefetch_bytes=nbytes, float_prefetch_bytes=nbytes, tuned_prefetch=())
+        return self
+
+
+def prefetch_class(op: str, params: dict) -> str | None:
+    """The tuning class of a decode GEMV (one prefetch distance per class), None for every other kernel."""
+    if params.get("T") != 1:
+        return None
+    if op == "linear":
+        return "linear_f16" if params.get("wdtype") == "float16" else "linear_f32"
+    return op if op in QUANT_LINEAR_OPS else None
 
 
 # op -> ordered (param, short name in the kernel name, type, default or REQUIRED)
@@ -194,7 +215,7 @@ def make_kernel(op: str, cpu: CpuInfo, **params):
     p = kernel_params(op, params)
     if cpu.vector_lanes < 1 or cpu.vector_lanes & (cpu.vector_lanes - 1):
         raise ValueError(f"vector_lanes must be a power of two, got {cpu.vector_lanes}")
-    return _make_cached(op, cpu, tuple(sorted(p.items())))
+    return _make_cached(op, cpu.for_kernel(op, p), tuple(sorted(p.items())))
 
 
 @functools.lru_cache(maxsize=512)
