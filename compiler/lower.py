@@ -75,12 +75,14 @@ class KernelTable:
     funcs: dict = field(default_factory=dict)
     writes: dict = field(default_factory=dict)    # name -> bit mask of the arguments the kernel writes
     kv_writers: set = field(default_factory=set)  # kernels some step lets write a KV cache view
+    made: dict = field(default_factory=dict)      # name -> (op, params) it was made from (compiler/tune remakes them)
 
-    def add(self, name: str, func) -> int:
+    def add(self, name: str, func, op: str | None = None, params: dict | None = None) -> int:
         if name not in self.funcs:
             from .kernel_table import written_args
 
             self.funcs[name] = func
+            self.made[name] = (op, dict(params or {}))
             self.writes[name] = written_args(func, name)
             self.names.append(name)
         return self.names.index(name)
@@ -145,7 +147,7 @@ class Lowering:
 
     def _kernel(self, op: str, **params) -> int:
         name, func = self.make_kernel(op, self.cpu, **params)
-        return self.kernels.add(name, func)
+        return self.kernels.add(name, func, op, params)
 
     def _weight(self, name: str, shape=None, flags=0, dtype="float32") -> Arg:
         """A tensor stored as is (norms, biases, RoPE tables, float embedding tables)."""
