@@ -41,13 +41,33 @@ def cli():
               help="longest sequence the package runs [default: min(model's, 4096)]")
 @click.option("--prefill-chunk", type=int, default=None, callback=_positive("--prefill-chunk"),
               help="prefill chunk length C [default: the target's]")
+@click.option("--tune", type=click.Choice(["off", "quick", "full"]), default=None,
+              help="measure the CPU-dependent knobs (decode prefetch distances, prefill chunk) on this machine, "
+                   "cached per CPU model [default: quick for --target host, off for cross targets; $EDGELLM_TUNE]")
 @click.option("--quiet", is_flag=True, help="no progress output")
-def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, quiet):
+def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune, quiet):
     """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
     from .compiler.driver import compile_model
 
     compile_model(model, target=target, quant=quant, out=out, max_context=max_context, prefill_chunk=prefill_chunk,
-                  progress=not quiet, head_quant=head_quant, gptq=gptq, calib=calib, act_order=act_order)
+                  progress=not quiet, head_quant=head_quant, gptq=gptq, calib=calib, act_order=act_order, tune=tune)
+
+
+@cli.command("tune")
+@click.option("--show", is_flag=True, help="print this CPU's tune cache (the default action)")
+@click.option("--clear", is_flag=True, help="delete this CPU's tune cache (the next compile measures again)")
+def tune_cmd(show, clear):
+    """This CPU's identity and the kernel timings `edgellm compile --tune` measured on it."""
+    from .compiler.tune.cache import TuneCache
+
+    cache = TuneCache()
+    if clear:
+        cache.path.unlink(missing_ok=True)
+        click.echo(f"removed {cache.path}")
+        return
+    from .compiler.tune.report import describe
+
+    click.echo(describe(cache))
 
 
 def _sampling_options(f):
@@ -243,6 +263,7 @@ def info_cmd(package):
         ("context", f"max {m['max_context']} tokens, prefill chunk {m['prefill_chunk']}"
                     + (f" (prompt tails: {m['prefill_short_chunk']})" if m.get("prefill_short_chunk") else "")),
         ("kernels", f"{len(m['kernels'])}"),
+        ("tuning", _tuning_line(m.get("tuning"))),
         ("memory", f"weights {m['weights_bytes'] / 2**20:.1f} MiB, activations {m['arena_bytes'] / 2**20:.2f} MiB, "
                    f"KV cache {2 * c['n_layers'] * m['kv_rows'] * c['n_kv_heads'] * c['head_dim'] * 4 / 2**20:.1f} MiB"),
         ("package", f"{size / 2**20:.1f} MiB on disk, format {m['format_version']}, edgellm {m['edgellm_version']}"),
@@ -254,6 +275,15 @@ def info_cmd(package):
     ]
     for k, v in rows:
         click.echo(f"{k:>11}: {v}")
+
+
+def _tuning_line(t) -> str:
+    if not isinstance(t, dict) or t.get("mode") in (None, "off"):
+        return "off (the target's default knobs)"
+    knobs = [f"{c} prefetch {b} B" for c, b in sorted((t.get("prefetch_bytes") or {}).items())]
+    if t.get("prefill_chunk"):
+        knobs.append(f"prefill chunk {t['prefill_chunk']}")
+    return f"{t['mode']} on {t.get('cpu', '?')}: {', '.join(knobs) or '-'}"
 
 
 def _quant_line(q: dict) -> str:

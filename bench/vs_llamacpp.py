@@ -92,27 +92,28 @@ def source_stamp(max_context: int) -> str:
     return h.hexdigest()[:16]
 
 
-def compile_package(work: Path, model: Path, scheme: str, max_context: int) -> tuple[Path | None, str]:
+def compile_package(work: Path, model: Path, scheme: str, max_context: int, tune: str) -> tuple[Path | None, str, float]:
     head = HEAD_QUANT.get(scheme)
-    out = work / "packages" / f"{model.name}-{scheme}{f'-head-{head}' if head else ''}.edgellm"
+    out = work / "packages" / f"{model.name}-{scheme}{f'-head-{head}' if head else ''}-tune-{tune}.edgellm"
     stamp = source_stamp(max_context)
     if (out / "manifest.json").is_file():
         if (out / "bench-stamp").is_file() and (out / "bench-stamp").read_text() == stamp:
-            return out, ""
+            return out, "", float(json.loads((out / "manifest.json").read_text()).get("build", {}).get("seconds", 0))
         log(f"{out.name}: built from other sources, rebuilding")
         shutil.rmtree(out)
-    log(f"edgellm compile {model.name} -q {scheme}{f' --head-quant {head}' if head else ''} ...")
+    log(f"edgellm compile {model.name} -q {scheme}{f' --head-quant {head}' if head else ''} --tune {tune} ...")
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "edgellm.cli", "compile", str(model), "-q", scheme, "-o", str(out),
-           "--max-context", str(max_context), "--quiet"] + (["--head-quant", head] if head else [])
+           "--max-context", str(max_context), "--tune", tune, "--quiet"] + (["--head-quant", head] if head else [])
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         why = (p.stderr.strip().splitlines() or ["failed"])[-1]
         log(f"  {scheme}: n/a ({why})")
-        return None, why
+        return None, why, 0.0
     (out / "bench-stamp").write_text(stamp)
-    log(f"  {time.perf_counter() - t0:.0f} s")
-    return out, ""
+    secs = time.perf_counter() - t0
+    log(f"  {secs:.0f} s")
+    return out, "", secs
 
 
 # ---- 3. llama.cpp ---------------------------------------------------------------------------------------------
@@ -315,8 +316,11 @@ def run_llamacpp(bench: Path, gguf_path: Path, a) -> dict:
 
 
 # ---- 5. report ------------------------------------------------------------------------------------------------
-def summarize(rounds: list[dict]) -> dict:
-    e, lc = [r["edgellm"] for r in rounds], [r["llamacpp"] for r in rounds]
+def summarize(rounds: list[dict], side: str = "edgellm") -> dict:
+    """The summary of one edgellm side (`edgellm`: the first --tune mode; `edgellm-<mode>`: the others) against
+    llama.cpp."""
+    sides = [k for k in rounds[0] if k.startswith("edgellm")] + ["llamacpp"]   # in run order, as membw_gbs
+    e, lc = [r[side] for r in rounds], [r["llamacpp"] for r in rounds]
     s = {}
     for k in ("prefill", "decode"):
         ratios = [x[k] / y[k] for x, y in zip(e, lc)]
@@ -324,13 +328,37 @@ def summarize(rounds: list[dict]) -> dict:
                 "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
     s["membw_gbs"] = statistics.median(b for r in rounds for b in r["membw_gbs"])
     s["read_per_token"] = {"edgellm": e[0]["read_per_token"], "llamacpp": lc[0]["read_per_token"]}
+    pos = {"edgellm": sides.index(side), "llamacpp": sides.index("llamacpp")}
     # The share of bandwidth is taken per run, against the mean of the membw readings just before and just after
     # it (bandwidth on shared hosts moves by 1.5x within a round), then the median over rounds.
-    s["bw_pct"] = {side: statistics.median(
-        100 * s["read_per_token"][side] * r[side]["decode"] / (statistics.mean(r["membw_gbs"][i:i + 2]) * 1e9)
-        for r in rounds) for i, side in enumerate(("edgellm", "llamacpp"))}
+    s["bw_pct"] = {k: statistics.median(
+        100 * s["read_per_token"][k] * r[name]["decode"] / (statistics.mean(r["membw_gbs"][pos[k]:pos[k] + 2]) * 1e9)
+        for r in rounds) for k, name in (("edgellm", side), ("llamacpp", "llamacpp"))}
     s["peak_rss_mb"] = {"edgellm": max(x["rss_mb"] for x in e), "llamacpp": max(y["rss_mb"] for y in lc)}
     return s
+
+
+def tune_gain(rounds: list[dict], other: str) -> dict:
+    """Per phase, the first tune mode's tok/s over another mode's (median over rounds of the per-round ratio)."""
+    return {k: statistics.median(r["edgellm"][k] / r[other][k] for r in rounds) for k in ("prefill", "decode")}
+
+
+def tune_table(result: dict) -> str:
+    """What the first --tune mode bought over each other mode, and that mode against llama.cpp."""
+    modes = result["meta"].get("tune", [])
+    if len(modes) < 2:
+        return ""
+    lines = [f"\n| scheme | --tune | prefill x llama.cpp | decode x llama.cpp | decode % of mem BW | "
+             f"{modes[0]} / this mode: prefill | decode | compile s |", "|" + "---|" * 8]
+    for scheme, r in result["schemes"].items():
+        for m in modes:
+            if m not in r.get("by_tune", {}):
+                continue
+            s, g = r["by_tune"][m], r.get("tune_gain", {}).get(m)
+            gain = f"{g['prefill']:.2f} | {g['decode']:.2f}" if g else "1 | 1"
+            lines.append(f"| {scheme} | {m} | {s['prefill']['ratio']:.2f} | {s['decode']['ratio']:.2f} | "
+                         f"{s['bw_pct']['edgellm']:.0f} | {gain} | {r['compile_seconds'].get(m, 0):.0f} |")
+    return "\n".join(lines)
 
 
 def table(result: dict) -> str:
@@ -351,8 +379,8 @@ def table(result: dict) -> str:
     m = result["meta"]
     bws = [b for r in result["schemes"].values() if "summary" in r for rd in r.get("rounds", ()) for b in rd["membw_gbs"]]
     lines.append(f"\n{m['model']}: {m['threads']} threads, prompt {m['prompt_len']}, generate {m['gen_len']}, "
-                 f"{m['rounds']} interleaved rounds x {m['reps']} reps (medians); llama.cpp {m['llamacpp']}; "
-                 f"read bandwidth ({m['threads']} threads) {min(bws, default=0):.1f}-{max(bws, default=0):.1f} GB/s")
+                 f"{m['rounds']} interleaved rounds x {m['reps']} reps (medians); edgellm --tune {m.get('tune', ['?'])[0]}; "
+                 f"llama.cpp {m['llamacpp']}; CPU {m.get('cpu', '?')}; read bandwidth ({m['threads']} threads) {min(bws, default=0):.1f}-{max(bws, default=0):.1f} GB/s")
     return "\n".join(lines)
 
 
@@ -371,8 +399,14 @@ def main(argv=None):
     ap.add_argument("--llama-bench", default=None, help="use this llama-bench instead of building one")
     ap.add_argument("--llama-quantize", default=None, help="[default: llama-quantize beside --llama-bench]")
     ap.add_argument("--jobs", type=int, default=2, help="build parallelism for llama.cpp")
+    ap.add_argument("--tune", default="quick,off",
+                    help="edgellm compile --tune modes, comma list: the first is the main table's edgellm, the others "
+                         "run interleaved beside it and get a table of what tuning bought (default quick,off)")
     ap.add_argument("--json", action="store_true", help="print the whole result as JSON (the table goes to stderr)")
     a = ap.parse_args(argv)
+    modes = [m.strip() for m in a.tune.split(",") if m.strip()]
+    if not modes or any(m not in ("off", "quick", "full") for m in modes) or len(set(modes)) != len(modes):
+        ap.error(f"--tune {a.tune}: a comma list of distinct off, quick, full")
     schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
     bad = [s for s in schemes if s not in GGUF_TYPE]
     if bad or a.rounds < 1:
@@ -402,42 +436,55 @@ def main(argv=None):
 
     result = {"meta": {"model": f"{model.name} ({n_params / 1e6:.0f}M params)",
                        "threads": a.threads, "prompt_len": a.prompt_len, "gen_len": a.gen_len, "rounds": a.rounds,
-                       "reps": a.reps, "llamacpp": version, "cpu": _cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M")},
+                       "reps": a.reps, "llamacpp": version, "cpu": _cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                       "tune": modes},
               "schemes": {}}
     todo = {}
+    sides = {m: "edgellm" if i == 0 else f"edgellm-{m}" for i, m in enumerate(modes)}
     for s in schemes:
-        pkg, why = compile_package(work, model, s, max_ctx)
-        gg, why2 = quantize_gguf(lquant, f16, GGUF_TYPE[s], a.threads) if pkg else (None, "")
-        result["schemes"][s] = {"package": str(pkg) if pkg else None, "gguf": str(gg) if gg else None}
-        if pkg is None or gg is None:
-            result["schemes"][s]["error"] = f"edgellm: {why}" if pkg is None else f"llama.cpp: {why2}"
+        pkgs, why, secs = {}, "", {}
+        for m in modes:
+            pkg, why, secs[m] = compile_package(work, model, s, max_ctx, m)
+            if pkg is None:
+                break
+            pkgs[m] = pkg
+        gg, why2 = quantize_gguf(lquant, f16, GGUF_TYPE[s], a.threads) if len(pkgs) == len(modes) else (None, "")
+        result["schemes"][s] = {"packages": {m: str(p) for m, p in pkgs.items()}, "gguf": str(gg) if gg else None,
+                                "compile_seconds": secs}
+        if len(pkgs) < len(modes) or gg is None:
+            result["schemes"][s]["error"] = f"llama.cpp: {why2}" if len(pkgs) == len(modes) else f"edgellm: {why}"
         else:
-            todo[s] = (pkg, gg)
+            todo[s] = (pkgs, gg)
     read_lc = {s: gguf_read_per_token(gg) for s, (_, gg) in todo.items()}
-    for s, (pkg, gg) in todo.items():
+    for s, (pkgs, gg) in todo.items():
         rounds = []
         for i in range(a.rounds):
-            try:
-                bw = [membw(mbw, a.threads)]          # membw | edgellm | membw | llama.cpp | membw
-                e = run_edgellm(pkg, a)
-                bw.append(membw(mbw, a.threads))
+            try:   # membw | edgellm (each tune mode) | membw | ... | llama.cpp | membw
+                rd = {"membw_gbs": [membw(mbw, a.threads)]}
+                for m in modes:
+                    rd[sides[m]] = run_edgellm(pkgs[m], a)
+                    rd["membw_gbs"].append(membw(mbw, a.threads))
                 lc = run_llamacpp(lbench, gg, a)
-                bw.append(membw(mbw, a.threads))
+                rd["membw_gbs"].append(membw(mbw, a.threads))
             except (OSError, RuntimeError, json.JSONDecodeError, KeyError) as ex:
                 result["schemes"][s]["error"] = str(ex)
                 log(f"{s}: n/a ({ex})")
                 break
             lc["read_per_token"] = read_lc[s]
-            rounds.append({"membw_gbs": bw, "edgellm": e, "llamacpp": lc})
-            log(f"{s} round {i + 1}/{a.rounds}: bw {'/'.join(f'{b:.1f}' for b in bw)} GB/s | edgellm prefill "
-                f"{e['prefill']:.1f} decode {e['decode']:.1f} | llama.cpp prefill {lc['prefill']:.1f} decode "
-                f"{lc['decode']:.1f} tok/s")
+            rd["llamacpp"] = lc
+            rounds.append(rd)
+            log(f"{s} round {i + 1}/{a.rounds}: bw {'/'.join(f'{b:.1f}' for b in rd['membw_gbs'])} GB/s | "
+                + " | ".join(f"{side} prefill {rd[side]['prefill']:.1f} decode {rd[side]['decode']:.1f}"
+                             for side in sides.values())
+                + f" | llama.cpp prefill {lc['prefill']:.1f} decode {lc['decode']:.1f} tok/s")
         else:
             result["schemes"][s]["rounds"] = rounds
             result["schemes"][s]["summary"] = summarize(rounds)
+            result["schemes"][s]["by_tune"] = {m: summarize(rounds, sides[m]) for m in modes}
+            result["schemes"][s]["tune_gain"] = {m: tune_gain(rounds, sides[m]) for m in modes[1:]}
     out = work / f"result-{a.size}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=1))
-    t = table(result)
+    t = table(result) + tune_table(result)
     if a.json:
         log(t)
         print(json.dumps(result, indent=1))
@@ -447,11 +494,9 @@ def main(argv=None):
 
 
 def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
-    except OSError:
-        return "?"
+    from edgellm.targets.cpu_id import cpu_identity, cpu_label
+
+    return cpu_label(cpu_identity())
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from .kernels_build import build_kernels
 from .lower import lower_model
 from .package_writer import check_destination, staged_package, write_sums, write_weights
 from .plan_writer import write_plan
+from .tune import Tuner, resolve_mode
 from .tokenizer_pack import maybe_write_tokenizer_bin
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
@@ -82,15 +83,18 @@ def _check_matrix_shapes(spec, scheme, head) -> None:
 
 def compile_model(model, target: str = "host", quant: str | None = None, out=None, max_context: int | None = None,
                   prefill_chunk: int | None = None, progress: bool = True, head_quant: str | None = None,
-                  gptq: bool = False, calib: str | None = None, act_order: bool = False) -> Path:
+                  gptq: bool = False, calib: str | None = None, act_order: bool = False,
+                  tune: str | None = None) -> Path:
     """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
     body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
-    calibrated on calib (a text file) or the built-in sample."""
+    calibrated on calib (a text file) or the built-in sample. tune: off | quick | full (compiler/tune; None: quick
+    for the host target, off for cross targets)."""
     t_start = time.perf_counter()
     for name, v, lo, hi in (("--max-context", max_context, 1, 1 << 24), ("--prefill-chunk", prefill_chunk, 1, 1024)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
             raise CompileError(f"{name} {v} is out of range: use {lo}..{hi}")
     tgt = get_target(target)
+    tune_mode = resolve_mode(tune, tgt)
     if quant is not None:
         get_scheme(quant)
     if head_quant is not None:
@@ -120,6 +124,14 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     max_ctx = int(max_context if max_context is not None else min(spec.max_position_embeddings, DEFAULT_MAX_CONTEXT))
     if not 1 <= max_ctx <= spec.max_position_embeddings:
         raise CompileError(f"--max-context {max_ctx} is out of range: this model supports 1..{spec.max_position_embeddings}")
+    from ..compiler.ops import CpuInfo
+
+    cpu = CpuInfo(vector_lanes=tgt.vector_lanes, num_threads=max(1, int(tgt.tvm.get("num-cores", 2))), arch=tgt.arch,
+                  features=tuple(tgt.features), prefetch_bytes=tgt.prefetch_bytes,
+                  float_prefetch_bytes=tgt.float_prefetch_bytes)
+    tuner = Tuner(tune_mode, tgt, cpu, progress) if tune_mode != "off" else None
+    if prefill_chunk is None and tuner is not None:
+        prefill_chunk = tuner.prefill_chunk(spec, scheme, head_scheme)
     chunk = int(prefill_chunk if prefill_chunk is not None else
                 (tgt.float_prefill_chunk if scheme.float_math and tgt.float_prefill_chunk else tgt.prefill_chunk))
     kv_rows = max_ctx + chunk   # a padded last chunk may write up to chunk-1 rows past max_ctx
@@ -138,11 +150,6 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             return rope[name]
         return ck.get(name)
 
-    from ..compiler.ops import CpuInfo
-
-    cpu = CpuInfo(vector_lanes=tgt.vector_lanes, num_threads=max(1, int(tgt.tvm.get("num-cores", 2))), arch=tgt.arch,
-                  features=tuple(tgt.features), prefetch_bytes=tgt.prefetch_bytes,
-                  float_prefetch_bytes=tgt.float_prefetch_bytes)
     pre = None
     if gptq:
         from ..quant.calibration import gptq_from_checkpoint
@@ -152,6 +159,10 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                                    model_dir / "tokenizer.json", calib_file=calib, act_order=act_order,
                                    progress=progress or None)
     low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre, short_chunk=short)
+    if tuner is not None:
+        tuner.decode_prefetch(low.kernels, next(p for p in programs if p.name == "decode"))
+        _log(progress, tuner.result.summary())
+    tuning = tuner.result.manifest() if tuner is not None else {"mode": "off"}
     build_id = os.urandom(16)   # ties a static edgellm-run to this package's plan
     kernel_table = low.kernels.entries()
     with staged_package(out) as tmp:
@@ -197,6 +208,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             "kernels": low.kernels.names,
             "programs": {p.name: {"tokens": p.tokens, "steps": len(p.steps), "arena_bytes": p.arena_bytes}
                          for p in programs},
+            "tuning": tuning,
             "build": {"seconds": round(time.perf_counter() - t_start, 2), "kernel_seconds": round(t_kernels, 2)},
             "tensors": table,
         }

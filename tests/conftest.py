@@ -1,7 +1,13 @@
 """Shared fixtures: seeded tiny checkpoints for every architecture and config corner the spine must handle."""
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Compiles in tests keep the targets' default knobs: no timing on a loaded CI host, the same packages every run.
+# tests/test_tune.py turns tuning on where it tests it.
+os.environ.setdefault("EDGELLM_TUNE", "off")
 
 from edgellm.models.synthetic import make_checkpoint
 

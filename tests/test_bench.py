@@ -89,6 +89,15 @@ def test_vs_llamacpp_bandwidth_share_per_run():
     assert s["decode"]["ratio_min"] == 1.0 and s["decode"]["ratio_max"] == 1.25
     assert s["prefill"]["ratio"] == (2.0 + 1.5) / 2 and s["membw_gbs"] == 40.0
     assert s["peak_rss_mb"] == {"edgellm": 3, "llamacpp": 4}
+    # a second edgellm side (another --tune mode) runs between edgellm and llama.cpp: its own readings around it
+    for r, off in zip(rounds, (side(100, 50, 540, 1), side(90, 30, 540, 1))):
+        r["edgellm-off"] = off
+        r["llamacpp"] = r.pop("llamacpp")   # keep run order: edgellm, edgellm-off, llamacpp
+        r["membw_gbs"] = [70.0, 50.0, 40.0, 40.0] if off["decode"] == 50 else [40.0] * 4
+    s2 = vs.summarize(rounds, "edgellm-off")
+    assert abs(s2["bw_pct"]["edgellm"] - (100 * 27 / 45 + 100 * 16.2 / 40) / 2) < 1e-9
+    assert abs(s2["bw_pct"]["llamacpp"] - (100 * 40 / 40 + 75) / 2) < 1e-9
+    assert vs.tune_gain(rounds, "edgellm-off") == {"prefill": (2.0 + 2.0) / 2, "decode": (2.0 + 2.0) / 2}
 
 
 def test_vs_llamacpp_rebuilds_packages_built_from_other_sources(tmp_path, monkeypatch):
@@ -109,13 +118,16 @@ def test_vs_llamacpp_rebuilds_packages_built_from_other_sources(tmp_path, monkey
     monkeypatch.setattr(vs.subprocess, "run", fake_compile)
     model = tmp_path / "llama-small-seed0"
     assert vs.source_stamp(256) == vs.source_stamp(256) != vs.source_stamp(512)
-    out, _ = vs.compile_package(tmp_path, model, "t2", 256)
+    out, _, _ = vs.compile_package(tmp_path, model, "t2", 256, "quick")
     assert len(calls) == 1 and (out / "bench-stamp").read_text() == vs.source_stamp(256)
-    assert out.name == "llama-small-seed0-t2-head-q6.edgellm"   # t2 packages carry a q6 head, as TQ2_0 files a Q6_K
-    vs.compile_package(tmp_path, model, "t2", 256)
+    # t2 packages carry a q6 head, as TQ2_0 files a Q6_K; each tune mode has its own package
+    assert out.name == "llama-small-seed0-t2-head-q6-tune-quick.edgellm"
+    vs.compile_package(tmp_path, model, "t2", 256, "quick")
     assert len(calls) == 1  # cached
     (out / "bench-stamp").write_text("0123456789abcdef")  # built from older sources
-    vs.compile_package(tmp_path, model, "t2", 256)
+    vs.compile_package(tmp_path, model, "t2", 256, "quick")
     assert len(calls) == 2
-    vs.compile_package(tmp_path, model, "t2", 512)  # other options
+    vs.compile_package(tmp_path, model, "t2", 512, "quick")  # other options
     assert len(calls) == 3
+    vs.compile_package(tmp_path, model, "t2", 512, "off")
+    assert len(calls) == 4

@@ -1,0 +1,213 @@
+"""Per-host tuning at compile time (`edgellm compile --tune off|quick|full`, default quick for `--target host`).
+
+A short measured sweep, on this machine and the model's own shapes, of the knobs whose best value depends on the
+CPU rather than on the model:
+  * the software-prefetch distance of each decode GEMV class (linear_f16, linear_q4, linear_q8 for a q8 head, ...):
+    every distance of the mode's list, on every decode GEMV the package runs, weights streamed from DRAM; the
+    distance with the least time per token (each shape weighted by how often a token runs it) wins;
+  * the prefill chunk (when --prefill-chunk is not given): each chunk of the mode's list on the body's GEMM shapes;
+    the least time per prompt token wins (a tie within 2% goes to the shorter chunk: less padding on short prompts).
+Both are performance hints only: a prefetch never changes a loaded value, and a prefill token's arithmetic does not
+depend on how many tokens share its chunk, so any setting gives bit-identical logits (tests/test_tune.py checks
+every value swept). The kernel flavour (AVX-512 or AVX2 code) is not swept: it changes the order of float sums.
+
+Timings are cached per CPU identity (tune/cache.py): the second compile on the same CPU measures nothing.
+Cross targets are never measured here: they keep the defaults of their core type (targets/registry.py)."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field, replace
+
+from ...errors import CompileError
+
+MODES = ("off", "quick", "full")
+SPACE = {
+    "quick": {"prefetch": (0, 1024, 4096, 8192), "chunk": (32, 64, 128), "rounds": 7},
+    "full": {"prefetch": (0, 256, 512, 1024, 2048, 4096, 8192, 16384), "chunk": (16, 32, 64, 128, 256), "rounds": 15},
+}
+CHUNK_TIE = 0.02   # a longer chunk must be this much faster per token to be chosen
+MIN_STREAM = 64 << 20
+
+
+def resolve_mode(mode: str | None, target) -> str:
+    """The tune mode of a compile: the flag, else $EDGELLM_TUNE, else quick for the host target and off elsewhere."""
+    given = mode if mode is not None else os.environ.get("EDGELLM_TUNE") or None
+    if given is not None and given not in MODES:
+        raise CompileError(f"--tune {given}: use one of {', '.join(MODES)}")
+    if not target.host_cpu:
+        if mode not in (None, "off"):
+            raise CompileError(f"--tune {mode} measures this machine, so it applies to --target host only; "
+                               f"{target.name} keeps the defaults of its core type")
+        return "off"
+    return given or "quick"
+
+
+@dataclass
+class Tuning:
+    """What a tune decided and how (recorded in the package manifest and printed by the compile)."""
+    mode: str
+    cpu: str = ""
+    cpu_label: str = ""
+    prefetch: dict = field(default_factory=dict)      # decode GEMV class -> bytes
+    chunk: int | None = None                          # prefill chunk (None: not tuned, the given/default one)
+    measured: int = 0                                 # kernel variants timed by this compile (0: all from the cache)
+    seconds: float = 0.0
+    details: dict = field(default_factory=dict)       # knob -> {value: time relative to the best}
+
+    def manifest(self) -> dict:
+        return {"mode": self.mode, "cpu": self.cpu_label, "cpu_key": self.cpu, "prefetch_bytes": self.prefetch,
+                "prefill_chunk": self.chunk, "measured_variants": self.measured, "seconds": round(self.seconds, 2),
+                "relative_times": self.details}
+
+    def summary(self) -> str:
+        knobs = [f"{c} prefetch {_kib(b)}" for c, b in sorted(self.prefetch.items())]
+        if self.chunk:
+            knobs.append(f"prefill chunk {self.chunk}")
+        how = (f"measured {self.measured} kernel variants in {self.seconds:.1f} s" if self.measured
+               else "from the tune cache, nothing measured")
+        return f"tuned ({self.mode}) for {self.cpu_label}: {', '.join(knobs) or 'nothing to tune'} ({how})"
+
+
+def _kib(b: int) -> str:
+    return "off" if b == 0 else f"{b // 1024} KiB" if b % 1024 == 0 else f"{b} B"
+
+
+class Tuner:
+    def __init__(self, mode: str, target, cpu, progress: bool = True):
+        from ...targets.cpu_id import cpu_identity, cpu_key, cpu_label, l3_bytes
+        from .cache import TuneCache
+
+        assert mode in SPACE, mode
+        self.target, self.cpu, self.progress = target, cpu, progress
+        self.space = SPACE[mode]
+        self.cache = TuneCache(cpu_identity())
+        self.stream = max(2 * l3_bytes(self.cache.ident), MIN_STREAM)
+        self.result = Tuning(mode, cpu_key(self.cache.ident), cpu_label(self.cache.ident))
+        self._t0 = time.perf_counter()
+        if self.cache.ignored and progress:
+            print(f"note: tune cache {self.cache.path} ignored ({self.cache.ignored}): measuring", file=sys.stderr)
+
+    def _timings(self, requests: dict) -> dict:
+        """requests: cache key -> (variants, make) with make(variant) -> (function name, PrimFunc); returns key ->
+        {variant: seconds}, measuring (all missing keys' variants built in one module) only what the cache lacks.
+        Nothing is made for a key the cache holds: a cached tune costs milliseconds."""
+        from .measure import build, fake_args, signature, time_variants
+
+        out, missing = {}, {}
+        for key, (variants, make) in requests.items():
+            got = self.cache.get(key, variants)
+            if got is None:
+                missing[key] = {v: make(v) for v in variants}
+            else:
+                out[key] = got
+        if missing:
+            if self.progress:
+                n = sum(len(v) for v in missing.values())
+                print(f"tuning: timing {n} kernel variants on this CPU ...", file=sys.stderr, flush=True)
+            mod = build({name: f for vs in missing.values() for name, f in vs.values()}, self.target)
+            for key, variants in missing.items():
+                made: dict = {}   # variants with one signature (decode: all of them) share their copies
+                args = {}
+                for v, (_, f) in variants.items():
+                    sig = signature(f)
+                    if sig not in made:
+                        made[sig] = fake_args(f, self.stream)
+                    args[str(v)] = made[sig]
+                t = time_variants(mod, {str(v): name for v, (name, _) in variants.items()}, args,
+                                  self.space["rounds"])
+                del args, made
+                self.cache.put(key, t)
+                out[key] = t
+                self.result.measured += len(variants)
+            self.cache.save()
+        self.result.seconds = time.perf_counter() - self._t0
+        return out
+
+    def _choose(self, knob: str, costs: dict, tie: float = 0.0):
+        """The value of least cost (a later, larger value must beat the earlier ones by `tie`); records relative
+        costs for the report."""
+        best = min(costs.values())
+        pick = next(v for v in sorted(costs) if costs[v] <= best * (1 + tie))
+        self.result.details[knob] = {str(v): round(c / best, 3) for v, c in sorted(costs.items())}
+        return pick
+
+    def prefill_chunk(self, spec, scheme, head_scheme) -> int:
+        """The prefill chunk of least time per token on the body's GEMM shapes."""
+        from ..ops import make_kernel
+
+        shapes = body_gemm_shapes(spec, scheme)
+        def maker(op, params):
+            def make(c):
+                name, func = make_kernel(op, self.cpu, **{**params, "T": c})
+                return f"{name}__tune", func.with_attr("global_symbol", f"{name}__tune")
+            return make
+
+        requests = {_key("prefill", op, params): (self.space["chunk"], maker(op, params)) for op, params, _ in shapes}
+        timings = self._timings(requests)
+        costs = {c: sum(uses * timings[_key("prefill", op, params)][str(c)] / c
+                        for op, params, uses in shapes) for c in self.space["chunk"]}
+        self.result.chunk = self._choose("prefill_chunk", costs, CHUNK_TIE)
+        return self.result.chunk
+
+    def decode_prefetch(self, kernels, decode) -> object:
+        """Measures the prefetch distances of the decode program's GEMV classes, remakes those kernels with the
+        best one, and returns the CpuInfo that makes them (its tuned_prefetch names the choice)."""
+        from ..ops import make_kernel, prefetch_class
+
+        uses: dict[str, int] = {}
+        for st in decode.steps:
+            name = kernels.names[st.kernel]
+            uses[name] = uses.get(name, 0) + 1
+        by_class: dict[str, list[str]] = {}
+        for name in uses:
+            op, params = kernels.made.get(name, (None, {}))
+            cls = prefetch_class(op, params) if op else None
+            if cls:
+                by_class.setdefault(cls, []).append(name)
+        def maker(cls, name):
+            def make(d):
+                op, params = kernels.made[name]
+                _, func = make_kernel(op, replace(self.cpu, tuned_prefetch=((cls, d),)), **params)
+                return f"{name}__pf{d}", func.with_attr("global_symbol", f"{name}__pf{d}")
+            return make
+
+        requests = {_key("decode", *kernels.made[name]): (self.space["prefetch"], maker(cls, name))
+                    for cls, names in by_class.items() for name in names}
+        timings = self._timings(requests)
+        for cls, names in sorted(by_class.items()):
+            costs = {d: sum(uses[n] * timings[_key("decode", *kernels.made[n])][str(d)] for n in names)
+                     for d in self.space["prefetch"]}
+            self.result.prefetch[cls] = self._choose(f"prefetch {cls}", costs)
+        tuned = replace(self.cpu, tuned_prefetch=tuple(sorted(self.result.prefetch.items())))
+        for names in by_class.values():
+            for name in names:
+                op, params = kernels.made[name]
+                kernels.funcs[name] = make_kernel(op, tuned, **params)[1]
+        return tuned
+
+
+def _key(kind: str, op: str, params: dict) -> str:
+    rest = ",".join(f"{k}={v}" for k, v in sorted(params.items()) if not (kind == "prefill" and k == "T"))
+    return f"{kind}|{op}|{rest}"
+
+
+def body_gemm_shapes(spec, scheme) -> list[tuple[str, dict, int]]:
+    """(op, params, uses) of each distinct linear kernel of the transformer body (uses: how many a forward pass
+    runs)."""
+    from ...models import family
+    from ...quant import get_scheme
+
+    head = {"model.embed_tokens.weight", spec.lm_head_name, "lm_head.weight"}
+    out: dict = {}
+    for name, shape in family(spec).weight_shapes(spec).items():
+        if len(shape) != 2 or name in head:
+            continue
+        if spec.family == "bitnet" and name.endswith("_proj.weight"):
+            op, params = get_scheme("t2").linear_kernel(2, 4 * shape[0], shape[1], False)
+        else:
+            op, params = scheme.linear_kernel(2, shape[0], shape[1], False)
+        k = (op, tuple(sorted(params.items())))
+        out[k] = out.get(k, 0) + 1
+    return [(op, dict(p), n) for (op, p), n in out.items()]

@@ -1,0 +1,174 @@
+"""Per-host tuning (compiler/tune): the cache is keyed by the CPU and reused, another CPU's cache is ignored, and no
+knob value it sweeps changes a single bit of the results."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import edgellm
+from edgellm import CompileError, Runtime
+from edgellm.compiler.ops import CpuInfo, host_cpu_info, llvm_target, make_kernel, prefetch_class
+from edgellm.compiler.tune import SPACE, resolve_mode
+from edgellm.compiler.tune.cache import TuneCache
+from edgellm.targets import get_target
+from edgellm.targets.cpu_id import cpu_identity, cpu_key, cpu_label
+
+DEMO_IDS = [3, 17, 99, 250, 7, 1024, 42, 5, 600, 11] * 7   # 70 tokens: full chunks plus a tail
+
+
+@pytest.fixture()
+def tune_home(tmp_path, monkeypatch):
+    """A private cache dir (the tune cache lives under it), and tuning on."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("EDGELLM_TUNE", raising=False)
+    return tmp_path
+
+
+def _manifest(pkg) -> dict:
+    return json.loads((pkg / "manifest.json").read_text())
+
+
+def test_cpu_identity_is_stable_and_names_the_cpu():
+    a, b = cpu_identity(), cpu_identity()
+    assert a == b and cpu_key(a) == cpu_key(b) and len(cpu_key(a)) == 16
+    assert a["cpus"] >= 1 and isinstance(a["features"], list) and cpu_label(a)
+    assert cpu_key({**a, "model": "999"}) != cpu_key(a)
+
+
+def test_tune_cache_round_trip_and_other_cpu_ignored(tmp_path):
+    ident = cpu_identity()
+    c = TuneCache(ident, tmp_path)
+    c.put("decode|linear|K=64", {0: 1.0, 1024: 2.0})
+    c.save()
+    again = TuneCache(ident, tmp_path)
+    assert again.get("decode|linear|K=64", (0, 1024)) == {"0": 1.0, "1024": 2.0}
+    assert again.get("decode|linear|K=64", (0, 1024, 4096)) is None   # a variant never measured with the others
+    # the same file name holding another CPU's measurements (copied from another machine): ignored, never used
+    data = json.loads(c.path.read_text())
+    data["cpu"] = {**ident, "model name": "Some Other CPU"}
+    c.path.write_text(json.dumps(data))
+    other = TuneCache(ident, tmp_path)
+    assert other.entries == {} and other.ignored == "measured on another CPU"
+    c.path.write_text("{not json")
+    assert TuneCache(ident, tmp_path).ignored.startswith("unreadable")
+    # another CPU model gets its own file
+    assert TuneCache({**ident, "model": "999"}, tmp_path).path != c.path
+
+
+def test_second_compile_on_the_same_cpu_measures_nothing(tune_home, monkeypatch):
+    out1, out2 = tune_home / "a", tune_home / "b"
+    edgellm.compile("demo", quant="q4g32", out=out1, max_context=128, progress=False, tune="quick")
+    t1 = _manifest(out1)["tuning"]
+    assert t1["mode"] == "quick" and t1["measured_variants"] > 0
+    assert set(t1["prefetch_bytes"]) == {"linear_q4", "linear_q8"}   # the body's GEMVs and the q8 lm_head
+    assert all(v in SPACE["quick"]["prefetch"] for v in t1["prefetch_bytes"].values())
+    assert t1["prefill_chunk"] in SPACE["quick"]["chunk"] and _manifest(out1)["prefill_chunk"] == t1["prefill_chunk"]
+    # second compile: nothing measured (the timing code is not even reached), the same knobs
+    import edgellm.compiler.tune.measure as measure
+
+    def no_timing(*a, **k):
+        raise AssertionError("measured although the cache holds every timing")
+
+    monkeypatch.setattr(measure, "time_variants", no_timing)
+    edgellm.compile("demo", quant="q4g32", out=out2, max_context=128, progress=False, tune="quick")
+    t2 = _manifest(out2)["tuning"]
+    assert t2["measured_variants"] == 0
+    assert (t2["prefetch_bytes"], t2["prefill_chunk"]) == (t1["prefetch_bytes"], t1["prefill_chunk"])
+
+
+def test_a_cache_from_another_cpu_model_is_ignored(tune_home, monkeypatch):
+    out1, out2 = tune_home / "a", tune_home / "b"
+    edgellm.compile("demo", quant="f16", out=out1, max_context=128, progress=False, tune="quick")
+    path = TuneCache().path
+    assert _manifest(out1)["tuning"]["measured_variants"] > 0 and path.is_file()
+    # the same cache file, but recorded on another CPU model: the next compile ignores it and measures
+    data = json.loads(path.read_text())
+    data["cpu"]["model"] = str(int(data["cpu"].get("model", "0")) + 1)
+    path.write_text(json.dumps(data))
+    edgellm.compile("demo", quant="f16", out=out2, max_context=128, progress=False, tune="quick")
+    assert _manifest(out2)["tuning"]["measured_variants"] > 0
+    assert json.loads(path.read_text())["cpu"] == cpu_identity()   # and replaced by this CPU's measurements
+
+
+def test_tune_modes_and_targets():
+    host = get_target("host")
+    assert resolve_mode(None, host) in ("quick", "off")   # off when $EDGELLM_TUNE says so (the test session does)
+    assert resolve_mode("full", host) == "full" and resolve_mode("off", host) == "off"
+    assert resolve_mode(None, get_target("rpi5")) == "off"
+    with pytest.raises(CompileError, match="applies to --target host only"):
+        resolve_mode("quick", get_target("rpi5"))
+    with pytest.raises(CompileError, match="--tune fast"):
+        resolve_mode("fast", host)
+
+
+def test_cli_tune_show_and_bad_flag(tune_home):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tune_home / "cache")}
+    r = subprocess.run([sys.executable, "-m", "edgellm.cli", "tune", "--show"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "CPU:" in r.stdout and "nothing measured yet" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "edgellm.cli", "compile", "demo", "--tune", "fast"], capture_output=True,
+                       text=True, env=env)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+# ---- tuning never changes results -------------------------------------------------------------------------------
+GEMV_CASES = [  # (op, params): one decode GEMV of every prefetch class
+    ("linear", {"T": 1, "N": 80, "K": 512, "wdtype": "float32"}),
+    ("linear", {"T": 1, "N": 80, "K": 512, "wdtype": "float16"}),
+    ("linear_q8", {"T": 1, "N": 80, "K": 512}),
+    ("linear_q4", {"T": 1, "N": 80, "K": 512, "G": 32}),
+    ("linear_q6", {"T": 1, "N": 80, "K": 512}),
+    ("linear_t2", {"T": 1, "N": 80, "K": 512}),
+    ("linear_t2_lut", {"T": 1, "N": 80, "K": 512}),
+]
+
+
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_every_prefetch_distance_gives_identical_outputs(lanes):
+    """A decode GEMV built at each distance `--tune full` sweeps computes the same bits (random inputs, every
+    class, both x86 flavours)."""
+    import tvm
+
+    from edgellm.compiler.tune.measure import fake_args
+
+    base = host_cpu_info()
+    if base.vector_lanes < lanes:
+        pytest.skip("this CPU lacks AVX-512")
+    funcs, names = {}, {}
+    for op, params in GEMV_CASES:
+        cls = prefetch_class(op, params)
+        for d in SPACE["full"]["prefetch"]:
+            cpu = CpuInfo(lanes, 2, "x86_64", (), 4096, 8192, ((cls, d),))
+            name, f = make_kernel(op, cpu, **params)
+            sym = f"{name}__pf{d}"
+            funcs[sym] = f.with_attr("global_symbol", sym)
+            names.setdefault((op, cls), []).append(sym)
+    mod = tvm.compile(tvm.IRModule(funcs), target=llvm_target())
+    for (op, cls), syms in names.items():
+        args = fake_args(funcs[syms[0]], 0, seed=1)[0]
+        outs = []
+        for s in syms:
+            args[-1] = tvm.runtime.tensor(np.zeros(args[-1].shape, args[-1].dtype))
+            mod[s](*args)
+            outs.append(args[-1].numpy())
+        assert all(np.array_equal(o, outs[0]) for o in outs[1:]), (op, cls)
+        assert np.isfinite(outs[0]).all() and np.abs(outs[0]).max() > 0
+
+
+@pytest.mark.parametrize("quant", ["f16", "q4g32", "t2"])
+def test_every_prefill_chunk_gives_identical_logits(tmp_path, quant):
+    """Packages compiled at each prefill chunk `--tune full` sweeps give the same logits, bit for bit, for a prompt
+    that spans several chunks plus a tail (the short tail program included) and for the decode step after it."""
+    ref = None
+    for c in SPACE["full"]["chunk"]:
+        pkg = edgellm.compile("demo", quant=quant, out=tmp_path / f"c{c}", max_context=128, prefill_chunk=c,
+                              progress=False, tune="off")
+        with Runtime.load(pkg) as rt:
+            got = np.concatenate([np.asarray(rt.prefill(DEMO_IDS)).ravel(), np.asarray(rt.decode_step(7)).ravel()])
+        if ref is None:
+            ref = got
+        assert np.array_equal(got, ref), f"chunk {c}: max diff {np.abs(got - ref).max()}"
