@@ -379,8 +379,9 @@ def table(result: dict) -> str:
     m = result["meta"]
     bws = [b for r in result["schemes"].values() if "summary" in r for rd in r.get("rounds", ()) for b in rd["membw_gbs"]]
     lines.append(f"\n{m['model']}: {m['threads']} threads, prompt {m['prompt_len']}, generate {m['gen_len']}, "
-                 f"{m['rounds']} interleaved rounds x {m['reps']} reps (medians); edgellm --tune {m.get('tune', ['?'])[0]}; "
-                 f"llama.cpp {m['llamacpp']}; CPU {m.get('cpu', '?')}; read bandwidth ({m['threads']} threads) {min(bws, default=0):.1f}-{max(bws, default=0):.1f} GB/s")
+                 f"{m['rounds']} interleaved rounds x {m['reps']} reps (medians); "
+                 f"edgellm --tune {m.get('tune', ['?'])[0]}; llama.cpp {m['llamacpp']}; CPU {m.get('cpu', '?')}; "
+                 f"read bandwidth ({m['threads']} threads) {min(bws, default=0):.1f}-{max(bws, default=0):.1f} GB/s")
     return "\n".join(lines)
 
 
