@@ -24,8 +24,9 @@ from ...errors import CompileError
 
 MODES = ("off", "quick", "full")
 SPACE = {
-    "quick": {"prefetch": (0, 1024, 4096, 8192), "chunk": (32, 64, 128), "rounds": 7},
-    "full": {"prefetch": (0, 256, 512, 1024, 2048, 4096, 8192, 16384), "chunk": (16, 32, 64, 128, 256), "rounds": 15},
+    "quick": {"prefetch": (0, 1024, 2048, 4096, 8192, 16384), "chunk": (32, 64, 128), "rounds": 7},
+    "full": {"prefetch": (0, 256, 512, 1024, 2048, 4096, 8192, 12288, 16384, 32768), "chunk": (16, 32, 64, 128, 256),
+             "rounds": 15},
 }
 CHUNK_TIE = 0.02   # a longer chunk must be this much faster per token to be chosen
 MIN_STREAM = 64 << 20
