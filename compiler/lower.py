@@ -1,6 +1,9 @@
 """Graph -> Plan: turn traced programs into kernel calls with a static activation memory plan.
 
-Each traced node becomes one kernel call (ops.make_kernel). Values live in one arena (first-fit by lifetime);
+Each traced node becomes one kernel call (ops.make_kernel), except that the linears reading one value (q/k/v,
+gate/up) are fused into one call (fuse_linears): their matrices are stored stacked row-wise as one tensor and the
+kernel writes each matrix's rows to that matrix's own output, so one pass over the input serves them all and a
+decode step launches 4 GEMVs per Llama layer instead of 7. Values live in one arena (first-fit by lifetime);
 K/V rows are written straight into the runtime's KV cache by the producing kernel (RoPE for K, the projection
 for V), so no copy is needed; attention reads the cache prefix whose length the runtime sets per call."""
 from __future__ import annotations
@@ -20,6 +23,66 @@ from ..runtime.contract import FLAG_AT_POS as AT_POS
 from ..runtime.contract import FLAG_PREFIX as PREFIX
 from ..runtime.contract import TENSOR_ALIGN as ALIGN
 from .trace import Node, TraceGraph, Val
+
+
+FUSED = "linear_fused"
+
+
+@dataclass(eq=False)
+class FusedLinear:
+    """Linears on one input computed by one kernel (q/k/v, gate/up): their matrices stacked row-wise, one output
+    per member, so arena lifetimes and the KV-cache placement of V stay per matrix."""
+    members: list[Node]
+    op: str = FUSED
+
+    @property
+    def inputs(self) -> list[Val]:
+        return self.members[0].inputs
+
+    @property
+    def outs(self) -> list[Val]:
+        return [m.out for m in self.members]
+
+
+def _outs(n) -> list[Val]:
+    return n.outs if isinstance(n, FusedLinear) else [] if n.out is None else [n.out]
+
+
+def _fuse_key(n: Node) -> tuple:
+    return (n.inputs[0].id, n.params["bias"], bool(n.params.get("ternary")))
+
+
+def fuse_linears(nodes: list, fusable) -> list:
+    """The nodes with each group of fusable linears that read the same value (same bias-ness and ternary-ness)
+    replaced by one FusedLinear at the first member's place. Moving a later member up is safe: its input is ready
+    there and its output is a new value or, for V, KV-cache rows that only attention reads; so a group never spans
+    an attention or a kv_store (BitNet's q, rope, k, rope, v still fuse)."""
+    out, open_groups = [], {}
+    for n in nodes:
+        if n.op in ("attention", "kv_store"):
+            open_groups.clear()
+        if n.op != "linear" or not fusable(n):
+            out.append(n)
+            continue
+        g = open_groups.get(_fuse_key(n))
+        if g is not None:
+            g.members.append(n)
+            continue
+        open_groups[_fuse_key(n)] = g = FusedLinear([n])
+        out.append(g)
+    return [n.members[0] if isinstance(n, FusedLinear) and len(n.members) == 1 else n for n in out]
+
+
+def fused_name(names: list[str]) -> str:
+    """The stored name of stacked matrices: 'a.q_proj.weight', 'a.k_proj.weight', 'a.v_proj.weight' ->
+    'a.qkv_proj.weight'; 'm.gate_proj.weight', 'm.up_proj.weight' -> 'm.gate_up_proj.weight'."""
+    split = [n.rsplit(".", 2) for n in names]
+    if any(len(p) != 3 for p in split) or len({(p[0], p[2]) for p in split}) != 1:
+        return "+".join(names)
+    proj = all(p[1].endswith("_proj") for p in split)
+    stems = [p[1].removesuffix("_proj") if proj else p[1] for p in split]
+    joined = ("" if all(len(x) == 1 for x in stems) else "_").join(stems)
+    return f"{split[0][0]}.{joined}{'_proj' if proj else ''}.{split[0][2]}"
 
 
 @dataclass
@@ -130,7 +193,8 @@ def _nbytes(v: Val) -> int:
 class Lowering:
     """Shared state of one package build: the weight table, the kernel table and the weight provider."""
 
-    def __init__(self, spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, rope_rows: int, quantized=None):
+    def __init__(self, spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, rope_rows: int, quantized=None,
+                 fuse: bool = True):
         from .ops import make_kernel
 
         self.spec, self.cpu, self.make_kernel = spec, cpu, make_kernel
@@ -139,6 +203,7 @@ class Lowering:
         self.scheme, self.head_scheme = scheme, head_scheme
         self.quantized = quantized or {}    # name -> parts computed ahead (GPTQ), used instead of scheme.quantize
         self.rope_rows = rope_rows
+        self.fuse = fuse                    # one kernel per group of linears on one input (fuse_linears)
 
     @property
     def embed_dtype(self) -> str:
@@ -173,28 +238,69 @@ class Lowering:
     def _linear_weight(self, name: str, T: int, bias: bool) -> tuple[int, list[Arg]]:
         """Kernel and weight arguments of x @ W.T with W stored in the package's scheme (the lm_head in the head's)."""
         scheme = self.matrix_scheme(name)
-        N, K = self._raw_shape(name)
-        scheme.check_shape(name, (N, K))
-        pre = self.quantized.get(name) if scheme is self.scheme else None
-        args = self._parts(name, scheme, lambda: pre if pre is not None else
-                           scheme.quantize(np.asarray(self._raw(name), dtype=np.float32)))
+        N, K = self._matrix_shape(name, scheme, False)
+        args = self._parts(name, scheme, lambda: self._matrix_parts(name, scheme, False))
         op, params = scheme.linear_kernel(T, N, K, bias)
         return self._kernel(op, **params), args
 
     def _ternary_weight(self, name: str, T: int) -> tuple[int, list[Arg]]:
         """A BitNet BitLinear: the checkpoint's packed ternary codes and weight_scale, repacked losslessly to t2."""
-        from ..models.bitnet import unpack_ternary
-        from ..quant import get_scheme
-        from ..quant.t2 import pack_t2
-
-        t2 = get_scheme("t2")
-        packed = np.asarray(self._raw(name))
-        N, K = 4 * packed.shape[0], packed.shape[1]
-        t2.check_shape(name, (N, K))
-        scale = 1.0 / float(np.asarray(self._raw(name.removesuffix(".weight") + ".weight_scale"), np.float64)[0])
-        args = self._parts(name, t2, lambda: pack_t2(unpack_ternary(packed), scale))
+        t2 = self._t2()
+        N, K = self._matrix_shape(name, t2, True)
+        args = self._parts(name, t2, lambda: self._matrix_parts(name, t2, True))
         op, params = t2.linear_kernel(T, N, K, False)
         return self._kernel(op, **params), args
+
+    def _fused_weight(self, n: FusedLinear, T: int) -> tuple[int, list[Arg]]:
+        """Kernel and weight arguments of a FusedLinear: the members' parts stacked (scheme.concat_parts: for
+        per-row / per-group scales the same bytes as quantizing the stacked matrix; t2 keeps one scale per
+        matrix), stored once under fused_name."""
+        names = [m.weights[0] for m in n.members]
+        ternary = bool(n.members[0].params.get("ternary"))
+        scheme = self._t2() if ternary else self.scheme
+        shapes = [self._matrix_shape(w, scheme, ternary) for w in names]
+        segs, K = tuple(N for N, _ in shapes), shapes[0][1]
+        args = self._parts(fused_name(names), scheme,
+                           lambda: scheme.concat_parts([self._matrix_parts(w, scheme, ternary) for w in names]))
+        op, params = scheme.linear_kernel(T, sum(segs), K, n.members[0].params["bias"], segs)
+        return self._kernel(op, **params), args
+
+    def _fused_bias(self, n: FusedLinear) -> Arg:
+        names = [m.weights[1] for m in n.members]
+        key = fused_name(names)
+        if key not in self.weights.index:
+            self.weights.add(key, np.concatenate([np.asarray(self._raw(b), np.float32) for b in names]))
+        return self._weight(key)
+
+    def _fusable(self, n: Node) -> bool:
+        """Body linears fuse (not the lm_head: it has no partner), in a scheme whose parts stack."""
+        if n.weights[0] in (self.spec.lm_head_name, "lm_head.weight"):
+            return False
+        return n.params.get("ternary") or self.scheme.stacking is not None
+
+    @staticmethod
+    def _t2():
+        from ..quant import get_scheme
+
+        return get_scheme("t2")
+
+    def _matrix_shape(self, name: str, scheme, ternary: bool) -> tuple[int, int]:
+        """[N, K] of a matrix (BitNet's packed ternary ones hold 4 rows per byte row), checked against its scheme."""
+        N, K = self._raw_shape(name)
+        N = 4 * N if ternary else N
+        scheme.check_shape(name, (N, K))
+        return N, K
+
+    def _matrix_parts(self, name: str, scheme, ternary: bool) -> dict:
+        """A matrix's parts in `scheme`: precomputed (GPTQ), repacked BitNet ternary codes, or quantized here."""
+        if ternary:
+            from ..models.bitnet import unpack_ternary
+            from ..quant.t2 import pack_t2
+
+            wscale = np.asarray(self._raw(name.removesuffix(".weight") + ".weight_scale"), np.float64)[0]
+            return pack_t2(unpack_ternary(np.asarray(self._raw(name))), 1.0 / float(wscale))
+        pre = self.quantized.get(name) if scheme is self.scheme else None
+        return pre if pre is not None else scheme.quantize(np.asarray(self._raw(name), dtype=np.float32))
 
     def _raw_shape(self, name: str) -> tuple[int, int]:
         from ..models import family
@@ -202,19 +308,20 @@ class Lowering:
         return family(self.spec).weight_shapes(self.spec)[name]
 
     def program(self, name: str, g: TraceGraph, inp: Val, out: Val) -> Program:
-        s, T, nodes = self.spec, g.T, g.nodes
+        s, T = self.spec, g.T
+        nodes = fuse_linears(g.nodes, self._fusable) if self.fuse else g.nodes
         # 1. values that a producer writes straight into the KV cache
         consumers: dict[int, int] = {}
         for n in nodes:
             for v in n.inputs:
                 consumers[v.id] = consumers.get(v.id, 0) + 1
-        producer = {n.out.id: n for n in nodes if n.out is not None}
+        producer = {o.id: n for n in nodes for o in _outs(n)}
         kv_loc: dict[int, tuple[int, int]] = {}   # val id -> (KCACHE|VCACHE, layer)
         for n in nodes:
             if n.op == "kv_store":
                 for v, kind in zip(n.inputs, (KCACHE, VCACHE)):
                     p = producer.get(v.id)
-                    if p is not None and consumers[v.id] == 1 and p.op in ("rope", "linear"):
+                    if p is not None and consumers[v.id] == 1 and p.op in ("rope", "linear", FUSED):
                         kv_loc[v.id] = (kind, n.params["layer"])   # else _lower_node emits a copy
         # 2. lifetimes
         last_use: dict[int, int] = {}
@@ -233,8 +340,9 @@ class Lowering:
             return Arg(ARENA, 0, v.dtype, tuple(shape or v.shape), 0, loc[v.id])
 
         for i, n in enumerate(nodes):
-            if n.out is not None and n.out.id not in kv_loc:
-                loc[n.out.id] = arena.alloc(_nbytes(n.out))
+            for o in _outs(n):   # a fused group's outputs all at once
+                if o.id not in kv_loc:
+                    loc[o.id] = arena.alloc(_nbytes(o))
             steps.extend(self._lower_node(n, T, act))
             for v in n.inputs:
                 if last_use.get(v.id) == i and v.id in loc and v.id != out.id:
@@ -257,6 +365,10 @@ class Lowering:
             R, D = T * h, n.inputs[0].shape[1] // h
             k = self._kernel("rmsnorm", R=R, D=D, eps=float(s.rms_eps))
             return [Step(k, [act(n.inputs[0], (R, D)), self._weight(n.weights[0]), act(n.out, (R, D))])]
+        if op == FUSED:
+            k, wargs = self._fused_weight(n, T)
+            bias = [self._fused_bias(n)] if n.members[0].params["bias"] else []
+            return [Step(k, [act(n.inputs[0]), *wargs, *bias, *[act(o) for o in n.outs]])]
         if op == "linear" and n.params.get("ternary"):
             k, wargs = self._ternary_weight(n.weights[0], T)
             return [Step(k, [act(n.inputs[0]), *wargs, act(n.out)])]
@@ -299,11 +411,13 @@ PROGRAMS = (  # name, tokens ("chunk", "short" or a count), body, head
 
 
 def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: int,
-                kv_rows: int, quantized=None, short_chunk: int | None = None) -> tuple[Lowering, list[Program]]:
+                kv_rows: int, quantized=None, short_chunk: int | None = None,
+                fuse: bool = True) -> tuple[Lowering, list[Program]]:
+    """fuse: one kernel per group of linears on one input (q/k/v, gate/up; fuse_linears); off for A/B runs."""
     from ..models import family
 
     fam = family(spec)
-    low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows, quantized)
+    low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows, quantized, fuse)
     progs = []
     for name, tokens, body, head in PROGRAMS:
         if tokens == "short" and not short_chunk:

@@ -18,6 +18,7 @@ def linear_float_ref(x, w, bias=None) -> np.ndarray:
 class FloatScheme(Scheme):
     parts = ("w",)
     float_math = True
+    stacking = {"w": "rows"}
     linear_ref = staticmethod(linear_float_ref)
 
     def __init__(self, name: str, dtype: str, bits_per_weight: float, description: str):
@@ -33,8 +34,8 @@ class FloatScheme(Scheme):
     def dequantize(self, parts):
         return np.asarray(parts["w"]).astype(np.float32)
 
-    def linear_kernel(self, T, N, K, bias):
-        return "linear", {**self._params(T, N, K, bias), "wdtype": self.dtype}
+    def linear_kernel(self, T, N, K, bias, segs=()):
+        return "linear", {**self._params(T, N, K, bias, segs), "wdtype": self.dtype}
 
     def embed_kernel(self, T, V, D):
         return "embed", {"T": int(T), "V": int(V), "D": int(D), "wdtype": self.dtype}

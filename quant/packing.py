@@ -132,6 +132,15 @@ def unpack_codes(packed: np.ndarray, scheme: str) -> np.ndarray:
     return ((rowbytes >> shifts) & np.uint8((1 << bits) - 1)).reshape(N, K)
 
 
+def stack_rows(arrays, unit: int) -> np.ndarray:
+    """Row-wise concatenation of panel-interleaved arrays (interleave_rows with `unit`), i.e. the packing of the
+    stacked matrices: a plain concatenation while every array but the last fills whole panels, else re-interleaved
+    (a matrix of N % NR rows ends in a compact tail panel)."""
+    if all(a.shape[0] % NR == 0 for a in arrays[:-1]):
+        return np.concatenate(arrays)
+    return interleave_rows(np.concatenate([deinterleave_rows(a, unit) for a in arrays]), unit)
+
+
 def pack_group_scales(s: np.ndarray) -> np.ndarray:
     """Group scales [N, K/G] (row-major) -> panel-interleaved [N, K/G] (same dtype)."""
     return interleave_rows(s, 1)

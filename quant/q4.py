@@ -75,6 +75,7 @@ class Q4Scheme(Scheme):
     parts = ("qweight", "scales")
     default_head = "q8"
     gptq = True
+    stacking = {"qweight": 4, "scales": 1}
     linear_ref = staticmethod(linear_q4_ref)
 
     def __init__(self, group: int):
@@ -91,8 +92,8 @@ class Q4Scheme(Scheme):
     def dequantize(self, parts):
         return dequantize_q4(parts)
 
-    def linear_kernel(self, T, N, K, bias):
-        return "linear_q4", {**self._params(T, N, K, bias), "G": self.group}
+    def linear_kernel(self, T, N, K, bias, segs=()):
+        return "linear_q4", {**self._params(T, N, K, bias, segs), "G": self.group}
 
     def embed_kernel(self, T, V, D):
         return "embed_q4", {"T": int(T), "V": int(V), "D": int(D), "G": self.group}

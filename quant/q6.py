@@ -78,6 +78,7 @@ class Q6Scheme(Scheme):
     k_multiple, k_multiple_why = Q6_GROUP, f"the group size {Q6_GROUP}"
     body = False              # an embedding / lm_head scheme (--head-quant q6)
     default_head = "q8"
+    stacking = {"qweight": 4, "scales": 1}
     linear_ref = staticmethod(linear_q6_ref)
 
     def _quantize(self, w):
@@ -86,8 +87,8 @@ class Q6Scheme(Scheme):
     def dequantize(self, parts):
         return dequantize_q6(parts)
 
-    def linear_kernel(self, T, N, K, bias):
-        return "linear_q6", self._params(T, N, K, bias)
+    def linear_kernel(self, T, N, K, bias, segs=()):
+        return "linear_q6", self._params(T, N, K, bias, segs)
 
     def embed_kernel(self, T, V, D):
         return "embed_q6", {"T": int(T), "V": int(V), "D": int(D)}

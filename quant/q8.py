@@ -40,6 +40,7 @@ class Q8Scheme(Scheme):
     parts = ("qweight", "scales")
     k_multiple, k_multiple_why = QA, "the int8 activation block of 32"
     default_head = "q8"
+    stacking = {"qweight": 4, "scales": "rows"}
     linear_ref = staticmethod(linear_q8_ref)
 
     def _quantize(self, w):
@@ -48,8 +49,8 @@ class Q8Scheme(Scheme):
     def dequantize(self, parts):
         return dequantize_q8(parts)
 
-    def linear_kernel(self, T, N, K, bias):
-        return "linear_q8", self._params(T, N, K, bias)
+    def linear_kernel(self, T, N, K, bias, segs=()):
+        return "linear_q8", self._params(T, N, K, bias, segs)
 
     def embed_kernel(self, T, V, D):
         return "embed_q8", {"T": int(T), "V": int(V), "D": int(D)}

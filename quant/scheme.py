@@ -55,6 +55,10 @@ class Scheme:
     default_head: str | None = None      # head scheme when this is the body scheme and no --head-quant (None: itself)
     gptq: bool = False                   # --gptq applies (quant/gptq.py produces this scheme's parts)
     float_math: bool = False             # float weights and f32 math: prefill GEMMs are FMA-bound (long chunks pay)
+    # how each part stacks when several matrices are fused row-wise into one kernel (compiler/lower.py: q/k/v,
+    # gate/up): "rows" natural row order, an int: panel-interleaved rows with that unit (quant/packing.py),
+    # "matrix": one entry per matrix (t2's per-tensor scale). None: this scheme's matrices are not fused
+    stacking: dict[str, object] | None = None
 
     @property
     def part_order(self) -> tuple[str, ...]:
@@ -95,18 +99,36 @@ class Scheme:
         """parts -> f32 [N, K]: what the weights are after quantization."""
         raise NotImplementedError
 
+    def concat_parts(self, parts_list: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """The parts of several matrices (same K) stacked row-wise, as one fused kernel reads them (see stacking):
+        for per-row and per-group scales the same as quantizing the stacked matrix."""
+        if self.stacking is None:
+            raise CompileError(f"{self.name} matrices cannot be fused")
+        from .packing import stack_rows
+
+        out = {}
+        for p in self.parts:
+            arrays = [np.asarray(parts[p]) for parts in parts_list]
+            how = self.stacking[p]
+            out[p] = stack_rows(arrays, how) if isinstance(how, int) else np.concatenate(arrays)
+        return out
+
     # ------------------------------------------------------------------------------------------ kernels
     def linear_ref(self, x: np.ndarray, *parts, bias=None) -> np.ndarray:
         """float64 numpy of exactly what the linear kernel computes, parts given in `parts` order."""
         raise NotImplementedError
 
-    def reference_linear(self, x: np.ndarray, parts: dict[str, np.ndarray], bias=None) -> np.ndarray:
-        """float64 numpy of exactly what the kernel computes (activation quantization included)."""
-        return self.linear_ref(np.asarray(x, np.float32), *[parts[k] for k in self.parts], bias=bias)
+    def reference_linear(self, x: np.ndarray, parts: dict[str, np.ndarray], bias=None, segs=()):
+        """float64 numpy of exactly what the kernel computes (activation quantization included). segs: parts of
+        stacked matrices (concat_parts) with these row counts; returns one array per matrix."""
+        kw = {"segs": tuple(segs)} if segs and "matrix" in (self.stacking or {}).values() else {}
+        y = self.linear_ref(np.asarray(x, np.float32), *[parts[k] for k in self.parts], bias=bias, **kw)
+        return split_rows(y, segs) if segs else y
 
-    def linear_kernel(self, T: int, N: int, K: int, bias: bool) -> tuple[str, dict]:
+    def linear_kernel(self, T: int, N: int, K: int, bias: bool, segs=()) -> tuple[str, dict]:
         """(op, params) for compiler.ops.make_kernel. Kernel args: x f32[T, K], the parts in `parts` order,
-        [b f32[N]], out f32[T, N]."""
+        [b f32[N]], out f32[T, N]; with segs (row counts of stacked matrices, see concat_parts) one output per
+        matrix, out_s f32[T, N_s]."""
         raise NotImplementedError
 
     def embed_kernel(self, T: int, V: int, D: int) -> tuple[str, dict]:
@@ -115,11 +137,17 @@ class Scheme:
         raise CompileError(f"{self.name} cannot store an embedding table")
 
     @staticmethod
-    def _params(T: int, N: int, K: int, bias: bool) -> dict:
-        return {"T": int(T), "N": int(N), "K": int(K), "bias": bool(bias)}
+    def _params(T: int, N: int, K: int, bias: bool, segs=()) -> dict:
+        p = {"T": int(T), "N": int(N), "K": int(K), "bias": bool(bias)}
+        return {**p, "segs": tuple(int(s) for s in segs)} if segs else p
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
+
+
+def split_rows(y: np.ndarray, segs) -> list[np.ndarray]:
+    """[T, N] -> one [T, N_s] array per segment of rows."""
+    return np.split(y, np.cumsum(segs)[:-1], axis=1)
 
 
 # ---------------------------------------------------------------------------------------------- registry

@@ -41,10 +41,13 @@ def dequantize_t2(parts) -> np.ndarray:
     return t * np.float32(parts["scale"][0])
 
 
-def linear_t2_ref(x, qweight, scale, bias=None) -> np.ndarray:
+def linear_t2_ref(x, qweight, scale, bias=None, segs=()) -> np.ndarray:
+    """segs: stacked matrices with these row counts, scale f32[nseg] (one per matrix)."""
     xq, dx = quantize_act_token(x)
     t = unpack_codes(qweight, "t2").astype(np.float64) - 1
-    y = (xq.astype(np.float64) @ t.T) * dx.astype(np.float64)[:, None] * np.float64(np.asarray(scale).reshape(-1)[0])
+    s = np.asarray(scale, np.float64).reshape(-1)
+    rows = np.repeat(s, segs) if segs else s[0]
+    y = (xq.astype(np.float64) @ t.T) * dx.astype(np.float64)[:, None] * rows
     return _bias(y, bias)
 
 
@@ -57,6 +60,7 @@ class T2Scheme(Scheme):
     k_multiple, k_multiple_why = 16, "the packed ternary chunk of 16"
     head = False              # no embedding kernel; the head of a t2 package defaults to q8
     default_head = "q8"
+    stacking = {"qweight": 4, "scale": "matrix"}   # fused: one scale per matrix, f32[nseg]
     linear_ref = staticmethod(linear_t2_ref)
 
     def compile_warning(self, spec):
@@ -71,8 +75,8 @@ class T2Scheme(Scheme):
     def dequantize(self, parts):
         return dequantize_t2(parts)
 
-    def linear_kernel(self, T, N, K, bias):
-        return T2_OP, self._params(T, N, K, bias)
+    def linear_kernel(self, T, N, K, bias, segs=()):
+        return T2_OP, self._params(T, N, K, bias, segs)
 
 
 T2 = register(T2Scheme())

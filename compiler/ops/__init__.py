@@ -23,8 +23,12 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 | linear_t2 | T, N, K, bias             | x f32[T, K], qweight u8[N, K/4], scale f32[1], [b], out f32[T, N] |
 | linear_t2_lut | T, N, K, bias         | same args as linear_t2 (lookup-table kernel)                     |
 
-wdtype is "float32" or "float16" (default "float32"); bias defaults to False. attention's W: sliding window
-(query at position p attends keys p-W+1 .. p), default 0 = full causal attention; named "_w<W>" only when W > 0.
+wdtype is "float32" or "float16" (default "float32"); bias defaults to False. Every linear op also takes segs
+(default (): one matrix): row counts N_0, N_1, ... summing to N when W (and b) stack several matrices computed in
+one call (q/k/v, gate/up: compiler/lower.py); the kernel then takes one output per matrix, out_s f32[T, N_s], as
+its last args, and linear_t2's scale is f32[nseg] (one per matrix). Named "_s<N_0>x<N_1>..." only when fused.
+attention's W: sliding window (query at position p attends keys p-W+1 .. p), default 0 = full causal attention;
+named "_w<W>" only when W > 0.
 Quantized ops (linear_quant.py): weights in the packed layouts of edgellm.quant.packing (produced by the
 schemes' quantize()); K must be a multiple of 32 (q8), of G (q4, G in 32/64/128) or of 16 (t2).
 """
@@ -40,8 +44,10 @@ from . import linear as _linear
 from . import linear_quant as _linear_quant
 from ._util import kernel_name
 from .reference import reference
+from .segments import check_segs
 
-__all__ = ["OPS", "QUANT_LINEAR_OPS", "CpuInfo", "prefetch_class", "host_cpu_info", "kernel_params", "llvm_target", "make_kernel", "reference"]
+__all__ = ["OPS", "QUANT_LINEAR_OPS", "CpuInfo", "prefetch_class", "host_cpu_info", "kernel_params", "llvm_target",
+           "make_kernel", "reference"]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +66,7 @@ class CpuInfo:
     # decode GEMVs of that class ("linear_f16", "linear_q4", ...: see prefetch_class)
     tuned_prefetch: tuple[tuple[str, int], ...] = ()
 
-    def for_kernel(self, op: str, params: dict) -> "CpuInfo":
+    def for_kernel(self, op: str, params: dict) -> CpuInfo:
         """The CpuInfo a kernel is built with: a tuned prefetch distance replaces the target's default for its
         class. A prefetch is only a hint, so this never changes what a kernel computes."""
         cls = prefetch_class(op, params)
@@ -81,6 +87,9 @@ def prefetch_class(op: str, params: dict) -> str | None:
 
 # op -> ordered (param, short name in the kernel name, type, default or REQUIRED)
 REQUIRED = object()
+# fused linears (compiler/lower.py): row counts of the stacked matrices, one output each; () = one matrix, left
+# out of the kernel name (e.g. "_s2048x256x256" when fused)
+SEGS = ("segs", "s", tuple, ())
 # int params that may be 0 (meaning "off"); they are left out of the kernel name when 0, so the names of kernels
 # from before the param existed do not change
 ZERO_OFF = {("attention", "W")}
@@ -89,7 +98,7 @@ OPS = {
               ("wdtype", "", str, "float32")],
     "rmsnorm": [("R", "r", int, REQUIRED), ("D", "d", int, REQUIRED), ("eps", "eps", float, REQUIRED)],
     "linear": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-               ("wdtype", "", str, "float32"), ("bias", "b", bool, False)],
+               ("wdtype", "", str, "float32"), ("bias", "b", bool, False), SEGS],
     "rope": [("T", "t", int, REQUIRED), ("H", "h", int, REQUIRED), ("D", "d", int, REQUIRED)],
     "attention": [("T", "t", int, REQUIRED), ("NH", "nh", int, REQUIRED), ("KVH", "kvh", int, REQUIRED),
                   ("D", "d", int, REQUIRED), ("W", "w", int, 0)],
@@ -102,15 +111,15 @@ OPS = {
                  ("G", "g", int, 32)],
     "embed_q6": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED)],
     "linear_q8": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                  ("bias", "b", bool, False)],
+                  ("bias", "b", bool, False), SEGS],
     "linear_q4": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                  ("G", "g", int, 32), ("bias", "b", bool, False)],
+                  ("G", "g", int, 32), ("bias", "b", bool, False), SEGS],
     "linear_q6": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                  ("bias", "b", bool, False)],
+                  ("bias", "b", bool, False), SEGS],
     "linear_t2": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                  ("bias", "b", bool, False)],
+                  ("bias", "b", bool, False), SEGS],
     "linear_t2_lut": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                      ("bias", "b", bool, False)],
+                      ("bias", "b", bool, False), SEGS],
 }
 QUANT_LINEAR_OPS = ("linear_q8", "linear_q4", "linear_q6", "linear_t2", "linear_t2_lut")
 # K granularity of the quantized linear ops (activation block 32 for q8/q4/q6, packed chunk of 16 k for t2)
@@ -143,6 +152,8 @@ def kernel_params(op: str, params: dict) -> dict:
             v = float(v)
         elif typ is bool:
             v = bool(v)
+        elif typ is tuple:
+            v = check_segs(v, out["N"])
         elif name == "wdtype":
             v = str(v)
             if v not in ("float32", "float16"):
@@ -169,20 +180,21 @@ def kernel_params(op: str, params: dict) -> dict:
 
 
 def _name(op: str, p: dict) -> str:
-    return kernel_name(op, [(short, p[name]) for name, short, _, _ in OPS[op]
-                            if not ((op, name) in ZERO_OFF and p[name] == 0)])
+    return kernel_name(op, [(short, "x".join(map(str, p[name])) if typ is tuple else p[name])
+                            for name, short, typ, _ in OPS[op]
+                            if not ((op, name) in ZERO_OFF and p[name] == 0) and not (typ is tuple and not p[name])])
 
 
 def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
     if op == "linear":
         if fast:
-            return _linear.make(cpu, p["T"], p["N"], p["K"], p["wdtype"], p["bias"])
-        return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"])
+            return _linear.make(cpu, p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
+        return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
     if op == "attention":
         return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast, W=p["W"])
     if op in QUANT_LINEAR_OPS:
         maker = _linear_quant.make if fast else (lambda _op, _cpu, *a, **k: _linear_quant.make_naive(_op, *a, **k))
-        return maker(op, cpu, p["T"], p["N"], p["K"], G=p.get("G"), bias=p["bias"])
+        return maker(op, cpu, p["T"], p["N"], p["K"], G=p.get("G"), bias=p["bias"], segs=p["segs"])
     simple_cpu = cpu if fast else CpuInfo(vector_lanes=1, num_threads=1, arch=cpu.arch)
     if op == "embed":
         return _ew.embed(simple_cpu, p["T"], p["V"], p["D"], p["wdtype"])

@@ -12,6 +12,8 @@ T > 1 (prefill GEMM, compute bound): parallel over blocks of Nn weight rows; ins
   Tt + Nn loads feed Tt*Nn FMAs. The Tt*Nn horizontal sums are done together by one transpose-reduce tree
   (2 shuffles + 1 add per accumulator instead of a full reduction each). Ragged N / T blocks clamp their
   load rows (recomputing a valid row) and guard the stores, so any shape works with the same code.
+segs (fused q/k/v, gate/up): the same schedules, each output row stored to its matrix's own output
+(compiler/ops/segments.py).
 Scratch is constant-size: stack allocas, except the GEMM accumulator block when it reaches 1 KiB
 (AVX-512 4x4x16 floats), which becomes one TVMBackendAllocWorkspace per parallel task (LLVM still keeps
 it in registers inside the K loop: x and W are noalias). Tiny problems (< 2^16 weight elements for GEMV,
@@ -23,6 +25,7 @@ from tvm import te, tirx
 from tvm.script import tirx as T
 
 from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, concat_vecs, hsum, let_wrap, prefetch, tree_reduce
+from .segments import offsets, split_output
 
 
 def _w(v, wdtype):
@@ -281,8 +284,9 @@ def _drop_bias(func, bias: bool):
     return tirx.PrimFunc(params, func.body, func.ret_type, func.attrs)
 
 
-def naive(T_: int, N: int, K: int, wdtype: str, bias: bool):
-    """Unscheduled TE definition: always builds (serial loops); fallback for shapes a schedule rejects."""
+def naive(T_: int, N: int, K: int, wdtype: str, bias: bool, segs=()):
+    """Unscheduled TE definition: always builds (serial loops); fallback for shapes a schedule rejects.
+    segs: one output per segment of rows (see make)."""
     x = te.placeholder((T_, K), F32, "x")
     W = te.placeholder((N, K), wdtype, "W")
     k = te.reduce_axis((0, K), "k")
@@ -290,19 +294,30 @@ def naive(T_: int, N: int, K: int, wdtype: str, bias: bool):
     args = [x, W]
     if bias:
         b = te.placeholder((N,), F32, "b")
-        y2 = te.compute((T_, N), lambda t, n: y[t, n] + b[n], name="out")
-        args += [b, y2]
+        y = te.compute((T_, N), lambda t, n: y[t, n] + b[n], name="out")
+        args.append(b)
+    if segs:
+        args += [_rows(y, T_, ns, o, f"out{s}") for s, (ns, o) in enumerate(zip(segs, offsets(segs)))]
     else:
-        args += [y]
+        args.append(y)
     return te.create_prim_func(args)
 
 
-def make(cpu, T: int, N: int, K: int, wdtype: str = "float32", bias: bool = False):
+def _rows(y, T_: int, n: int, off: int, name: str):
+    """Rows off .. off+n-1 of y as a TE stage (one output of a fused naive kernel)."""
+    return te.compute((T_, n), lambda t, r: y[t, r + off], name=name)
+
+
+def make(cpu, T: int, N: int, K: int, wdtype: str = "float32", bias: bool = False, segs=()):
+    """segs (row counts summing to N): W stacks several matrices (q/k/v, gate/up) and each one's rows go to its
+    own output, out_s f32[T, N_s] (the last args, in order); () keeps the single output."""
     if T == 1:
-        return gemv(cpu, N, K, wdtype, bias)
-    if use_outer(cpu, T):
-        return gemm_outer(cpu, T, N, K, wdtype, bias)
-    return gemm(cpu, T, N, K, wdtype, bias)
+        func = gemv(cpu, N, K, wdtype, bias)
+    elif use_outer(cpu, T):
+        func = gemm_outer(cpu, T, N, K, wdtype, bias)
+    else:
+        func = gemm(cpu, T, N, K, wdtype, bias)
+    return split_output(func, segs) if segs else func
 
 
 def use_outer(cpu, T_: int) -> bool:

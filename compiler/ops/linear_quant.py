@@ -9,6 +9,9 @@ Ops (args in order; shapes as the scheme's quantize() produces them, see quant/p
 | linear_t2     | T, N, K, bias    | x f32[T,K], qweight u8[N,K/4], scale f32[1],        [b f32[N]], out f32[T,N] |
 | linear_t2_lut | T, N, K, bias    | same as linear_t2 (same packed weights)                                    |
 
+Every op also takes segs (fused q/k/v or gate/up: stacked matrices, one output each; compiler/ops/segments.py):
+the outputs become out_s f32[T, N_s], and t2's scale f32[nseg], one per matrix.
+
 Math (bit-exact activation quantization; integer dot products; see quant/packing.py):
   q8/q4: x is quantized to int8 per block of 32 k (absmax) at the start of every call;
          y = sum_blocks dx[t,b] * s[n,b] * isum[t,n,b]   (isum: exact int32 dot product of the block)
@@ -62,6 +65,7 @@ from tvm.script import tirx as T
 
 from ...quant.packing import EPS_BLOCK, EPS_TOKEN, LAYOUTS, NR, Q6_CHUNKS, Q6_GROUP, QA
 from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, concat_vecs, hmax, hsum, prefetch
+from .segments import offsets, split_output
 
 U8 = "uint8"
 I32 = "int32"
@@ -605,7 +609,7 @@ def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
 
 
 # --------------------------------------------------------------------------------------------- t2 kernel
-def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool):
+def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool, nscale: int = 1):
     path = path_for(cpu)
     g = _Geo("t2", T_, N, K)
     BPR, NCH, NBf, R = g.BPR, g.NCH, g.NBf, g.R
@@ -729,7 +733,7 @@ def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool):
         T.func_attr({"tirx.noalias": True})
         X = T.match_buffer(x, (T_, K), F32)
         W = T.match_buffer(w, (N, BPR), U8)
-        Sc = T.match_buffer(s, (1,), F32)
+        Sc = T.match_buffer(s, (nscale,), F32)
         Bs = T.match_buffer(b, B_shape, F32)
         O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
         Wf = T.decl_buffer((N * BPR,), U8, data=W.data)
@@ -751,7 +755,7 @@ def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool):
 LUT_FLUSH = 16   # chunks accumulated in int16 before widening (4 lanes * 16 chunks * 2 lookups * 254 < 2^15)
 
 
-def t2_lut_kernel(cpu, T_: int, N: int, K: int, bias: bool):
+def t2_lut_kernel(cpu, T_: int, N: int, K: int, bias: bool, nscale: int = 1):
     path = path_for(cpu)
     lpath = "neon" if cpu.arch == "aarch64" else path
     g = _Geo("t2", T_, N, K)
@@ -855,7 +859,7 @@ def t2_lut_kernel(cpu, T_: int, N: int, K: int, bias: bool):
         T.func_attr({"tirx.noalias": True})
         X = T.match_buffer(x, (T_, K), F32)
         W = T.match_buffer(w, (N, BPR), U8)
-        Sc = T.match_buffer(s, (1,), F32)
+        Sc = T.match_buffer(s, (nscale,), F32)
         Bs = T.match_buffer(b, B_shape, F32)
         O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
         Wf = T.decl_buffer((N * BPR,), U8, data=W.data)
@@ -876,7 +880,7 @@ def t2_lut_kernel(cpu, T_: int, N: int, K: int, bias: bool):
 
 
 # ------------------------------------------------------------------------------------- plain (fallback)
-def naive(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool):
+def naive(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool, segs=()):
     """Serial scalar loops over the same packed layout and the same activation quantization: always valid,
     slow. scheme: 'q8', 'q4', 't2' (linear_t2_lut falls back to this t2 version: same math)."""
     q6 = scheme == "q6"
@@ -889,9 +893,10 @@ def naive(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool):
     QB = K if per_token else QA              # activation block
     NQB = K // QB
     GB = g.G if scheme in ("q4", "q6") else K   # weight scale block
+    NS = max(1, len(segs))                   # t2: one scale per segment (matrix)
     S_shape, S_dt = {"q8": ((N,), F32), "q4": ((N, KG), "float16"), "q6": ((N, KG), "float16"),
-                     "t2": ((1,), F32)}[scheme]
-    S_len = {"q8": N, "q4": N * KG, "q6": N * KG, "t2": 1}[scheme]
+                     "t2": ((NS,), F32)}[scheme]
+    S_len = {"q8": N, "q4": N * KG, "q6": N * KG, "t2": NS}[scheme]
     B_shape = (N,) if bias else (1,)
     eps = EPS_TOKEN if per_token else EPS_BLOCK
     mask = (1 << bits) - 1
@@ -912,8 +917,8 @@ def naive(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool):
     def wscale(Sf, n, kb):
         if scheme == "q8":
             return Sf[n]
-        if scheme == "t2":
-            return Sf[0]
+        if scheme == "t2":   # the segment of row n: the number of segment starts <= n
+            return Sf[sum([T.Cast(I32, n >= o) for o in offsets(segs)[1:-1]], T.int32(0))] if segs else Sf[0]
         nb = n // NR  # q4 / q6: group scales, panel-interleaved
         rp = T.if_then_else(nb < NBf, NR, R) if R else NR
         return T.Cast(F32, Sf[nb * NR * KG + (kb * QB // GB) * rp + n % NR])
@@ -957,20 +962,32 @@ def naive(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool):
     return _drop_bias(plain, bias, 3)
 
 
-def make(op: str, cpu, T_: int, N: int, K: int, G: int | None = None, bias: bool = False):
+def make(op: str, cpu, T_: int, N: int, K: int, G: int | None = None, bias: bool = False, segs=()):
+    """segs (row counts summing to N): the packed W stacks several matrices (q/k/v, gate/up) and each one's rows
+    go to its own output, out_s f32[T, N_s] (the last args, in order); t2's scale is then f32[nseg], one per
+    matrix. () keeps the single output."""
+    NS = max(1, len(segs))
     if op == "linear_q8":
-        return block_kernel(cpu, "q8", T_, N, K, None, bias)
-    if op == "linear_q4":
-        return block_kernel(cpu, "q4", T_, N, K, G, bias)
-    if op == "linear_q6":
-        return q6_kernel(cpu, T_, N, K, bias)
-    if op == "linear_t2":
-        return t2_kernel(cpu, T_, N, K, bias)
-    if op == "linear_t2_lut":
-        return t2_lut_kernel(cpu, T_, N, K, bias)
-    raise ValueError(op)
+        func = block_kernel(cpu, "q8", T_, N, K, None, bias)
+    elif op == "linear_q4":
+        func = block_kernel(cpu, "q4", T_, N, K, G, bias)
+    elif op == "linear_q6":
+        func = q6_kernel(cpu, T_, N, K, bias)
+    elif op == "linear_t2":
+        func = t2_kernel(cpu, T_, N, K, bias, NS)
+    elif op == "linear_t2_lut":
+        func = t2_lut_kernel(cpu, T_, N, K, bias, NS)
+    else:
+        raise ValueError(op)
+    if not segs:
+        return func
+    return split_output(func, segs, seg_param=2 if op in T2_OPS else None)
 
 
-def make_naive(op: str, T_: int, N: int, K: int, G: int | None = None, bias: bool = False):
+T2_OPS = ("linear_t2", "linear_t2_lut")
+
+
+def make_naive(op: str, T_: int, N: int, K: int, G: int | None = None, bias: bool = False, segs=()):
     scheme = {"linear_q8": "q8", "linear_q4": "q4", "linear_q6": "q6", "linear_t2": "t2", "linear_t2_lut": "t2"}[op]
-    return naive(scheme, T_, N, K, G, bias)
+    func = naive(scheme, T_, N, K, G, bias, segs)
+    return split_output(func, segs) if segs else func

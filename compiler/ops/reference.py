@@ -6,13 +6,27 @@ import numpy as np
 NINPUTS = {"embed": 2, "embed_q8": 3, "embed_q4": 3, "embed_q6": 3, "relu2_mul": 2, "rmsnorm": 2, "rope": 3,
            "attention": 3, "add": 2, "swiglu": 2, "copy": 1}
 QUANT_LINEAR = ("linear_q8", "linear_q4", "linear_q6", "linear_t2", "linear_t2_lut")
+T2_OPS = ("linear_t2", "linear_t2_lut")
+
+
+def _split(y, segs):
+    return np.split(y, np.cumsum(segs)[:-1], axis=1)
+
+
+def _t2_fused(a, p, segs):
+    """t2 with stacked matrices: one scale per matrix."""
+    from ...quant import t2
+
+    return t2.linear_t2_ref(a[0], a[1], a[2], a[3] if p.get("bias", False) else None, segs=segs)
 
 
 def _f64(a):
     return np.asarray(a).astype(np.float64)
 
 
-def reference(op: str, args, **p) -> np.ndarray:
+def reference(op: str, args, **p):
+    """The op's output; a fused linear (segs) returns one array per segment of rows."""
+    segs = tuple(p.get("segs") or ())
     nin = NINPUTS.get(op)
     if op == "linear":
         nin = 3 if p.get("bias", False) else 2
@@ -20,9 +34,12 @@ def reference(op: str, args, **p) -> np.ndarray:
         nin = 4 if p.get("bias", False) else 3
     if nin is None:
         raise ValueError(f"unknown op {op!r}")
-    if len(args) not in (nin, nin + 1):  # inputs, optionally followed by the output buffer
+    if len(args) not in (nin, nin + max(1, len(segs))):  # inputs, optionally followed by the output buffer(s)
         raise ValueError(f"{op}: expected {nin} inputs, got {len(args)} arrays")
     a = list(args[:nin])
+    if segs:
+        return _split(reference(op, a, **{**p, "segs": ()}) if op == "linear" or op not in T2_OPS
+                      else _t2_fused(a, p, segs), segs)
     if op == "embed":
         ids, W = a
         return _f64(W)[np.asarray(ids).astype(np.int64)]
