@@ -283,6 +283,7 @@ def _tuning_line(t) -> str:
     knobs = [f"{c} prefetch {b} B" for c, b in sorted((t.get("prefetch_bytes") or {}).items())]
     if t.get("prefill_chunk"):
         knobs.append(f"prefill chunk {t['prefill_chunk']}")
+    knobs += [f"prefill blocking {b} at {n} tokens" for n, b in sorted((t.get("prefill_blocking") or {}).items())]
     return f"{t['mode']} on {t.get('cpu', '?')}: {', '.join(knobs) or '-'}"
 
 

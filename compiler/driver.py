@@ -84,11 +84,11 @@ def _check_matrix_shapes(spec, scheme, head) -> None:
 def compile_model(model, target: str = "host", quant: str | None = None, out=None, max_context: int | None = None,
                   prefill_chunk: int | None = None, progress: bool = True, head_quant: str | None = None,
                   gptq: bool = False, calib: str | None = None, act_order: bool = False,
-                  tune: str | None = None) -> Path:
+                  tune: str | None = None, fuse: bool = True) -> Path:
     """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
     body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
     calibrated on calib (a text file) or the built-in sample. tune: off | quick | full (compiler/tune; None: quick
-    for the host target, off for cross targets)."""
+    for the host target, off for cross targets). fuse: q/k/v and gate/up as one kernel each (off: for A/B runs)."""
     t_start = time.perf_counter()
     for name, v, lo, hi in (("--max-context", max_context, 1, 1 << 24), ("--prefill-chunk", prefill_chunk, 1, 1024)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
@@ -130,8 +130,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                   features=tuple(tgt.features), prefetch_bytes=tgt.prefetch_bytes,
                   float_prefetch_bytes=tgt.float_prefetch_bytes)
     tuner = Tuner(tune_mode, tgt, cpu, progress) if tune_mode != "off" else None
-    if prefill_chunk is None and tuner is not None:
-        prefill_chunk = tuner.prefill_chunk(spec, scheme, head_scheme)
+    if tuner is not None:
+        prefill_chunk, cpu = tuner.prefill(spec, scheme, head_scheme, prefill_chunk, fuse)
     chunk = int(prefill_chunk if prefill_chunk is not None else
                 (tgt.float_prefill_chunk if scheme.float_math and tgt.float_prefill_chunk else tgt.prefill_chunk))
     kv_rows = max_ctx + chunk   # a padded last chunk may write up to chunk-1 rows past max_ctx
@@ -158,7 +158,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         pre = gptq_from_checkpoint(spec, lambda n: np.asarray(ck.get(n), np.float32), scheme,
                                    model_dir / "tokenizer.json", calib_file=calib, act_order=act_order,
                                    progress=progress or None)
-    low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre, short_chunk=short)
+    low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre, short_chunk=short,
+                                fuse=fuse)
     if tuner is not None:
         tuner.decode_prefetch(low.kernels, next(p for p in programs if p.name == "decode"))
         _log(progress, tuner.result.summary())

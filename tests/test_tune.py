@@ -61,6 +61,9 @@ def test_tune_cache_round_trip_and_other_cpu_ignored(tmp_path):
 
 
 def test_second_compile_on_the_same_cpu_measures_nothing(tune_home, monkeypatch):
+    import edgellm.compiler.tune as tune
+
+    monkeypatch.setattr(tune, "MIN_CHUNK_TUNE_BYTES", 0)   # the demo is too small for quick's chunk sweep
     out1, out2 = tune_home / "a", tune_home / "b"
     edgellm.compile("demo", quant="q4g32", out=out1, max_context=128, progress=False, tune="quick")
     t1 = _manifest(out1)["tuning"]
@@ -84,6 +87,8 @@ def test_second_compile_on_the_same_cpu_measures_nothing(tune_home, monkeypatch)
 def test_a_cache_from_another_cpu_model_is_ignored(tune_home, monkeypatch):
     out1, out2 = tune_home / "a", tune_home / "b"
     edgellm.compile("demo", quant="f16", out=out1, max_context=128, progress=False, tune="quick")
+    t1 = _manifest(out1)["tuning"]
+    assert t1["prefill_chunk"] is None and _manifest(out1)["prefill_chunk"] == 128   # small body: the default chunk
     path = TuneCache().path
     assert _manifest(out1)["tuning"]["measured_variants"] > 0 and path.is_file()
     # the same cache file, but recorded on another CPU model: the next compile ignores it and measures
@@ -157,6 +162,33 @@ def test_every_prefetch_distance_gives_identical_outputs(lanes):
             outs.append(args[-1].numpy())
         assert all(np.array_equal(o, outs[0]) for o in outs[1:]), (op, cls)
         assert np.isfinite(outs[0]).all() and np.abs(outs[0]).max() > 0
+
+
+@pytest.mark.parametrize("T", [16, 40, 128])
+def test_every_prefill_blocking_gives_identical_outputs(T):
+    """The f16/f32 prefill GEMM at every register blocking `--tune full` sweeps computes the same bits."""
+    import tvm
+
+    from edgellm.compiler.tune import outer_blockings
+    from edgellm.compiler.tune.measure import fake_args
+
+    cpu = host_cpu_info()
+    for wdtype in ("float16", "float32"):
+        funcs = {}
+        for b in outer_blockings(cpu, T):
+            nn, nv = (int(x) for x in b.split("x"))
+            c = CpuInfo(cpu.vector_lanes, 2, "x86_64", tuned_blocking=((T, nn, nv),))
+            name, f = make_kernel("linear", c, T=T, N=70, K=200, wdtype=wdtype, segs=(40, 30))
+            funcs[f"{name}__{b}"] = f.with_attr("global_symbol", f"{name}__{b}")
+        mod = tvm.compile(tvm.IRModule(funcs), target=llvm_target())
+        args = fake_args(next(iter(funcs.values())), 0, seed=2)[0]
+        outs = []
+        for sym in funcs:
+            for i in (-2, -1):
+                args[i] = tvm.runtime.tensor(np.zeros(args[i].shape, args[i].dtype))
+            mod[sym](*args)
+            outs.append(np.concatenate([args[-2].numpy().ravel(), args[-1].numpy().ravel()]))
+        assert len(outs) >= 3 and all(np.array_equal(o, outs[0]) for o in outs[1:]), wdtype
 
 
 @pytest.mark.parametrize("quant", ["f16", "q4g32", "t2"])

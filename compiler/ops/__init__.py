@@ -65,6 +65,12 @@ class CpuInfo:
     # measured per-host distances (compiler/tune): ((prefetch class, bytes), ...), overriding the two above for the
     # decode GEMVs of that class ("linear_f16", "linear_q4", ...: see prefetch_class)
     tuned_prefetch: tuple[tuple[str, int], ...] = ()
+    # measured register blocking of the x86 float prefill GEMM (linear.gemm_outer) per chunk length:
+    # ((T, weight rows Nn, token vectors NV), ...); every output is the same FMA chain over k whatever the blocking
+    tuned_blocking: tuple[tuple[int, int, int], ...] = ()
+
+    def blocking_for(self, T: int) -> tuple[int, int] | None:
+        return next(((nn, nv) for t, nn, nv in self.tuned_blocking if t == T), None)
 
     def for_kernel(self, op: str, params: dict) -> CpuInfo:
         """The CpuInfo a kernel is built with: a tuned prefetch distance replaces the target's default for its

@@ -169,10 +169,14 @@ def gemm(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=None):
     return _drop_bias(linear, bias)
 
 
-def outer_blocking(cpu) -> tuple[int, int]:
+def outer_blocking(cpu, T_: int | None = None) -> tuple[int, int]:
     """(Nn weight rows, NV token vectors) per register block of gemm_outer: Nn*NV accumulators + NV token
-    vectors + 1 broadcast fit the register file (AVX2: 6 x 2 = 12 of 16 ymm; AVX-512: 14 x 2 = 28 of 32 zmm)."""
-    return (14, 2) if cpu.vector_lanes >= 16 else (6, 2)
+    vectors + 1 broadcast fit the register file (AVX2: 6 x 2 = 12 of 16 ymm; AVX-512: 14 x 2 = 28 of 32 zmm).
+    Chunks of at most one vector of tokens (the 16-token prompt-tail program) take one token vector, so that no
+    lane is padding (twice the rows instead made the f16 panel too big for L2: 105 against 154 GFLOP/s at
+    2048x5632, Zen 4). compiler/tune measures the blocking per chunk on the host."""
+    Nn, NV = (14, 2) if cpu.vector_lanes >= 16 else (6, 2)
+    return (Nn, 1) if T_ is not None and T_ <= cpu.vector_lanes else (Nn, NV)
 
 
 def gemm_outer(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=None):
@@ -194,7 +198,7 @@ def gemm_outer(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=N
     2048x2048 460, 256x2048 344 (396, 383, 318, 225 with a separate widening pass, n-major stores and a
     column-wise transpose)."""
     VL = cpu.vector_lanes
-    Nn, NV = blocking or outer_blocking(cpu)
+    Nn, NV = blocking or outer_blocking(cpu, T_)
     Nn = min(Nn, N)
     TV = NV * VL
     NTB = (T_ + TV - 1) // TV
@@ -314,14 +318,15 @@ def make(cpu, T: int, N: int, K: int, wdtype: str = "float32", bias: bool = Fals
     if T == 1:
         func = gemv(cpu, N, K, wdtype, bias)
     elif use_outer(cpu, T):
-        func = gemm_outer(cpu, T, N, K, wdtype, bias)
+        func = gemm_outer(cpu, T, N, K, wdtype, bias, cpu.blocking_for(T))
     else:
         func = gemm(cpu, T, N, K, wdtype, bias)
     return split_output(func, segs) if segs else func
 
 
 def use_outer(cpu, T_: int) -> bool:
-    """x86 prefill chunks of at least one token tile take gemm_outer; NEON (no cheap scalar broadcast-FMA in
-    LLVM's lowering here) and short chunks keep the dot-product gemm."""
-    _, NV = outer_blocking(cpu)
-    return cpu.arch == "x86_64" and T_ >= NV * cpu.vector_lanes
+    """Every x86 prefill chunk takes gemm_outer: each output is then one FMA chain over k in order, whatever the
+    chunk, so a prompt token's logits do not depend on the chunk it ran in (the prefill chunk is a tuning knob,
+    compiler/tune, and a prompt's tail runs in the short program). NEON (no cheap scalar broadcast-FMA in LLVM's
+    lowering here) keeps the dot-product gemm."""
+    return cpu.arch == "x86_64" and T_ > 1

@@ -5,8 +5,11 @@ CPU rather than on the model:
   * the software-prefetch distance of each decode GEMV class (linear_f16, linear_q4, linear_q8 for a q8 head, ...):
     every distance of the mode's list, on every decode GEMV the package runs, weights streamed from DRAM; the
     distance with the least time per token (each shape weighted by how often a token runs it) wins;
-  * the prefill chunk (when --prefill-chunk is not given): each chunk of the mode's list on the body's GEMM shapes;
-    the least time per prompt token wins (a tie within 2% goes to the shorter chunk: less padding on short prompts).
+  * the prefill chunk (when --prefill-chunk is not given; `quick`: for bodies of 64 MiB of weights and more): each
+    chunk of the mode's list on the body's GEMM shapes;
+    the least time per prompt token wins (a tie within 2% goes to the shorter chunk: less padding on short prompts);
+  * `full` only: the register blocking of the x86 float prefill GEMM (linear.gemm_outer) at the chunk and at the
+    prompt-tail chunk (its builds are slow: the unrolled blocks take seconds each to compile).
 Both are performance hints only: a prefetch never changes a loaded value, and a prefill token's arithmetic does not
 depend on how many tokens share its chunk, so any setting gives bit-identical logits (tests/test_tune.py checks
 every value swept). The kernel flavour (AVX-512 or AVX2 code) is not swept: it changes the order of float sums.
@@ -24,12 +27,16 @@ from ...errors import CompileError
 
 MODES = ("off", "quick", "full")
 SPACE = {
-    "quick": {"prefetch": (0, 1024, 2048, 4096, 8192, 16384), "chunk": (32, 64, 128), "rounds": 7},
+    "quick": {"prefetch": (0, 1024, 2048, 4096, 8192, 16384), "chunk": (32, 64, 128), "rounds": 7,
+              "blocking": False},
     "full": {"prefetch": (0, 256, 512, 1024, 2048, 4096, 8192, 12288, 16384, 32768), "chunk": (16, 32, 64, 128, 256),
-             "rounds": 15},
+             "rounds": 15, "blocking": True},
 }
 CHUNK_TIE = 0.02   # a longer chunk must be this much faster per token to be chosen
 MIN_STREAM = 64 << 20
+# quick skips the chunk sweep for models whose body weighs less: their prompts take milliseconds, and the sweep's
+# GEMM builds (seconds each) would cost more than they could ever save
+MIN_CHUNK_TUNE_BYTES = 64 << 20
 
 
 def resolve_mode(mode: str | None, target) -> str:
@@ -53,19 +60,21 @@ class Tuning:
     cpu_label: str = ""
     prefetch: dict = field(default_factory=dict)      # decode GEMV class -> bytes
     chunk: int | None = None                          # prefill chunk (None: not tuned, the given/default one)
+    blocking: dict = field(default_factory=dict)      # prefill chunk -> float GEMM register blocking "NnxNV"
     measured: int = 0                                 # kernel variants timed by this compile (0: all from the cache)
     seconds: float = 0.0
     details: dict = field(default_factory=dict)       # knob -> {value: time relative to the best}
 
     def manifest(self) -> dict:
         return {"mode": self.mode, "cpu": self.cpu_label, "cpu_key": self.cpu, "prefetch_bytes": self.prefetch,
-                "prefill_chunk": self.chunk, "measured_variants": self.measured, "seconds": round(self.seconds, 2),
+                "prefill_chunk": self.chunk, "prefill_blocking": self.blocking, "measured_variants": self.measured, "seconds": round(self.seconds, 2),
                 "relative_times": self.details}
 
     def summary(self) -> str:
         knobs = [f"{c} prefetch {_kib(b)}" for c, b in sorted(self.prefetch.items())]
         if self.chunk:
             knobs.append(f"prefill chunk {self.chunk}")
+        knobs += [f"prefill blocking {b} at {t} tokens" for t, b in self.blocking.items()]
         how = (f"measured {self.measured} kernel variants in {self.seconds:.1f} s" if self.measured
                else "from the tune cache, nothing measured")
         return f"tuned ({self.mode}) for {self.cpu_label}: {', '.join(knobs) or 'nothing to tune'} ({how})"
@@ -134,23 +143,56 @@ class Tuner:
         self.result.details[knob] = {str(v): round(c / best, 3) for v, c in sorted(costs.items())}
         return pick
 
-    def prefill_chunk(self, spec, scheme, head_scheme) -> int:
-        """The prefill chunk of least time per token on the body's GEMM shapes."""
+    def prefill(self, spec, scheme, head_scheme, chunk: int | None, fuse: bool = True):
+        """The prefill chunk (the given one, else the one of least time per token on the body's GEMM shapes) and,
+        for float schemes on x86, the register blocking of their GEMMs at that chunk and at its prompt-tail chunk.
+        Returns (chunk, the CpuInfo to lower with)."""
+        from ...targets import short_prefill_chunk
+        from ..ops import linear as _linear
         from ..ops import make_kernel
 
-        shapes = body_gemm_shapes(spec, scheme)
+        shapes = body_gemm_shapes(spec, scheme, head_scheme, fuse)
+        body_bytes = sum(uses * p["N"] * p["K"] for _, p, uses in shapes) * scheme.bits_per_weight / 8
+        if chunk is None and (self.space["blocking"] or body_bytes >= MIN_CHUNK_TUNE_BYTES):
+            def maker(op, params):
+                def make(c):
+                    name, func = make_kernel(op, self.cpu, **{**params, "T": c})
+                    return f"{name}__tune", func.with_attr("global_symbol", f"{name}__tune")
+                return make
+
+            requests = {_key("prefill", op, params): (self.space["chunk"], maker(op, params))
+                        for op, params, _ in shapes}
+            timings = self._timings(requests)
+            costs = {c: sum(uses * timings[_key("prefill", op, params)][str(c)] / c
+                            for op, params, uses in shapes) for c in self.space["chunk"]}
+            chunk = self.result.chunk = self._choose("prefill_chunk", costs, CHUNK_TIE)
+        lengths = [t for t in (chunk, short_prefill_chunk(chunk or 1)) if t and _linear.use_outer(self.cpu, t)]
+        if scheme.float_math and lengths and self.space["blocking"]:
+            self.cpu = replace(self.cpu, tuned_blocking=tuple(
+                (t, *self._blocking(shapes, t)) for t in lengths))
+            self.result.blocking = {str(t): f"{nn}x{nv}" for t, nn, nv in self.cpu.tuned_blocking}
+        return chunk, self.cpu
+
+    def _blocking(self, shapes, T: int) -> tuple[int, int]:
+        """The gemm_outer register blocking (weight rows, token vectors) of least total time at chunk T."""
+        from ..ops import make_kernel
+
+        cands = outer_blockings(self.cpu, T)
+
         def maker(op, params):
-            def make(c):
-                name, func = make_kernel(op, self.cpu, **{**params, "T": c})
-                return f"{name}__tune", func.with_attr("global_symbol", f"{name}__tune")
+            def make(b):
+                nn, nv = (int(x) for x in str(b).split("x"))
+                cpu = replace(self.cpu, tuned_blocking=((T, nn, nv),))
+                name, func = make_kernel(op, cpu, **{**params, "T": T})
+                return f"{name}__b{nn}x{nv}", func.with_attr("global_symbol", f"{name}__b{nn}x{nv}")
             return make
 
-        requests = {_key("prefill", op, params): (self.space["chunk"], maker(op, params)) for op, params, _ in shapes}
+        requests = {_key("blocking", op, {**params, "T": T}): (cands, maker(op, params)) for op, params, _ in shapes}
         timings = self._timings(requests)
-        costs = {c: sum(uses * timings[_key("prefill", op, params)][str(c)] / c
-                        for op, params, uses in shapes) for c in self.space["chunk"]}
-        self.result.chunk = self._choose("prefill_chunk", costs, CHUNK_TIE)
-        return self.result.chunk
+        costs = {b: sum(uses * timings[_key("blocking", op, {**params, "T": T})][b] for op, params, uses in shapes)
+                 for b in cands}
+        best = self._choose(f"blocking T={T}", costs)
+        return tuple(int(x) for x in best.split("x"))
 
     def decode_prefetch(self, kernels, decode) -> object:
         """Measures the prefetch distances of the decode program's GEMV classes, remakes those kernels with the
@@ -194,21 +236,38 @@ def _key(kind: str, op: str, params: dict) -> str:
     return f"{kind}|{op}|{rest}"
 
 
-def body_gemm_shapes(spec, scheme) -> list[tuple[str, dict, int]]:
-    """(op, params, uses) of each distinct linear kernel of the transformer body (uses: how many a forward pass
-    runs)."""
+def outer_blockings(cpu, T: int) -> tuple[str, ...]:
+    """Candidate gemm_outer blockings "NnxNV" that fit the register file (Nn*NV accumulators, NV token vectors and
+    a broadcast): one token vector for chunks of at most a vector of tokens, else two."""
+    if T <= cpu.vector_lanes:
+        rows = (6, 8, 14, 20) if cpu.vector_lanes >= 16 else (4, 8, 12)
+        return tuple(f"{r}x1" for r in rows)
+    rows = (4, 7, 10, 14) if cpu.vector_lanes >= 16 else (3, 4, 6)
+    return tuple(f"{r}x2" for r in rows)
+
+
+def body_gemm_shapes(spec, scheme, head_scheme, fuse: bool = True) -> list[tuple[str, dict, int]]:
+    """(op, params, uses) of each distinct linear kernel of the transformer body as the lowering will emit it (fused
+    q/k/v and gate/up included; uses: how many a forward pass runs). Traces the model; reads no weights."""
     from ...models import family
     from ...quant import get_scheme
+    from ..lower import FUSED, Lowering, fuse_linears
+    from ..trace import TraceGraph
 
-    head = {"model.embed_tokens.weight", spec.lm_head_name, "lm_head.weight"}
+    g = TraceGraph(spec, 2)
+    family(spec).body(g, g.input_ids())
+    fusable = Lowering(spec, None, None, scheme, head_scheme, 0)._fusable
+    nodes = fuse_linears(g.nodes, fusable) if fuse else g.nodes
     out: dict = {}
-    for name, shape in family(spec).weight_shapes(spec).items():
-        if len(shape) != 2 or name in head:
+    for n in nodes:
+        if n.op not in ("linear", FUSED):
             continue
-        if spec.family == "bitnet" and name.endswith("_proj.weight"):
-            op, params = get_scheme("t2").linear_kernel(2, 4 * shape[0], shape[1], False)
-        else:
-            op, params = scheme.linear_kernel(2, shape[0], shape[1], False)
+        members = n.members if n.op == FUSED else [n]
+        first = members[0]
+        sch = get_scheme("t2") if first.params.get("ternary") else scheme
+        segs = tuple(m.out.shape[1] for m in members) if len(members) > 1 else ()
+        op, params = sch.linear_kernel(2, sum(m.out.shape[1] for m in members), first.inputs[0].shape[1],
+                                       bool(first.params["bias"]), segs)
         k = (op, tuple(sorted(params.items())))
         out[k] = out.get(k, 0) + 1
     return [(op, dict(p), n) for (op, p), n in out.items()]
