@@ -67,7 +67,8 @@ class Tuning:
 
     def manifest(self) -> dict:
         return {"mode": self.mode, "cpu": self.cpu_label, "cpu_key": self.cpu, "prefetch_bytes": self.prefetch,
-                "prefill_chunk": self.chunk, "prefill_blocking": self.blocking, "measured_variants": self.measured, "seconds": round(self.seconds, 2),
+                "prefill_chunk": self.chunk, "prefill_blocking": self.blocking, "measured_variants": self.measured,
+                "seconds": round(self.seconds, 2),
                 "relative_times": self.details}
 
     def summary(self) -> str:
