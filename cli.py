@@ -284,6 +284,7 @@ def _tuning_line(t) -> str:
     if t.get("prefill_chunk"):
         knobs.append(f"prefill chunk {t['prefill_chunk']}")
     knobs += [f"prefill blocking {b} at {n} tokens" for n, b in sorted((t.get("prefill_blocking") or {}).items())]
+    knobs += [f"GEMV rows {r} at K={k}" for k, r in sorted((t.get("gemv_rows") or {}).items())]
     return f"{t['mode']} on {t.get('cpu', '?')}: {', '.join(knobs) or '-'}"
 
 

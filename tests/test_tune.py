@@ -164,6 +164,32 @@ def test_every_prefetch_distance_gives_identical_outputs(lanes):
         assert np.isfinite(outs[0]).all() and np.abs(outs[0]).max() > 0
 
 
+@pytest.mark.parametrize("wdtype", ["float16", "float32"])
+def test_every_gemv_row_count_gives_identical_outputs(wdtype):
+    """The float decode GEMV with every rows-per-task count `--tune full` sweeps (ragged last task included) computes
+    the same bits, at 16 and 8 lanes."""
+    import tvm
+
+    from edgellm.compiler.tune.measure import fake_args
+
+    for lanes in (16, 8):
+        if host_cpu_info().vector_lanes < lanes:
+            continue
+        funcs = {}
+        for r in SPACE["full"]["rows"]:
+            c = CpuInfo(lanes, 2, "x86_64", tuned_gemv_rows=((300, r),))
+            name, f = make_kernel("linear", c, T=1, N=77, K=300, wdtype=wdtype, bias=True)
+            funcs[f"{name}__r{r}"] = f.with_attr("global_symbol", f"{name}__r{r}")
+        mod = tvm.compile(tvm.IRModule(funcs), target=llvm_target())
+        args = fake_args(next(iter(funcs.values())), 0, seed=3)[0]
+        outs = []
+        for sym in funcs:
+            args[-1] = tvm.runtime.tensor(np.zeros(args[-1].shape, args[-1].dtype))
+            mod[sym](*args)
+            outs.append(args[-1].numpy())
+        assert all(np.array_equal(o, outs[0]) for o in outs[1:]), lanes
+
+
 @pytest.mark.parametrize("T", [16, 40, 128])
 def test_every_prefill_blocking_gives_identical_outputs(T):
     """The f16/f32 prefill GEMM at every register blocking `--tune full` sweeps computes the same bits."""

@@ -69,6 +69,12 @@ class CpuInfo:
     # ((T, weight rows Nn, token vectors NV), ...); every output is the same FMA chain over k whatever the blocking
     tuned_blocking: tuple[tuple[int, int, int], ...] = ()
 
+    # measured rows per task of the f32/f16 decode GEMV (linear.gemv) per reduction length: ((K, R), ...)
+    tuned_gemv_rows: tuple[tuple[int, int], ...] = ()
+
+    def gemv_rows_for(self, wdtype: str, K: int) -> int:
+        return next((r for k, r in self.tuned_gemv_rows if k == K), 1)
+
     def blocking_for(self, T: int) -> tuple[int, int] | None:
         return next(((nn, nv) for t, nn, nv in self.tuned_blocking if t == T), None)
 

@@ -8,6 +8,8 @@ CPU rather than on the model:
   * the prefill chunk (when --prefill-chunk is not given; `quick`: for bodies of 64 MiB of weights and more): each
     chunk of the mode's list on the body's GEMM shapes;
     the least time per prompt token wins (a tie within 2% goes to the shorter chunk: less padding on short prompts);
+  * the rows per task of the f32/f16 decode GEMV (each row keeps its own sums; a long activation row is reused
+    from registers for R rows instead of re-read from L2), per reduction length, at the chosen distance;
   * `full` only: the register blocking of the x86 float prefill GEMM (linear.gemm_outer) at the chunk and at the
     prompt-tail chunk (its builds are slow: the unrolled blocks take seconds each to compile).
 Both are performance hints only: a prefetch never changes a loaded value, and a prefill token's arithmetic does not
@@ -27,12 +29,13 @@ from ...errors import CompileError
 
 MODES = ("off", "quick", "full")
 SPACE = {
-    "quick": {"prefetch": (0, 1024, 2048, 4096, 8192, 16384), "chunk": (32, 64, 128), "rounds": 7,
+    "quick": {"prefetch": (0, 1024, 2048, 4096, 8192, 16384), "chunk": (32, 64, 128), "rows": (1, 2, 4), "rounds": 7,
               "blocking": False},
     "full": {"prefetch": (0, 256, 512, 1024, 2048, 4096, 8192, 12288, 16384, 32768), "chunk": (16, 32, 64, 128, 256),
-             "rounds": 15, "blocking": True},
+             "rows": (1, 2, 4, 6), "rounds": 15, "blocking": True},
 }
 CHUNK_TIE = 0.02   # a longer chunk must be this much faster per token to be chosen
+ROWS_TIE = 0.03    # more rows per GEMV task must be this much faster (one row is one stream per thread)
 MIN_STREAM = 64 << 20
 # quick skips the chunk sweep for models whose body weighs less: their prompts take milliseconds, and the sweep's
 # GEMM builds (seconds each) would cost more than they could ever save
@@ -61,13 +64,15 @@ class Tuning:
     prefetch: dict = field(default_factory=dict)      # decode GEMV class -> bytes
     chunk: int | None = None                          # prefill chunk (None: not tuned, the given/default one)
     blocking: dict = field(default_factory=dict)      # prefill chunk -> float GEMM register blocking "NnxNV"
+    gemv_rows: dict = field(default_factory=dict)     # K -> rows per task of the float decode GEMV
     measured: int = 0                                 # kernel variants timed by this compile (0: all from the cache)
     seconds: float = 0.0
     details: dict = field(default_factory=dict)       # knob -> {value: time relative to the best}
 
     def manifest(self) -> dict:
         return {"mode": self.mode, "cpu": self.cpu_label, "cpu_key": self.cpu, "prefetch_bytes": self.prefetch,
-                "prefill_chunk": self.chunk, "prefill_blocking": self.blocking, "measured_variants": self.measured,
+                "prefill_chunk": self.chunk, "prefill_blocking": self.blocking, "gemv_rows": self.gemv_rows,
+                "measured_variants": self.measured,
                 "seconds": round(self.seconds, 2),
                 "relative_times": self.details}
 
@@ -76,6 +81,7 @@ class Tuning:
         if self.chunk:
             knobs.append(f"prefill chunk {self.chunk}")
         knobs += [f"prefill blocking {b} at {t} tokens" for t, b in self.blocking.items()]
+        knobs += [f"f16/f32 GEMV rows {r} at K={k}" for k, r in self.gemv_rows.items()]
         how = (f"measured {self.measured} kernel variants in {self.seconds:.1f} s" if self.measured
                else "from the tune cache, nothing measured")
         return f"tuned ({self.mode}) for {self.cpu_label}: {', '.join(knobs) or 'nothing to tune'} ({how})"
@@ -225,11 +231,41 @@ class Tuner:
                      for d in self.space["prefetch"]}
             self.result.prefetch[cls] = self._choose(f"prefetch {cls}", costs)
         tuned = replace(self.cpu, tuned_prefetch=tuple(sorted(self.result.prefetch.items())))
+        float_names = [n for c in ("linear_f16", "linear_f32") for n in by_class.get(c, [])]
+        if float_names:
+            tuned = self._gemv_rows(kernels, float_names, uses, tuned)
         for names in by_class.values():
             for name in names:
                 op, params = kernels.made[name]
                 kernels.funcs[name] = make_kernel(op, tuned, **params)[1]
         return tuned
+
+
+    def _gemv_rows(self, kernels, names, uses, cpu):
+        """Rows per task of the float decode GEMVs (linear.gemv's R), per reduction length K, at the tuned
+        prefetch distances: the CpuInfo with tuned_gemv_rows set."""
+        from ..ops import make_kernel
+
+        def maker(name):
+            def make(r):
+                op, params = kernels.made[name]
+                c = replace(cpu, tuned_gemv_rows=((params["K"], r),))
+                _, func = make_kernel(op, c, **params)
+                return f"{name}__r{r}", func.with_attr("global_symbol", f"{name}__r{r}")
+            return make
+
+        pf = ",".join(f"{c}={b}" for c, b in cpu.tuned_prefetch)
+        key = {n: _key(f"rows[{pf}]", *kernels.made[n]) for n in names}
+        timings = self._timings({key[n]: (self.space["rows"], maker(n)) for n in names})
+        by_k: dict[int, list[str]] = {}
+        for n in names:
+            by_k.setdefault(kernels.made[n][1]["K"], []).append(n)
+        rows = []
+        for k, ns in sorted(by_k.items()):
+            costs = {r: sum(uses[n] * timings[key[n]][str(r)] for n in ns) for r in self.space["rows"]}
+            rows.append((k, self._choose(f"gemv rows K={k}", costs, ROWS_TIE)))
+        self.result.gemv_rows = {str(k): r for k, r in rows}
+        return replace(cpu, tuned_gemv_rows=tuple(rows))
 
 
 def _key(kind: str, op: str, params: dict) -> str:
