@@ -22,7 +22,7 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 import edgellm  # noqa: E402
-from edgellm.compiler import driver, ops  # noqa: E402
+from edgellm.compiler import ops  # noqa: E402
 from edgellm.compiler.kernel_table import written_args  # noqa: E402
 from edgellm.compiler.lower import FusedLinear, fuse_linears, fused_name, lower_model  # noqa: E402
 from edgellm.compiler.trace import TraceGraph  # noqa: E402
@@ -258,13 +258,8 @@ def _plan_steps(pkg: Path) -> dict[str, list[tuple[str, list[dict]]]]:
 
 @functools.cache
 def _package(model: str, quant: str | None, fuse: bool, root: Path) -> Path:
-    real = driver.lower_model
-    driver.lower_model = functools.partial(real, fuse=fuse)
-    try:
-        return edgellm.compile(model, quant=quant, out=root / f"{model}-{quant}-{int(fuse)}", max_context=64,
-                               prefill_chunk=16, progress=False)
-    finally:
-        driver.lower_model = real
+    return edgellm.compile(model, quant=quant, out=root / f"{model}-{quant}-{int(fuse)}", max_context=64,
+                           prefill_chunk=16, progress=False, fuse=fuse)
 
 
 @pytest.fixture(scope="module")
@@ -314,13 +309,8 @@ def test_qkv_bias_and_qk_norm_models(tiny_models, tmp_path):
     for name in ("qwen2", "qwen3"):
         pkgs = {}
         for fuse in (True, False):
-            real = driver.lower_model
-            driver.lower_model = functools.partial(real, fuse=fuse)
-            try:
-                pkgs[fuse] = edgellm.compile(str(tiny_models[name]), quant="f32", out=tmp_path / f"{name}{fuse}",
-                                             max_context=64, prefill_chunk=8, progress=False)
-            finally:
-                driver.lower_model = real
+            pkgs[fuse] = edgellm.compile(str(tiny_models[name]), quant="f32", out=tmp_path / f"{name}{fuse}",
+                                         max_context=64, prefill_chunk=8, progress=False, fuse=fuse)
         names = [t["name"] for t in json.loads((pkgs[True] / "manifest.json").read_text())["tensors"]]
         assert ("model.layers.0.self_attn.qkv_proj.bias" in names) == (name == "qwen2")
         out = []
