@@ -217,7 +217,7 @@ def test_every_prefill_blocking_gives_identical_outputs(T):
         assert len(outs) >= 3 and all(np.array_equal(o, outs[0]) for o in outs[1:]), wdtype
 
 
-@pytest.mark.parametrize("quant", ["f16", "q4g32", "t2"])
+@pytest.mark.parametrize("quant", ["f16", "q4g32"])   # the float GEMM and the integer block kernels (t2's alike)
 def test_every_prefill_chunk_gives_identical_logits(tmp_path, quant):
     """Packages compiled at each prefill chunk `--tune full` sweeps give the same logits, bit for bit, for a prompt
     that spans several chunks plus a tail (the short tail program included) and for the decode step after it."""
