@@ -131,7 +131,9 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                   float_prefetch_bytes=tgt.float_prefetch_bytes)
     tuner = Tuner(tune_mode, tgt, cpu, progress) if tune_mode != "off" else None
     if tuner is not None:
-        prefill_chunk, cpu = tuner.prefill(spec, scheme, head_scheme, prefill_chunk, fuse)
+        prefill_chunk, cpu = tuner.guarded("prefill knobs", lambda: tuner.prefill(spec, scheme, head_scheme,
+                                                                                   prefill_chunk, fuse),
+                                           (prefill_chunk, cpu))
     chunk = int(prefill_chunk if prefill_chunk is not None else
                 (tgt.float_prefill_chunk if scheme.float_math and tgt.float_prefill_chunk else tgt.prefill_chunk))
     kv_rows = max_ctx + chunk   # a padded last chunk may write up to chunk-1 rows past max_ctx
@@ -161,7 +163,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre, short_chunk=short,
                                 fuse=fuse)
     if tuner is not None:
-        tuner.decode_prefetch(low.kernels, next(p for p in programs if p.name == "decode"))
+        tuner.guarded("decode knobs", lambda: tuner.decode_prefetch(
+            low.kernels, next(p for p in programs if p.name == "decode")), None)
         _log(progress, tuner.result.summary())
     tuning = tuner.result.manifest() if tuner is not None else {"mode": "off"}
     build_id = os.urandom(16)   # ties a static edgellm-run to this package's plan

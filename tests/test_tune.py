@@ -100,6 +100,23 @@ def test_a_cache_from_another_cpu_model_is_ignored(tune_home, monkeypatch):
     assert json.loads(path.read_text())["cpu"] == cpu_identity()   # and replaced by this CPU's measurements
 
 
+def test_a_failed_measurement_keeps_the_defaults(tune_home, monkeypatch):
+    """Tuning never fails a compile: a measurement that cannot run (here: no memory for the weight copies) leaves
+    the knobs at the target's defaults, says so, and the package is the untuned one."""
+    import edgellm.compiler.tune.measure as measure
+
+    def no_memory(*a, **k):
+        raise MemoryError("cannot allocate the weight copies (test)")
+
+    monkeypatch.setattr(measure, "fake_args", no_memory)
+    out = tune_home / "a"
+    edgellm.compile("demo", quant="q8", out=out, max_context=128, progress=False, tune="quick")
+    t = _manifest(out)["tuning"]
+    assert t["prefetch_bytes"] == {} and t["failed"] and "MemoryError" in t["failed"][0]
+    with Runtime.load(out) as rt:
+        assert np.isfinite(rt.prefill([1, 2, 3])).all()
+
+
 def test_tune_modes_and_targets():
     host = get_target("host")
     assert resolve_mode(None, host) in ("quick", "off")   # off when $EDGELLM_TUNE says so (the test session does)

@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from ...errors import CompileError
+from ...errors import CompileError, first_line
 
 MODES = ("off", "quick", "full")
 SPACE = {
@@ -68,13 +68,14 @@ class Tuning:
     measured: int = 0                                 # kernel variants timed by this compile (0: all from the cache)
     seconds: float = 0.0
     details: dict = field(default_factory=dict)       # knob -> {value: time relative to the best}
+    failed: list = field(default_factory=list)        # knobs left at the target's default because tuning failed
 
     def manifest(self) -> dict:
         return {"mode": self.mode, "cpu": self.cpu_label, "cpu_key": self.cpu, "prefetch_bytes": self.prefetch,
                 "prefill_chunk": self.chunk, "prefill_blocking": self.blocking, "gemv_rows": self.gemv_rows,
                 "measured_variants": self.measured,
                 "seconds": round(self.seconds, 2),
-                "relative_times": self.details}
+                "relative_times": self.details, "failed": self.failed}
 
     def summary(self) -> str:
         knobs = [f"{c} prefetch {_kib(b)}" for c, b in sorted(self.prefetch.items())]
@@ -105,6 +106,18 @@ class Tuner:
         self._t0 = time.perf_counter()
         if self.cache.ignored and progress:
             print(f"note: tune cache {self.cache.path} ignored ({self.cache.ignored}): measuring", file=sys.stderr)
+
+    def guarded(self, what: str, fn, fallback):
+        """fn(), or `fallback` when it fails: tuning is a performance hint, so a failure (no memory for the weight
+        copies, a variant TVM cannot build) keeps the target's defaults for those knobs, with a warning, and never
+        fails the compile."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - any failure of a measurement falls back to the defaults
+            why = f"{type(e).__name__}: {first_line(e)}"
+            self.result.failed.append(f"{what}: {why}")
+            print(f"warning: tuning the {what} failed ({why}): keeping the target's defaults", file=sys.stderr)
+            return fallback
 
     def _timings(self, requests: dict) -> dict:
         """requests: cache key -> (variants, make) with make(variant) -> (function name, PrimFunc); returns key ->
