@@ -37,3 +37,22 @@ def tiny_models(tmp_path_factory):
 @pytest.fixture(params=sorted(TINY))
 def tiny_model(request, tiny_models):
     return tiny_models[request.param]
+
+
+@pytest.fixture()
+def plain_kernels(monkeypatch):
+    """Every tuned schedule raises, so make_kernel falls back to the plain kernels; its cache is cleared before and
+    after, so no other test sees a fallback kernel."""
+    from edgellm.compiler import ops
+
+    real = ops._build
+
+    def failing(op, cpu, p, fast):
+        if fast:
+            raise RuntimeError("schedule rejected (test)")
+        return real(op, cpu, p, fast)
+
+    monkeypatch.setattr(ops, "_build", failing)
+    ops._make_cached.cache_clear()
+    yield
+    ops._make_cached.cache_clear()

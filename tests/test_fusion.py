@@ -105,34 +105,22 @@ def test_fused_kernel_equals_separate_kernels(sname, op_override, lanes, caplog)
             assert np.abs(f - rf).max() <= RTOL * np.abs(rf).max(), f"{fname} segment {s} vs reference"
 
 
-def test_fused_fallback_kernels(monkeypatch):
+def test_fused_fallback_kernels(plain_kernels):
     """A schedule failure gives the plain kernel with the same fused signature and the same results."""
-    real = ops._build
-
-    def failing(op, cpu, p, fast):
-        if fast:
-            raise RuntimeError("schedule rejected (test)")
-        return real(op, cpu, p, fast)
-
-    monkeypatch.setattr(ops, "_build", failing)
-    ops._make_cached.cache_clear()
     cpu = ops.CpuInfo(vector_lanes=8, num_threads=3)   # distinct cache key from the tuned kernels
-    try:
-        for sname in ("f16", "q4g32", "t2"):
-            scheme = get_scheme(sname)
-            for T, segs, bias in [(1, (40, 24), True), (3, (16, 16, 8), False)]:
-                sep, (fname, fop, fp, ffunc) = _kernels(scheme, None, cpu, T, segs, bias)
-                mod = tvm.compile(tvm.IRModule({n: f for n, _, _, f in [*sep, (fname, fop, fp, ffunc)]}),
-                                  target=HOST_TARGET)
-                x, parts, biases = _problem(scheme, T, segs, bias, seed=5)
-                args = _args(scheme, x, scheme.concat_parts(parts), None if biases is None else np.concatenate(biases))
-                fused = _call(mod[fname], args, [(T, n) for n in segs])
-                for s, (name, _, _, _) in enumerate(sep):
-                    alone = _call(mod[name], _args(scheme, x, parts[s], None if biases is None else biases[s]),
-                                  [(T, segs[s])])[0]
-                    np.testing.assert_array_equal(fused[s], alone)
-    finally:
-        ops._make_cached.cache_clear()
+    for sname in ("f16", "q4g32", "t2"):
+        scheme = get_scheme(sname)
+        for T, segs, bias in [(1, (40, 24), True), (3, (16, 16, 8), False)]:
+            sep, (fname, fop, fp, ffunc) = _kernels(scheme, None, cpu, T, segs, bias)
+            mod = tvm.compile(tvm.IRModule({n: f for n, _, _, f in [*sep, (fname, fop, fp, ffunc)]}),
+                              target=HOST_TARGET)
+            x, parts, biases = _problem(scheme, T, segs, bias, seed=5)
+            args = _args(scheme, x, scheme.concat_parts(parts), None if biases is None else np.concatenate(biases))
+            fused = _call(mod[fname], args, [(T, n) for n in segs])
+            for s, (name, _, _, _) in enumerate(sep):
+                alone = _call(mod[name], _args(scheme, x, parts[s], None if biases is None else biases[s]),
+                              [(T, segs[s])])[0]
+                np.testing.assert_array_equal(fused[s], alone)
 
 
 def test_names_signatures_and_written_args():
