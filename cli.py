@@ -44,13 +44,21 @@ def cli():
 @click.option("--tune", type=click.Choice(["off", "quick", "full"]), default=None,
               help="measure the CPU-dependent knobs (decode prefetch distances, prefill chunk) on this machine, "
                    "cached per CPU model [default: quick for --target host, off for cross targets; $EDGELLM_TUNE]")
+@click.option("--npu-chunk", type=int, default=None, callback=_positive("--npu-chunk"),
+              help="android-npu: tokens per NPU prefill chunk [default: 128]")
+@click.option("--npu-quant", type=click.Choice(["w8a16", "w4a16"]), default="w8a16", show_default=True,
+              help="android-npu: weight bits of the NPU graphs (activations 16-bit)")
+@click.option("--soc", default=None, help="android-npu: SoCs to prepare EPContext binaries for, comma-separated "
+              "(sm8550, sm8650, sm8750, or none) [default: all three]")
 @click.option("--quiet", is_flag=True, help="no progress output")
-def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune, quiet):
+def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune,
+                npu_chunk, npu_quant, soc, quiet):
     """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
     from .compiler.driver import compile_model
 
     compile_model(model, target=target, quant=quant, out=out, max_context=max_context, prefill_chunk=prefill_chunk,
-                  progress=not quiet, head_quant=head_quant, gptq=gptq, calib=calib, act_order=act_order, tune=tune)
+                  progress=not quiet, head_quant=head_quant, gptq=gptq, calib=calib, act_order=act_order, tune=tune,
+                  npu_chunk=npu_chunk, npu_quant=npu_quant, soc=soc)
 
 
 @cli.command("tune")

@@ -27,8 +27,8 @@ from .kernels_build import SHIM, TABLE_SOURCE, uses_barrier
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME, OFFLOAD = ROOT / "runtime", ROOT / "offload"
 # libedgellm's C sources (also the extension pyproject.toml builds; tests/test_contract.py checks the two lists agree)
-LIB_SOURCES = tuple(RUNTIME / f for f in ("loader.c", "backend_tvm_cpu.c", "context.c", "generate.c", "sampler.c",
-                                          "digest.c", "threadpool.c", "tokenizer.c")) + (OFFLOAD / "resident.c",)
+LIB_SOURCES = tuple(RUNTIME / f for f in ("loader.c", "backend_tvm_cpu.c", "backend_qnn_ort.c", "context.c", "generate.c",
+                                          "sampler.c", "digest.c", "threadpool.c", "tokenizer.c")) + (OFFLOAD / "resident.c",)
 CLI = RUNTIME / "edgellm_run.c"
 BIN_DIR, BINARY = "bin", "edgellm-run"
 CFLAGS = ("-std=c11", "-O2")
@@ -103,7 +103,12 @@ def build_edgellm_run(target: Target, out_path: Path, kernels_obj: Path | None =
             raise CompileError("a static edgellm-run needs its package's build id")
         flags += ["-DEL_STATIC_KERNELS", f"-DEL_STATIC_BARRIERS={int(uses_barrier(Path(kernels_obj)))}",
                   f'-DEL_BUILD_ID="{build_id}"']
-        link_extra, tail = [str(kernels_obj), str(Path(kernels_obj).with_name(TABLE_SOURCE))], ["-static", *libs]
+        link_extra = [str(kernels_obj), str(Path(kernels_obj).with_name(TABLE_SOURCE))]
+        if target.npu and android_ndk:   # the NPU backend dlopens the phone's libonnxruntime.so: bionic, dynamic
+            tail = [*libs, "-ldl"]
+        else:                            # a static binary cannot dlopen: the NPU backend says so at load
+            flags.append("-DEL_NO_DLOPEN")
+            tail = ["-static", *libs]
     else:
         link_extra, tail = [], [*libs] if android_ndk else ["-lpthread", "-ldl", "-lm"]
     with tempfile.TemporaryDirectory(prefix="edgellm-run-") as tmp:

@@ -28,6 +28,7 @@ from .tokenizer_pack import maybe_write_tokenizer_bin
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "chat_template.json")   # the last two: newer checkpoints' chat templates
 DEFAULT_MAX_CONTEXT = 4096
+NPU_CHUNK = 128   # android-npu prefill chunk: the HTP runs one static shape; 128 rows keep its matmuls busy
 
 
 def _log(progress: bool, msg: str):
@@ -84,17 +85,30 @@ def _check_matrix_shapes(spec, scheme, head) -> None:
 def compile_model(model, target: str = "host", quant: str | None = None, out=None, max_context: int | None = None,
                   prefill_chunk: int | None = None, progress: bool = True, head_quant: str | None = None,
                   gptq: bool = False, calib: str | None = None, act_order: bool = False,
-                  tune: str | None = None, fuse: bool = True) -> Path:
+                  tune: str | None = None, fuse: bool = True, npu_chunk: int | None = None,
+                  npu_quant: str = "w8a16", soc: str | None = None) -> Path:
     """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
     body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
     calibrated on calib (a text file) or the built-in sample. tune: off | quick | full (compiler/tune; None: quick
     for the host target, off for cross targets). fuse: q/k/v and gate/up as one kernel each (off: for A/B runs)."""
     t_start = time.perf_counter()
-    for name, v, lo, hi in (("--max-context", max_context, 1, 1 << 24), ("--prefill-chunk", prefill_chunk, 1, 1024)):
+    for name, v, lo, hi in (("--max-context", max_context, 1, 1 << 24), ("--prefill-chunk", prefill_chunk, 1, 1024),
+                            ("--npu-chunk", npu_chunk, 1, 1024)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
             raise CompileError(f"{name} {v} is out of range: use {lo}..{hi}")
     tgt = get_target(target)
     tune_mode = resolve_mode(tune, tgt)
+    if not tgt.npu and (npu_chunk is not None or soc is not None or npu_quant != "w8a16"):
+        raise CompileError(f"--npu-chunk, --npu-quant and --soc apply to --target android-npu, not {tgt.name}")
+    socs = []
+    if tgt.npu:
+        from .onnx_qnn.package import parse_socs
+        from .onnx_qnn.quantize import NPU_QUANTS
+
+        socs = parse_socs(soc)
+        if npu_quant not in NPU_QUANTS:
+            raise CompileError(f"--npu-quant {npu_quant} is not supported (choose one of {', '.join(NPU_QUANTS)})")
+        npu_chunk = npu_chunk or NPU_CHUNK
     if quant is not None:
         get_scheme(quant)
     if head_quant is not None:
@@ -136,7 +150,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                                            (prefill_chunk, cpu))
     chunk = int(prefill_chunk if prefill_chunk is not None else
                 (tgt.float_prefill_chunk if scheme.float_math and tgt.float_prefill_chunk else tgt.prefill_chunk))
-    kv_rows = max_ctx + chunk   # a padded last chunk may write up to chunk-1 rows past max_ctx
+    kv_rows = max_ctx + max(chunk, npu_chunk or 0)   # a padded last chunk may write up to chunk-1 rows past max_ctx
     short = short_prefill_chunk(chunk)
     out = Path(out) if out else default_output(model, quant, tgt.name)
     _log(progress, f"compiling {spec.arch} ({spec.n_layers} layers, dim {spec.hidden_size}, vocab {spec.vocab_size}) "
@@ -161,7 +175,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                                    model_dir / "tokenizer.json", calib_file=calib, act_order=act_order,
                                    progress=progress or None)
     low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre, short_chunk=short,
-                                fuse=fuse)
+                                fuse=fuse, npu_chunk=npu_chunk if tgt.npu else None)
     if tuner is not None:
         tuner.guarded("decode knobs", lambda: tuner.decode_prefetch(
             low.kernels, next(p for p in programs if p.name == "decode")), None)
@@ -190,6 +204,14 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         maybe_write_tokenizer_bin(tmp, lambda msg: _log(progress, msg))   # for edgellm-run (C tokenizer)
         if "tokenizer.json" not in tok_files:
             _log(progress, "warning: no tokenizer.json in the checkpoint: the package accepts token ids only")
+        npu = None
+        if tgt.npu:
+            from .onnx_qnn.package import write_npu
+
+            if "tokenizer.json" not in tok_files:
+                raise CompileError("--target android-npu calibrates on text: the checkpoint needs a tokenizer.json")
+            npu = write_npu(tmp, spec, raw, model_dir / "tokenizer.json", chunk=npu_chunk, kv_rows=kv_rows,
+                            quant=npu_quant, socs=socs, calib=calib, progress=progress)
         manifest = {
             "format_version": FORMAT_VERSION,
             "edgellm_version": _version(),
@@ -213,6 +235,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             "programs": {p.name: {"tokens": p.tokens, "steps": len(p.steps), "arena_bytes": p.arena_bytes}
                          for p in programs},
             "tuning": tuning,
+            **({"npu": npu} if npu else {}),
             "build": {"seconds": round(time.perf_counter() - t_start, 2), "kernel_seconds": round(t_kernels, 2)},
             "tensors": table,
         }

@@ -17,7 +17,7 @@ from ..runtime.contract import ARG_ARENA as ARENA
 from ..runtime.contract import ARG_KCACHE as KCACHE
 from ..runtime.contract import ARG_VCACHE as VCACHE
 from ..runtime.contract import ARG_WEIGHT as WEIGHT
-from ..runtime.contract import BACKEND_TVM_CPU, KERNEL_WRITES_KV
+from ..runtime.contract import BACKEND_QNN_ORT, BACKEND_TVM_CPU, KERNEL_WRITES_KV, TENSOR_ALIGN
 from ..runtime.contract import DTYPES as _DT
 from ..runtime.contract import FLAG_AT_POS as AT_POS
 from ..runtime.contract import FLAG_PREFIX as PREFIX
@@ -412,8 +412,10 @@ PROGRAMS = (  # name, tokens ("chunk", "short" or a count), body, head
 
 def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: int,
                 kv_rows: int, quantized=None, short_chunk: int | None = None,
-                fuse: bool = True) -> tuple[Lowering, list[Program]]:
-    """fuse: one kernel per group of linears on one input (q/k/v, gate/up; fuse_linears); off for A/B runs."""
+                fuse: bool = True, npu_chunk: int | None = None) -> tuple[Lowering, list[Program]]:
+    """fuse: one kernel per group of linears on one input (q/k/v, gate/up; fuse_linears); off for A/B runs.
+    npu_chunk: also npu_embed (the chunk's embedding rows, on the CPU) and npu_prefill (the chunk on the NPU backend:
+    no steps, its graphs are the package's npu/)."""
     from ..models import family
 
     fam = family(spec)
@@ -428,4 +430,12 @@ def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: in
         if head:
             x = fam.head(g, x)
         progs.append(low.program(name, g, inp, x))
+    if npu_chunk:
+        g = TraceGraph(spec, npu_chunk)
+        inp = g.input_ids()
+        emb = low.program("npu_embed", g, inp, g.embed(inp, "model.embed_tokens.weight"))
+        rows = npu_chunk * emb.out_row_bytes
+        out = -(-(emb.out_offset + rows) // TENSOR_ALIGN) * TENSOR_ALIGN
+        progs += [emb, Program("npu_prefill", npu_chunk, [], emb.out_offset, out, emb.out_row_bytes, out + rows,
+                               BACKEND_QNN_ORT)]
     return low, progs

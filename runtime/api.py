@@ -389,6 +389,38 @@ class _FallbackText:
         return text[len(self.done):].encode() if text.startswith(self.done) else b""
 
 
+def _package_dir(name: str) -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    return Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
+
+
+def _npu_options(opts, soc: str | None) -> list:
+    """ONNX Runtime and the QNN EP for the NPU backend, from the installed onnxruntime / onnxruntime-qnn wheels
+    (EDGELLM_ORT_LIB, EDGELLM_QNN_EP_LIB and EDGELLM_QNN_BACKEND override). Returns the byte strings opts points to."""
+    keep = []
+
+    def put(field: str, value: str | None):
+        if value:
+            keep.append(value.encode())
+            setattr(opts, field, keep[-1])
+
+    ort_lib = os.environ.get("EDGELLM_ORT_LIB")
+    ep_lib, backend = os.environ.get("EDGELLM_QNN_EP_LIB"), os.environ.get("EDGELLM_QNN_BACKEND")
+    ort_dir, qnn_dir = _package_dir("onnxruntime"), _package_dir("onnxruntime_qnn")   # found, not imported
+    if not ort_lib and ort_dir:
+        ort_lib = next(iter(sorted((ort_dir / "capi").glob("libonnxruntime.so*"))), None)
+    if qnn_dir and (qnn_dir / "libonnxruntime_providers_qnn.so").is_file():
+        ep_lib = ep_lib or str(qnn_dir / "libonnxruntime_providers_qnn.so")
+        backend = backend or str(qnn_dir / "libQnnHtp.so")
+    put("ort_library", ort_lib and str(ort_lib))
+    put("qnn_ep_library", ep_lib)
+    put("qnn_backend", backend)
+    put("npu_soc", soc)
+    return keep
+
+
 class Runtime:
     """A loaded package: the model (plan, kernels, weights, tokenizer; read-only and shared) and a default context.
     The generation methods run on the default context; new_context() makes more conversations over the same
@@ -415,14 +447,19 @@ class Runtime:
 
     @classmethod
     def load(cls, path: str | os.PathLike, threads: int | None = None, memory_budget: int | str | None = None,
-             verify: bool = False, digest: str | None = None, huge_pages: bool | None = None) -> Runtime:
+             verify: bool = False, digest: str | None = None, huge_pages: bool | None = None,
+             prefill_backend: str = "auto", npu_soc: str | None = None) -> Runtime:
         """Load a package.
 
         threads: default threads of its contexts (None: one per CPU). memory_budget: bytes (or "600MB") of weights
         the runtime may hold (the resident policy refuses a budget smaller than the weights). verify: check every
         file against the package's SHA256SUMS. digest: the "sha256:..." that `edgellm compile` printed; every file
         is checked against it before any of the package's code is loaded (load packages you did not build only
-        this way). huge_pages: weights in transparent huge pages (None: automatic; EDGELLM_HUGEPAGES=0/1 sets it)."""
+        this way). huge_pages: weights in transparent huge pages (None: automatic; EDGELLM_HUGEPAGES=0/1 sets it).
+        prefill_backend: "auto" | "cpu" | "npu", where android-npu packages prefill prompts ("auto": the NPU when
+        ONNX Runtime with the QNN EP loads; `prefill_backend` then says which ran). npu_soc: the SoC whose
+        EPContext graphs to load ("sm8650", ...; "none": the ONNX graphs; None: this phone's, if the package has
+        them)."""
         p = Path(path)
         opts = L.LoadOptions()
         L.lib().el_load_options_init(C.byref(opts))
@@ -435,6 +472,10 @@ class Runtime:
             opts.huge_pages = 1 if huge_pages else 0
         if os.environ.get("EDGELLM_NO_MMAP", "0") not in ("", "0"):
             opts.use_mmap = 0
+        if prefill_backend not in L.PREFILL_BACKENDS:
+            raise InputError(f"prefill_backend {prefill_backend!r}: choose one of {', '.join(L.PREFILL_BACKENDS)}")
+        opts.prefill_backend = L.PREFILL_BACKENDS[prefill_backend]
+        keep = _npu_options(opts, npu_soc) if prefill_backend != "cpu" else []   # noqa: F841 (strings outlive load)
         manifest = read_manifest(p)
         if digest is not None:
             # the small files Python reads here; libedgellm checks everything before it loads any code
@@ -451,6 +492,17 @@ class Runtime:
         except BaseException:
             L.lib().el_model_free(h)
             raise
+
+    @property
+    def prefill_backend(self) -> str:
+        """"npu" or "cpu": where this package prefills prompts (prefill_backend_note: why not the NPU, with auto)."""
+        return "npu" if self._lib.el_model_prefill_backend(self._model, None, 0) == L.PREFILL_BACKENDS["npu"] else "cpu"
+
+    @property
+    def prefill_backend_note(self) -> str:
+        buf = C.create_string_buffer(1024)
+        self._lib.el_model_prefill_backend(self._model, buf, len(buf))
+        return buf.value.decode(errors="replace")
 
     def sampling_defaults(self) -> dict:
         """The package's sampling defaults (from its generation_config.json), as every front end applies them."""

@@ -154,6 +154,41 @@ static int check_ids(const el_model* m, const int32_t* ids, int n) {
   return 0;
 }
 
+/* android-npu: chunks of npu_prefill's length, each embedded on the CPU (npu_embed), then run on the NPU; logits
+ * through the head program, one row at a time (the head's arena may overlap the chunk's output: rows are copied
+ * out first). */
+static int prefill_npu(el_context* c, const int32_t* ids, int n, float* logits, int all_logits) {
+  el_model* m = c->m;
+  const el_plan_program* e = &m->prog[EL_PROG_NPU_EMBED].p;
+  const el_plan_program* p = &m->prog[EL_PROG_NPU_PREFILL].p;
+  const el_plan_program* hp = &m->prog[EL_PROG_HEAD].p;
+  int C = (int)p->tokens, valid = 0;
+  size_t row = p->out_row_bytes;
+  float* rows = logits ? malloc(row * (size_t)C) : NULL;
+  if (logits && !rows) return el_error("out of memory");
+  int rc = 0;
+  for (int done = 0; done < n && !rc; done += valid) {
+    int left = n - done;
+    valid = left < C ? left : C;
+    int32_t* in = (int32_t*)(c->arena + e->in_offset);
+    memcpy(in, ids + done, sizeof(int32_t) * (size_t)valid);
+    memset(in + valid, 0, sizeof(int32_t) * (size_t)(C - valid)); /* padding rows: id 0, masked by causality */
+    rc = run(c, EL_PROG_NPU_EMBED, c->pos) || run(c, EL_PROG_NPU_PREFILL, c->pos);
+    if (!rc && logits && (all_logits || done + valid == n)) {
+      memcpy(rows, c->arena + p->out_offset, row * (size_t)valid);
+      for (int r = all_logits ? 0 : valid - 1; r < valid && !rc; r++) {
+        memcpy(c->arena + hp->in_offset, (uint8_t*)rows + row * (size_t)r, row);
+        rc = run(c, EL_PROG_HEAD, c->pos + r);
+        if (!rc) memcpy(logits + (size_t)(all_logits ? done + r : 0) * m->h.vocab, c->arena + hp->out_offset,
+                        hp->out_row_bytes);
+      }
+    }
+    if (!rc) c->pos += valid;
+  }
+  free(rows);
+  return rc ? -1 : 0;
+}
+
 int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, int all_logits) {
   el_model* m = c->m;
   int max = (int)m->h.max_ctx;
@@ -165,6 +200,12 @@ int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, i
   if (check_ids(m, ids, n) != 0) return -1;
   double t0 = el_now();
   int start = c->pos, valid = 0;
+  if (m->use_npu) {
+    if (prefill_npu(c, ids, n, logits, all_logits) != 0) goto fail;
+    c->stats.prefill_seconds += el_now() - t0;
+    c->stats.prefill_tokens += (uint64_t)n;
+    return 0;
+  }
   int k = (all_logits && logits) ? EL_PROG_PREFILL_LOGITS : EL_PROG_PREFILL;
   const el_plan_program* p = &m->prog[k].p;
   for (int done = 0; done < n; done += valid) {
@@ -182,6 +223,7 @@ int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, i
     memcpy(in, ids + done, sizeof(int32_t) * (size_t)valid);
     memset(in + valid, 0, sizeof(int32_t) * (size_t)(C - valid)); /* padding rows: id 0, masked by causality */
     if (run(c, k, c->pos) != 0) goto fail;
+    if (c->kv_high < c->pos + C) c->kv_high = c->pos + C;
     if (k == EL_PROG_PREFILL_LOGITS)
       for (int r = 0; r < valid; r++)
         memcpy(logits + (size_t)(done + r) * m->h.vocab, c->arena + p->out_offset + r * p->out_row_bytes,
@@ -213,6 +255,7 @@ int el_decode_locked(el_context* c, int32_t id, float* logits) {
   const el_plan_program* p = &m->prog[EL_PROG_DECODE].p;
   *(int32_t*)(c->arena + p->in_offset) = id;
   if (run(c, EL_PROG_DECODE, c->pos) != 0) return -1;
+  if (c->kv_high < c->pos + 1) c->kv_high = c->pos + 1;
   if (logits) memcpy(logits, c->arena + p->out_offset, p->out_row_bytes);
   c->pos += 1;
   c->stats.decode_seconds += el_now() - t0;

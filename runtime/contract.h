@@ -63,13 +63,24 @@ enum {
 enum { EL_STEP_CALL = 0, EL_STEP_ROUTE = 1 };
 
 /* Backends, one per program (the tag is the index) */
-enum { EL_BACKEND_TVM_CPU = 0, EL_N_BACKENDS = 1 };
-#define EL_BACKEND_NAMES {"tvm_cpu"}
+enum { EL_BACKEND_TVM_CPU = 0, EL_BACKEND_QNN_ORT = 1, EL_N_BACKENDS = 2 };
+#define EL_BACKEND_NAMES {"tvm_cpu", "qnn_ort"}
 
-/* Programs. prefill_short is optional (packages with long chunks run a prompt's last piece through it); the rest
- * are required. A runtime checks then skips programs it does not know, so newer compilers' extras are harmless. */
-enum { EL_PROG_PREFILL = 0, EL_PROG_PREFILL_LOGITS, EL_PROG_DECODE, EL_PROG_HEAD, EL_PROG_PREFILL_SHORT, EL_N_PROGRAMS };
-#define EL_PROGRAM_NAMES {"prefill", "prefill_logits", "decode", "head", "prefill_short"}
+/* Programs. prefill_short is optional (packages with long chunks run a prompt's last piece through it); so are
+ * npu_embed + npu_prefill (android-npu: a chunk's embedding rows on the CPU, then the chunk on the NPU; both or
+ * neither); the rest are required. A runtime checks then skips programs it does not know, so newer compilers' extras
+ * are harmless. */
+enum {
+  EL_PROG_PREFILL = 0,
+  EL_PROG_PREFILL_LOGITS,
+  EL_PROG_DECODE,
+  EL_PROG_HEAD,
+  EL_PROG_PREFILL_SHORT,
+  EL_PROG_NPU_EMBED,
+  EL_PROG_NPU_PREFILL,
+  EL_N_PROGRAMS
+};
+#define EL_PROGRAM_NAMES {"prefill", "prefill_logits", "decode", "head", "prefill_short", "npu_embed", "npu_prefill"}
 
 /* el_plan_kernel.flags / el_kernel_info.flags */
 enum { EL_KERNEL_WRITES_KV = 1 /* its outputs may be KV cache views (RoPE'd K, V projections, copies) */ };

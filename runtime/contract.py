@@ -32,10 +32,11 @@ DTYPES = {"float32": (DT_FLOAT, 32), "float16": (DT_FLOAT, 16), "bfloat16": (DT_
 ARG_ARENA, ARG_WEIGHT, ARG_KCACHE, ARG_VCACHE = 0, 1, 2, 3
 FLAG_AT_POS, FLAG_PREFIX, FLAG_EXPERT, FLAG_SLOT = 1, 2, 4, 8
 STEP_CALL, STEP_ROUTE = 0, 1
-BACKENDS = ("tvm_cpu",)                 # the tag of a backend is its index
-BACKEND_TVM_CPU = 0
-PROGRAMS = ("prefill", "prefill_logits", "decode", "head", "prefill_short")
-OPTIONAL_PROGRAMS = ("prefill_short",)
+BACKENDS = ("tvm_cpu", "qnn_ort")       # the tag of a backend is its index
+BACKEND_TVM_CPU, BACKEND_QNN_ORT = 0, 1
+PROGRAMS = ("prefill", "prefill_logits", "decode", "head", "prefill_short", "npu_embed", "npu_prefill")
+OPTIONAL_PROGRAMS = ("prefill_short", "npu_embed", "npu_prefill")
+NPU_DIR, NPU_DESCRIPTOR, NPU_ROPE = "npu", "npu/npu.txt", "npu/rope.bin"   # android-npu (runtime/backend_qnn_ort.c)
 KERNEL_WRITES_KV = 1
 KERNEL_INFO_SYMBOL, KERNEL_INFO_COUNT_SYMBOL = "__edgellm_kernel_info", "__edgellm_kernel_info_count"
 

@@ -32,12 +32,23 @@ typedef struct {
   int32_t n_threads;        /* default threads of the model's contexts; <= 0: one per online CPU */
   int32_t huge_pages;       /* resident weights in transparent huge pages: -1 auto, 0 never, 1 always */
   int32_t use_mmap;         /* 1: map weights.bin (default); 0: read it into memory */
-  int32_t reserved;
+  int32_t prefill_backend;  /* EL_PREFILL_*: where prompts are prefilled (android-npu packages) */
   uint64_t memory_budget;   /* bytes of weights the store may hold; 0: no limit */
   const char* weight_policy; /* weight store policy; NULL: "resident" */
   const char* digest;        /* "sha256:<hex>" of the package's SHA256SUMS: every file is checked against it
                                 before anything is loaded or run (NULL: no check) */
+  /* NPU prefill (android-npu packages; see README "android-npu"): */
+  const char* npu_soc;        /* "sm8650", ...: load that SoC's prepared EPContext graphs; NULL/"auto": this phone's
+                                 SoC (/sys/devices/soc0/soc_id) when the package has it, else the ONNX graphs;
+                                 "none": the ONNX graphs (prepared at load: slow first load) */
+  const char* ort_library;    /* libonnxruntime.so to dlopen; NULL: "libonnxruntime.so" (the loader's search) */
+  const char* qnn_ep_library; /* the QNN EP as a plugin library (onnxruntime-qnn wheel); NULL: built into ORT */
+  const char* qnn_backend;    /* QNN backend library; NULL: "libQnnHtp.so" */
 } el_load_options;
+
+/* el_load_options.prefill_backend. AUTO: the NPU when the package has NPU graphs and ONNX Runtime with the QNN EP
+ * loads, else the CPU (el_model_prefill_backend says which). NPU: the NPU or a load error. */
+enum { EL_PREFILL_AUTO = 0, EL_PREFILL_CPU = 1, EL_PREFILL_NPU = 2 };
 
 void el_load_options_init(el_load_options* o); /* the defaults above */
 /* Loads a package directory; opt may be NULL (defaults). */
@@ -52,6 +63,9 @@ int el_model_threads(const el_model* m);
 int el_bos_id(const el_model* m);                          /* -1 if none */
 int el_eos_ids(const el_model* m, int32_t* out, int cap); /* returns the count */
 int el_has_tokenizer(const el_model* m);                  /* 1: tokenizer.bin loaded (text and stop strings) */
+/* EL_PREFILL_NPU or EL_PREFILL_CPU: where this model prefills. With AUTO and an NPU that did not open, note (may be
+ * NULL) gets the reason. */
+int el_model_prefill_backend(const el_model* m, char* note, int cap);
 
 /* Text through the package's tokenizer.bin (-1 without one). el_encode is snprintf-like: returns how many ids
  * the text gives, writing at most cap; add_special < 0: the tokenizer's default (HF add_special_tokens=True). */

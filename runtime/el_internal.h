@@ -66,6 +66,15 @@ typedef struct {
 } el_backend;
 
 EL_HIDDEN extern const el_backend el_backend_tvm_cpu;
+EL_HIDDEN extern const el_backend el_backend_qnn_ort;
+
+/* The NPU backend's load options (copies: el_load_options' strings belong to the caller). */
+typedef struct {
+  char* soc;
+  char* ort_library;
+  char* qnn_ep_library;
+  char* qnn_backend;
+} el_npu_options;
 EL_HIDDEN const el_backend* el_backend_get(uint32_t tag); /* NULL: unknown tag */
 
 struct el_model {
@@ -78,6 +87,9 @@ struct el_model {
   void* backend_state[EL_N_BACKENDS];
   int backend_open[EL_N_BACKENDS];
   el_weight_store* store;
+  el_npu_options npu;
+  int use_npu;        /* prompts prefill through npu_embed + npu_prefill */
+  char npu_note[1024]; /* why not, when the NPU was asked for with AUTO and did not open */
   el_tokenizer* tok; /* NULL: no tokenizer.bin */
   uint64_t cache_bytes; /* bytes of one layer's K (or V) cache: kv_rows * n_kv_heads * head_dim * 4 */
   int n_threads;
@@ -112,6 +124,7 @@ struct el_context {
   uint8_t* caches; /* K and V of every layer, each cache_stride bytes: K(l) = 2l, V(l) = 2l + 1 */
   size_t caches_map, cache_stride;
   int pos, n_threads;
+  int kv_high; /* cache rows [0, kv_high) may hold data: rows past pos there are stale (an earlier conversation's) */
   void* backend_ctx[EL_N_BACKENDS];
   uint64_t backend_bytes; /* what the backends allocated for this context (bind) */
   el_stats stats;

@@ -12,8 +12,13 @@ from ..errors import EdgeLLMError
 
 
 class LoadOptions(C.Structure):
-    _fields_ = [("n_threads", C.c_int32), ("huge_pages", C.c_int32), ("use_mmap", C.c_int32), ("reserved", C.c_int32),
-                ("memory_budget", C.c_uint64), ("weight_policy", C.c_char_p), ("digest", C.c_char_p)]
+    _fields_ = [("n_threads", C.c_int32), ("huge_pages", C.c_int32), ("use_mmap", C.c_int32),
+                ("prefill_backend", C.c_int32), ("memory_budget", C.c_uint64), ("weight_policy", C.c_char_p),
+                ("digest", C.c_char_p), ("npu_soc", C.c_char_p), ("ort_library", C.c_char_p),
+                ("qnn_ep_library", C.c_char_p), ("qnn_backend", C.c_char_p)]
+
+
+PREFILL_BACKENDS = {"auto": 0, "cpu": 1, "npu": 2}   # EL_PREFILL_*
 
 
 class GenParams(C.Structure):
@@ -66,6 +71,7 @@ _SIGS = {
     "el_bos_id": (C.c_int, [P]),
     "el_eos_ids": (C.c_int, [P, I32P, C.c_int]),
     "el_has_tokenizer": (C.c_int, [P]),
+    "el_model_prefill_backend": (C.c_int, [P, C.c_char_p, C.c_int]),
     "el_encode": (C.c_int, [P, C.c_char_p, C.c_int, C.c_int, I32P, C.c_int]),
     "el_token_text": (C.c_int, [P, C.c_int32, C.c_char_p, C.c_int]),
     "el_context_new": (P, [P, C.c_int]),

@@ -433,9 +433,12 @@ static int parse_plan(el_model* m) {
   if (c.off != m->plan_size) return corrupt("%zu unexpected bytes after the last program", m->plan_size - c.off);
 
   /* programs: present, right token counts, inputs and outputs inside the arena */
+  int has_npu = m->prog[EL_PROG_NPU_EMBED].present + m->prog[EL_PROG_NPU_PREFILL].present;
+  if (has_npu == 1) return corrupt("plan.bin has one of npu_embed / npu_prefill without the other");
   for (int k = 0; k < EL_N_PROGRAMS; k++) {
     const el_program* pg = &m->prog[k];
-    if (!pg->present && k == EL_PROG_PREFILL_SHORT) continue;
+    int npu = k == EL_PROG_NPU_EMBED || k == EL_PROG_NPU_PREFILL;
+    if (!pg->present && (k == EL_PROG_PREFILL_SHORT || npu)) continue;
     if (!pg->present)
       return el_error("plan.bin has no program \"%s\": the package was made by an incompatible compiler; "
                       "recompile it with this edgellm", PROGRAM_NAMES[k]);
@@ -446,14 +449,22 @@ static int parse_plan(el_model* m) {
       if (p->out_row_bytes != m->prog[EL_PROG_PREFILL].p.out_row_bytes)
         return corrupt("program %s has output rows of %llu bytes, prefill's are %llu", p->name,
                        (unsigned long long)p->out_row_bytes, (unsigned long long)m->prog[EL_PROG_PREFILL].p.out_row_bytes);
+    } else if (npu) {
+      const el_plan_program* e = &m->prog[EL_PROG_NPU_EMBED].p;
+      if (p->tokens < 1 || p->tokens != e->tokens || p->tokens > h->kv_rows - h->max_ctx)
+        return corrupt("program %s runs %u tokens (npu_embed %u, cache rows past the context %u)", p->name, p->tokens,
+                       e->tokens, h->kv_rows - h->max_ctx);
+      if (k == EL_PROG_NPU_PREFILL && (p->backend != EL_BACKEND_QNN_ORT || p->n_steps || p->in_offset != e->out_offset))
+        return corrupt("program %s must run on the NPU backend with npu_embed's output as its input", p->name);
     } else {
       uint32_t want_t = (k == EL_PROG_PREFILL || k == EL_PROG_PREFILL_LOGITS) ? h->chunk : 1;
       if (p->tokens != want_t) return corrupt("program %s runs %u tokens, expected %u", p->name, p->tokens, want_t);
     }
-    if (k != EL_PROG_PREFILL && k != EL_PROG_PREFILL_SHORT && p->out_row_bytes != 4ull * h->vocab)
+    int hidden_out = k == EL_PROG_PREFILL || k == EL_PROG_PREFILL_SHORT || npu;
+    if (!hidden_out && p->out_row_bytes != 4ull * h->vocab)
       return corrupt("program %s has output rows of %llu bytes, expected vocab * 4 = %llu", p->name,
                      (unsigned long long)p->out_row_bytes, 4ull * h->vocab);
-    if ((k == EL_PROG_PREFILL || k == EL_PROG_PREFILL_SHORT) && p->out_row_bytes != 4ull * h->dim)
+    if (hidden_out && p->out_row_bytes != 4ull * h->dim)
       return corrupt("program %s has output rows of %llu bytes, expected dim * 4 = %llu", p->name,
                      (unsigned long long)p->out_row_bytes, 4ull * h->dim);
     if (!fits(p->out_offset, p->out_row_bytes * p->tokens, h->arena_bytes))
@@ -463,18 +474,23 @@ static int parse_plan(el_model* m) {
     if (p->in_offset % EL_TENSOR_ALIGN || p->out_offset % EL_TENSOR_ALIGN)
       return corrupt("program %s input/output offsets %llu/%llu are not multiples of %d", p->name,
                      (unsigned long long)p->in_offset, (unsigned long long)p->out_offset, EL_TENSOR_ALIGN);
-    uint64_t in_bytes = k == EL_PROG_HEAD ? 4ull * h->dim : 4ull * p->tokens;
+    uint64_t in_bytes = k == EL_PROG_HEAD ? 4ull * h->dim
+                        : k == EL_PROG_NPU_PREFILL ? 4ull * h->dim * p->tokens : 4ull * p->tokens;
     if (!fits(p->in_offset, in_bytes, h->arena_bytes))
       return corrupt("program %s input [%llu, +%llu) lies outside the arena (%llu bytes)", p->name,
                      (unsigned long long)p->in_offset, (unsigned long long)in_bytes,
                      (unsigned long long)h->arena_bytes);
+    if (k == EL_PROG_NPU_PREFILL && p->in_offset < p->out_offset + p->out_row_bytes * p->tokens &&
+        p->out_offset < p->in_offset + in_bytes)
+      return corrupt("program %s input and output overlap", p->name);
   }
   return 0;
 }
 
 /* Backends ----------------------------------------------------------------------------------------------------- */
 
-static const el_backend* const BACKENDS[EL_N_BACKENDS] = {[EL_BACKEND_TVM_CPU] = &el_backend_tvm_cpu};
+static const el_backend* const BACKENDS[EL_N_BACKENDS] = {[EL_BACKEND_TVM_CPU] = &el_backend_tvm_cpu,
+                                                           [EL_BACKEND_QNN_ORT] = &el_backend_qnn_ort};
 
 const el_backend* el_backend_get(uint32_t tag) { return tag < EL_N_BACKENDS ? BACKENDS[tag] : NULL; }
 
@@ -493,6 +509,7 @@ static void model_destroy(el_model* m) {
     if (m->backend_open[b]) BACKENDS[b]->close(m->backend_state[b]);
   if (m->store) m->store->close(m->store);
   if (m->tok) el_tok_free(m->tok);
+  free(m->npu.soc), free(m->npu.ort_library), free(m->npu.qnn_ep_library), free(m->npu.qnn_backend);
   free(m->plan);
   pthread_mutex_destroy(&m->mu);
   free(m);
@@ -523,8 +540,10 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   if (!dir) return el_error("el_model_load: package_dir is NULL"), NULL;
   el_load_options defaults;
   if (!opt) el_load_options_init(&defaults), opt = &defaults;
-  if (opt->huge_pages < -1 || opt->huge_pages > 1 || opt->n_threads > 1024)
-    return el_error("el_model_load: bad options (huge_pages %d, n_threads %d)", opt->huge_pages, opt->n_threads), NULL;
+  if (opt->huge_pages < -1 || opt->huge_pages > 1 || opt->n_threads > 1024 || opt->prefill_backend < EL_PREFILL_AUTO ||
+      opt->prefill_backend > EL_PREFILL_NPU)
+    return el_error("el_model_load: bad options (huge_pages %d, n_threads %d, prefill_backend %d)", opt->huge_pages,
+                    opt->n_threads, opt->prefill_backend), NULL;
   struct stat st;
   if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
     return el_error("%s is not a package directory (%s): compile one with `edgellm compile MODEL -o DIR`", dir,
@@ -537,6 +556,13 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   if (!m) return el_error("out of memory"), NULL;
   pthread_mutex_init(&m->mu, NULL);
   el_plan_header* h = &m->h;
+  const char* npu_strs[4] = {opt->npu_soc, opt->ort_library, opt->qnn_ep_library, opt->qnn_backend};
+  char** npu_copies[4] = {&m->npu.soc, &m->npu.ort_library, &m->npu.qnn_ep_library, &m->npu.qnn_backend};
+  for (int i = 0; i < 4; i++)
+    if (npu_strs[i] && !(*npu_copies[i] = strdup(npu_strs[i]))) {
+      el_error("out of memory");
+      goto fail;
+    }
 
   if (join(path, sizeof path, dir, EL_FILE_PLAN) != 0) goto fail;
   if (!(m->plan = el_read_small_file(path, "plan", PLAN_MAX_BYTES, &m->plan_size))) goto fail;
@@ -567,14 +593,28 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
     goto fail;
   }
 
-  /* the backends the programs run on (the TVM CPU backend checks the machine, then loads the kernels) */
+  /* the backends the programs run on (the TVM CPU backend checks the machine, then loads the kernels); the NPU
+   * backend only when prompts are to be prefilled there */
+  int npu_wanted = m->prog[EL_PROG_NPU_PREFILL].present && opt->prefill_backend != EL_PREFILL_CPU;
+  if (opt->prefill_backend == EL_PREFILL_NPU && !m->prog[EL_PROG_NPU_PREFILL].present) {
+    el_error("this package has no NPU graphs (prefill backend npu): compile it with --target android-npu, or use the "
+             "CPU prefill");
+    goto fail;
+  }
   for (int k = 0; k < EL_N_PROGRAMS; k++) {
     if (!m->prog[k].present) continue;
     uint32_t b = m->prog[k].p.backend;
-    if (m->backend_open[b]) continue;
-    if (BACKENDS[b]->open(m, dir, &m->backend_state[b]) != 0) goto fail;
+    if (m->backend_open[b] || (b == EL_BACKEND_QNN_ORT && !npu_wanted)) continue;
+    if (BACKENDS[b]->open(m, dir, &m->backend_state[b]) != 0) {
+      if (b == EL_BACKEND_QNN_ORT && opt->prefill_backend == EL_PREFILL_AUTO) {
+        snprintf(m->npu_note, sizeof m->npu_note, "%s", el_last_error());
+        continue; /* AUTO: prefill on the CPU; el_model_prefill_backend tells why */
+      }
+      goto fail;
+    }
     m->backend_open[b] = 1;
   }
+  m->use_npu = m->backend_open[EL_BACKEND_QNN_ORT];
 
   char err[512];
   el_store_config cfg = {path, m->weights, h->n_weights, h->weights_bytes, opt->memory_budget, opt->huge_pages,
@@ -610,6 +650,12 @@ GETTER(el_chunk, m->h.chunk)
 GETTER(el_model_threads, m->n_threads)
 GETTER(el_bos_id, m->h.bos_id)
 GETTER(el_has_tokenizer, m->tok != NULL)
+
+EL_API int el_model_prefill_backend(const el_model* m, char* note, int cap) {
+  if (!m) return el_error("el_model_prefill_backend: model is NULL");
+  if (note && cap > 0) snprintf(note, (size_t)cap, "%s", m->npu_note);
+  return m->use_npu ? EL_PREFILL_NPU : EL_PREFILL_CPU;
+}
 #undef GETTER
 
 /* Returns how many EOS ids the model has; copies at most cap of them. */

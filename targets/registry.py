@@ -6,6 +6,7 @@ gcc-aarch64-linux-gnu, or zig (PyPI `ziglang`) when that gcc is missing; android
 ANDROID_NDK_HOME is set. `run_prefix` is how this machine runs the target's binaries (qemu-user for aarch64)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import shlex
@@ -48,6 +49,7 @@ class Target:
     static_binary: bool = False   # edgellm-run linked -static, kernels linked into it (no dlopen)
     run_prefix: tuple[str, ...] = ()   # how this machine runs the target's binaries (qemu-user), () natively
     host_cpu: bool = False        # `tvm` lacks mcpu: it is this machine's CPU as LLVM names it (see tvm_dict)
+    npu: bool = False             # also prefill graphs for the Hexagon NPU (ONNX Runtime's QNN EP): npu/ in the package
 
     def tvm_dict(self) -> dict:
         """The TVM target dict with everything resolved: for the host target, `mcpu` is asked of TVM's LLVM here
@@ -222,26 +224,46 @@ def _arm_targets() -> dict[str, Target]:
     }
 
 
+def _npu_targets(arm: dict[str, Target]) -> dict[str, Target]:
+    cpu = arm["android-cpu"]
+    return {"android-npu": dataclasses.replace(
+        cpu, name="android-npu", npu=True,
+        description="Android phones with a Qualcomm Hexagon NPU (Snapdragon 8 Gen 2/3/Elite: sm8550/sm8650/sm8750): "
+                    "prompt prefill in fixed chunks on the NPU through ONNX Runtime's QNN EP, decode on the "
+                    "android-cpu kernels, one KV cache",
+        notes={**cpu.notes, "npu": "npu/: W8A16 (or W4A16) QDQ graphs per group of layers + EPContext binaries per "
+                                   "SoC; the phone needs libonnxruntime.so with the QNN EP and the HTP libraries"})}
+
+
 def _all_static() -> dict[str, Target]:
-    return {**_STATIC, **_arm_targets()}
+    arm = _arm_targets()
+    return {**_STATIC, **arm, **_npu_targets(arm)}
 
 
 def list_targets() -> list[Target]:
     out = []
     try:
-        out.append(_host())
+        out += [_host(), _host_npu()]
     except CompileError:
         pass
     return out + list(_all_static().values())
 
 
+def _host_npu() -> Target:
+    return dataclasses.replace(_host(), name="host-npu", npu=True,
+                               description="this machine's CPU + the android-npu NPU graphs, for checking the NPU "
+                                           "path on the HTP emulator of the onnxruntime-qnn wheel (x86-64 Linux)")
+
+
 def get_target(name: str) -> Target:
     if name == "host":
         return _host()
+    if name == "host-npu":
+        return _host_npu()
     static = _all_static()
     if name in static:
         return static[name]
-    names = ", ".join(["host", *static])
+    names = ", ".join(["host", "host-npu", *static])
     raise CompileError(f"unknown target '{name}': choose one of {names} (see `edgellm targets`)")
 
 

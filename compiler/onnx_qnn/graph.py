@@ -1,0 +1,214 @@
+"""The ONNX backend of the Graph (models/graph.py): the model's forward, written once in models/, traced into one
+static prefill-chunk graph per group of layers, for ONNX Runtime's QNN execution provider (the Hexagon NPU).
+
+A group graph maps
+    x [C, hidden] (the residual stream entering the group's first layer), cos/sin [C, 1, head_dim] (RoPE of the
+    chunk's positions, halves repeated), mask [C, kv_rows + C] (additive: 0 visible, MASK_VALUE hidden; one per
+    distinct sliding window),
+    past_k{l}/past_v{l} [kv_rows, kv_heads, head_dim] (the context's KV cache of layer l, in the runtime's own layout)
+to
+    y [C, hidden] (the residual stream leaving the group), new_k{l}/new_v{l} [C, kv_heads, head_dim] (the chunk's K/V,
+    rows pos .. pos+C-1 of the cache).
+Everything is static (the HTP needs fixed shapes). The embedding, the final norm and the lm_head stay on the CPU.
+
+Tracing runs the whole body() and keeps only the ops of layers l0..l1-1: an op whose weights belong to another layer
+returns None (nothing emitted), and the value of the residual stream that enters the group (the None an in-group op
+receives) becomes the input `x`. This relies on one property of every family in models/: a layer reads the residual
+stream only as its first op's input and its residual adds (true for llama.py and bitnet.py)."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ...errors import CompileError
+from ...models.spec import ModelSpec
+from ...runtime.npu_chunks import MASK_VALUE  # noqa: F401 (re-exported: the masks the graphs are calibrated with)
+
+OPSET = 21
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def mask_name(window: int) -> str:
+    return f"mask_w{window}" if window else "mask"
+
+
+class OnnxGraph:
+    """Graph backend emitting ONNX nodes for layers [l0, l1) of a prefill chunk of C tokens."""
+
+    def __init__(self, spec: ModelSpec, weight, chunk: int, kv_rows: int, l0: int, l1: int):
+        self.spec, self.C, self.L, self.l0, self.l1 = spec, chunk, kv_rows, l0, l1
+        self._weight = weight                      # checkpoint name -> float array
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: dict[str, np.ndarray] = {}
+        self.outputs: list[tuple[str, list[int]]] = []
+        self.masks: set[int] = set()
+        self.y: str | None = None                  # the residual stream leaving the group
+        self._n = 0
+
+    # ---------------------------------------------------------------- helpers
+    def _op(self, op: str, inputs: list[str], out: str | None = None, **attrs) -> str:
+        self._n += 1
+        out = out or f"{op.lower()}_{self._n}"
+        self.nodes.append(helper.make_node(op, inputs, [out], name=f"{op}_{self._n}", **attrs))
+        return out
+
+    def _const(self, arr, name: str | None = None) -> str:
+        self._n += 1
+        name = name or f"c_{self._n}"
+        self.inits[name] = np.asarray(arr)
+        return name
+
+    def _shape(self, *dims) -> str:
+        return self._const(np.array(dims, np.int64))
+
+    def _layer_of(self, w: str | None) -> int | None:
+        m = _LAYER.search(w or "")
+        return int(m.group(1)) if m else None
+
+    def _live(self, layer: int | None, *vals) -> bool:
+        """Whether an op of `layer` (None: no weights, decided by its inputs) belongs to this group."""
+        if layer is not None:
+            if layer >= self.l1 and self.y is None:
+                self.y = next(v for v in vals if v is not None)   # the first op past the group reads its output
+            return self.l0 <= layer < self.l1
+        return all(v is not None for v in vals) or (self._started() and self.y is None)
+
+    def _started(self) -> bool:
+        return bool(self.nodes)
+
+    def _in(self, v):
+        return "x" if v is None else v   # the residual stream entering the group
+
+    def _unsupported(self, what: str):
+        raise CompileError(f"{self.spec.arch}: {what} cannot run on the NPU prefill path yet (android-npu supports "
+                           "dense Llama-family models: Llama, Mistral, Qwen2, Qwen3)")
+
+    # ---------------------------------------------------------------- Graph API
+    def embed(self, ids, w):
+        return None   # the embedding runs on the CPU; its rows arrive as the first group's x
+
+    def rmsnorm(self, x, w):
+        if not self._live(self._layer_of(w), x):
+            return None
+        return self._rms(self._in(x), w, self.spec.hidden_size)
+
+    def _rms(self, x: str, w: str, n: int) -> str:
+        sq = self._op("Mul", [x, x])
+        ms = self._op("ReduceMean", [sq, self._const(np.array([-1], np.int64))], keepdims=1)
+        r = self._op("Sqrt", [self._op("Add", [ms, self._const(np.array(self.spec.rms_eps, np.float32))])])
+        return self._op("Mul", [self._op("Div", [x, r]), self._w(w, (n,))])
+
+    def head_rmsnorm(self, x, w, n_heads):
+        if not self._live(self._layer_of(w), x):
+            return None
+        d = self.spec.head_dim
+        h = self._op("Reshape", [x, self._shape(self.C, n_heads, d)])
+        return self._op("Reshape", [self._rms(h, w, d), self._shape(self.C, n_heads * d)])
+
+    def _w(self, name: str, shape, transpose=False) -> str:
+        if name not in self.inits:
+            a = np.asarray(self._weight(name), np.float32).reshape(shape if not transpose else shape[::-1])
+            self.inits[name] = np.ascontiguousarray(a.T if transpose else a)
+        return name
+
+    def linear(self, x, w, b=None):
+        if not self._live(self._layer_of(w), x):
+            return None
+        out_f, in_f = np.shape(self._weight(w))
+        y = self._op("MatMul", [self._in(x), self._w(w, (in_f, out_f), transpose=True)])   # x @ W.T
+        return self._op("Add", [y, self._w(b, (out_f,))]) if b is not None else y
+
+    def rope(self, x, n_heads):
+        if x is None:
+            return None
+        d = self.spec.head_dim
+        t = self._op("Reshape", [x, self._shape(self.C, n_heads, d)])
+        lo = self._op("Slice", [t, self._shape(0), self._shape(d // 2), self._shape(2)])
+        hi = self._op("Slice", [t, self._shape(d // 2), self._shape(d), self._shape(2)])
+        rot = self._op("Concat", [self._op("Neg", [hi]), lo], axis=2)
+        y = self._op("Add", [self._op("Mul", [t, "cos"]), self._op("Mul", [rot, "sin"])])
+        return self._op("Reshape", [y, self._shape(self.C, n_heads * d)])
+
+    def kv_store(self, layer, k, v):
+        if not self.l0 <= layer < self.l1:
+            return
+        s = self.spec
+        for kind, val in (("k", k), ("v", v)):
+            out = f"new_{kind}{layer}"
+            self._op("Reshape", [val, self._shape(self.C, s.n_kv_heads, s.head_dim)], out=out)
+            self.outputs.append((out, [self.C, s.n_kv_heads, s.head_dim]))
+
+    def attention(self, q, layer):
+        if not self.l0 <= layer < self.l1:
+            return None
+        s, C = self.spec, self.C
+        kvh, d, rep = s.n_kv_heads, s.head_dim, s.n_heads // s.n_kv_heads
+        S = self.L + C
+        K = self._op("Concat", [f"past_k{layer}", f"new_k{layer}"], axis=0)            # [S, kvh, d]
+        V = self._op("Concat", [f"past_v{layer}", f"new_v{layer}"], axis=0)
+        Kt = self._op("Transpose", [K], perm=[1, 2, 0])                                 # [kvh, d, S]
+        Vh = self._op("Transpose", [V], perm=[1, 0, 2])                                 # [kvh, S, d]
+        qs = self._op("Mul", [q, self._const(np.array(1.0 / np.sqrt(d), np.float32))])
+        qh = self._op("Reshape", [qs, self._shape(C, kvh, rep, d)])
+        qh = self._op("Transpose", [qh], perm=[1, 2, 0, 3])                             # [kvh, rep, C, d]; head h = g*rep + r
+        qh = self._op("Reshape", [qh, self._shape(kvh, rep * C, d)])
+        sc = self._op("Reshape", [self._op("MatMul", [qh, Kt]), self._shape(kvh, rep, C, S)])
+        w = s.window(layer)
+        self.masks.add(w)
+        p = self._op("Softmax", [self._op("Add", [sc, mask_name(w)])], axis=-1)
+        o = self._op("MatMul", [self._op("Reshape", [p, self._shape(kvh, rep * C, S)]), Vh])   # [kvh, rep*C, d]
+        o = self._op("Transpose", [self._op("Reshape", [o, self._shape(kvh, rep, C, d)])], perm=[2, 0, 1, 3])
+        return self._op("Reshape", [o, self._shape(C, s.n_heads * d)])
+
+    def add(self, a, b):
+        if not self._live(None, a, b):
+            return None
+        return self._op("Add", [self._in(a), self._in(b)])
+
+    def swiglu(self, gate, up):
+        if gate is None or up is None:
+            return None
+        return self._op("Mul", [self._op("Mul", [gate, self._op("Sigmoid", [gate])]), up])
+
+    def moe(self, x, router, experts, top_k):
+        self._unsupported("a mixture-of-experts layer")
+
+    def bitlinear(self, x, w):
+        self._unsupported("a BitNet ternary layer")
+
+    def relu2_mul(self, gate, up):
+        self._unsupported("relu^2 gating")
+
+    # ---------------------------------------------------------------- the model
+    def to_model(self) -> onnx.ModelProto:
+        s, C = self.spec, self.C
+        f = lambda n, shape: helper.make_tensor_value_info(n, TensorProto.FLOAT, shape)   # noqa: E731
+        ins = [f("x", [C, s.hidden_size]), f("cos", [C, 1, s.head_dim]), f("sin", [C, 1, s.head_dim])]
+        ins += [f(mask_name(w), [C, self.L + C]) for w in sorted(self.masks)]
+        for layer in range(self.l0, self.l1):
+            ins += [f(f"past_{k}{layer}", [self.L, s.n_kv_heads, s.head_dim]) for k in "kv"]
+        y = self.y
+        self.nodes.append(helper.make_node("Identity", [y], ["y"], name="out_y"))
+        outs = [f("y", [C, s.hidden_size])] + [f(n, shape) for n, shape in self.outputs]
+        graph = helper.make_graph(self.nodes, f"prefill_c{C}_layers{self.l0}_{self.l1}", ins, outs,
+                                  [numpy_helper.from_array(a, n) for n, a in self.inits.items()])
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="edgellm")
+        m.ir_version = 10
+        return m
+
+
+def trace_group(spec: ModelSpec, weight, chunk: int, kv_rows: int, l0: int, l1: int) -> onnx.ModelProto:
+    """The float prefill-chunk graph of layers [l0, l1)."""
+    from ...models import family
+
+    if spec.family != "llama" or spec.n_experts:
+        OnnxGraph(spec, weight, chunk, kv_rows, l0, l1)._unsupported(
+            "a mixture-of-experts model" if spec.n_experts else f"the {spec.family} family")
+    g = OnnxGraph(spec, weight, chunk, kv_rows, l0, l1)
+    x = family(spec).body(g, list(range(chunk)))
+    if g.y is None:
+        g.y = x
+    return g.to_model()

@@ -1,0 +1,90 @@
+"""Fixed-size prefill chunks over the NPU group graphs (compiler/onnx_qnn/graph.py), in Python: the feeds of a chunk
+(RoPE rows, additive masks) and a runner that carries one KV cache through the groups. The compiler calibrates and
+checks its graphs with it; the C runtime's QNN backend builds the same feeds.
+
+The cache is the runtime's layout: per layer K and V of [kv_rows, kv_heads, head_dim] float32, row = position."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Not -1e4: a 16-bit activation range that must hold -1e4 leaves the softmax inputs no resolution (toolchain notes).
+# exp(-50) ~ 2e-22: a hidden key gets no weight.
+MASK_VALUE = -50.0
+
+
+def rope_rows(spec, pos: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [chunk, 1, head_dim] of positions pos .. pos+chunk-1 (halves repeated: rotate-half pairing)."""
+    from ..models.rope import cos_sin
+
+    c, s = cos_sin(spec, np.arange(pos, pos + chunk))
+    f = lambda a: np.concatenate([a, a], -1).astype(np.float32)[:, None, :]   # noqa: E731
+    return f(c), f(s)
+
+
+def mask(pos: int, chunk: int, kv_rows: int, window: int = 0) -> np.ndarray:
+    """Additive mask [chunk, kv_rows + chunk]: query i (position pos+i) sees cached rows j < pos and chunk rows j <= i,
+    and with a sliding window W only keys at positions > pos+i-W."""
+    q = pos + np.arange(chunk)[:, None]
+    kpos = np.concatenate([np.arange(kv_rows), pos + np.arange(chunk)])[None, :]
+    visible = np.concatenate([np.broadcast_to(np.arange(kv_rows) < pos, (chunk, kv_rows)),
+                              np.arange(chunk)[None, :] <= np.arange(chunk)[:, None]], axis=1)
+    if window:
+        visible &= kpos > q - window
+    return np.where(visible, 0.0, MASK_VALUE).astype(np.float32)
+
+
+@dataclass
+class Group:
+    layers: tuple[int, int]     # [l0, l1)
+    session: object             # onnxruntime InferenceSession
+    inputs: tuple[str, ...]
+
+
+class ChunkRunner:
+    """Prefill in chunks of C tokens through the group sessions, over one KV cache (numpy, or views of the C
+    context's cache). `observe(group_index, feeds)`, when given, sees every group's feeds (calibration)."""
+
+    def __init__(self, spec, groups: list[Group], chunk: int, kv_rows: int, cache_k=None, cache_v=None):
+        self.spec, self.groups, self.C, self.L = spec, groups, chunk, kv_rows
+        shape = (spec.n_layers, kv_rows, spec.n_kv_heads, spec.head_dim)
+        self.k = cache_k if cache_k is not None else np.zeros(shape, np.float32)
+        self.v = cache_v if cache_v is not None else np.zeros(shape, np.float32)
+        self.pos = 0
+
+    def chunk(self, x: np.ndarray, observe=None) -> np.ndarray:
+        """x [n <= C, hidden]: the embedded rows of the next n tokens. Returns the hidden states [n, hidden] leaving
+        the last group; the cache gains n rows."""
+        n, C, pos = x.shape[0], self.C, self.pos
+        if not 0 < n <= C:
+            raise ValueError(f"a chunk holds 1..{C} tokens, got {n}")
+        if pos + C > self.L:
+            raise ValueError(f"position {pos} + chunk {C} is past the cache ({self.L} rows)")
+        h = np.zeros((C, x.shape[1]), np.float32)
+        h[:n] = x
+        cos, sin = rope_rows(self.spec, pos, C)
+        masks = {}
+        for gi, g in enumerate(self.groups):
+            feeds = {"x": h, "cos": cos, "sin": sin}
+            for name in g.inputs:
+                if name.startswith("mask"):
+                    if name not in masks:
+                        masks[name] = mask(pos, C, self.L, int(name[6:]) if name != "mask" else 0)
+                    feeds[name] = masks[name]
+                elif name.startswith("past_"):
+                    layer = int(name[6:])
+                    feeds[name] = (self.k if name[5] == "k" else self.v)[layer]
+            if observe is not None:
+                observe(gi, {k: np.array(v) for k, v in feeds.items() if k in g.inputs})
+            outs = dict(zip([o.name for o in g.session.get_outputs()], g.session.run(None, feeds)))
+            for layer in range(*g.layers):
+                self.k[layer, pos:pos + C] = outs[f"new_k{layer}"]
+                self.v[layer, pos:pos + C] = outs[f"new_v{layer}"]
+            h = outs["y"]
+        self.pos += n
+        return h[:n]
+
+    def prefill(self, x: np.ndarray, observe=None) -> np.ndarray:
+        """All rows of x in chunks; the hidden states of every token [T, hidden]."""
+        return np.concatenate([self.chunk(x[i:i + self.C], observe) for i in range(0, len(x), self.C)])

@@ -1,0 +1,270 @@
+"""android-npu: the model's forward as static ONNX prefill-chunk graphs (compiler/onnx_qnn), quantized W8A16, run on
+the Hexagon HTP emulator of the onnxruntime-qnn wheel with CPU fallback disabled, over one KV cache.
+
+Float graphs are checked against the numpy reference on every architecture variant (CPU EP); the quantized graphs
+on the HTP emulator: every node placed on QNN, prompts of 1, 2 and 5 chunks, the EPContext binaries, greedy agreement
+after an NPU prefill, and the android-npu package's CPU-only path under qemu."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+from tokenizers import Tokenizer
+
+import edgellm
+from edgellm.compiler.onnx_qnn.graph import trace_group
+from edgellm.compiler.onnx_qnn.package import plan_groups
+from edgellm.errors import CompileError
+from edgellm.models import load_checkpoint
+from edgellm.models.demo import HELDOUT, demo_path
+from edgellm.models.numpy_backend import NumpyModel
+from edgellm.models.synthetic import make_checkpoint
+from edgellm.runtime import qnn_ort
+from edgellm.runtime.npu_chunks import ChunkRunner, Group, mask
+from edgellm.runtime.npu_prefill import NpuPrefill
+
+needs_qnn = pytest.mark.skipif(not qnn_ort.qnn_available(), reason="needs onnxruntime-qnn (pip install onnxruntime-qnn)")
+CHUNK = 32
+
+
+def rel(a, b) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+# ------------------------------------------------------------------------------------- float graphs, every variant
+@pytest.fixture(scope="module")
+def window_model(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("sw") / "qwen3-w7", "Qwen3ForCausalLM", seed=34, num_hidden_layers=3,
+                           use_sliding_window=True, sliding_window=7,
+                           layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "llama-tied-hd8", "llama3-hd64", "qwen2", "qwen3", "window"])
+def test_float_graphs_match_reference(tiny_models, window_model, tmp_path, name):
+    """Two groups (layers 0 and 1..n), chunk 8, 37 tokens = 5 chunks, the last padded: logits of every token and the
+    KV cache equal the float64 reference's to float32 rounding."""
+    spec, ck, _ = load_checkpoint(window_model if name == "window" else tiny_models[name])
+    C, L, T = 8, 48, 37
+    groups = []
+    for l0, l1 in ((0, 1), (1, spec.n_layers)):
+        p = tmp_path / f"g{l0}.onnx"
+        m = trace_group(spec, ck.get, C, L, l0, l1)
+        onnx.checker.check_model(m)
+        onnx.save(m, str(p))
+        s = qnn_ort.session(p, backend="cpu")
+        groups.append(Group((l0, l1), s, tuple(i.name for i in s.get_inputs())))
+    ids = list(np.random.default_rng(1).integers(0, spec.vocab_size, T))
+    r = ChunkRunner(spec, groups, C, L)
+    h = r.prefill(np.asarray(ck.get("model.embed_tokens.weight"), np.float32)[ids]).astype(np.float64)
+    ref = NumpyModel(spec, ck.get)
+    want = ref.logits(ids)
+    w = np.asarray(ck.get("model.norm.weight"), np.float64)
+    got = (h / np.sqrt((h * h).mean(-1, keepdims=True) + spec.rms_eps) * w) @ np.asarray(ck.get(spec.lm_head_name)).T
+    assert rel(got, want) < 1e-5
+    for layer in range(spec.n_layers):
+        assert rel(r.k[layer, :T], ref.g.k[layer]) < 1e-5 and rel(r.v[layer, :T], ref.g.v[layer]) < 1e-5
+
+
+def test_mask_rows():
+    m = mask(pos=3, chunk=4, kv_rows=6, window=2) == 0
+    # query 0 is position 3: with window 2 it sees cached position 2 and itself
+    assert m[0].tolist() == [False, False, True, False, False, False, True, False, False, False]
+    assert m[3].tolist() == [False] * 6 + [False, False, True, True]
+    full = mask(pos=3, chunk=2, kv_rows=4) == 0
+    assert full.tolist() == [[True, True, True, False, True, False], [True, True, True, False, True, True]]
+
+
+def test_groups_cover_layers_in_order():
+    spec, _, _ = load_checkpoint(demo_path("demo"))
+    for cap in (1, 10**6, 10**9):
+        g = plan_groups(spec, cap)
+        assert g[0][0] == 0 and g[-1][1] == spec.n_layers and all(a[1] == b[0] for a, b in zip(g, g[1:]))
+    assert len(plan_groups(spec, 1)) == spec.n_layers
+
+
+# ------------------------------------------------------------------------------------- the package on the emulator
+@pytest.fixture(scope="module")
+def npu_pkg(tmp_path_factory):
+    return edgellm.compile("demo", target="android-npu", out=tmp_path_factory.mktemp("npu") / "pkg", max_context=256,
+                           npu_chunk=CHUNK, soc="sm8650", progress=False)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    spec, ck, d = load_checkpoint(demo_path("demo"))
+    ref = NumpyModel(spec, lambda n: np.asarray(ck.get(n), np.float32), np.float32)
+    return ref, Tokenizer.from_file(str(d / "tokenizer.json")).encode(HELDOUT.read_text()).ids
+
+
+def test_package_layout(npu_pkg):
+    man = json.loads((npu_pkg / "manifest.json").read_text())
+    npu = man["npu"]
+    assert npu["chunk"] == CHUNK and npu["quant"] == "w8a16" and man["kv_rows"] >= 256 + CHUNK
+    assert set(npu["socs"]) == {"sm8650"} and npu["socs"]["sm8650"]["htp_arch"] == "75"
+    for g in npu["groups"]:
+        assert (npu_pkg / g["graph"]).is_file() and g["bytes"] > 0
+    sums = (npu_pkg / "SHA256SUMS").read_text()
+    for f in npu["socs"]["sm8650"]["files"]:
+        assert (npu_pkg / f).is_file() and f in sums
+    assert not (npu_pkg / "npu.float").exists()           # the float work graphs are not shipped
+    e = npu["error_vs_f32"]
+    assert len(e["layers"]) == 6 and max(max(x["k"], x["v"]) for x in e["layers"]) < 0.05 and e["hidden_out"] < 0.05
+
+
+@needs_qnn
+def test_every_node_on_qnn(npu_pkg, tmp_path):
+    """Sessions are made with CPU fallback disabled (a node QNN rejects fails the session); the profile of a run
+    shows only the QNN provider."""
+    npu = NpuPrefill(npu_pkg, soc="sm8650", epcontext=False, profile=str(tmp_path / "prof"))
+    r = ChunkRunner(npu.spec, npu.groups, npu.chunk, npu.kv_rows)
+    seen = []
+    r.chunk(npu.matrix("model.embed_tokens.weight")[:5], observe=lambda gi, f: seen.append(f))
+    for g, feeds in zip(npu.groups, seen):
+        placed = qnn_ort.placement(g.session, feeds)
+        assert set(placed) == {"QNNExecutionProvider"}, placed
+
+
+# ------------------------------------------------------------------------------------- the C runtime's NPU backend
+@pytest.fixture(scope="module")
+def host_npu(tmp_path_factory):
+    """demo-llama for host-npu: this machine's CPU kernels + the same NPU graphs, so libedgellm's QNN backend runs
+    here (on the HTP emulator) what it runs on a phone."""
+    return edgellm.compile("demo", target="host-npu", out=tmp_path_factory.mktemp("hostnpu") / "pkg", max_context=256,
+                           npu_chunk=CHUNK, soc="sm8650", progress=False)
+
+
+@pytest.fixture(scope="module")
+def runtimes(host_npu):
+    npu = edgellm.Runtime.load(host_npu, prefill_backend="npu", npu_soc="sm8650", threads=2)
+    cpu = edgellm.Runtime.load(host_npu, prefill_backend="cpu", threads=2)
+    yield npu, cpu
+    npu.close()
+    cpu.close()
+
+
+@needs_qnn
+@pytest.mark.parametrize("n_tokens", [1, 2 * CHUNK, 5 * CHUNK - 3])
+def test_runtime_npu_prefill_logits(runtimes, demo, n_tokens):
+    """Prompts of 1, 2 and 5 chunks (the last padded and masked) prefilled by libedgellm's QNN backend: logits of
+    every token within 3% (rel. L2) of the same package's CPU f32 path, the top token the same at >= 95% of
+    positions; decode then continues on the CPU over the KV cache the NPU wrote."""
+    npu, cpu = runtimes
+    assert npu.prefill_backend == "npu" and cpu.prefill_backend == "cpu"
+    _, heldout = demo
+    ids = heldout[100:100 + n_tokens]
+    got, want = npu.logits(ids), cpu.logits(ids)
+    assert got.shape == want.shape == (n_tokens, npu.vocab)
+    assert rel(got, want) < 0.03
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.95
+    assert npu.context.pos == n_tokens
+    step_npu, step_cpu = npu.decode_step(int(want[-1].argmax())), cpu.decode_step(int(want[-1].argmax()))
+    assert rel(step_npu, step_cpu) < 0.03
+
+
+@needs_qnn
+def test_runtime_greedy_after_npu_prefill(runtimes, demo):
+    """12 held-out prompts: the 16 greedy tokens after an NPU prefill equal the CPU-only run's for >= 90% of them
+    (bench/npu_prefill.py: 50 prompts x 32 tokens)."""
+    npu, cpu = runtimes
+    _, heldout = demo
+    rng = np.random.default_rng(7)
+    same = 0
+    for s, n in zip(rng.integers(0, len(heldout) - 100, 12), rng.integers(4, 5 * CHUNK, 12)):
+        ids = heldout[s:s + n]
+        a = npu.generate(ids, max_new_tokens=16, temperature=0, ignore_eos=True).token_ids
+        same += a == cpu.generate(ids, max_new_tokens=16, temperature=0, ignore_eos=True).token_ids
+    assert same >= 11
+
+
+@needs_qnn
+def test_runtime_npu_stale_cache_rows(runtimes, demo):
+    """Cache rows past the prompt that an earlier conversation wrote (masked, but the HTP's arithmetic still sees
+    them) are zeroed: a prompt's logits are the same bits before and after a longer generation."""
+    npu, _ = runtimes
+    _, heldout = demo
+    ids = heldout[700:740]
+    first = npu.logits(ids)
+    npu.generate(heldout[10:150], max_new_tokens=24, temperature=0, ignore_eos=True)
+    assert np.array_equal(npu.logits(ids), first)
+
+
+@needs_qnn
+def test_runtime_epcontext_equals_graphs(host_npu, runtimes, demo, monkeypatch):
+    """The EPContext binary prepared for sm8650 and the QDQ ONNX graph prepared at load (with sm8650's HTP
+    options) give the same logits."""
+    npu, _ = runtimes
+    _, heldout = demo
+    ids = heldout[500:540]
+    monkeypatch.setenv("EDGELLM_NPU_ONNX_GRAPHS", "1")
+    with edgellm.Runtime.load(host_npu, prefill_backend="npu", npu_soc="sm8650", threads=2) as onnx_graphs:
+        b = onnx_graphs.logits(ids)
+    a = npu.logits(ids)
+    assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+
+
+@needs_qnn
+def test_runtime_npu_errors(host_npu, tmp_path, monkeypatch):
+    import shutil
+
+    from edgellm.errors import InputError, RuntimeLoadError
+
+    with pytest.raises(InputError, match="prefill_backend"):
+        edgellm.Runtime.load(host_npu, prefill_backend="gpu")
+    with pytest.raises(RuntimeLoadError, match="no EPContext graphs for SoC sm8750"):
+        edgellm.Runtime.load(host_npu, prefill_backend="npu", npu_soc="sm8750")
+    # no ONNX Runtime: "npu" fails in one line, "auto" prefills on the CPU and says why
+    monkeypatch.setenv("EDGELLM_ORT_LIB", str(tmp_path / "libonnxruntime.so"))
+    with pytest.raises(RuntimeLoadError, match="cannot load") as e:
+        edgellm.Runtime.load(host_npu, prefill_backend="npu")
+    assert "\n" not in str(e.value)
+    with edgellm.Runtime.load(host_npu) as rt:
+        assert rt.prefill_backend == "cpu" and "cannot load" in rt.prefill_backend_note
+    monkeypatch.delenv("EDGELLM_ORT_LIB")
+    # a damaged descriptor is refused, never guessed around
+    bad = tmp_path / "bad"
+    shutil.copytree(host_npu, bad)
+    (bad / "npu" / "npu.txt").write_text("edgellm-npu 1\nchunk 32\ngroup 0 3 npu/group0.onnx\n")
+    with pytest.raises(RuntimeLoadError, match="npu"):
+        edgellm.Runtime.load(bad, prefill_backend="npu")
+    # a package without NPU graphs
+    cpu_only = edgellm.compile("demo", out=tmp_path / "cpu", max_context=64, progress=False)
+    with pytest.raises(RuntimeLoadError, match="no NPU graphs"):
+        edgellm.Runtime.load(cpu_only, prefill_backend="npu")
+    with edgellm.Runtime.load(cpu_only) as rt:
+        assert rt.prefill_backend == "cpu" and rt.prefill_backend_note == ""
+
+
+# ------------------------------------------------------------------------------------- CPU-only, errors
+def test_cpu_only_under_qemu(npu_pkg, tmp_path):
+    """The android-npu package is an android-cpu package plus npu/: its edgellm-run decodes on the CPU kernels
+    under qemu and gives the android-cpu package's greedy tokens."""
+    from test_targets_arm import HAVE_CROSS, qemu
+
+    if not HAVE_CROSS:
+        pytest.skip("needs qemu-aarch64 and the aarch64 cross toolchain")
+    cpu_pkg = edgellm.compile("demo", target="android-cpu", out=tmp_path / "cpu", max_context=256, progress=False)
+
+    def tokens(pkg):
+        r = subprocess.run([*qemu("android-cpu"), str(pkg / "bin" / "edgellm-run"), str(pkg), "--ids",
+                            "5,17,33,2,99,250,7,64", "-n", "12", "--ignore-eos", "--print-ids", "--threads", "2",
+                            "--temperature", "0"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return [int(t) for t in r.stdout.split()]
+
+    got = tokens(npu_pkg)
+    assert len(got) == 12 and got == tokens(cpu_pkg)
+
+
+def test_compile_errors(tmp_path):
+    for kwargs, words in (({"target": "android-npu", "soc": "sm1234"}, "unknown SoC"),
+                          ({"target": "host", "npu_chunk": 32}, "apply to --target android-npu"),
+                          ({"target": "host", "soc": "sm8650"}, "apply to --target android-npu")):
+        with pytest.raises(CompileError, match=words):
+            edgellm.compile("demo", out=tmp_path / "x", progress=False, **kwargs)
+        assert not (tmp_path / "x").exists()
+    with pytest.raises(CompileError, match="mixture-of-experts"):
+        edgellm.compile("demo-moe", target="android-npu", out=tmp_path / "y", progress=False)
+    assert not (tmp_path / "y").exists()
