@@ -78,6 +78,15 @@ def tune_cmd(show, clear):
     click.echo(describe(cache))
 
 
+_npu_options = [
+    click.option("--prefill-backend", type=click.Choice(["auto", "cpu", "npu"]), default="auto", show_default=True,
+                 help="android-npu / host-npu packages: prefill prompts on the NPU (ONNX Runtime + QNN EP), the CPU, "
+                      "or the NPU when it loads"),
+    click.option("--npu-soc", default=None, help="the SoC whose prepared NPU graphs to load (sm8550, sm8650, sm8750; "
+                                                "none: the ONNX graphs) [default: this phone's]"),
+]
+
+
 def _sampling_options(f):
     opts = [
         click.option("-n", "--max-new-tokens", type=click.IntRange(min=0), default=128, show_default=True),
@@ -98,6 +107,7 @@ def _sampling_options(f):
         click.option("--digest", default=None, help="refuse to run unless the package matches this sha256:... digest "
                                                     "(printed by edgellm compile)"),
         click.option("--memory-budget", default=None, help="bytes of weights the runtime may hold, e.g. 600MB"),
+        *_npu_options,
     ]
     for o in reversed(opts):
         f = o(f)
@@ -130,7 +140,8 @@ def describe_sampling(defaults: dict, given: dict) -> str:
 @click.option("--quant", "-q", default=None, help="scheme when compiling --model [default: f16; t2 for BitNet]")
 @_sampling_options
 def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
-            presence_penalty, frequency_penalty, seed, stop, ignore_eos, threads, digest, memory_budget):
+            presence_penalty, frequency_penalty, seed, stop, ignore_eos, threads, digest, memory_budget,
+            prefill_backend, npu_soc):
     """Generate text from PACKAGE (or --model, default: the bundled demo), streaming it to stdout; a tok/s summary
     goes to stderr. Sampling options not given come from the package (its generation_config.json), as in
     Runtime.generate and bin/edgellm-run: the same arguments and seed give the same tokens everywhere."""
@@ -153,7 +164,8 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
     given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
              "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty,
              "frequency_penalty": frequency_penalty}
-    with Runtime.load(package, threads=threads, digest=digest, memory_budget=memory_budget) as rt:
+    with Runtime.load(package, threads=threads, digest=digest, memory_budget=memory_budget,
+                      prefill_backend=prefill_backend, npu_soc=npu_soc) as rt:
         r: dict = {}
         for piece in rt.stream(prompt, max_new_tokens=max_new_tokens, seed=seed, stop=list(stop),
                                ignore_eos=ignore_eos, _result=r, **given):
@@ -236,13 +248,16 @@ def eval_ppl_cmd(packages_or_models, text_file, context, stride, max_tokens, qua
 @click.option("--reps", type=int, default=3, show_default=True, help="timed repetitions (the median is reported)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random prompt ids")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json):
+@_npu_options[0]
+@_npu_options[1]
+def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, prefill_backend, npu_soc):
     """Prefill and decode speed of PACKAGE: tok/s, time to first token, peak RSS (one warm-up, median of --reps)."""
     import json
 
     from .runtime.bench import bench, format_bench
 
-    r = bench(package, prompt_len=prompt_len, gen_len=gen_len, threads=threads, reps=reps, seed=seed)
+    r = bench(package, prompt_len=prompt_len, gen_len=gen_len, threads=threads, reps=reps, seed=seed,
+              prefill_backend=prefill_backend, npu_soc=npu_soc)
     click.echo(json.dumps(r) if as_json else format_bench(r))
 
 
@@ -279,10 +294,30 @@ def info_cmd(package):
         ("sampling", (describe_sampling({**NEUTRAL, **sampling}, {}).replace(" (package defaults from "
                                                                           "generation_config.json)", "")
                       + (" (generation_config.json)" if sampling else ""))),
+        *(("npu", line) for line in _npu_lines(m.get("npu"))),
         ("digest", package_digest(package)),
     ]
     for k, v in rows:
         click.echo(f"{k:>11}: {v}")
+
+
+def _npu_lines(npu) -> list[str]:
+    """The NPU graphs of an android-npu package: one line for the graphs, one per SoC with prepared binaries."""
+    if not isinstance(npu, dict) or not npu.get("groups"):
+        return []
+    g = npu["groups"]
+    err = (npu.get("error_vs_f32") or {}).get("hidden_out")
+    spans = ", ".join(f"layers {x['layers'][0]}-{x['layers'][1] - 1}" for x in g)
+    line = f"{len(g)} prefill graph(s) of {npu['chunk']} tokens ({spans}), {npu.get('quant')}, "
+    line += f"{sum(x['bytes'] for x in g) / 2**20:.1f} MiB"
+    if isinstance(err, float):
+        line += f", hidden-state error vs f32 {err:.2%}"
+    out = [line]
+    for soc, v in sorted((npu.get("socs") or {}).items()):
+        out.append(f"{soc} (Hexagon v{v.get('htp_arch')}): prepared, {v.get('bytes', 0) / 2**20:.1f} MiB")
+    if not npu.get("socs"):
+        out.append("no prepared SoC binaries: the ONNX graphs are prepared at load (slow first load)")
+    return out
 
 
 def _tuning_line(t) -> str:

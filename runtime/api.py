@@ -389,6 +389,24 @@ class _FallbackText:
         return text[len(self.done):].encode() if text.startswith(self.done) else b""
 
 
+@contextmanager
+def _stdout_to_stderr(on: bool):
+    """Qualcomm's HTP libraries print a banner on stdout (fd 1) when they load: keep a CLI's output clean."""
+    if not on:
+        yield
+        return
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _package_dir(name: str) -> Path | None:
     import importlib.util
 
@@ -484,7 +502,8 @@ class Runtime:
             opts.digest = digest.encode()
         elif verify:
             verify_package(p)
-        h = L.lib().el_model_load(str(p).encode(), C.byref(opts))
+        with _stdout_to_stderr(prefill_backend != "cpu" and manifest.get("npu") is not None):
+            h = L.lib().el_model_load(str(p).encode(), C.byref(opts))
         if not h:
             raise RuntimeLoadError(L.last_error())
         try:

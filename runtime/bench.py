@@ -6,6 +6,7 @@ repetition pages the weights in; the medians of `reps` timed repetitions are rep
 from __future__ import annotations
 
 import os
+import platform
 import resource
 import statistics
 import time
@@ -57,7 +58,8 @@ def _one(rt: Runtime, ids: np.ndarray, gen_len: int) -> tuple[float, float, floa
 
 
 def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, threads: int | None = None,
-          reps: int = 3, warmup: int = 1, seed: int = 0) -> dict:
+          reps: int = 3, warmup: int = 1, seed: int = 0, prefill_backend: str = "auto",
+          npu_soc: str | None = None) -> dict:
     """Median prefill/decode tokens per second, time to first token and peak RSS of one package."""
     if prompt_len < 1:
         raise InputError(f"--prompt-len {prompt_len} is invalid: must be >= 1")
@@ -66,8 +68,9 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
     if reps < 1:
         raise InputError(f"--reps {reps} is invalid: must be >= 1")
     t0 = time.perf_counter()
-    with Runtime.load(package, threads=threads) as rt:
+    with Runtime.load(package, threads=threads, prefill_backend=prefill_backend, npu_soc=npu_soc) as rt:
         load_s = time.perf_counter() - t0
+        backend = rt.prefill_backend
         if prompt_len + gen_len > rt.max_context:
             raise InputError(f"--prompt-len {prompt_len} + --gen-len {gen_len} exceeds the package's context "
                              f"{rt.max_context}: shorten them or recompile with a larger --max-context")
@@ -82,7 +85,8 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
     dc = [r[3] / r[2] for r in runs]
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return {
-        "package": str(package), "quant": m["quant"]["scheme"], "threads": n_threads,
+        "package": str(package), "quant": m["quant"]["scheme"], "threads": n_threads, "prefill_backend": backend,
+        "npu_emulated": backend == "npu" and platform.machine() != "aarch64",
         "prompt_len": prompt_len, "gen_len": gen_len, "reps": reps, "warmup": warmup,
         "prefill_tok_s": statistics.median(pf), "decode_tok_s": statistics.median(dc),
         "ttft_s": statistics.median(r[1] for r in runs), "peak_rss_mb": peak_kb / 1024, "load_s": load_s,
@@ -93,8 +97,11 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
 
 
 def format_bench(r: dict) -> str:
+    npu = ""
+    if r.get("prefill_backend") == "npu":   # on x86 the QNN HTP backend is Qualcomm's simulator
+        npu = " on the NPU" + (" EMULATOR: not a speed number" if r.get("npu_emulated") else "")
     return (f"{r['package']} ({r['quant']}, {r['threads']} threads, median of {r['reps']}): "
-            f"prefill {r['prefill_tok_s']:.1f} tok/s ({r['prompt_len']} tokens), "
+            f"prefill {r['prefill_tok_s']:.1f} tok/s ({r['prompt_len']} tokens{npu}), "
             f"decode {r['decode_tok_s']:.1f} tok/s ({r['decode_tokens']} tokens), ttft {r['ttft_s'] * 1e3:.1f} ms, "
             f"peak RSS {r['peak_rss_mb']:.0f} MB, load {r['load_s']:.2f} s"
             f"{' (weights in huge pages)' if r['weights_huge_pages_bytes'] else ''}")

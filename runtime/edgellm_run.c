@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "edgellm.h"
 
@@ -22,7 +23,8 @@
   "usage: edgellm-run PKG (-p TEXT | --ids 1,2,3) [-n N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n" \
   "                   [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--seed S]\n"      \
   "                   [--stop STR ...] [--ignore-eos] [--threads N] [--print-ids] [--dump-logits FILE]\n"        \
-  "                   [--digest sha256:HEX] [--memory-budget BYTES]\n"                                           \
+  "                   [--digest sha256:HEX] [--memory-budget BYTES] [--prefill-backend auto|cpu|npu]\n"         \
+  "                   [--npu-soc SOC]\n"                                                                          \
   "  PKG                  package directory (made by `edgellm compile`)\n"                                      \
   "  -p, --prompt TEXT    prompt text (needs PKG/tokenizer.bin)\n"                                              \
   "  --ids LIST           prompt as token ids, comma- or space-separated\n"                                     \
@@ -42,6 +44,12 @@
   "  --dump-logits FILE   write the logits of every sampling step (vocab float32 rows, raw) to FILE\n"        \
   "  --digest sha256:HEX  refuse to run unless the package matches this digest (printed by edgellm compile)\n"  \
   "  --memory-budget N    bytes of weights the runtime may hold (suffixes K, M, G)\n"                           \
+  "  --prefill-backend B  android-npu packages: prefill prompts on the NPU (npu), the CPU (cpu), or the NPU when\n" \
+  "                       ONNX Runtime with the QNN EP loads (auto, default). Libraries: EDGELLM_ORT_LIB\n"       \
+  "                       (default libonnxruntime.so), EDGELLM_QNN_EP_LIB (plugin EP; unset: QNN built into\n"   \
+  "                       ORT), EDGELLM_QNN_BACKEND (default libQnnHtp.so)\n"                                   \
+  "  --npu-soc SOC        sm8550, sm8650, sm8750: that SoC's prepared graphs (default: this phone's); none: the\n" \
+  "                       ONNX graphs, prepared at load\n"                                                      \
   "  --version            print the runtime version\n"
 
 #define MAX_STOPS 64
@@ -124,6 +132,8 @@ static int parse_ids(const char* s, int32_t** out) {
 
 int main(int argc, char** argv) {
   const char *pkg = NULL, *prompt = NULL, *ids_arg = NULL, *dump_path = NULL, *digest = NULL;
+  const char* npu_soc = NULL;
+  int prefill = EL_PREFILL_AUTO;
   const char* stops[MAX_STOPS];
   int n_stops = 0, print_ids = 0;
   long max_new = -1, threads = 0, top_k = -1;
@@ -184,6 +194,13 @@ int main(int argc, char** argv) {
       NEED_VALUE dump_path = v;
     } else if (!strcmp(a, "--digest")) {
       NEED_VALUE digest = v;
+    } else if (!strcmp(a, "--prefill-backend")) {
+      NEED_VALUE if (!strcmp(v, "auto")) prefill = EL_PREFILL_AUTO;
+      else if (!strcmp(v, "cpu")) prefill = EL_PREFILL_CPU;
+      else if (!strcmp(v, "npu")) prefill = EL_PREFILL_NPU;
+      else return usage_error("--prefill-backend takes auto, cpu or npu, got '%s'", v);
+    } else if (!strcmp(a, "--npu-soc")) {
+      NEED_VALUE npu_soc = v;
     } else if (!strcmp(a, "--memory-budget")) {
       NEED_VALUE if (parse_bytes(v, &budget)) return usage_error("--memory-budget needs a size like 600M or 2G, got '%s'", v);
     } else if (a[0] == '-' && a[1]) {
@@ -210,7 +227,17 @@ int main(int argc, char** argv) {
   opt.n_threads = (int)threads;
   opt.digest = digest;
   opt.memory_budget = budget;
-  if (!(m = el_model_load(pkg, &opt))) {
+  opt.prefill_backend = prefill;
+  opt.npu_soc = npu_soc;
+  opt.ort_library = getenv("EDGELLM_ORT_LIB");
+  opt.qnn_ep_library = getenv("EDGELLM_QNN_EP_LIB");
+  opt.qnn_backend = getenv("EDGELLM_QNN_BACKEND");
+  /* Qualcomm's HTP libraries print a banner on stdout when they load; the generated text owns stdout here. */
+  int saved_stdout = prefill != EL_PREFILL_CPU ? dup(1) : -1;
+  if (saved_stdout >= 0) fflush(stdout), dup2(2, 1);
+  m = el_model_load(pkg, &opt);
+  if (saved_stdout >= 0) fflush(stdout), dup2(saved_stdout, 1), close(saved_stdout);
+  if (!m) {
     fail("cannot load the package");
     goto done;
   }
@@ -302,9 +329,12 @@ int main(int argc, char** argv) {
   static const char* const reasons[] = {"none", "eos", "stop", "length", "context", "cancelled"};
   double pf = res.prefill_seconds > 0 ? res.prompt_tokens / res.prefill_seconds : 0.0;
   double dc = res.decode_seconds > 0 ? res.decoded_tokens / res.decode_seconds : 0.0;
-  fprintf(stderr, "[%d prompt tokens, %d generated (%s); prefill %.1f tok/s, decode %.1f tok/s, %d threads]\n",
-          res.prompt_tokens, res.generated_tokens, reasons[res.finish < 6 ? res.finish : 0], pf, dc,
-          el_context_threads(c));
+  char note[1024];
+  int on_npu = el_model_prefill_backend(m, note, sizeof note) == EL_PREFILL_NPU;
+  if (!on_npu && note[0]) fprintf(stderr, "edgellm-run: note: prefill on the CPU: %s\n", note);
+  fprintf(stderr, "[%d prompt tokens, %d generated (%s); prefill %.1f tok/s%s, decode %.1f tok/s, %d threads]\n",
+          res.prompt_tokens, res.generated_tokens, reasons[res.finish < 6 ? res.finish : 0], pf,
+          on_npu ? " (NPU)" : "", dc, el_context_threads(c));
   rc = 0;
 done:
   if (dump) fclose(dump);

@@ -7,6 +7,7 @@ after an NPU prefill, and the android-npu package's CPU-only path under qemu."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import numpy as np
@@ -237,6 +238,28 @@ def test_runtime_npu_errors(host_npu, tmp_path, monkeypatch):
         assert rt.prefill_backend == "cpu" and rt.prefill_backend_note == ""
 
 
+@needs_qnn
+def test_edgellm_run_npu_prefill(host_npu, runtimes):
+    """The device binary shares the backend: bin/edgellm-run --prefill-backend npu prefills on the NPU (it says so)
+    and gives the Python runtime's greedy tokens."""
+    from edgellm.runtime.api import _npu_options
+    from edgellm.runtime.lib import LoadOptions
+
+    npu, _ = runtimes
+    opts = LoadOptions()
+    _npu_options(opts, None)
+    env = {**os.environ, "EDGELLM_ORT_LIB": opts.ort_library.decode(), "EDGELLM_QNN_EP_LIB": opts.qnn_ep_library.decode(),
+           "EDGELLM_QNN_BACKEND": opts.qnn_backend.decode()}
+    prompt = list(range(40, 110))
+    r = subprocess.run([str(host_npu / "bin" / "edgellm-run"), str(host_npu), "--ids", ",".join(map(str, prompt)), "-n",
+                        "12", "--ignore-eos", "--print-ids", "--temperature", "0", "--prefill-backend", "npu",
+                        "--npu-soc", "sm8650", "--threads", "2"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "(NPU)" in r.stderr.splitlines()[-1]
+    want = npu.generate(prompt, max_new_tokens=12, temperature=0, ignore_eos=True).token_ids
+    assert [int(t) for t in r.stdout.split()] == want
+
+
 # ------------------------------------------------------------------------------------- CPU-only, errors
 def test_cpu_only_under_qemu(npu_pkg, tmp_path):
     """The android-npu package is an android-cpu package plus npu/: its edgellm-run decodes on the CPU kernels
@@ -256,6 +279,10 @@ def test_cpu_only_under_qemu(npu_pkg, tmp_path):
 
     got = tokens(npu_pkg)
     assert len(got) == 12 and got == tokens(cpu_pkg)
+    # the stand-in static binary (no NDK) cannot dlopen ONNX Runtime: asked for the NPU it says so in one line
+    r = subprocess.run([*qemu("android-cpu"), str(npu_pkg / "bin" / "edgellm-run"), str(npu_pkg), "--ids", "5,17",
+                        "-n", "2", "--prefill-backend", "npu"], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "linked statically" in r.stderr and "--prefill-backend cpu" in r.stderr
 
 
 def test_compile_errors(tmp_path):
