@@ -125,19 +125,7 @@ class NumpyModel:
 
     def greedy(self, ids, n: int) -> list[int]:
         self.reset()
-        return self._greedy(self.forward(ids)[-1], n)
-
-    def greedy_from_cache(self, k, v, pos: int, last_logits, n: int) -> list[int]:
-        """Greedy tokens after a prompt prefilled elsewhere (e.g. on the NPU): k, v [layers, >= pos, kv_heads,
-        head_dim] hold its KV cache, last_logits the logits of its last token."""
-        self.reset()
-        self.g.k = [np.asarray(k[i][:pos], self.dtype) for i in range(self.spec.n_layers)]
-        self.g.v = [np.asarray(v[i][:pos], self.dtype) for i in range(self.spec.n_layers)]
-        self.g.pos = pos
-        return self._greedy(np.asarray(last_logits), n)
-
-    def _greedy(self, last, n: int) -> list[int]:
-        out = []
+        out, last = [], self.forward(ids)[-1]
         for _ in range(n):
             t = int(np.argmax(last))
             out.append(t)

@@ -22,10 +22,10 @@ from edgellm.errors import CompileError
 from edgellm.models import load_checkpoint
 from edgellm.models.demo import HELDOUT, demo_path
 from edgellm.models.numpy_backend import NumpyModel
+from edgellm.models.spec import ModelSpec
 from edgellm.models.synthetic import make_checkpoint
 from edgellm.runtime import qnn_ort
 from edgellm.runtime.npu_chunks import ChunkRunner, Group, mask
-from edgellm.runtime.npu_prefill import NpuPrefill
 
 needs_qnn = pytest.mark.skipif(not qnn_ort.qnn_available(), reason="needs onnxruntime-qnn (pip install onnxruntime-qnn)")
 CHUNK = 32
@@ -94,10 +94,9 @@ def npu_pkg(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def demo():
-    spec, ck, d = load_checkpoint(demo_path("demo"))
-    ref = NumpyModel(spec, lambda n: np.asarray(ck.get(n), np.float32), np.float32)
-    return ref, Tokenizer.from_file(str(d / "tokenizer.json")).encode(HELDOUT.read_text()).ids
+def heldout():
+    """Token ids of the demo's held-out text (never seen in training or calibration)."""
+    return Tokenizer.from_file(str(demo_path("demo") / "tokenizer.json")).encode(HELDOUT.read_text()).ids
 
 
 def test_package_layout(npu_pkg):
@@ -119,11 +118,17 @@ def test_package_layout(npu_pkg):
 def test_every_node_on_qnn(npu_pkg, tmp_path):
     """Sessions are made with CPU fallback disabled (a node QNN rejects fails the session); the profile of a run
     shows only the QNN provider."""
-    npu = NpuPrefill(npu_pkg, soc="sm8650", epcontext=False, profile=str(tmp_path / "prof"))
-    r = ChunkRunner(npu.spec, npu.groups, npu.chunk, npu.kv_rows)
+    man = json.loads((npu_pkg / "manifest.json").read_text())
+    spec = ModelSpec.from_dict(man["model"]["config"])
+    groups = []
+    for g in man["npu"]["groups"]:
+        s = qnn_ort.session(npu_pkg / g["graph"], backend="qnn", soc="sm8650", profile=str(tmp_path / "prof"))
+        groups.append(Group(tuple(g["layers"]), s, tuple(i.name for i in s.get_inputs())))
+    r = ChunkRunner(spec, groups, man["npu"]["chunk"], man["npu"]["kv_rows"])
     seen = []
-    r.chunk(npu.matrix("model.embed_tokens.weight")[:5], observe=lambda gi, f: seen.append(f))
-    for g, feeds in zip(npu.groups, seen):
+    x = np.random.default_rng(0).standard_normal((5, spec.hidden_size)).astype(np.float32)
+    r.chunk(x, observe=lambda gi, f: seen.append(f))
+    for g, feeds in zip(groups, seen):
         placed = qnn_ort.placement(g.session, feeds)
         assert set(placed) == {"QNNExecutionProvider"}, placed
 
@@ -148,13 +153,12 @@ def runtimes(host_npu):
 
 @needs_qnn
 @pytest.mark.parametrize("n_tokens", [1, 2 * CHUNK, 5 * CHUNK - 3])
-def test_runtime_npu_prefill_logits(runtimes, demo, n_tokens):
+def test_runtime_npu_prefill_logits(runtimes, heldout, n_tokens):
     """Prompts of 1, 2 and 5 chunks (the last padded and masked) prefilled by libedgellm's QNN backend: logits of
     every token within 3% (rel. L2) of the same package's CPU f32 path, the top token the same at >= 95% of
     positions; decode then continues on the CPU over the KV cache the NPU wrote."""
     npu, cpu = runtimes
     assert npu.prefill_backend == "npu" and cpu.prefill_backend == "cpu"
-    _, heldout = demo
     ids = heldout[100:100 + n_tokens]
     got, want = npu.logits(ids), cpu.logits(ids)
     assert got.shape == want.shape == (n_tokens, npu.vocab)
@@ -166,11 +170,10 @@ def test_runtime_npu_prefill_logits(runtimes, demo, n_tokens):
 
 
 @needs_qnn
-def test_runtime_greedy_after_npu_prefill(runtimes, demo):
+def test_runtime_greedy_after_npu_prefill(runtimes, heldout):
     """12 held-out prompts: the 16 greedy tokens after an NPU prefill equal the CPU-only run's for >= 90% of them
     (bench/npu_prefill.py: 50 prompts x 32 tokens)."""
     npu, cpu = runtimes
-    _, heldout = demo
     rng = np.random.default_rng(7)
     same = 0
     for s, n in zip(rng.integers(0, len(heldout) - 100, 12), rng.integers(4, 5 * CHUNK, 12)):
@@ -181,11 +184,10 @@ def test_runtime_greedy_after_npu_prefill(runtimes, demo):
 
 
 @needs_qnn
-def test_runtime_npu_stale_cache_rows(runtimes, demo):
+def test_runtime_npu_stale_cache_rows(runtimes, heldout):
     """Cache rows past the prompt that an earlier conversation wrote (masked, but the HTP's arithmetic still sees
     them) are zeroed: a prompt's logits are the same bits before and after a longer generation."""
     npu, _ = runtimes
-    _, heldout = demo
     ids = heldout[700:740]
     first = npu.logits(ids)
     npu.generate(heldout[10:150], max_new_tokens=24, temperature=0, ignore_eos=True)
@@ -193,11 +195,10 @@ def test_runtime_npu_stale_cache_rows(runtimes, demo):
 
 
 @needs_qnn
-def test_runtime_epcontext_equals_graphs(host_npu, runtimes, demo, monkeypatch):
+def test_runtime_epcontext_equals_graphs(host_npu, runtimes, heldout, monkeypatch):
     """The EPContext binary prepared for sm8650 and the QDQ ONNX graph prepared at load (with sm8650's HTP
     options) give the same logits."""
     npu, _ = runtimes
-    _, heldout = demo
     ids = heldout[500:540]
     monkeypatch.setenv("EDGELLM_NPU_ONNX_GRAPHS", "1")
     with edgellm.Runtime.load(host_npu, prefill_backend="npu", npu_soc="sm8650", threads=2) as onnx_graphs:
