@@ -50,15 +50,18 @@ def cli():
               help="android-npu: weight bits of the NPU graphs (activations 16-bit)")
 @click.option("--soc", default=None, help="android-npu: SoCs to prepare EPContext binaries for, comma-separated "
               "(sm8550, sm8650, sm8750, or none) [default: all three]")
+@click.option("--npu-outliers", type=click.Choice(["auto", "off"]), default="auto", show_default=True,
+              help="android-npu: compute outlier activation channels on the CPU in float (llm.npu's shadow "
+                   "execution) where calibration finds them")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune,
-                npu_chunk, npu_quant, soc, quiet):
+                npu_chunk, npu_quant, soc, npu_outliers, quiet):
     """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
     from .compiler.driver import compile_model
 
     compile_model(model, target=target, quant=quant, out=out, max_context=max_context, prefill_chunk=prefill_chunk,
                   progress=not quiet, head_quant=head_quant, gptq=gptq, calib=calib, act_order=act_order, tune=tune,
-                  npu_chunk=npu_chunk, npu_quant=npu_quant, soc=soc)
+                  npu_chunk=npu_chunk, npu_quant=npu_quant, soc=soc, npu_outliers=npu_outliers == "auto")
 
 
 @cli.command("tune")

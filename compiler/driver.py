@@ -86,7 +86,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                   prefill_chunk: int | None = None, progress: bool = True, head_quant: str | None = None,
                   gptq: bool = False, calib: str | None = None, act_order: bool = False,
                   tune: str | None = None, fuse: bool = True, npu_chunk: int | None = None,
-                  npu_quant: str = "w8a16", soc: str | None = None) -> Path:
+                  npu_quant: str = "w8a16", soc: str | None = None, npu_outliers: bool = True) -> Path:
     """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
     body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
     calibrated on calib (a text file) or the built-in sample. tune: off | quick | full (compiler/tune; None: quick
@@ -98,8 +98,9 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             raise CompileError(f"{name} {v} is out of range: use {lo}..{hi}")
     tgt = get_target(target)
     tune_mode = resolve_mode(tune, tgt)
-    if not tgt.npu and (npu_chunk is not None or soc is not None or npu_quant != "w8a16"):
-        raise CompileError(f"--npu-chunk, --npu-quant and --soc apply to --target android-npu, not {tgt.name}")
+    if not tgt.npu and (npu_chunk is not None or soc is not None or npu_quant != "w8a16" or not npu_outliers):
+        raise CompileError(f"--npu-chunk, --npu-quant, --npu-outliers and --soc apply to --target android-npu, not "
+                           f"{tgt.name}")
     socs = []
     if tgt.npu:
         from .onnx_qnn.package import parse_socs
@@ -211,7 +212,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             if "tokenizer.json" not in tok_files:
                 raise CompileError("--target android-npu calibrates on text: the checkpoint needs a tokenizer.json")
             npu = write_npu(tmp, spec, raw, model_dir / "tokenizer.json", chunk=npu_chunk, kv_rows=kv_rows,
-                            quant=npu_quant, socs=socs, calib=calib, progress=progress)
+                            quant=npu_quant, socs=socs, calib=calib, gptq=pre, outliers=npu_outliers,
+                            progress=progress)
         manifest = {
             "format_version": FORMAT_VERSION,
             "edgellm_version": _version(),

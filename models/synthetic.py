@@ -131,3 +131,26 @@ def make_checkpoint(out_dir, arch: str = "LlamaForCausalLM", seed: int = 0, dtyp
     if tokenizer:
         make_tokenizer(out, vocab_size=cfg["vocab_size"])
     return out
+
+
+def with_activation_outliers(src, out_dir, layer: int, channels, factor: float = 50.0) -> Path:
+    """A copy of checkpoint `src` whose FFN down-projection input of `layer` has outlier channels: up_proj rows
+    `channels` are scaled by `factor` and down_proj columns by 1/factor. In exact arithmetic the model is unchanged;
+    quantized activations (the NPU's 16-bit ones) now need a range `factor` times wider (the outliers LLMs grow)."""
+    import shutil
+
+    from .checkpoint import Checkpoint
+
+    src, out = Path(src), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ck = Checkpoint(src)
+    p = f"model.layers.{layer}.mlp."
+    weights = {n: np.array(ck.get(n), np.float32) for n in ck.names()}
+    ch = np.asarray(channels)
+    weights[p + "up_proj.weight"][ch, :] *= factor
+    weights[p + "down_proj.weight"][:, ch] /= factor
+    save_file(weights, str(out / "model.safetensors"))
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+            shutil.copyfile(f, out / f.name)
+    return out

@@ -34,7 +34,16 @@
 #define NPU_MAX_SOCS 8
 
 enum { IN_X, IN_COS, IN_SIN, IN_MASK, IN_PAST_K, IN_PAST_V };
-enum { OUT_Y, OUT_NEW_K, OUT_NEW_V };
+enum { OUT_Y = 16, OUT_NEW_K, OUT_NEW_V, OUT_OUTLIERS }; /* distinct from the IN_ kinds */
+
+/* llm.npu's shadow outlier execution, CPU side: the graph clips a layer's FFN down-projection input to +-threshold
+ * and outputs the raw values of `n` channels (outl<layer>); y += (outl - clip(outl)) @ cols, cols [n, dim] =
+ * W_down[:, channels].T in float (npu/outliers.bin: n int32 channels, then cols). */
+typedef struct {
+  int layer, n;
+  float threshold;
+  const float* cols;
+} npu_outliers;
 
 typedef struct {
   char* name;
@@ -64,6 +73,9 @@ typedef struct {
   size_t rope_rows;
   npu_group g[NPU_MAX_GROUPS];
   char soc[32];  /* the SoC whose EPContext graphs were loaded; "" = the ONNX graphs */
+  npu_outliers outl[NPU_MAX_GROUPS];
+  int n_outl;
+  float* outl_data; /* npu/outliers.bin */
 } qnn;
 
 typedef struct {
@@ -101,7 +113,7 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
    * binaries (to check one against the other: the emulator runs one HTP version per process) */
   const char* force = getenv("EDGELLM_NPU_ONNX_GRAPHS");
   int use_ctx = !(force && !strcmp(force, "1"));
-  char rope[512] = "";
+  char rope[512] = "", outl_file[512] = "";
   for (char* line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
     line = trim(line);
     char a[512], b[512];
@@ -118,6 +130,15 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
       snprintf(g->graph, sizeof g->graph, "%s/%s", dir, a);
       continue;
     }
+    /* outliers <layer> <threshold> <n> <byte offset in outliers file> */
+    unsigned long long off;
+    float t;
+    if (sscanf(line, "outliers %d %f %d %llu", &x, &t, &y, &off) == 4) {
+      if (q->n_outl >= NPU_MAX_GROUPS || y <= 0 || !(t > 0) || off % 4) goto bad;
+      q->outl[q->n_outl++] = (npu_outliers){x, y, t, (const float*)(uintptr_t)off}; /* offset until the file is read */
+      continue;
+    }
+    if (sscanf(line, "outliers_file %511s", outl_file) == 1) continue;
     /* soc <name> <group index> <epcontext graph> */
     if (sscanf(line, "soc %31s %d %511s", b, &x, a) == 3) {
       if (!soc || strcmp(b, soc) != 0 || !use_ctx) continue;
@@ -146,6 +167,18 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
   }
   q->rope = r;
   q->rope_rows = (size_t)q->kv_rows;
+  if (q->n_outl) {
+    if (!outl_file[0]) return el_error("npu/npu.txt lists outliers but no outliers_file: recompile the package");
+    snprintf(path, sizeof path, "%s/%s", dir, outl_file);
+    if (!(q->outl_data = el_read_small_file(path, "npu outliers", (size_t)1 << 30, &size))) return -1;
+    for (int i = 0; i < q->n_outl; i++) {
+      npu_outliers* o = &q->outl[i];
+      size_t off = (size_t)(uintptr_t)o->cols, need = (size_t)o->n * (1 + (size_t)q->dim) * sizeof(float);
+      if (off > size || size - off < need)
+        return el_error("%s is shorter than npu/npu.txt says: recompile the package", outl_file);
+      o->cols = (const float*)((const uint8_t*)q->outl_data + off) + o->n; /* after the n int32 channel ids */
+    }
+  }
   return 0;
 bad:
   free(text);
@@ -185,6 +218,7 @@ static int classify(npu_io* io, const char* name, int input) {
     if (!strcmp(name, "y")) return io->kind = OUT_Y, 0;
     if (sscanf(name, "new_k%d%1s", &v, tail) == 1) return io->kind = OUT_NEW_K, io->arg = v, 0;
     if (sscanf(name, "new_v%d%1s", &v, tail) == 1) return io->kind = OUT_NEW_V, io->arg = v, 0;
+    if (sscanf(name, "outl%d%1s", &v, tail) == 1) return io->kind = OUT_OUTLIERS, io->arg = v, 0;
   }
   return el_error("NPU graph %s %s is not one this runtime knows: recompile the package", input ? "input" : "output",
                   name);
@@ -212,7 +246,8 @@ static int load_names(qnn* q, npu_group* g) {
       q->ort.AllocatorFree(a, name);
       if (!io->name) return el_error("out of memory");
       if (classify(io, io->name, !pass) != 0) return -1;
-      if ((io->kind == IN_PAST_K || io->kind == IN_PAST_V || io->kind == OUT_NEW_K || io->kind == OUT_NEW_V) &&
+      if ((io->kind == IN_PAST_K || io->kind == IN_PAST_V || io->kind == OUT_NEW_K || io->kind == OUT_NEW_V ||
+           io->kind == OUT_OUTLIERS) &&
           (io->arg < g->l0 || io->arg >= g->l1))
         return el_error("NPU graph %s names layer %d outside its layers %d..%d: recompile the package", g->graph,
                         io->arg, g->l0, g->l1 - 1);
@@ -261,6 +296,7 @@ static void qnn_close(void* state) {
   /* The env and the EP registration stay for the process: ORT allows one env, and unloading the QNN libraries
    * while another model may still use them is unsafe. */
   free(q->rope);
+  free(q->outl_data);
   free(q);
 }
 
@@ -277,6 +313,11 @@ static int open_sessions(el_model* m, const char* dir, qnn* q) {
   if (read_descriptor(q, dir, soc) != 0) return -1;
   if (q->kv_rows != (int)m->h.kv_rows)
     return el_error("npu/npu.txt has %d cache rows, the plan %u: recompile the package", q->kv_rows, m->h.kv_rows), -1;
+  for (int i = 0; i < q->n_outl; i++) { /* the CPU's part lands before the next layer: it must end its graph */
+    int ok = 0;
+    for (int k = 0; k < q->n_groups; k++) ok |= q->g[k].l1 - 1 == q->outl[i].layer;
+    if (!ok) return el_error("npu/npu.txt: outliers of layer %d inside a graph: recompile the package", q->outl[i].layer);
+  }
   for (int i = 0; i < q->n_groups; i++)
     if (q->g[i].l0 != (i ? q->g[i - 1].l1 : 0) || q->g[i].l1 <= q->g[i].l0 ||
         (i == q->n_groups - 1 && q->g[i].l1 != (int)m->h.n_layers))
@@ -381,6 +422,25 @@ static void fill_mask(float* m, int pos, int C, int L, int W, float hidden) {
   }
 }
 
+/* y [C, dim] += (outl - clip(outl)) @ cols for the layer's outlier channels; only elements past the threshold cost
+ * anything (a few per token). */
+static int add_outliers(const qnn* q, int layer, const float* outl, float* y, int C) {
+  const npu_outliers* o = NULL;
+  for (int i = 0; i < q->n_outl; i++)
+    if (q->outl[i].layer == layer) o = &q->outl[i];
+  if (!o) return el_error("NPU graph outputs outliers of layer %d that npu/npu.txt does not describe", layer);
+  for (int r = 0; r < C; r++)
+    for (int j = 0; j < o->n; j++) {
+      float a = outl[(size_t)r * o->n + j];
+      float d = a > o->threshold ? a - o->threshold : a < -o->threshold ? a + o->threshold : 0.f;
+      if (d == 0.f) continue;
+      const float* col = o->cols + (size_t)j * q->dim;
+      float* yr = y + (size_t)r * q->dim;
+      for (int h = 0; h < q->dim; h++) yr[h] += d * col[h];
+    }
+  return 0;
+}
+
 static int qnn_run(void* state, void* ctx_state, el_context* c, int prog, int pos) {
   qnn* q = state;
   qnn_ctx* x = ctx_state;
@@ -446,7 +506,9 @@ static int qnn_run(void* state, void* ctx_state, el_context* c, int prog, int po
       if (io->kind == OUT_Y) continue;
       void* data;
       rc = ort_fail(q, q->ort.GetTensorMutableData(vout[k], &data), "output data");
-      if (!rc) {
+      if (!rc && io->kind == OUT_OUTLIERS) {
+        rc = add_outliers(q, io->arg, data, y, C);
+      } else if (!rc) {
         uint8_t* dst = el_cache_of(c, io->kind == OUT_NEW_K ? EL_ARG_KCACHE : EL_ARG_VCACHE, (uint32_t)io->arg);
         memcpy(dst + (size_t)pos * row * sizeof(float), data, (size_t)C * row * sizeof(float));
       }

@@ -36,7 +36,8 @@ BACKENDS = ("tvm_cpu", "qnn_ort")       # the tag of a backend is its index
 BACKEND_TVM_CPU, BACKEND_QNN_ORT = 0, 1
 PROGRAMS = ("prefill", "prefill_logits", "decode", "head", "prefill_short", "npu_embed", "npu_prefill")
 OPTIONAL_PROGRAMS = ("prefill_short", "npu_embed", "npu_prefill")
-NPU_DIR, NPU_DESCRIPTOR, NPU_ROPE = "npu", "npu/npu.txt", "npu/rope.bin"   # android-npu (runtime/backend_qnn_ort.c)
+# android-npu (read by runtime/backend_qnn_ort.c)
+NPU_DIR, NPU_DESCRIPTOR, NPU_ROPE, NPU_OUTLIERS = "npu", "npu/npu.txt", "npu/rope.bin", "npu/outliers.bin"
 KERNEL_WRITES_KV = 1
 KERNEL_INFO_SYMBOL, KERNEL_INFO_COUNT_SYMBOL = "__edgellm_kernel_info", "__edgellm_kernel_info_count"
 

@@ -36,10 +36,26 @@ def mask(pos: int, chunk: int, kv_rows: int, window: int = 0) -> np.ndarray:
 
 
 @dataclass
+class Outliers:
+    """The CPU's share of one layer's FFN down projection (llm.npu's shadow outlier execution): the graph clips the
+    projection's input to +-threshold and outputs outl<layer>, the raw values of `channels`; the CPU adds
+    (outl - clip(outl)) @ cols in float. cols: [len(channels), hidden] = W_down[:, channels].T."""
+    layer: int
+    threshold: float
+    channels: np.ndarray
+    cols: np.ndarray
+
+    def correction(self, outl: np.ndarray) -> np.ndarray:
+        d = outl - np.clip(outl, -self.threshold, self.threshold)
+        return d @ self.cols
+
+
+@dataclass
 class Group:
     layers: tuple[int, int]     # [l0, l1)
     session: object             # onnxruntime InferenceSession
     inputs: tuple[str, ...]
+    outliers: tuple[Outliers, ...] = ()
 
 
 class ChunkRunner:
@@ -53,7 +69,7 @@ class ChunkRunner:
         self.v = cache_v if cache_v is not None else np.zeros(shape, np.float32)
         self.pos = 0
 
-    def chunk(self, x: np.ndarray, observe=None) -> np.ndarray:
+    def chunk(self, x: np.ndarray, observe=None, observe_out=None) -> np.ndarray:
         """x [n <= C, hidden]: the embedded rows of the next n tokens. Returns the hidden states [n, hidden] leaving
         the last group; the cache gains n rows."""
         n, C, pos = x.shape[0], self.C, self.pos
@@ -78,13 +94,17 @@ class ChunkRunner:
             if observe is not None:
                 observe(gi, {k: np.array(v) for k, v in feeds.items() if k in g.inputs})
             outs = dict(zip([o.name for o in g.session.get_outputs()], g.session.run(None, feeds)))
+            if observe_out is not None:
+                observe_out(gi, outs)
             for layer in range(*g.layers):
                 self.k[layer, pos:pos + C] = outs[f"new_k{layer}"]
                 self.v[layer, pos:pos + C] = outs[f"new_v{layer}"]
             h = outs["y"]
+            for o in g.outliers:
+                h = h + o.correction(outs[f"outl{o.layer}"])
         self.pos += n
         return h[:n]
 
-    def prefill(self, x: np.ndarray, observe=None) -> np.ndarray:
+    def prefill(self, x: np.ndarray, observe=None, observe_out=None) -> np.ndarray:
         """All rows of x in chunks; the hidden states of every token [T, hidden]."""
-        return np.concatenate([self.chunk(x[i:i + self.C], observe) for i in range(0, len(x), self.C)])
+        return np.concatenate([self.chunk(x[i:i + self.C], observe, observe_out) for i in range(0, len(x), self.C)])

@@ -296,3 +296,49 @@ def test_compile_errors(tmp_path):
     with pytest.raises(CompileError, match="mixture-of-experts"):
         edgellm.compile("demo-moe", target="android-npu", out=tmp_path / "y", progress=False)
     assert not (tmp_path / "y").exists()
+
+
+# ------------------------------------------------------------------------------------- outlier activations
+def test_outlier_choice():
+    from edgellm.compiler.onnx_qnn.outliers import choose, split_groups
+
+    m = np.ones(256)
+    m[[3, 200]] = [40.0, 90.0]
+    m[17] = 3.0
+    got = choose({0: m, 1: np.ones(256)})
+    assert got == {0: (3.0, [3, 200])}             # the threshold: the largest maximum of the other channels
+    assert split_groups([(0, 6)], [1, 3]) == [(0, 2), (2, 4), (4, 6)]
+    assert split_groups([(0, 2), (2, 4)], [1, 5]) == [(0, 2), (2, 4)]
+
+
+@pytest.fixture(scope="module")
+def outlier_pkgs(tmp_path_factory):
+    """demo-llama with massive activations in layer 2's FFN (two channels x5000, function-preserving: the size of
+    the outliers LLMs grow), compiled with and without the CPU outlier path."""
+    from edgellm.models.synthetic import with_activation_outliers
+
+    root = tmp_path_factory.mktemp("outl")
+    ck = with_activation_outliers(demo_path("demo"), root / "ck", 2, [5, 77], 5000.0)
+    return {o: edgellm.compile(str(ck), target="host-npu", quant="f32", out=root / o, max_context=256, npu_chunk=CHUNK,
+                               soc="sm8650", npu_outliers=o == "auto", progress=False) for o in ("auto", "off")}
+
+
+@needs_qnn
+def test_outliers_on_the_cpu(outlier_pkgs, heldout):
+    """Layers with outlier channels end their graph (the CPU adds its part before the next layer); the error of the
+    hidden states (compile table, QDQ on the CPU EP) and of the logits from the HTP, against the same package's CPU
+    f32 path, are lower with the CPU outlier path than without."""
+    man = {o: json.loads((p / "manifest.json").read_text())["npu"] for o, p in outlier_pkgs.items()}
+    assert "2" in man["auto"]["outliers"] and {5, 77} <= set(man["auto"]["outliers"]["2"]["channels"])
+    assert man["off"]["outliers"] == {} and len(man["auto"]["groups"]) > len(man["off"]["groups"])
+    ends = {g["layers"][1] - 1 for g in man["auto"]["groups"]}
+    assert {int(x) for x in man["auto"]["outliers"]} <= ends
+    assert man["auto"]["error_vs_f32"]["hidden_out"] < man["off"]["error_vs_f32"]["hidden_out"]
+    err = {}
+    for o, p in outlier_pkgs.items():
+        with edgellm.Runtime.load(p, prefill_backend="npu", npu_soc="sm8650", threads=2) as n, \
+                edgellm.Runtime.load(p, prefill_backend="cpu", threads=2) as c:
+            assert n.prefill_backend == "npu"
+            err[o] = float(np.median([rel(n.logits(heldout[s:s + 100]), c.logits(heldout[s:s + 100]))
+                                      for s in range(0, 1200, 150)]))
+    assert err["auto"] < 0.8 * err["off"], err

@@ -29,6 +29,7 @@ from ...runtime.npu_chunks import MASK_VALUE  # noqa: F401 (re-exported: the mas
 
 OPSET = 21
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+DOWN_PROJ = "mlp.down_proj.weight"   # the FFN down projection: its input is where activation outliers live
 
 
 def mask_name(window: int) -> str:
@@ -38,8 +39,11 @@ def mask_name(window: int) -> str:
 class OnnxGraph:
     """Graph backend emitting ONNX nodes for layers [l0, l1) of a prefill chunk of C tokens."""
 
-    def __init__(self, spec: ModelSpec, weight, chunk: int, kv_rows: int, l0: int, l1: int):
+    def __init__(self, spec: ModelSpec, weight, chunk: int, kv_rows: int, l0: int, l1: int,
+                 outliers: dict | None = None, expose_act: bool = False):
         self.spec, self.C, self.L, self.l0, self.l1 = spec, chunk, kv_rows, l0, l1
+        self.outliers = outliers or {}             # layer -> (threshold, channels): see linear()
+        self.expose_act = expose_act               # also output every FFN down-projection input (calibration)
         self._weight = weight                      # checkpoint name -> float array
         self.nodes: list[onnx.NodeProto] = []
         self.inits: dict[str, np.ndarray] = {}
@@ -115,11 +119,30 @@ class OnnxGraph:
         return name
 
     def linear(self, x, w, b=None):
-        if not self._live(self._layer_of(w), x):
+        layer = self._layer_of(w)
+        if not self._live(layer, x):
             return None
         out_f, in_f = np.shape(self._weight(w))
-        y = self._op("MatMul", [self._in(x), self._w(w, (in_f, out_f), transpose=True)])   # x @ W.T
+        x = self._in(x)
+        if w.endswith(DOWN_PROJ):
+            x = self._outlier_split(x, layer, in_f)
+        y = self._op("MatMul", [x, self._w(w, (in_f, out_f), transpose=True)])   # x @ W.T
         return self._op("Add", [y, self._w(b, (out_f,))]) if b is not None else y
+
+    def _outlier_split(self, a: str, layer: int, n: int) -> str:
+        """llm.npu's shadow outlier execution, NPU side: the down projection sees its input clipped to the layer's
+        calibrated threshold t (so 16-bit quantization resolves the ordinary values), and the raw values of the
+        few channels that exceed t go out as outl<layer> for the CPU to add (a - clip(a)) @ W[:, channels].T in
+        float (runtime/npu_chunks.py, runtime/backend_qnn_ort.c)."""
+        if self.expose_act:
+            self._op("Identity", [a], out=f"act{layer}")
+            self.outputs.append((f"act{layer}", [self.C, n]))
+        if layer not in self.outliers:
+            return a
+        t, channels = self.outliers[layer]
+        self._op("Gather", [a, self._const(np.asarray(channels, np.int64))], out=f"outl{layer}", axis=1)
+        self.outputs.append((f"outl{layer}", [self.C, len(channels)]))
+        return self._op("Clip", [a, self._const(np.array(-t, np.float32)), self._const(np.array(t, np.float32))])
 
     def rope(self, x, n_heads):
         if x is None:
@@ -200,14 +223,17 @@ class OnnxGraph:
         return m
 
 
-def trace_group(spec: ModelSpec, weight, chunk: int, kv_rows: int, l0: int, l1: int) -> onnx.ModelProto:
-    """The float prefill-chunk graph of layers [l0, l1)."""
+def trace_group(spec: ModelSpec, weight, chunk: int, kv_rows: int, l0: int, l1: int, outliers: dict | None = None,
+                expose_act: bool = False) -> onnx.ModelProto:
+    """The float prefill-chunk graph of layers [l0, l1). outliers: layer -> (threshold, channels) of the FFN down
+    projection inputs split off for the CPU (one layer per graph then: the CPU's part must be added before the next
+    layer runs); expose_act: output every down-projection input as act<layer> (calibration)."""
     from ...models import family
 
     if spec.family != "llama" or spec.n_experts:
         OnnxGraph(spec, weight, chunk, kv_rows, l0, l1)._unsupported(
             "a mixture-of-experts model" if spec.n_experts else f"the {spec.family} family")
-    g = OnnxGraph(spec, weight, chunk, kv_rows, l0, l1)
+    g = OnnxGraph(spec, weight, chunk, kv_rows, l0, l1, outliers, expose_act)
     x = family(spec).body(g, list(range(chunk)))
     if g.y is None:
         g.y = x

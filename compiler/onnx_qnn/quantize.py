@@ -1,8 +1,11 @@
 """Quantization of the group graphs for the Hexagon HTP (which runs no float32): static QDQ through ONNX Runtime's
-QNN quantization tooling, 16-bit activations calibrated on text, per-output-channel symmetric weights.
+QNN quantization tooling, 16-bit activations calibrated on text, symmetric weights.
 
-    w8a16   int8 weights (the default: rel. error ~1% per layer)
-    w4a16   int4 weights (half the bytes; RTN error is high, GPTQ-quality weights are what makes it usable)
+    w8a16   int8 weights per output channel (the default: rel. error ~1% per layer)
+    w4a16   int4 weights per block of W4_BLOCK inputs x one output column (half the bytes). The graph is quantized
+            as w8a16, then each MatMul weight's DequantizeLinear becomes an int4 block-wise one (opset 21
+            `block_size` on axis 0, which the HTP runs). Codes: round-to-nearest, or the GPTQ codes and scales of
+            the CPU package (`--gptq`), whose group size becomes the block size.
 
 The calibration ranges of the KV cache and of the residual stream are widened (RANGE_MARGIN): min-max over a few
 chunks clips the positions and prompts calibration never saw (toolchain notes)."""
@@ -13,10 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 from ...errors import CompileError
+from ...quant.packing import unpack_codes, unpack_group_scales
+from ...quant.q4 import q4_codes, q4_scales
 
-NPU_QUANTS = {"w8a16": "QUInt8", "w4a16": "QInt4"}
+NPU_QUANTS = {"w8a16": "int8 per channel", "w4a16": "int4 block-wise"}
+W4_BLOCK = 32       # w4a16 RTN: inputs per scale (the toolchain probes' block; GPTQ codes keep their own group size)
 RANGE_MARGIN = 1.5
 
 
@@ -30,9 +37,10 @@ class _Reader:
         return next(self._it, None)
 
 
-def _matmul_weights(m: onnx.ModelProto) -> list[str]:
+def _matmul_weights(m: onnx.ModelProto) -> dict[str, str]:
+    """{MatMul node name: its weight initializer's name} (the checkpoint name, graph.py)."""
     inits = {i.name for i in m.graph.initializer}
-    return [n.input[1] for n in m.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    return {n.name: n.input[1] for n in m.graph.node if n.op_type == "MatMul" and n.input[1] in inits}
 
 
 def widened_ranges(feeds: list[dict], outputs: list[dict]) -> dict[str, tuple[float, float]]:
@@ -45,15 +53,20 @@ def widened_ranges(feeds: list[dict], outputs: list[dict]) -> dict[str, tuple[fl
     return {k: (-RANGE_MARGIN * a, RANGE_MARGIN * a) for k, a in out.items() if a > 0}
 
 
-def quantize_group(float_path: Path, out_path: Path, feeds: list[dict], ranges: dict, scheme: str = "w8a16") -> None:
+def quantize_group(float_path: Path, out_path: Path, feeds: list[dict], ranges: dict, scheme: str = "w8a16",
+                   gptq: dict | None = None) -> str:
+    """Quantizes one float group graph to out_path (+ its external data); returns the weight format (manifest).
+    gptq: the CPU package's GPTQ q4 parts by checkpoint name (w4a16 takes its codes; None: RTN; w8a16 ignores them:
+    its int8 grid is finer than GPTQ's int4 one, so it quantizes the float weights)."""
     from onnxruntime.quantization import QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     if scheme not in NPU_QUANTS:
         raise CompileError(f"--npu-quant {scheme} is not supported (choose one of {', '.join(NPU_QUANTS)})")
-    wtype = getattr(QuantType, NPU_QUANTS[scheme])
     m = onnx.load(str(float_path), load_external_data=False)
-    over: dict[str, list[dict]] = {w: [{"quant_type": wtype, "symmetric": True, "axis": 1}] for w in _matmul_weights(m)}
+    # int8 per output channel; w4a16 replaces these DequantizeLinear nodes afterwards (int4_blocks)
+    over: dict[str, list[dict]] = {w: [{"quant_type": QuantType.QUInt8, "symmetric": True, "axis": 1}]
+                                   for w in _matmul_weights(m).values()}
     names = {i.name for i in m.graph.input} | {o.name for o in m.graph.output}
     for k, (lo, hi) in ranges.items():
         if k in names:
@@ -67,3 +80,81 @@ def quantize_group(float_path: Path, out_path: Path, feeds: list[dict], ranges: 
         quantize(str(float_path), str(out_path), cfg)
     finally:
         root.setLevel(level)
+    if scheme == "w8a16":
+        return NPU_QUANTS[scheme]
+    return int4_blocks(out_path, float_path, gptq)
+
+
+def rtn_int4(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """w f32 [in, out] -> (codes int8 [in, out] in -8..7, scales f32 [in/block, out]): the q4 rule of the CPU
+    package (quant/q4.py: d = f16(m / -8), m the signed absmax of the block; the CPU's q4g32 RTN codes are these).
+    A scale is negative where m > 0 (m lands on code -8, using all 16 levels); the HTP takes negative scales (its
+    output matches the CPU EP's on the same graph as closely as with per-channel int8), so GPTQ's scales need no
+    conversion either."""
+    K, N = w.shape
+    if K % block:
+        raise CompileError(f"--npu-quant w4a16: a weight with {K} inputs is not a multiple of the block size {block}")
+    wb = np.asarray(w, np.float32).reshape(K // block, block, N).transpose(0, 2, 1)   # [K/B, N, B]
+    d = q4_scales(wb).astype(np.float32)
+    return q4_codes(wb, d[..., None]).transpose(0, 2, 1).reshape(K, N), d
+
+
+def gptq_int4(parts: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The CPU package's GPTQ q4 parts (quant/q4.py: codes +8 packed in row panels [out, in], f16 scales [out, in/G]
+    panel-interleaved) -> (codes int8 [in, out], scales f32 [in/G, out]): the same numbers, unpacked and transposed to
+    the graph's [in, out] layout; no requantization (a CPU group of G consecutive inputs of one output row is an NPU
+    block of G along axis 0 of one output column; the HTP runs blocks of 32, 64 and 128, i.e. every q4gG)."""
+    q = unpack_codes(parts["qweight"], "q4").astype(np.int8) - np.int8(8)
+    d = unpack_group_scales(np.asarray(parts["scales"])).astype(np.float32)
+    return np.ascontiguousarray(q.T), np.ascontiguousarray(d.T)
+
+
+def _int4_tensor(name: str, q: np.ndarray) -> onnx.TensorProto:
+    """An INT4 initializer from int8 codes (-8..7): two per byte, the first in the low nibble (ONNX's packing)."""
+    u = np.append(q.reshape(-1) & 0xF, [0] * (q.size % 2)).astype(np.uint8)
+    return helper.make_tensor(name, TensorProto.INT4, q.shape, (u[0::2] | (u[1::2] << 4)).tobytes(), raw=True)
+
+
+def int4_blocks(path: Path, float_path: Path, gptq: dict | None = None) -> str:
+    """Rewrites the quantized graph at path: each MatMul weight's int8 per-channel DequantizeLinear becomes an int4
+    block-wise one (axis 0, block_size B, scales [in/B, out], int4 zero points 0: symmetric). The codes are the GPTQ
+    ones when gptq holds the weight (B = its group size), else RTN of the float weight of float_path (B = W4_BLOCK).
+    Returns the weight format for the manifest. The zero points are explicit although 0 is the default: the QNN EP
+    mis-converts an int4 DequantizeLinear without them in the per-channel case (the HTP's output was garbage while the
+    CPU EP's was right); block-wise it gave the same results either way, so we keep the form that is right for both."""
+    fm = onnx.load(str(float_path), load_external_data=False)
+    finits = {i.name: i for i in fm.graph.initializer}
+    weight_of = _matmul_weights(fm)
+    m = onnx.load(str(path))
+    inits = {i.name: i for i in m.graph.initializer}
+    prod = {o: n for n in m.graph.node for o in n.output}
+    formats = set()
+    for node in m.graph.node:
+        name = weight_of.get(node.name) if node.op_type == "MatMul" else None
+        dq = prod.get(node.input[1]) if name else None
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
+            continue
+        if gptq is not None and name in gptq:
+            q, d = gptq_int4(gptq[name])
+            src = "gptq"
+        else:
+            q, d = rtn_int4(numpy_helper.to_array(finits[name], base_dir=str(float_path.parent)), W4_BLOCK)
+            src = "rtn"
+        block = q.shape[0] // d.shape[0]
+        formats.add(f"int4 block {block}, {src}")
+        for x in dq.input:
+            if x in inits:
+                m.graph.initializer.remove(inits.pop(x))
+        zp = dq.input[2] if len(dq.input) > 2 else dq.input[0] + "_zero_point"
+        m.graph.initializer.extend([_int4_tensor(dq.input[0], q), numpy_helper.from_array(d, dq.input[1]),
+                                    _int4_tensor(zp, np.zeros(d.shape, np.int8))])
+        dq.input[2:] = [zp]
+        del dq.attribute[:]
+        dq.attribute.extend([helper.make_attribute("axis", 0), helper.make_attribute("block_size", block)])
+    if not formats:
+        raise CompileError(f"--npu-quant w4a16: no MatMul weight found to quantize in {path.name}")
+    for f in path.parent.glob(path.name + ".*"):
+        f.unlink()   # the int8 weights' external data (onnx.save would append to it)
+    onnx.save(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=path.name + ".data",
+              size_threshold=1024)
+    return "; ".join(sorted(formats))
