@@ -11,7 +11,10 @@ Runtime.load(prefill_backend="npu") against prefill_backend="cpu" (f32 kernels):
   - the compile's own error table (K/V per layer against the float graphs), graph and EPContext sizes.
 Emulator timings are printed, flagged: the x86 emulator's speed says nothing about a phone's NPU.
 
-    python bench/npu_prefill.py [--prompts 50] [--gen 32] [--schemes w8a16,w4a16]"""
+w4a16-gptq compiles the CPU side as q4g32 with --gptq and the NPU graphs reuse its codes: its CPU column is those
+q4g32 kernels, not f32.
+
+    python bench/npu_prefill.py [--prompts 50] [--gen 32] [--schemes w8a16,w4a16,w4a16-gptq]"""
 from __future__ import annotations
 
 import argparse
@@ -68,7 +71,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=50)
     ap.add_argument("--gen", type=int, default=32)
-    ap.add_argument("--schemes", default="w8a16,w4a16")
+    ap.add_argument("--schemes", default="w8a16,w4a16,w4a16-gptq")
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--ppl-tokens", type=int, default=1024)
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -83,15 +86,17 @@ def main():
     with tempfile.TemporaryDirectory() as td:
         for scheme in a.schemes.split(","):
             t = time.perf_counter()
-            pkg = edgellm.compile(str(model), target="host-npu", quant="f32", out=Path(td) / scheme, max_context=512,
-                                  npu_chunk=a.chunk, npu_quant=scheme, progress=False)
+            gptq = scheme.endswith("-gptq")   # the CPU package q4g32 with GPTQ, whose codes the NPU graphs reuse
+            pkg = edgellm.compile(str(model), target="host-npu", quant="q4g32" if gptq else "f32", gptq=gptq,
+                                  out=Path(td) / scheme, max_context=512, npu_chunk=a.chunk,
+                                  npu_quant=scheme.removesuffix("-gptq"), progress=False)
             compile_s = time.perf_counter() - t
             with edgellm.Runtime.load(pkg, prefill_backend="npu", npu_soc="sm8650") as npu, \
                     edgellm.Runtime.load(pkg, prefill_backend="cpu") as cpu:
                 assert npu.prefill_backend == "npu", npu.prefill_backend_note
                 rate, firsts, errs, secs = agreement(npu, cpu, ps, a.gen)
                 ppl_npu, n = perplexity(npu, heldout, 256)
-                ppl_cpu, _ = perplexity(cpu, heldout, 256)
+                ppl_cpu, _ = perplexity(cpu, heldout, 256)   # -gptq: the q4g32 GPTQ kernels, not f32
                 man = npu.manifest["npu"]
             results[scheme] = {"agreement": rate, "first_divergence": sorted(firsts),
                                "last_logits_rel_err_median": float(np.median(errs)),
@@ -102,7 +107,8 @@ def main():
                                "graph_bytes": sum(g["bytes"] for g in man["groups"]),
                                "soc_bytes": {s: v["bytes"] for s, v in man["socs"].items()}}
     print(f"demo-llama, {a.prompts} held-out prompts of 8-159 tokens, NPU chunk {a.chunk}, {a.gen} greedy tokens; "
-          "NPU = libedgellm's QNN backend on the HTP emulator, CPU = the same package's f32 kernels\n")
+          "NPU = libedgellm's QNN backend on the HTP emulator, CPU = the same package's f32 kernels (q4g32 GPTQ for "
+          "w4a16-gptq)\n")
     print("| NPU weights | same 32 tokens | first divergence at | last-token logits rel. err (median / max) | "
           "perplexity NPU | perplexity CPU f32 | graphs MiB | EPContext MiB per SoC |")
     print("|---|---|---|---|---|---|---|---|")

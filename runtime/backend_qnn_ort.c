@@ -402,7 +402,8 @@ static int qnn_bind(void* state, el_context* c, void** ctx_state) {
       if (io->kind != IN_MASK) continue;
       int seen = 0;
       for (int w = 0; w < x->n_windows; w++) seen |= x->windows[w] == io->arg;
-      if (!seen && x->n_windows < 16) x->windows[x->n_windows++] = io->arg;
+      if (!seen && x->n_windows == 16) return el_error("NPU graphs with more than 16 attention windows");
+      if (!seen) x->windows[x->n_windows++] = io->arg;
     }
   x->y[0] = malloc(C * q->dim * sizeof(float)), x->y[1] = malloc(C * q->dim * sizeof(float));
   x->masks = malloc((x->n_windows ? x->n_windows : 1) * C * S * sizeof(float));

@@ -261,6 +261,23 @@ def test_edgellm_run_npu_prefill(host_npu, runtimes):
     assert [int(t) for t in r.stdout.split()] == want
 
 
+@needs_qnn
+def test_cli_npu(host_npu, capsys):
+    from edgellm.cli import main
+
+    assert main(["run", str(host_npu), "-p", "def read_config(path):", "-n", "4", "--temperature", "0",
+                 "--prefill-backend", "npu", "--npu-soc", "sm8650"]) == 0
+    assert main(["bench", str(host_npu), "--prompt-len", "40", "--gen-len", "2", "--reps", "1", "--prefill-backend",
+                 "npu", "--npu-soc", "sm8650"]) == 0
+    out = capsys.readouterr().out
+    assert "on the NPU EMULATOR: not a speed number" in out
+    assert main(["info", str(host_npu)]) == 0
+    info = capsys.readouterr().out
+    assert "prefill graph(s) of 32 tokens (layers 0-" in info and "w8a16" in info
+    assert "sm8650 (Hexagon v75): prepared" in info
+    assert main(["run", str(host_npu), "-p", "x", "--prefill-backend", "gpu"]) != 0
+
+
 # ------------------------------------------------------------------------------------- CPU-only, errors
 def test_cpu_only_under_qemu(npu_pkg, tmp_path):
     """The android-npu package is an android-cpu package plus npu/: its edgellm-run decodes on the CPU kernels
