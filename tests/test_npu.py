@@ -136,10 +136,10 @@ def test_every_node_on_qnn(npu_pkg, tmp_path):
 # ------------------------------------------------------------------------------------- the C runtime's NPU backend
 @pytest.fixture(scope="module")
 def host_npu(tmp_path_factory):
-    """demo-llama for host-npu: this machine's CPU kernels + the same NPU graphs, so libedgellm's QNN backend runs
-    here (on the HTP emulator) what it runs on a phone."""
-    return edgellm.compile("demo", target="host-npu", out=tmp_path_factory.mktemp("hostnpu") / "pkg", max_context=256,
-                           npu_chunk=CHUNK, soc="sm8650", progress=False)
+    """demo-llama for host-npu: this machine's CPU kernels (f32: the CPU path the NPU is held to) + the same NPU
+    graphs, so libedgellm's QNN backend runs here (on the HTP emulator) what it runs on a phone."""
+    return edgellm.compile("demo", target="host-npu", quant="f32", out=tmp_path_factory.mktemp("hostnpu") / "pkg",
+                           max_context=256, npu_chunk=CHUNK, soc="sm8650", progress=False)
 
 
 @pytest.fixture(scope="module")
