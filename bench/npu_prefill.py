@@ -27,6 +27,7 @@ import numpy as np
 
 import edgellm
 from edgellm.models.demo import HELDOUT, demo_path
+from edgellm.runtime.perplexity import nll_sum
 
 
 def prompts(tok, n: int, rng) -> list[list[int]]:
@@ -54,16 +55,8 @@ def agreement(npu, cpu, ps, gen: int):
 
 
 def perplexity(rt, ids, window: int) -> tuple[float, int]:
-    nll, n = 0.0, 0
-    for s in range(0, len(ids) - 1, window):
-        w = ids[s:s + window + 1]
-        if len(w) < 2:
-            break
-        lg = rt.logits(w[:-1]).astype(np.float64)
-        lg -= lg.max(-1, keepdims=True)
-        lp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
-        nll -= float(lp[np.arange(len(w) - 1), w[1:]].sum())
-        n += len(w) - 1
+    """Non-overlapping windows of window + 1 tokens, each scoring its last `window` (edgellm eval's windows)."""
+    nll, n = nll_sum(rt.logits, ids, window + 1, window)
     return float(np.exp(nll / n)), n
 
 

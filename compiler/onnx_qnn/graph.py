@@ -3,8 +3,8 @@ static prefill-chunk graph per group of layers, for ONNX Runtime's QNN execution
 
 A group graph maps
     x [C, hidden] (the residual stream entering the group's first layer), cos/sin [C, 1, head_dim] (RoPE of the
-    chunk's positions, halves repeated), mask [C, kv_rows + C] (additive: 0 visible, MASK_VALUE hidden; one per
-    distinct sliding window),
+    chunk's positions, halves repeated), mask [C, kv_rows + C] (additive: 0 visible, npu_chunks.MASK_VALUE
+    hidden; one per distinct sliding window),
     past_k{l}/past_v{l} [kv_rows, kv_heads, head_dim] (the context's KV cache of layer l, in the runtime's own layout)
 to
     y [C, hidden] (the residual stream leaving the group), new_k{l}/new_v{l} [C, kv_heads, head_dim] (the chunk's K/V,
@@ -25,7 +25,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ...errors import CompileError
 from ...models.spec import ModelSpec
-from ...runtime.npu_chunks import MASK_VALUE  # noqa: F401 (re-exported: the masks the graphs are calibrated with)
 
 OPSET = 21
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")

@@ -14,8 +14,8 @@ import onnx
 from ...errors import CompileError, first_line
 from ...runtime import qnn_ort
 from ...runtime.contract import NPU_DESCRIPTOR, NPU_OUTLIERS, NPU_ROPE
-from ...runtime.npu_chunks import ChunkRunner, Group
-from .graph import MASK_VALUE, trace_group
+from ...runtime.npu_chunks import MASK_VALUE, ChunkRunner, Group
+from .graph import trace_group
 from .outliers import choose as choose_outliers
 from .outliers import specs as outlier_specs
 from .outliers import split_groups
