@@ -257,6 +257,50 @@ static int load_names(qnn* q, npu_group* g) {
   return 0;
 }
 
+/* The dims an input or output must have (rank 0: not checked here). */
+static int expected_dims(const qnn* q, const npu_io* io, int64_t* d) {
+  int C = q->chunk;
+  switch (io->kind) {
+    case IN_X: case OUT_Y: d[0] = C, d[1] = q->dim; return 2;
+    case IN_COS: case IN_SIN: d[0] = C, d[1] = 1, d[2] = q->hd; return 3;
+    case IN_MASK: d[0] = C, d[1] = (int64_t)q->kv_rows + C; return 2;
+    case IN_PAST_K: case IN_PAST_V: d[0] = q->kv_rows, d[1] = q->kvh, d[2] = q->hd; return 3;
+    case OUT_NEW_K: case OUT_NEW_V: d[0] = C, d[1] = q->kvh, d[2] = q->hd; return 3;
+    default: return 0; /* outl<l>: [C, n], n checked against npu/npu.txt at run */
+  }
+}
+
+/* Every float input and output has exactly the shape the runtime will hand it: the buffers are the context's own
+ * (cache, arena rows), so a graph that disagrees with the plan is refused at load, never run. */
+static int check_shapes(qnn* q, npu_group* g) {
+  for (int pass = 0; pass < 2; pass++)
+    for (size_t k = 0; k < (pass ? g->n_out : g->n_in); k++) {
+      const npu_io* io = pass ? &g->out[k] : &g->in[k];
+      int64_t want[4], got[4];
+      int rank = expected_dims(q, io, want);
+      OrtTypeInfo* ti;
+      OrtStatus* st = pass ? q->ort.SessionGetOutputTypeInfo(g->sess, k, &ti)
+                           : q->ort.SessionGetInputTypeInfo(g->sess, k, &ti);
+      if (ort_fail(q, st, "graph types")) return -1;
+      const OrtTensorTypeAndShapeInfo* info;
+      ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+      size_t n = 0;
+      int rc = ort_fail(q, q->ort.CastTypeInfoToTensorInfo(ti, &info), "graph types");
+      if (!rc && info) rc = ort_fail(q, q->ort.GetTensorElementType(info, &type), "graph types");
+      if (!rc && info) rc = ort_fail(q, q->ort.GetDimensionsCount(info, &n), "graph types");
+      if (!rc && info && n <= 4) rc = ort_fail(q, q->ort.GetDimensions(info, got, n), "graph types");
+      q->ort.ReleaseTypeInfo(ti);
+      if (rc) return -1;
+      int ok = info && type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT &&
+               (rank == 0 ? n == 2 && got[0] == q->chunk : (size_t)rank == n);
+      for (int d = 0; ok && d < rank; d++) ok = got[d] == want[d];
+      if (!ok)
+        return el_error("NPU graph %s: %s has another type or shape than this package's plan: recompile the package",
+                        g->graph, io->name);
+    }
+  return 0;
+}
+
 static int append_qnn(qnn* q, OrtSessionOptions* so, const char* ep_lib, const char* backend) {
   const char* keys[3] = {"backend_path", "htp_arch", "soc_model"};
   const char* vals[3] = {backend, NULL, NULL};
@@ -311,6 +355,9 @@ static int open_sessions(el_model* m, const char* dir, qnn* q) {
   if (!soc || !strcmp(soc, "auto")) soc = detect_soc();
   if (soc && !strcmp(soc, "none")) soc = NULL;
   if (read_descriptor(q, dir, soc) != 0) return -1;
+  if (q->chunk != (int)m->prog[EL_PROG_NPU_PREFILL].p.tokens)
+    return el_error("npu/npu.txt has chunks of %d tokens, the plan %u: recompile the package", q->chunk,
+                    m->prog[EL_PROG_NPU_PREFILL].p.tokens), -1;
   if (q->kv_rows != (int)m->h.kv_rows)
     return el_error("npu/npu.txt has %d cache rows, the plan %u: recompile the package", q->kv_rows, m->h.kv_rows), -1;
   for (int i = 0; i < q->n_outl; i++) { /* the CPU's part lands before the next layer: it must end its graph */
@@ -367,7 +414,7 @@ static int open_sessions(el_model* m, const char* dir, qnn* q) {
       rc = ort_fail(q, q->ort.CreateSession(q->env, q->g[i].graph, so, &q->g[i].sess), q->g[i].graph);
     }
     q->ort.ReleaseSessionOptions(so);
-    if (rc || load_names(q, &q->g[i]) != 0) return -1;
+    if (rc || load_names(q, &q->g[i]) != 0 || check_shapes(q, &q->g[i]) != 0) return -1;
   }
   return 0;
 }
@@ -425,11 +472,14 @@ static void fill_mask(float* m, int pos, int C, int L, int W, float hidden) {
 
 /* y [C, dim] += (outl - clip(outl)) @ cols for the layer's outlier channels; only elements past the threshold cost
  * anything (a few per token). */
-static int add_outliers(const qnn* q, int layer, const float* outl, float* y, int C) {
+static int add_outliers(const qnn* q, int layer, const float* outl, size_t n_values, float* y, int C) {
   const npu_outliers* o = NULL;
   for (int i = 0; i < q->n_outl; i++)
     if (q->outl[i].layer == layer) o = &q->outl[i];
   if (!o) return el_error("NPU graph outputs outliers of layer %d that npu/npu.txt does not describe", layer);
+  if (n_values != (size_t)C * o->n)
+    return el_error("NPU graph outputs %zu outlier values of layer %d, npu/npu.txt says %d per token", n_values, layer,
+                    o->n);
   for (int r = 0; r < C; r++)
     for (int j = 0; j < o->n; j++) {
       float a = outl[(size_t)r * o->n + j];
@@ -508,7 +558,16 @@ static int qnn_run(void* state, void* ctx_state, el_context* c, int prog, int po
       void* data;
       rc = ort_fail(q, q->ort.GetTensorMutableData(vout[k], &data), "output data");
       if (!rc && io->kind == OUT_OUTLIERS) {
-        rc = add_outliers(q, io->arg, data, y, C);
+        OrtTensorTypeAndShapeInfo* info;
+        size_t n = 0;
+        int64_t dims[2] = {0, 0};
+        rc = ort_fail(q, q->ort.GetTensorTypeAndShape(vout[k], &info), "output shape");
+        if (!rc) {
+          rc = ort_fail(q, q->ort.GetDimensionsCount(info, &n), "output shape");
+          if (!rc && n == 2) rc = ort_fail(q, q->ort.GetDimensions(info, dims, 2), "output shape");
+          q->ort.ReleaseTensorTypeAndShapeInfo(info);
+        }
+        if (!rc) rc = add_outliers(q, io->arg, data, n == 2 ? (size_t)(dims[0] * dims[1]) : 0, y, C);
       } else if (!rc) {
         uint8_t* dst = el_cache_of(c, io->kind == OUT_NEW_K ? EL_ARG_KCACHE : EL_ARG_VCACHE, (uint32_t)io->arg);
         memcpy(dst + (size_t)pos * row * sizeof(float), data, (size_t)C * row * sizeof(float));

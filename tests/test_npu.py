@@ -228,8 +228,13 @@ def test_runtime_npu_errors(host_npu, tmp_path, monkeypatch):
     # a damaged descriptor is refused, never guessed around
     bad = tmp_path / "bad"
     shutil.copytree(host_npu, bad)
+    desc = (host_npu / "npu" / "npu.txt").read_text()
     (bad / "npu" / "npu.txt").write_text("edgellm-npu 1\nchunk 32\ngroup 0 3 npu/group0.onnx\n")
     with pytest.raises(RuntimeLoadError, match="npu"):
+        edgellm.Runtime.load(bad, prefill_backend="npu")
+    # a chunk that is not the plan's would read and write past the chunk's rows: refused at load
+    (bad / "npu" / "npu.txt").write_text(desc.replace(f"chunk {CHUNK}\n", f"chunk {2 * CHUNK}\n"))
+    with pytest.raises(RuntimeLoadError, match="chunks of 64 tokens, the plan 32"):
         edgellm.Runtime.load(bad, prefill_backend="npu")
     # a package without NPU graphs
     cpu_only = edgellm.compile("demo", out=tmp_path / "cpu", max_context=64, progress=False)
