@@ -4,7 +4,6 @@ its external weights), an EPContext binary per SoC (npu/<soc>/), and the numbers
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from ...errors import CompileError, first_line
 from ...runtime import qnn_ort
 from ...runtime.contract import NPU_DESCRIPTOR, NPU_OUTLIERS, NPU_ROPE
 from ...runtime.npu_chunks import MASK_VALUE, ChunkRunner, Group
+from ..driver import _log
 from .graph import trace_group
 from .outliers import choose as choose_outliers
 from .outliers import specs as outlier_specs
@@ -44,11 +44,6 @@ def parse_socs(socs: str | None) -> list[str]:
         raise CompileError(f"--soc {socs!r}: unknown SoC {', '.join(bad) or '(empty)'} (choose from "
                            f"{', '.join(qnn_ort.SOCS)}, comma-separated, or 'none' for ONNX graphs only)")
     return [] if out == ["none"] else out
-
-
-def _log(progress: bool, msg: str):
-    if progress:
-        print(msg, file=sys.stderr, flush=True)
 
 
 def _rel(a, b) -> float:
