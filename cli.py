@@ -90,6 +90,38 @@ _npu_options = [
 ]
 
 
+_store_options = [
+    click.option("--memory-budget", default=None,
+                 help="memory the model may use, e.g. 600MB: the weights it holds + one context's KV cache and "
+                      "activations; weights beyond it stream from the package every token"),
+    click.option("--weight-policy", type=click.Choice(["auto", "resident", "window"]), default="auto",
+                 show_default=True, help="resident: all weights in memory; window: stream what the budget cannot "
+                                         "hold; auto: resident when everything fits"),
+    click.option("--storage", type=click.Choice(["native", "sd", "emmc", "ufs3", "ufs4"]), default="native",
+                 show_default=True, help="shape streamed reads like this storage (ufs3/ufs4: modelled from RAM)"),
+    click.option("--io-threads", type=click.IntRange(1, 4), default=None, help="reader threads [default: 2]"),
+]
+
+
+def _with(options):
+    def deco(f):
+        for o in reversed(options):
+            f = o(f)
+        return f
+    return deco
+
+
+def _store_note(rt) -> str | None:
+    """One stderr line on streamed weights (None when everything is resident)."""
+    m, s = rt.memory(), rt.stats()
+    if not m["streamed_bytes"]:
+        return None
+    return (f"[weights: {m['pinned_bytes'] / 1e6:.1f} MB pinned + {m['window_bytes'] / 1e6:.1f} MB window, "
+            f"{m['streamed_bytes'] / 1e6:.1f} MB streamed per token from {m['storage']}"
+            f"{' (modelled)' if m['storage_modelled'] else ''}; read {s['io_bytes_read'] / 1e6:.1f} MB, "
+            f"{s['io_stall_seconds']:.2f} s waiting for reads]")
+
+
 def _sampling_options(f):
     opts = [
         click.option("-n", "--max-new-tokens", type=click.IntRange(min=0), default=128, show_default=True),
@@ -109,7 +141,7 @@ def _sampling_options(f):
         click.option("--threads", type=click.IntRange(1, 256), default=None, help="threads [default: one per CPU]"),
         click.option("--digest", default=None, help="refuse to run unless the package matches this sha256:... digest "
                                                     "(printed by edgellm compile)"),
-        click.option("--memory-budget", default=None, help="bytes of weights the runtime may hold, e.g. 600MB"),
+        *_store_options,
         *_npu_options,
     ]
     for o in reversed(opts):
@@ -144,7 +176,7 @@ def describe_sampling(defaults: dict, given: dict) -> str:
 @_sampling_options
 def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
             presence_penalty, frequency_penalty, seed, stop, ignore_eos, threads, digest, memory_budget,
-            prefill_backend, npu_soc):
+            weight_policy, storage, io_threads, prefill_backend, npu_soc):
     """Generate text from PACKAGE (or --model, default: the bundled demo), streaming it to stdout; a tok/s summary
     goes to stderr. Sampling options not given come from the package (its generation_config.json), as in
     Runtime.generate and bin/edgellm-run: the same arguments and seed give the same tokens everywhere."""
@@ -168,6 +200,7 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
              "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty,
              "frequency_penalty": frequency_penalty}
     with Runtime.load(package, threads=threads, digest=digest, memory_budget=memory_budget,
+                      weight_policy=weight_policy, storage=storage, io_threads=io_threads,
                       prefill_backend=prefill_backend, npu_soc=npu_soc) as rt:
         r: dict = {}
         for piece in rt.stream(prompt, max_new_tokens=max_new_tokens, seed=seed, stop=list(stop),
@@ -180,6 +213,9 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
         click.echo(f"[{r['prompt_tokens']} prompt tokens, {len(r['ids'])} generated ({r['finish_reason']}); "
                    f"prefill {pf:.1f} tok/s, decode {dc:.1f} tok/s, {rt.threads} threads; "
                    f"{describe_sampling(rt.sampling_defaults(), given)}]", err=True)
+        note = _store_note(rt)
+        if note:
+            click.echo(note, err=True)
 
 
 @cli.group("eval")
@@ -251,17 +287,37 @@ def eval_ppl_cmd(packages_or_models, text_file, context, stride, max_tokens, qua
 @click.option("--reps", type=int, default=3, show_default=True, help="timed repetitions (the median is reported)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random prompt ids")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-@_npu_options[0]
-@_npu_options[1]
-def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, prefill_backend, npu_soc):
+@_with(_store_options)
+@_with(_npu_options)
+def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, memory_budget, weight_policy, storage,
+              io_threads, prefill_backend, npu_soc):
     """Prefill and decode speed of PACKAGE: tok/s, time to first token, peak RSS (one warm-up, median of --reps)."""
     import json
 
     from .runtime.bench import bench, format_bench
 
     r = bench(package, prompt_len=prompt_len, gen_len=gen_len, threads=threads, reps=reps, seed=seed,
-              prefill_backend=prefill_backend, npu_soc=npu_soc)
+              prefill_backend=prefill_backend, npu_soc=npu_soc, memory_budget=memory_budget,
+              weight_policy=weight_policy, storage=storage, io_threads=io_threads)
     click.echo(json.dumps(r) if as_json else format_bench(r))
+
+
+@cli.command("plan")
+@click.argument("package", type=click.Path())
+@click.option("--memory-budget", default=None, help="memory the model may use, e.g. 600MB [default: no limit]")
+@click.option("--weight-policy", type=click.Choice(["auto", "resident", "window"]), default="auto", show_default=True)
+@click.option("--storage", type=click.Choice(["native", "sd", "emmc", "ufs3", "ufs4"]), default="native",
+              show_default=True, help="the storage the weights stream from")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def plan_cmd(package, memory_budget, weight_policy, storage, as_json):
+    """How PACKAGE would use memory under a budget: what stays resident, what streams each token, and the decode
+    speed the storage allows. Reads no weights."""
+    import json
+
+    from .offload.planner import format_plan, plan
+
+    p = plan(package, memory_budget=memory_budget, weight_policy=weight_policy, storage=storage)
+    click.echo(json.dumps(p) if as_json else format_plan(p))
 
 
 @cli.command("info")

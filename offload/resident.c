@@ -26,7 +26,8 @@ typedef struct {
 static int resident_acquire(el_weight_store* s, const uint32_t* ids, uint32_t n, const void** ptrs) {
   resident_store* r = (resident_store*)s;
   for (uint32_t i = 0; i < n; i++) {
-    if (ids[i] >= r->n) {
+    if (ids[i] >= r->n || !r->data) {
+      if (!r->data) return snprintf(s->err, sizeof s->err, "the store was opened for planning only"), -1;
       snprintf(s->err, sizeof s->err, "weight %u does not exist (the plan has %u)", ids[i], r->n);
       return -1;
     }
@@ -206,6 +207,19 @@ el_weight_store* el_store_open_resident(const el_store_config* cfg, char* err, s
   r->table = cfg->table;
   r->n = cfg->n;
   r->bytes = cfg->file_bytes;
+  r->base.acquire = resident_acquire;
+  r->base.release = resident_release;
+  r->base.prefetch = NULL; /* everything is resident: hints are useless */
+  r->base.close = resident_close;
+  r->base.bytes_resident = resident_bytes;
+  r->base.policy = "resident";
+  r->base.layout = (el_store_layout){.budget = cfg->budget, .pinned_bytes = r->bytes, .minimum_budget = r->bytes,
+                                     .pinned_weights = cfg->n, .storage = "native",
+                                     .storage_what = "this machine's disk (read once at load)"};
+  if (cfg->plan_only) { /* nothing to map: the model only reports its memory */
+    close(fd);
+    return &r->base;
+  }
   if ((r->data = load_huge(fd, r->bytes, cfg->huge_pages, &r->map_len))) {
     r->huge = 1;
     r->base.bytes_huge = r->bytes;
@@ -227,17 +241,14 @@ el_weight_store* el_store_open_resident(const el_store_config* cfg, char* err, s
     return NULL;
   }
   close(fd); /* an mmap keeps its own reference to the file */
-  r->base.acquire = resident_acquire;
-  r->base.release = resident_release;
-  r->base.prefetch = NULL; /* everything is resident: hints are useless */
-  r->base.close = resident_close;
-  r->base.bytes_resident = resident_bytes;
-  r->base.policy = "resident";
   return &r->base;
 }
 
 el_weight_store* el_store_open(const char* policy, const el_store_config* cfg, char* err, size_t errlen) {
-  if (!policy || !*policy || !strcmp(policy, "resident")) return el_store_open_resident(cfg, err, errlen);
-  snprintf(err, errlen, "unknown weight store policy \"%s\" (known: resident)", policy);
+  if (!policy || !*policy || !strcmp(policy, "auto"))
+    policy = !cfg->budget || cfg->file_bytes <= cfg->budget ? "resident" : "window";
+  if (!strcmp(policy, "resident")) return el_store_open_resident(cfg, err, errlen);
+  if (!strcmp(policy, "window")) return el_store_open_window(cfg, err, errlen);
+  snprintf(err, errlen, "unknown weight store policy \"%s\" (known: auto, resident, window)", policy);
   return NULL;
 }

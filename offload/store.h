@@ -2,7 +2,8 @@
  *
  * The executor knows weights only by id (the plan's tensor table) and brackets every use:
  *     store->acquire(store, ids, n, ptrs);   ... run the kernel ...   store->release(store, ids, n);
- * and, where the plan says what comes next before it is needed (a routed step's experts), hints it:
+ * and announces what comes next before it is needed (every program's weights, in the order its steps use them, when
+ * it starts; a routed step's experts once they are chosen):
  *     store->prefetch(store, ids, n);        (asynchronous; never blocks)
  * A policy decides residency behind that: "resident" holds the whole file; later ones (layer window, expert cache,
  * neuron window) may block in acquire until the bytes are in RAM and evict after release, within the byte budget
@@ -14,6 +15,7 @@
  */
 #ifndef EDGELLM_STORE_H
 #define EDGELLM_STORE_H
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +26,30 @@
 #endif
 
 typedef struct el_weight_store el_weight_store;
+
+/* What a policy holds and streams (el_model_memory reports it; planning needs no reads). */
+typedef struct {
+  uint64_t budget;         /* bytes the store may hold (0: no limit) */
+  uint64_t pinned_bytes;   /* weights held for the life of the model */
+  uint64_t window_bytes;   /* the ring streamed weights pass through */
+  uint64_t streamed_bytes; /* bytes read per token (each streamed weight once) */
+  uint64_t minimum_budget; /* the smallest budget this policy can run in */
+  uint32_t pinned_weights, streamed_weights;
+  uint32_t requests_per_token;   /* storage requests a token's streamed weights take */
+  const char* storage;           /* profile name */
+  const char* storage_what;      /* its one-line description */
+  double storage_bytes_per_s;    /* 0: unthrottled */
+  double storage_latency_s;
+  int32_t storage_modelled;      /* 1: timings model the profile (reads served from RAM) */
+  int32_t direct_io;             /* 1: reads bypass the page cache */
+} el_store_layout;
+
+typedef struct {
+  uint64_t bytes_read, requests; /* storage reads since open (pinned weights included) */
+  uint64_t hits, misses;         /* acquires whose bytes had landed / had to be waited for */
+  uint64_t dropped;              /* prefetched weights thrown away unused (the order changed) */
+  double stall_s;                /* time acquire spent waiting for reads */
+} el_store_counters;
 struct el_weight_store {
   /* ptrs[i] = first byte of weight ids[i] (EL_TENSOR_ALIGN aligned at least). 0, or -1 with err[] set (nothing
    * stays acquired then). */
@@ -38,6 +64,13 @@ struct el_weight_store {
   uint64_t bytes_huge; /* of those, bytes in transparent huge pages (0: none) */
   const char* policy;  /* "resident", ... */
   char err[256];       /* last failure, one line */
+  el_store_layout layout;
+  const uint8_t* pinned; /* per weight: 1 held for the life of the model (NULL: all of them) */
+  /* Storage counters since open (NULL: the policy reads nothing after open). */
+  void (*counters)(el_weight_store* s, el_store_counters* out);
+  /* Held by the executor around each program run where the policy serves one program at a time (NULL: any
+   * number of programs may run at once). */
+  pthread_mutex_t* run_lock;
 };
 
 /* What a store serves: n weights, each [offset, offset + nbytes) of the file (bounds already checked). */
@@ -49,6 +82,14 @@ typedef struct {
   uint64_t budget;        /* bytes the store may hold; 0: no limit */
   int huge_pages;         /* -1 auto, 0 never, 1 always (resident) */
   int use_mmap;           /* 0: read() into memory instead of mmap (resident) */
+  /* Windowed policies: how one decode token uses the weights (the loader derives it from the plan). */
+  const uint32_t* seq;      /* weights in the order a token first uses them */
+  const uint32_t* seq_step; /* the step using seq[i]: the weights of one step are needed together */
+  uint32_t n_seq;
+  const uint8_t* must_pin;  /* per weight: 1 = cannot be streamed (read by row lookup, used twice, routed) */
+  const char* storage;      /* storage profile (NULL: "native") */
+  int io_threads;           /* reader threads (<= 0: 2) */
+  int plan_only;            /* compute the layout; read and allocate nothing (acquire fails) */
 } el_store_config;
 
 /* "resident": every weight in memory for the life of the model. Where the kernel offers transparent huge pages,
@@ -58,8 +99,15 @@ typedef struct {
  * the file size is refused (windowed policies run models larger than their budget). */
 EL_HIDDEN el_weight_store* el_store_open_resident(const el_store_config* cfg, char* err, size_t errlen);
 
-/* Opens a store by policy name (NULL or "" = "resident"); unknown name -> NULL with err set. New policies add
- * their opener here; the executor does not change. */
+/* "window": weights that cannot be streamed, and as many others as the budget allows (spread evenly over the
+ * token), stay resident; the rest stream through a ring every token, read ahead by reader threads in the order the
+ * executor announces (prefetch of a program's weights when it starts), so a layer's reads overlap the compute of
+ * the layers before it. Identical results to "resident"; peak memory = pinned + ring <= budget. */
+EL_HIDDEN el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, size_t errlen);
+
+/* Opens a store by policy name: "resident", "window", or NULL/""/"auto" (resident when the weights fit the budget,
+ * else window); unknown name -> NULL with err set. New policies add their opener here; the executor does not
+ * change. */
 EL_HIDDEN el_weight_store* el_store_open(const char* policy, const el_store_config* cfg, char* err, size_t errlen);
 
 #endif

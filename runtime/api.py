@@ -439,6 +439,42 @@ def _npu_options(opts, soc: str | None) -> list:
     return keep
 
 
+def _store_options(opts, memory_budget, weight_policy, storage, io_threads) -> list:
+    """Sets the weight-store load options; returns the byte strings that must outlive the load call."""
+    keep = []
+    if memory_budget is not None:
+        opts.memory_budget = parse_bytes(memory_budget)
+    if weight_policy not in (None, "auto", "resident", "window"):
+        raise InputError(f"weight_policy {weight_policy!r}: choose auto, resident or window")
+    if storage is not None and storage not in STORAGE_PROFILES:
+        raise InputError(f"storage {storage!r}: choose one of {', '.join(STORAGE_PROFILES)}")
+    if io_threads is not None and not (isinstance(io_threads, int) and 1 <= io_threads <= 4):
+        raise InputError(f"io_threads {io_threads!r}: a number from 1 to 4")
+    for name, v in (("weight_policy", weight_policy), ("storage", storage)):
+        if v is not None:
+            keep.append(v.encode())
+            setattr(opts, name, keep[-1])
+    opts.io_threads = io_threads or 0
+    return keep
+
+
+def _memory(lib, handle) -> dict:
+    mp = L.MemoryPlan()
+    if lib.el_model_memory(handle, C.byref(mp)) != 0:
+        raise RuntimeLoadError(L.last_error())
+    out = {name: getattr(mp, name) for name, _ in L.MemoryPlan._fields_ if name != "reserved"}
+    for k in ("policy", "storage", "storage_what"):
+        out[k] = out[k].decode()
+    n = lib.el_model_weights_pinned(handle, None, 0)
+    buf = (C.c_uint8 * max(n, 1))()
+    lib.el_model_weights_pinned(handle, buf, n)
+    out["pinned"] = [bool(b) for b in buf[:n]]
+    return out
+
+
+STORAGE_PROFILES = ("native", "sd", "emmc", "ufs3", "ufs4")   # offload/io.c
+
+
 class Runtime:
     """A loaded package: the model (plan, kernels, weights, tokenizer; read-only and shared) and a default context.
     The generation methods run on the default context; new_context() makes more conversations over the same
@@ -466,11 +502,15 @@ class Runtime:
     @classmethod
     def load(cls, path: str | os.PathLike, threads: int | None = None, memory_budget: int | str | None = None,
              verify: bool = False, digest: str | None = None, huge_pages: bool | None = None,
-             prefill_backend: str = "auto", npu_soc: str | None = None) -> Runtime:
+             prefill_backend: str = "auto", npu_soc: str | None = None, weight_policy: str | None = None,
+             storage: str | None = None, io_threads: int | None = None) -> Runtime:
         """Load a package.
 
-        threads: default threads of its contexts (None: one per CPU). memory_budget: bytes (or "600MB") of weights
-        the runtime may hold (the resident policy refuses a budget smaller than the weights). verify: check every
+        threads: default threads of its contexts (None: one per CPU). memory_budget: bytes (or "600MB") the model
+        may use: the weights it holds + one context's KV cache and arena; weights beyond it are streamed from the
+        package every token (weight_policy "window"; memory() says how). weight_policy: "resident", "window" or
+        None (resident when everything fits). storage: the storage profile streamed reads are shaped to ("native",
+        "sd", "emmc", "ufs3", "ufs4"; the last two are modelled). io_threads: reader threads (None: 2). verify: check every
         file against the package's SHA256SUMS. digest: the "sha256:..." that `edgellm compile` printed; every file
         is checked against it before any of the package's code is loaded (load packages you did not build only
         this way). huge_pages: weights in transparent huge pages (None: automatic; EDGELLM_HUGEPAGES=0/1 sets it).
@@ -482,8 +522,7 @@ class Runtime:
         opts = L.LoadOptions()
         L.lib().el_load_options_init(C.byref(opts))
         opts.n_threads = _threads(threads)
-        if memory_budget is not None:
-            opts.memory_budget = parse_bytes(memory_budget)
+        keep_store = _store_options(opts, memory_budget, weight_policy, storage, io_threads)  # noqa: F841
         if huge_pages is None and os.environ.get("EDGELLM_HUGEPAGES", "") in ("0", "1"):
             huge_pages = os.environ["EDGELLM_HUGEPAGES"] == "1"
         if huge_pages is not None:
@@ -511,6 +550,32 @@ class Runtime:
         except BaseException:
             L.lib().el_model_free(h)
             raise
+
+    @classmethod
+    def plan(cls, path: str | os.PathLike, memory_budget: int | str | None = None, weight_policy: str | None = None,
+             storage: str | None = None) -> dict:
+        """How a package would use memory under a budget, without reading its weights or loading its kernels:
+        memory() of the model Runtime.load would make, plus "pinned" (per weight, in manifest order: held or
+        streamed)."""
+        p = Path(path)
+        read_manifest(p)
+        opts = L.LoadOptions()
+        L.lib().el_load_options_init(C.byref(opts))
+        keep = _store_options(opts, memory_budget, weight_policy, storage, None)  # noqa: F841
+        opts.plan_only = 1
+        opts.prefill_backend = L.PREFILL_BACKENDS["cpu"]
+        h = L.lib().el_model_load(str(p).encode(), C.byref(opts))
+        if not h:
+            raise RuntimeLoadError(L.last_error())
+        try:
+            return _memory(L.lib(), h)
+        finally:
+            L.lib().el_model_free(h)
+
+    def memory(self) -> dict:
+        """The weight store's layout: policy, budget, bytes pinned / streamed per token / in the window, the
+        minimum budget, one context's KV cache + arena, and the storage profile."""
+        return _memory(self._lib, self._model)
 
     @property
     def prefill_backend(self) -> str:

@@ -432,7 +432,7 @@ static int call_step(tvm_cpu* b, el_context* c, const el_step* st, binding* bd, 
   return 0;
 }
 
-static int tvm_run(void* state, void* ctx_state, el_context* c, int prog, int pos) {
+static int run_steps(void* state, void* ctx_state, el_context* c, int prog, int pos) {
   tvm_cpu* b = state;
   binding* bd = ((tvm_ctx*)ctx_state)->steps[prog];
   const el_program* pg = &c->m->prog[prog];
@@ -465,6 +465,18 @@ static int tvm_run(void* state, void* ctx_state, el_context* c, int prog, int po
     si += st->n_body;
   }
   return 0;
+}
+
+/* A program run: the store learns the weights it will use, in order, before the first step asks for one (a windowed
+ * store reads them ahead), and serves one program at a time where its policy needs that. */
+static int tvm_run(void* state, void* ctx_state, el_context* c, int prog, int pos) {
+  el_weight_store* store = c->m->store;
+  const el_program* pg = &c->m->prog[prog];
+  if (store->run_lock) pthread_mutex_lock(store->run_lock);
+  if (store->prefetch && pg->n_order) store->prefetch(store, pg->order, pg->n_order);
+  int rc = run_steps(state, ctx_state, c, prog, pos);
+  if (store->run_lock) pthread_mutex_unlock(store->run_lock);
+  return rc;
 }
 
 const el_backend el_backend_tvm_cpu = {"tvm_cpu", tvm_open, tvm_close, tvm_bind, tvm_unbind, tvm_run};

@@ -59,7 +59,8 @@ def _one(rt: Runtime, ids: np.ndarray, gen_len: int) -> tuple[float, float, floa
 
 def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, threads: int | None = None,
           reps: int = 3, warmup: int = 1, seed: int = 0, prefill_backend: str = "auto",
-          npu_soc: str | None = None) -> dict:
+          npu_soc: str | None = None, memory_budget=None, weight_policy: str | None = None,
+          storage: str | None = None, io_threads: int | None = None) -> dict:
     """Median prefill/decode tokens per second, time to first token and peak RSS of one package."""
     if prompt_len < 1:
         raise InputError(f"--prompt-len {prompt_len} is invalid: must be >= 1")
@@ -68,7 +69,9 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
     if reps < 1:
         raise InputError(f"--reps {reps} is invalid: must be >= 1")
     t0 = time.perf_counter()
-    with Runtime.load(package, threads=threads, prefill_backend=prefill_backend, npu_soc=npu_soc) as rt:
+    with Runtime.load(package, threads=threads, prefill_backend=prefill_backend, npu_soc=npu_soc,
+                      memory_budget=memory_budget, weight_policy=weight_policy, storage=storage,
+                      io_threads=io_threads) as rt:
         load_s = time.perf_counter() - t0
         backend = rt.prefill_backend
         if prompt_len + gen_len > rt.max_context:
@@ -79,7 +82,9 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
             _one(rt, ids, gen_len)
         runs = [_one(rt, ids, gen_len) for _ in range(reps)]
         n_threads = rt.threads
-        huge = rt.stats()["weight_bytes_huge"]
+        stats = rt.stats()
+        huge = stats["weight_bytes_huge"]
+        mem = rt.memory()
         m = rt.manifest
     pf = [prompt_len / r[0] for r in runs]
     dc = [r[3] / r[2] for r in runs]
@@ -92,7 +97,10 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
         "ttft_s": statistics.median(r[1] for r in runs), "peak_rss_mb": peak_kb / 1024, "load_s": load_s,
         "decode_tokens": runs[0][3], "prefill_tok_s_all": pf, "decode_tok_s_all": dc,
         "weights_bytes": m["weights_bytes"], "weights_read_per_token": weights_read_per_token(m),
-        "weights_huge_pages_bytes": huge,
+        "weights_huge_pages_bytes": huge, "weight_policy": mem["policy"], "memory_budget": mem["budget"],
+        "streamed_bytes_per_token": mem["streamed_bytes"], "storage": mem["storage"],
+        "storage_modelled": bool(mem["storage_modelled"]), "io_bytes_read": stats["io_bytes_read"],
+        "io_stall_s": stats["io_stall_seconds"],
     }
 
 
@@ -104,4 +112,7 @@ def format_bench(r: dict) -> str:
             f"prefill {r['prefill_tok_s']:.1f} tok/s ({r['prompt_len']} tokens{npu}), "
             f"decode {r['decode_tok_s']:.1f} tok/s ({r['decode_tokens']} tokens), ttft {r['ttft_s'] * 1e3:.1f} ms, "
             f"peak RSS {r['peak_rss_mb']:.0f} MB, load {r['load_s']:.2f} s"
-            f"{' (weights in huge pages)' if r['weights_huge_pages_bytes'] else ''}")
+            f"{' (weights in huge pages)' if r['weights_huge_pages_bytes'] else ''}"
+            + (f"; {r['streamed_bytes_per_token'] / 1e6:.1f} MB of weights streamed per token from {r['storage']}"
+               f"{' (modelled)' if r['storage_modelled'] else ''}, {r['io_stall_s']:.2f} s waiting for reads"
+               if r.get("streamed_bytes_per_token") else ""))

@@ -86,6 +86,7 @@ EL_API void el_context_free(el_context* c) {
 EL_API el_context* el_context_new(el_model* m, int n_threads) {
   if (!m) return el_error("el_context_new: model is NULL"), NULL;
   if (n_threads > 1024) return el_error("el_context_new: %d threads is too many (at most 256 are used)", n_threads), NULL;
+  if (m->plan_only) return el_error("this model was loaded with plan_only: it runs nothing"), NULL;
   pthread_mutex_lock(&m->mu);
   int freed = m->freed;
   if (!freed) m->refs++;
@@ -321,6 +322,19 @@ EL_API void el_get_stats(const el_context* c, el_stats* out) {
                        (c->gen.logits ? 4 * vocab : 0) + el_sampler_bytes(c->gen.sampler) +
                        (uint64_t)c->gen.cap_hist * 4 + c->gen.text_cap;
   pthread_mutex_unlock(&w->mu);
+  el_weight_store* st = c->m->store;
+  if (st->counters) {
+    el_store_counters k;
+    st->counters(st, &k);
+    out->io_bytes_read = k.bytes_read, out->io_requests = k.requests, out->io_hits = k.hits;
+    out->io_misses = k.misses, out->io_dropped = k.dropped, out->io_stall_seconds = k.stall_s;
+  }
+}
+
+/* What el_context_new maps for the KV cache and the arena (the memory budget counts one context). */
+uint64_t el_context_footprint(const el_model* m) {
+  uint64_t stride = (m->cache_bytes + 63) / 64 * 64;
+  return stride * 2 * m->h.n_layers + m->h.arena_bytes;
 }
 
 EL_API void el_reset_stats(el_context* c) {

@@ -33,8 +33,11 @@ typedef struct {
   int32_t huge_pages;       /* resident weights in transparent huge pages: -1 auto, 0 never, 1 always */
   int32_t use_mmap;         /* 1: map weights.bin (default); 0: read it into memory */
   int32_t prefill_backend;  /* EL_PREFILL_*: where prompts are prefilled (android-npu packages) */
-  uint64_t memory_budget;   /* bytes of weights the store may hold; 0: no limit */
-  const char* weight_policy; /* weight store policy; NULL: "resident" */
+  uint64_t memory_budget;   /* bytes the model may use: the weights it holds + one context's KV cache and
+                               activation arena (0: no limit). Weights that do not fit are streamed from the
+                               package every token (policy "window"); el_model_memory says how. */
+  const char* weight_policy; /* "resident" (all weights in memory), "window" (stream what the budget cannot hold),
+                                NULL/"auto": resident when everything fits the budget, else window */
   const char* digest;        /* "sha256:<hex>" of the package's SHA256SUMS: every file is checked against it
                                 before anything is loaded or run (NULL: no check) */
   /* NPU prefill (android-npu packages; see README "android-npu"): */
@@ -44,6 +47,11 @@ typedef struct {
   const char* ort_library;    /* libonnxruntime.so to dlopen; NULL: "libonnxruntime.so" (the loader's search) */
   const char* qnn_ep_library; /* the QNN EP as a plugin library (onnxruntime-qnn wheel); NULL: built into ORT */
   const char* qnn_backend;    /* QNN backend library; NULL: "libQnnHtp.so" */
+  /* Streamed weights (policy "window"): */
+  const char* storage;        /* storage profile the reads are shaped to: "native" (NULL: this disk as it is),
+                                 "sd", "emmc" (throttled real reads), "ufs3", "ufs4" (modelled: served from RAM) */
+  int32_t io_threads;         /* reader threads (<= 0: 2) */
+  int32_t plan_only;          /* 1: only plan the memory (el_model_memory); reads no weights, makes no contexts */
 } el_load_options;
 
 /* el_load_options.prefill_backend. AUTO: the NPU when the package has NPU graphs and ONNX Runtime with the QNN EP
@@ -55,6 +63,30 @@ void el_load_options_init(el_load_options* o); /* the defaults above */
 el_model* el_model_load(const char* package_dir, const el_load_options* opt);
 /* Frees the model once its last context is freed (contexts keep it alive). */
 void el_model_free(el_model* m);
+
+/* How the model uses memory (the weight store's layout; planning needs no weight reads: plan_only). */
+typedef struct {
+  char policy[16];           /* "resident" | "window" */
+  char storage[16];          /* storage profile */
+  char storage_what[96];     /* its one-line description */
+  uint64_t budget;           /* el_load_options.memory_budget (0: none) */
+  uint64_t context_bytes;    /* one context's KV cache + activation arena, counted in the budget */
+  uint64_t weights_bytes;    /* all weights (weights.bin) */
+  uint64_t pinned_bytes;     /* weights held in memory for the life of the model */
+  uint64_t window_bytes;     /* the ring streamed weights pass through */
+  uint64_t streamed_bytes;   /* weights read from storage per token */
+  uint64_t minimum_budget;   /* the smallest memory_budget this package loads with (policy window) */
+  uint32_t pinned_weights, streamed_weights;
+  uint32_t requests_per_token; /* storage requests per token */
+  int32_t storage_modelled;  /* 1: reads are served from RAM at the profile's speed (timings are a model) */
+  int32_t direct_io;         /* 1: reads bypass the page cache */
+  int32_t reserved;
+  double storage_bytes_per_s; /* 0: unthrottled */
+  double storage_latency_s;
+} el_memory_plan;
+int el_model_memory(const el_model* m, el_memory_plan* out);
+/* out[i] = 1 if weight i stays in memory, 0 if it is streamed; returns the number of weights (<= cap written). */
+int el_model_weights_pinned(const el_model* m, uint8_t* out, int cap);
 
 int el_vocab(const el_model* m);
 int el_max_context(const el_model* m);
@@ -182,6 +214,13 @@ typedef struct {
   uint64_t arena_bytes;   /* this context's activation arena */
   uint64_t context_bytes; /* everything this context allocated: KV + arena + the kernels' argument bindings (about
                              100 bytes per kernel argument) + logits and sampler buffers (O(vocab)) */
+  /* the model's weight store since load (shared by its contexts; 0 for the resident policy): */
+  uint64_t io_bytes_read;  /* bytes read from storage (pinned weights at load included) */
+  uint64_t io_requests;
+  uint64_t io_hits;        /* weight acquires whose reads had landed */
+  uint64_t io_misses;      /* acquires that waited for reads */
+  uint64_t io_dropped;     /* prefetched weights thrown away unused */
+  double io_stall_seconds; /* time kernels waited for reads */
 } el_stats;
 void el_get_stats(const el_context* c, el_stats* out);
 void el_reset_stats(el_context* c);

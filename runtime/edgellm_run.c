@@ -24,7 +24,8 @@
   "                   [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--seed S]\n"      \
   "                   [--stop STR ...] [--ignore-eos] [--threads N] [--print-ids] [--dump-logits FILE]\n"        \
   "                   [--digest sha256:HEX] [--memory-budget BYTES] [--prefill-backend auto|cpu|npu]\n"         \
-  "                   [--npu-soc SOC]\n"                                                                          \
+  "                   [--npu-soc SOC] [--weight-policy auto|resident|window] [--storage PROFILE]\n"              \
+  "                   [--io-threads N]\n"                                                                         \
   "  PKG                  package directory (made by `edgellm compile`)\n"                                      \
   "  -p, --prompt TEXT    prompt text (needs PKG/tokenizer.bin)\n"                                              \
   "  --ids LIST           prompt as token ids, comma- or space-separated\n"                                     \
@@ -43,7 +44,12 @@
   "  --print-ids          print the generated ids (space-separated) instead of text\n"                          \
   "  --dump-logits FILE   write the logits of every sampling step (vocab float32 rows, raw) to FILE\n"        \
   "  --digest sha256:HEX  refuse to run unless the package matches this digest (printed by edgellm compile)\n"  \
-  "  --memory-budget N    bytes of weights the runtime may hold (suffixes K, M, G)\n"                           \
+  "  --memory-budget N    bytes the model may use: weights held + one context's KV cache and arena (suffixes\n" \
+  "                       K, M, G); weights beyond it stream from the package every token\n"                      \
+  "  --weight-policy P    resident (all weights in memory), window (stream what the budget cannot hold), auto\n"  \
+  "                       (default: resident when everything fits)\n"                                           \
+  "  --storage PROFILE    shape streamed reads like: native (default), sd, emmc, ufs3, ufs4 (ufs: modelled)\n"   \
+  "  --io-threads N       reader threads for streamed weights (1-4, default 2)\n"                               \
   "  --prefill-backend B  android-npu packages: prefill prompts on the NPU (npu), the CPU (cpu), or the NPU when\n" \
   "                       ONNX Runtime with the QNN EP loads (auto, default). Libraries: EDGELLM_ORT_LIB\n"       \
   "                       (default libonnxruntime.so), EDGELLM_QNN_EP_LIB (plugin EP; unset: QNN built into\n"   \
@@ -139,6 +145,8 @@ int main(int argc, char** argv) {
   long max_new = -1, threads = 0, top_k = -1;
   float temperature = NAN, top_p = NAN, min_p = NAN, rep = NAN, presence = NAN, frequency = NAN;
   uint64_t seed = 0, budget = 0;
+  const char *policy = NULL, *storage = NULL;
+  long io_threads = 0;
   int have_seed = 0, ignore_eos = 0;
 
   for (int i = 1; i < argc; i++) {
@@ -203,6 +211,14 @@ int main(int argc, char** argv) {
       NEED_VALUE npu_soc = v;
     } else if (!strcmp(a, "--memory-budget")) {
       NEED_VALUE if (parse_bytes(v, &budget)) return usage_error("--memory-budget needs a size like 600M or 2G, got '%s'", v);
+    } else if (!strcmp(a, "--weight-policy")) {
+      NEED_VALUE policy = v;
+    } else if (!strcmp(a, "--storage")) {
+      NEED_VALUE storage = v;
+    } else if (!strcmp(a, "--io-threads")) {
+      char* end;
+      NEED_VALUE io_threads = strtol(v, &end, 10);
+      if (*end || end == v || io_threads < 1 || io_threads > 4) return usage_error("--io-threads takes 1 to 4, got '%s'", v);
     } else if (a[0] == '-' && a[1]) {
       return usage_error("unknown option %s", a);
     } else if (!pkg) {
@@ -227,6 +243,9 @@ int main(int argc, char** argv) {
   opt.n_threads = (int)threads;
   opt.digest = digest;
   opt.memory_budget = budget;
+  opt.weight_policy = policy;
+  opt.storage = storage;
+  opt.io_threads = (int32_t)io_threads;
   opt.prefill_backend = prefill;
   opt.npu_soc = npu_soc;
   opt.ort_library = getenv("EDGELLM_ORT_LIB");
@@ -335,6 +354,15 @@ int main(int argc, char** argv) {
   fprintf(stderr, "[%d prompt tokens, %d generated (%s); prefill %.1f tok/s%s, decode %.1f tok/s, %d threads]\n",
           res.prompt_tokens, res.generated_tokens, reasons[res.finish < 6 ? res.finish : 0], pf,
           on_npu ? " (NPU)" : "", dc, el_context_threads(c));
+  el_memory_plan mp;
+  if (el_model_memory(m, &mp) == 0 && mp.streamed_bytes) {
+    el_stats st;
+    el_get_stats(c, &st);
+    fprintf(stderr, "[weights: %.1f MB pinned + %.1f MB window, %.1f MB streamed per token from %s%s; read %.1f MB in "
+            "%llu requests, %.2f s waiting for reads]\n", mp.pinned_bytes / 1e6, mp.window_bytes / 1e6,
+            mp.streamed_bytes / 1e6, mp.storage, mp.storage_modelled ? " (modelled)" : "", st.io_bytes_read / 1e6,
+            (unsigned long long)st.io_requests, st.io_stall_seconds);
+  }
   rc = 0;
 done:
   if (dump) fclose(dump);

@@ -50,6 +50,8 @@ typedef struct {
   el_plan_program p;
   uint32_t n_steps;
   el_step* steps;
+  uint32_t* order; /* the weights its steps use, in first-use order (announced to the store when it starts) */
+  uint32_t n_order;
 } el_program;
 
 /* A backend runs whole programs (ExecuTorch's BackendInterface at program granularity). open/close are per model
@@ -64,6 +66,18 @@ typedef struct {
   void (*unbind)(void* ctx_state);
   int (*run)(void* state, void* ctx_state, el_context* c, int prog, int pos);
 } el_backend;
+
+/* weight_order.c: how the programs use the weights (for stores that stream them) */
+typedef struct {
+  uint32_t* seq;      /* weights in the order a decode token first uses them */
+  uint32_t* seq_step; /* the decode step using seq[i] */
+  uint32_t n_seq;
+  uint8_t* must_pin;  /* per weight: read by a row lookup, used twice by a program, or routed */
+} el_weight_use;
+EL_HIDDEN uint64_t el_context_footprint(const el_model* m); /* one context's KV cache + arena */
+EL_HIDDEN int el_weight_order(el_model* m); /* fills every program's order */
+EL_HIDDEN int el_weight_use_of(const el_model* m, el_weight_use* u);
+EL_HIDDEN void el_weight_use_free(el_weight_use* u);
 
 EL_HIDDEN extern const el_backend el_backend_tvm_cpu;
 EL_HIDDEN extern const el_backend el_backend_qnn_ort;
@@ -92,6 +106,9 @@ struct el_model {
   char npu_note[1024]; /* why not, when the NPU was asked for with AUTO and did not open */
   el_tokenizer* tok; /* NULL: no tokenizer.bin */
   uint64_t cache_bytes; /* bytes of one layer's K (or V) cache: kv_rows * n_kv_heads * head_dim * 4 */
+  uint64_t memory_budget; /* el_load_options.memory_budget (0: none) */
+  uint64_t minimum_budget; /* the smallest memory_budget it loads with (weights streamed through a window) */
+  int plan_only;          /* loaded to report its memory plan: no backends, no contexts */
   int n_threads;
   pthread_mutex_t mu; /* guards refs / freed */
   int refs;           /* contexts alive */

@@ -15,7 +15,17 @@ class LoadOptions(C.Structure):
     _fields_ = [("n_threads", C.c_int32), ("huge_pages", C.c_int32), ("use_mmap", C.c_int32),
                 ("prefill_backend", C.c_int32), ("memory_budget", C.c_uint64), ("weight_policy", C.c_char_p),
                 ("digest", C.c_char_p), ("npu_soc", C.c_char_p), ("ort_library", C.c_char_p),
-                ("qnn_ep_library", C.c_char_p), ("qnn_backend", C.c_char_p)]
+                ("qnn_ep_library", C.c_char_p), ("qnn_backend", C.c_char_p), ("storage", C.c_char_p),
+                ("io_threads", C.c_int32), ("plan_only", C.c_int32)]
+
+
+class MemoryPlan(C.Structure):
+    _fields_ = [("policy", C.c_char * 16), ("storage", C.c_char * 16), ("storage_what", C.c_char * 96),
+                ("budget", C.c_uint64), ("context_bytes", C.c_uint64), ("weights_bytes", C.c_uint64),
+                ("pinned_bytes", C.c_uint64), ("window_bytes", C.c_uint64), ("streamed_bytes", C.c_uint64),
+                ("minimum_budget", C.c_uint64), ("pinned_weights", C.c_uint32), ("streamed_weights", C.c_uint32),
+                ("requests_per_token", C.c_uint32), ("storage_modelled", C.c_int32), ("direct_io", C.c_int32),
+                ("reserved", C.c_int32), ("storage_bytes_per_s", C.c_double), ("storage_latency_s", C.c_double)]
 
 
 PREFILL_BACKENDS = {"auto": 0, "cpu": 1, "npu": 2}   # EL_PREFILL_*
@@ -50,12 +60,15 @@ class Stats(C.Structure):
     _fields_ = [("weight_bytes_resident", C.c_uint64), ("weight_bytes_huge", C.c_uint64),
                 ("kernel_calls", C.c_uint64), ("prefill_seconds", C.c_double), ("decode_seconds", C.c_double),
                 ("prefill_tokens", C.c_uint64), ("decode_tokens", C.c_uint64), ("kv_bytes", C.c_uint64),
-                ("arena_bytes", C.c_uint64), ("context_bytes", C.c_uint64)]
+                ("arena_bytes", C.c_uint64), ("context_bytes", C.c_uint64), ("io_bytes_read", C.c_uint64),
+                ("io_requests", C.c_uint64), ("io_hits", C.c_uint64), ("io_misses", C.c_uint64),
+                ("io_dropped", C.c_uint64), ("io_stall_seconds", C.c_double)]
 
 
 FINISH = {0: None, 1: "eos", 2: "stop", 3: "length", 4: "context", 5: "cancelled"}
 STRUCTS = {"el_load_options": LoadOptions, "el_gen_params": GenParams, "el_event": Event,
-           "el_gen_result": GenResult, "el_sampler_params": SamplerParams, "el_stats": Stats}
+           "el_gen_result": GenResult, "el_sampler_params": SamplerParams, "el_stats": Stats,
+           "el_memory_plan": MemoryPlan}
 
 P, I32P, F32P = C.c_void_p, C.POINTER(C.c_int32), C.POINTER(C.c_float)
 _SIGS = {
@@ -72,6 +85,8 @@ _SIGS = {
     "el_eos_ids": (C.c_int, [P, I32P, C.c_int]),
     "el_has_tokenizer": (C.c_int, [P]),
     "el_model_prefill_backend": (C.c_int, [P, C.c_char_p, C.c_int]),
+    "el_model_memory": (C.c_int, [P, C.POINTER(MemoryPlan)]),
+    "el_model_weights_pinned": (C.c_int, [P, C.POINTER(C.c_uint8), C.c_int]),
     "el_encode": (C.c_int, [P, C.c_char_p, C.c_int, C.c_int, I32P, C.c_int]),
     "el_token_text": (C.c_int, [P, C.c_int32, C.c_char_p, C.c_int]),
     "el_context_new": (P, [P, C.c_int]),

@@ -504,7 +504,7 @@ EL_API void el_load_options_init(el_load_options* o) {
 }
 
 static void model_destroy(el_model* m) {
-  for (int k = 0; k < EL_N_PROGRAMS; k++) free(m->prog[k].steps);
+  for (int k = 0; k < EL_N_PROGRAMS; k++) free(m->prog[k].steps), free(m->prog[k].order);
   for (int b = 0; b < EL_N_BACKENDS; b++)
     if (m->backend_open[b]) BACKENDS[b]->close(m->backend_state[b]);
   if (m->store) m->store->close(m->store);
@@ -536,14 +536,62 @@ static int join(char* out, size_t n, const char* dir, const char* file) {
   return 0;
 }
 
+/* The weight store for the memory budget, which counts one context's KV cache and arena besides the weights. */
+static int open_store(el_model* m, const char* weights_path, const el_load_options* opt) {
+  el_weight_use use;
+  if (el_weight_use_of(m, &use) != 0) return -1;
+  el_store_config cfg = {weights_path, m->weights, m->h.n_weights, m->h.weights_bytes, 0, opt->huge_pages,
+                         opt->use_mmap, use.seq, use.seq_step, use.n_seq, use.must_pin, opt->storage,
+                         opt->io_threads, opt->plan_only};
+  uint64_t ctx = el_context_footprint(m), budget = opt->memory_budget;
+  const char* policy = opt->weight_policy;
+  int resident = policy && !strcmp(policy, "resident");
+  char err[512];
+  int rc = -1;
+  { /* the smallest budget a window over this package runs in (a layout: reads nothing) */
+    cfg.plan_only = 1;
+    el_weight_store* probe = el_store_open_window(&cfg, err, sizeof err);
+    cfg.plan_only = opt->plan_only;
+    if (!probe) {
+      el_error("%s", err);
+      goto out;
+    }
+    uint64_t min_w = probe->layout.minimum_budget;
+    probe->close(probe);
+    m->minimum_budget = ctx + min_w;
+    if (budget && !resident && budget < ctx + min_w) {
+      el_error("the memory budget (%.1f MB) is below this package's minimum of %.1f MB: %.1f MB of weights held or "
+               "streamed + %.1f MB for a context's KV cache and activations (%u tokens of context)", budget / 1e6,
+               (ctx + min_w) / 1e6, min_w / 1e6, ctx / 1e6, m->h.max_ctx);
+      goto out;
+    }
+  }
+  if (budget && resident && budget < ctx + m->h.weights_bytes) {
+    el_error("the memory budget (%.1f MB) is smaller than the weights (%.1f MB) + a context's KV cache and "
+             "activations (%.1f MB), and the \"resident\" policy holds them all: raise the budget or use the "
+             "\"window\" policy", budget / 1e6, m->h.weights_bytes / 1e6, ctx / 1e6);
+    goto out;
+  }
+  cfg.budget = budget ? budget - ctx : 0;
+  if (!(m->store = el_store_open(policy, &cfg, err, sizeof err))) {
+    el_error("%s", err);
+    goto out;
+  }
+  rc = 0;
+out:
+  el_weight_use_free(&use);
+  return rc;
+}
+
 EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   if (!dir) return el_error("el_model_load: package_dir is NULL"), NULL;
   el_load_options defaults;
   if (!opt) el_load_options_init(&defaults), opt = &defaults;
   if (opt->huge_pages < -1 || opt->huge_pages > 1 || opt->n_threads > 1024 || opt->prefill_backend < EL_PREFILL_AUTO ||
-      opt->prefill_backend > EL_PREFILL_NPU)
-    return el_error("el_model_load: bad options (huge_pages %d, n_threads %d, prefill_backend %d)", opt->huge_pages,
-                    opt->n_threads, opt->prefill_backend), NULL;
+      opt->prefill_backend > EL_PREFILL_NPU || opt->io_threads > 64 || opt->plan_only < 0 || opt->plan_only > 1)
+    return el_error("el_model_load: bad options (huge_pages %d, n_threads %d, prefill_backend %d, io_threads %d, "
+                    "plan_only %d)", opt->huge_pages, opt->n_threads, opt->prefill_backend, opt->io_threads,
+                    opt->plan_only), NULL;
   struct stat st;
   if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
     return el_error("%s is not a package directory (%s): compile one with `edgellm compile MODEL -o DIR`", dir,
@@ -574,7 +622,9 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
     corrupt("KV cache of %u rows x %u heads x %u", h->kv_rows, h->n_kv_heads, h->head_dim);
     goto fail;
   }
-  if (parse_plan(m) != 0) goto fail;
+  if (parse_plan(m) != 0 || el_weight_order(m) != 0) goto fail;
+  m->memory_budget = opt->memory_budget;
+  m->plan_only = opt->plan_only;
 
   /* weights.bin: a regular file of the exact size, before anything maps it */
   if (join(path, sizeof path, dir, EL_FILE_WEIGHTS) != 0) goto fail;
@@ -601,7 +651,7 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
              "CPU prefill");
     goto fail;
   }
-  for (int k = 0; k < EL_N_PROGRAMS; k++) {
+  for (int k = 0; k < EL_N_PROGRAMS && !m->plan_only; k++) {
     if (!m->prog[k].present) continue;
     uint32_t b = m->prog[k].p.backend;
     if (m->backend_open[b] || (b == EL_BACKEND_QNN_ORT && !npu_wanted)) continue;
@@ -616,16 +666,10 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   }
   m->use_npu = m->backend_open[EL_BACKEND_QNN_ORT];
 
-  char err[512];
-  el_store_config cfg = {path, m->weights, h->n_weights, h->weights_bytes, opt->memory_budget, opt->huge_pages,
-                         opt->use_mmap};
-  if (!(m->store = el_store_open(opt->weight_policy, &cfg, err, sizeof err))) {
-    el_error("%s", err);
-    goto fail;
-  }
+  if (open_store(m, path, opt) != 0) goto fail;
 
   if (join(path, sizeof path, dir, EL_FILE_TOKENIZER) != 0) goto fail;
-  if (lstat(path, &st) == 0 && !(m->tok = el_tok_load(path))) goto fail;
+  if (!m->plan_only && lstat(path, &st) == 0 && !(m->tok = el_tok_load(path))) goto fail;
 
   m->n_threads = opt->n_threads > 0 ? opt->n_threads : el_pool_default_threads();
   if (m->n_threads > 256) m->n_threads = 256;
@@ -638,6 +682,33 @@ fail:
 }
 
 /* Public API: queries ------------------------------------------------------------------------------------------ */
+
+EL_API int el_model_memory(const el_model* m, el_memory_plan* out) {
+  if (!m || !out) return el_error("el_model_memory: NULL argument");
+  const el_weight_store* s = m->store;
+  const el_store_layout* l = &s->layout;
+  memset(out, 0, sizeof *out);
+  snprintf(out->policy, sizeof out->policy, "%s", s->policy);
+  snprintf(out->storage, sizeof out->storage, "%s", l->storage ? l->storage : "native");
+  snprintf(out->storage_what, sizeof out->storage_what, "%s", l->storage_what ? l->storage_what : "");
+  out->budget = m->memory_budget;
+  out->context_bytes = el_context_footprint(m);
+  out->weights_bytes = m->h.weights_bytes;
+  out->pinned_bytes = l->pinned_bytes, out->window_bytes = l->window_bytes, out->streamed_bytes = l->streamed_bytes;
+  out->minimum_budget = m->minimum_budget;
+  out->pinned_weights = l->pinned_weights, out->streamed_weights = l->streamed_weights;
+  out->requests_per_token = l->requests_per_token;
+  out->storage_modelled = l->storage_modelled, out->direct_io = l->direct_io;
+  out->storage_bytes_per_s = l->storage_bytes_per_s, out->storage_latency_s = l->storage_latency_s;
+  return 0;
+}
+
+EL_API int el_model_weights_pinned(const el_model* m, uint8_t* out, int cap) {
+  if (!m) return el_error("el_model_weights_pinned: model is NULL");
+  int n = (int)m->h.n_weights;
+  for (int i = 0; i < n && i < cap && out; i++) out[i] = m->store->pinned ? m->store->pinned[i] : 1;
+  return n;
+}
 
 #define GETTER(name, expr)                                       \
   EL_API int name(const el_model* m) {                           \

@@ -191,11 +191,14 @@ def test_run_and_targets_without_tvm(pkg):
 
 
 def test_memory_budget(pkg):
+    """The budget counts the weights + one context's KV cache and arena; what does not fit is streamed."""
     size = (pkg / "weights.bin").stat().st_size
-    with edgellm.Runtime.load(pkg, memory_budget=f"{size + 4096}B") as rt:
+    ctx = edgellm.Runtime.plan(pkg)["context_bytes"]
+    with edgellm.Runtime.load(pkg, memory_budget=f"{size + ctx}B") as rt:
+        assert rt.memory()["policy"] == "resident"
         assert rt.generate([5, 6], max_new_tokens=2, ignore_eos=True).token_ids
     with pytest.raises(edgellm.PackageError, match="smaller than the weights"):
-        edgellm.Runtime.load(pkg, memory_budget=size // 2)
+        edgellm.Runtime.load(pkg, memory_budget=size // 2, weight_policy="resident")
 
 
 def test_env_free_policies(pkg, monkeypatch):

@@ -349,7 +349,7 @@ def test_cli_bad_values_are_one_line(pkg, ckpt, tmp_path):
     one_line_error(*cli("run", pkg, "-p", "hi", "--stop", ""), "stop")
     one_line_error(*cli("run", pkg, "-p", "hi", "--top-p", "0"), "top_p")
     one_line_error(*cli("run", pkg, "-p", "hi", "--memory-budget", "lots"), "not a size")
-    one_line_error(*cli("run", pkg, "-p", "hi", "--memory-budget", "1KB"), "smaller than the weights")
+    one_line_error(*cli("run", pkg, "-p", "hi", "--memory-budget", "1KB"), "minimum")
     one_line_error(*cli("run", pkg, "-p", b"caf\xff\xfe"), "not valid UTF-8")
     one_line_error(*cli("compile", ckpt, "-o", tmp_path / "o", "--max-context", "0"), "--max-context")
     one_line_error(*cli("compile", ckpt, "-o", tmp_path / "o", "--prefill-chunk", "0"), "--prefill-chunk")

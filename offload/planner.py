@@ -1,0 +1,114 @@
+"""`edgellm plan`: how a package would use memory under a budget, and the decode speed its storage allows.
+
+The layout itself is decided by the C weight store (offload/window.c) that will run the package: Runtime.plan asks it
+without reading any weights, so what is printed here is what a run does. This module adds names (which layers stay
+resident) and the storage-bound prediction."""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import time
+from pathlib import Path
+
+from ..runtime.api import Runtime
+from ..runtime.package import read_manifest
+
+LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def measure_read_bandwidth(path: Path, nbytes: int = 256 << 20, request: int = 1 << 20) -> float | None:
+    """Bytes/s of O_DIRECT sequential reads of the file's middle (what the window store does); None where O_DIRECT
+    is refused. Cold reads: the page cache neither helps nor keeps them."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        n = min(nbytes, size // request * request)
+        if n <= 0:
+            return None
+        start = (size - n) // 2 // request * request
+        buf = mmap.mmap(-1, request)   # page aligned, as O_DIRECT wants
+        t0 = time.perf_counter()
+        for off in range(start, start + n, request):
+            os.preadv(fd, [buf], off)
+        return n / (time.perf_counter() - t0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def plan(package, memory_budget=None, weight_policy: str | None = None, storage: str | None = None,
+         measure: bool = True) -> dict:
+    """Runtime.plan plus: layers fully resident / streamed, the storage bandwidth used for the prediction (the
+    profile's, or measured on this disk for "native") and the storage-bound decode tok/s."""
+    pkg = Path(package)
+    p = Runtime.plan(pkg, memory_budget=memory_budget, weight_policy=weight_policy, storage=storage)
+    tensors = read_manifest(pkg).get("tensors", [])
+    pinned = p.pop("pinned")
+    layers: dict[int, list[bool]] = {}
+    other_streamed = []
+    if len(tensors) == len(pinned):
+        for t, held in zip(tensors, pinned):
+            m = LAYER.search(t["name"])
+            if m:
+                layers.setdefault(int(m.group(1)), []).append(held)
+            elif not held:
+                other_streamed.append(t["name"])
+    p["layers_resident"] = sorted(k for k, v in layers.items() if all(v))
+    p["layers_streamed"] = sorted(k for k, v in layers.items() if not all(v))
+    p["other_streamed"] = other_streamed
+    bw, measured = p["storage_bytes_per_s"], False
+    if not bw and p["streamed_bytes"] and measure:
+        bw, measured = measure_read_bandwidth(pkg / "weights.bin") or 0.0, True
+    p["bandwidth_bytes_per_s"], p["bandwidth_measured"] = bw, measured
+    io_s = (p["streamed_bytes"] / bw if bw else 0.0) + p["requests_per_token"] * p["storage_latency_s"] / 2
+    p["storage_bound_tok_s"] = 1.0 / io_s if p["streamed_bytes"] and io_s > 0 else None
+    return p
+
+
+def _ranges(xs: list[int]) -> str:
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(f"{xs[i]}" if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ", ".join(out) or "none"
+
+
+def format_plan(p: dict) -> str:
+    mb = lambda b: f"{b / 1e6:.1f} MB"   # noqa: E731
+    held = p["pinned_bytes"] + p["window_bytes"]
+    lines = [
+        f"weights {mb(p['weights_bytes'])}; one context's KV cache + activations {mb(p['context_bytes'])}",
+        f"memory budget: {mb(p['budget']) if p['budget'] else 'none'} (minimum for this package: "
+        f"{mb(p['minimum_budget'])})",
+        f"policy: {p['policy']}",
+    ]
+    if not p["streamed_bytes"]:
+        lines.append(f"  all weights resident: {mb(p['pinned_bytes'])} + {mb(p['context_bytes'])} for a context")
+        return "\n".join(lines)
+    lines += [
+        f"  resident: {mb(p['pinned_bytes'])} ({p['pinned_weights']} tensors) + a {mb(p['window_bytes'])} window "
+        f"= {mb(held)} of weights, {mb(held + p['context_bytes'])} with a context",
+        f"  streamed every token: {mb(p['streamed_bytes'])} ({p['streamed_weights']} tensors, "
+        f"{p['requests_per_token']} reads of up to 1 MiB)",
+        f"  layers fully resident: {_ranges(p['layers_resident'])}; streamed (in part or whole): "
+        f"{_ranges(p['layers_streamed'])}" + (f"; also streamed: {', '.join(p['other_streamed'])}"
+                                             if p["other_streamed"] else ""),
+        f"storage: {p['storage']} — {p['storage_what']}",
+    ]
+    bw = p["bandwidth_bytes_per_s"]
+    if p["storage_bound_tok_s"]:
+        how = "measured here, O_DIRECT" if p["bandwidth_measured"] else "the profile's"
+        lines.append(f"predicted decode: at most {p['storage_bound_tok_s']:.2f} tok/s, storage-bound "
+                     f"({mb(p['streamed_bytes'])} per token at {bw / 1e9:.2f} GB/s, {how}"
+                     f"{'; modelled storage' if p['storage_modelled'] else ''}); compute on this CPU overlaps it")
+    else:
+        lines.append("predicted decode: unknown (this disk's read speed could not be measured)")
+    return "\n".join(lines)

@@ -1,0 +1,541 @@
+/* Weight store policy "window": run a model whose weights exceed the memory budget (offload/store.h).
+ *
+ * Layout (decided at open from the budget; el_model_memory reports it):
+ *   pinned  weights that cannot be streamed (row lookups, weights used twice per token, routed experts), tiny ones
+ *           (norms, biases: a request each would cost more than their bytes), then as many of the rest as the
+ *           budget allows, spread evenly over the token so reads always have compute to hide behind;
+ *   ring    the other weights pass through it every token: a FIFO of byte ranges, filled by reader threads in the
+ *           order the executor announced (prefetch of a program's weights when the program starts), freed as each
+ *           weight is released. Decode streams the same bytes every token, so holding a fixed part and streaming the
+ *           rest reads the least possible per token (an LRU cache over a cyclic order would read everything).
+ *
+ * acquire blocks only while a weight's reads have not landed; a weight asked for out of the announced order (a
+ * program that announced nothing, a failed run) drops the pending prefetches and is read on demand, so the order
+ * affects speed, never results. One program runs at a time on a windowed store (run_lock): a token's steps consume
+ * the ring in order, which is what guarantees progress with a ring of two steps' weights. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "io.h"
+#include "store.h"
+
+#define CHUNK (1u << 20)        /* bytes per streaming request: >= 256 KiB amortises a request's latency */
+#define PIN_READ (8u << 20)     /* bytes per request while reading the pinned weights at open */
+#define TINY (64u << 10)        /* weights below this are always pinned */
+#define MAX_THREADS 4
+
+typedef struct {
+  uint32_t id;
+  uint64_t pos, len, span; /* ring offset, bytes (EL_IO_ALIGN rounded), len + the gap skipped to wrap */
+  uint32_t chunks, next, done; /* read requests: total, issued, landed */
+  int allocated, refs, used, dropped;
+} entry;
+
+typedef struct {
+  el_weight_store base; /* first: the executor holds an el_weight_store* */
+  const el_plan_weight* table;
+  uint32_t n;
+  uint64_t* pin_at; /* per weight: offset in pinned (UINT64_MAX: streamed) */
+  uint8_t* pinned_mask;
+  uint8_t* pinned;
+  uint64_t pinned_map;
+  uint8_t* ring;
+  uint64_t ring_bytes, ring_head, ring_used;
+  entry* q;
+  uint32_t qcap, qhead, qlen, qalloc; /* circular queue; entries [qhead, qhead + qalloc) have ring space */
+  el_io* io;
+  pthread_mutex_t mu, run;
+  pthread_cond_t landed, work;
+  pthread_t threads[MAX_THREADS];
+  int n_threads, stop, failed;
+  char io_err[256];
+  uint64_t hits, misses, dropped;
+  double stall_s;
+} window_store;
+
+static uint64_t rounded(uint64_t n) { return (n + EL_IO_ALIGN - 1) / EL_IO_ALIGN * EL_IO_ALIGN; }
+/* A weight's bytes as read: from the EL_IO_ALIGN boundary at or before it (compilers align weights to 16 KiB; a
+ * plan that only keeps the 64-byte rule still works) to a whole block past its end. */
+static uint64_t lead(const el_plan_weight* t, uint32_t w) { return t[w].offset % EL_IO_ALIGN; }
+static uint64_t wbytes(const el_plan_weight* t, uint32_t w) { return rounded(lead(t, w) + t[w].nbytes); }
+
+/* Layout ------------------------------------------------------------------------------------------------------ */
+
+typedef struct {
+  uint32_t first, end; /* seq[first, end): one step's weights */
+  uint64_t bytes;      /* of them, the ones that can be streamed */
+  int pinned;
+} unit;
+
+/* Ring bytes that keep reads ahead of compute: any three consecutive streamed units (the one computing, the next
+ * landing, one more queued), the order wrapping from one token to the next. */
+static uint64_t ring_need(const unit* u, uint32_t nu) {
+  uint32_t* live = malloc(sizeof *live * (nu ? nu : 1));
+  uint32_t m = 0;
+  uint64_t best = 0;
+  if (!live) return UINT64_MAX;
+  for (uint32_t i = 0; i < nu; i++)
+    if (!u[i].pinned && u[i].bytes) live[m++] = i;
+  for (uint32_t i = 0; i < m; i++) {
+    uint64_t sum = 0;
+    for (uint32_t k = 0; k < 3 && k < m; k++) sum += u[live[(i + k) % m]].bytes;
+    if (sum > best) best = sum;
+  }
+  free(live);
+  return best;
+}
+
+/* Fills lay and pin (per weight: 1 pinned) for this budget; -1 with err naming the minimum if it is too small. */
+static int plan_layout(const el_store_config* cfg, el_store_layout* lay, uint8_t* pin, char* err, size_t errlen) {
+  uint32_t n = cfg->n, nu = 0;
+  uint8_t* in_seq = calloc(n ? n : 1, 1);
+  unit* u = calloc(cfg->n_seq ? cfg->n_seq : 1, sizeof *u);
+  uint32_t* by_size = calloc(cfg->n_seq ? cfg->n_seq : 1, sizeof *by_size);
+  int rc = -1;
+  if (!in_seq || !u || !by_size) {
+    snprintf(err, errlen, "out of memory");
+    goto out;
+  }
+  for (uint32_t i = 0; i < cfg->n_seq; i++) in_seq[cfg->seq[i]] = 1;
+  uint64_t mandatory = 0, streamable = 0, max_unit = 0;
+  for (uint32_t w = 0; w < n; w++) {
+    pin[w] = !in_seq[w] || (cfg->must_pin && cfg->must_pin[w]) || cfg->table[w].nbytes < TINY;
+    if (pin[w]) mandatory += wbytes(cfg->table, w);
+  }
+  for (uint32_t i = 0; i < cfg->n_seq;) {
+    uint32_t j = i;
+    uint64_t b = 0;
+    for (; j < cfg->n_seq && cfg->seq_step[j] == cfg->seq_step[i]; j++)
+      if (!pin[cfg->seq[j]]) b += wbytes(cfg->table, cfg->seq[j]);
+    if (b) {
+      u[nu] = (unit){i, j, b, 0};
+      streamable += b;
+      if (b > max_unit) max_unit = b;
+      nu++;
+    }
+    i = j;
+  }
+  /* the smallest window holds the largest step's weights: it runs, reading and computing in turn */
+  uint64_t minimum = mandatory + max_unit;
+  *lay = (el_store_layout){.budget = cfg->budget, .minimum_budget = minimum};
+  if (cfg->budget && cfg->budget < minimum) {
+    snprintf(err, errlen, "the memory budget leaves %.1f MB for weights; this package needs at least %.1f MB "
+             "(%.1f MB that cannot be streamed + its largest step's %.1f MB)", cfg->budget / 1e6, minimum / 1e6,
+             mandatory / 1e6, max_unit / 1e6);
+    goto out;
+  }
+  uint64_t budget = cfg->budget ? cfg->budget : mandatory + streamable, ring = 0, pinned_extra = 0;
+  if (budget < mandatory + streamable) {
+    /* Large steps (an lm_head is several layers' worth) set the window's size: pinning the k largest may leave a
+     * smaller window and more budget. Take the k with the smallest window that fits. */
+    for (uint32_t i = 0; i < nu; i++) by_size[i] = i;
+    for (uint32_t i = 1; i < nu; i++) /* insertion sort, largest first (a few hundred steps) */
+      for (uint32_t k = i; k > 0 && u[by_size[k]].bytes > u[by_size[k - 1]].bytes; k--) {
+        uint32_t t = by_size[k];
+        by_size[k] = by_size[k - 1], by_size[k - 1] = t;
+      }
+    uint32_t best_k = UINT32_MAX;
+    uint64_t best_ring = 0, pinned_k = 0;
+    for (uint32_t k = 0; k <= nu; k++) {
+      if (k) u[by_size[k - 1]].pinned = 1, pinned_k += u[by_size[k - 1]].bytes;
+      if (mandatory + pinned_k > budget) break;
+      uint64_t r = ring_need(u, nu);
+      if (mandatory + pinned_k + r <= budget && (best_k == UINT32_MAX || r < best_ring)) best_k = k, best_ring = r;
+    }
+    for (uint32_t i = 0; i < nu; i++) u[i].pinned = 0;
+    if (best_k == UINT32_MAX) { /* not even three steps fit: the window is what is left */
+      ring = budget - mandatory;
+    } else {
+      for (uint32_t k = 0; k < best_k; k++) u[by_size[k]].pinned = 1, pinned_extra += u[by_size[k]].bytes;
+      /* then pin more, evenly over the token: each unit earns its share of the spare bytes and is pinned once
+       * its credit covers it; a second pass takes whatever still fits */
+      uint64_t spare = budget - mandatory - pinned_extra - best_ring, left = streamable - pinned_extra, used = 0;
+      double share = left ? (double)spare / (double)left : 0, credit = 0;
+      for (int pass = 0; pass < 2; pass++)
+        for (uint32_t i = 0; i < nu; i++) {
+          if (u[i].pinned) continue;
+          credit += pass ? 0 : share * (double)u[i].bytes;
+          if ((pass || credit >= (double)u[i].bytes) && used + u[i].bytes <= spare) {
+            u[i].pinned = 1, used += u[i].bytes, pinned_extra += u[i].bytes;
+            if (!pass) credit -= (double)u[i].bytes;
+          }
+        }
+      /* what the final set needs (pinning more can bring big steps next to each other), within what is left:
+       * never below the largest streamed step, as the window with fewer pins needed more than that */
+      ring = ring_need(u, nu);
+      if (ring != UINT64_MAX && ring > budget - mandatory - pinned_extra) ring = budget - mandatory - pinned_extra;
+    }
+    if (ring == UINT64_MAX) {
+      snprintf(err, errlen, "out of memory");
+      goto out;
+    }
+    for (uint32_t i = 0; i < nu; i++)
+      if (u[i].pinned)
+        for (uint32_t k = u[i].first; k < u[i].end; k++) pin[cfg->seq[k]] = 1;
+  } else {
+    for (uint32_t w = 0; w < n; w++) pin[w] = 1;
+    pinned_extra = streamable;
+  }
+  lay->pinned_bytes = mandatory + pinned_extra;
+  lay->streamed_bytes = streamable - pinned_extra;
+  lay->window_bytes = lay->streamed_bytes ? ring : 0;
+  for (uint32_t w = 0; w < n; w++) {
+    if (pin[w]) {
+      lay->pinned_weights++;
+    } else {
+      lay->streamed_weights++;
+      lay->requests_per_token += (uint32_t)((wbytes(cfg->table, w) + CHUNK - 1) / CHUNK);
+    }
+  }
+  rc = 0;
+out:
+  free(in_seq), free(u), free(by_size);
+  return rc;
+}
+
+/* Ring and queue (mu held) ------------------------------------------------------------------------------------ */
+
+static entry* at(window_store* s, uint32_t i) { return &s->q[(s->qhead + i) % s->qcap]; }
+
+static int finished(const entry* e) {
+  return e->refs == 0 && (e->used || e->dropped) && e->next == e->done;
+}
+
+/* Frees the ring space of finished entries at the head, then gives space to waiting entries in order. */
+static void reclaim_and_allocate(window_store* s) {
+  while (s->qlen && s->qalloc && finished(at(s, 0))) {
+    s->ring_used -= at(s, 0)->span;
+    s->qhead = (s->qhead + 1) % s->qcap;
+    s->qlen--, s->qalloc--;
+  }
+  if (!s->ring_used) s->ring_head = 0; /* nothing live: start again at the front (a one-step window needs it) */
+  while (s->qalloc < s->qlen) {
+    entry* e = at(s, s->qalloc);
+    if (e->dropped) { /* never read: takes no space */
+      e->allocated = 1, e->span = 0;
+      s->qalloc++;
+      continue;
+    }
+    int wrap = s->ring_head + e->len > s->ring_bytes; /* no room before the end: start at the front */
+    uint64_t gap = wrap ? s->ring_bytes - s->ring_head : 0;
+    if (s->ring_used + gap + e->len > s->ring_bytes) break;
+    e->pos = wrap ? 0 : s->ring_head;
+    e->span = gap + e->len;
+    s->ring_head = e->pos + e->len;
+    s->ring_used += e->span;
+    e->allocated = 1;
+    s->qalloc++;
+  }
+}
+
+static int push(window_store* s, uint32_t id) {
+  if (s->qlen == s->qcap) return -1;
+  entry* e = at(s, s->qlen);
+  uint64_t len = wbytes(s->table, id);
+  *e = (entry){.id = id, .len = len, .chunks = (uint32_t)((len + CHUNK - 1) / CHUNK)};
+  s->qlen++;
+  return 0;
+}
+
+/* Drops the queued weights nobody holds or has used (their reads stop; their space is reclaimed). */
+static void drop_pending(window_store* s, uint32_t upto) {
+  for (uint32_t i = 0; i < upto && i < s->qlen; i++) {
+    entry* e = at(s, i);
+    if (!e->used && !e->dropped && e->refs == 0) e->dropped = 1, s->dropped++;
+  }
+}
+
+/* The queue position of the entry serving weight id: the oldest one not yet used or dropped; qlen if none. */
+static uint32_t find(window_store* s, uint32_t id) {
+  for (uint32_t i = 0; i < s->qlen; i++) {
+    entry* e = at(s, i);
+    if (e->id == id && !e->used && !e->dropped) return i;
+  }
+  return s->qlen;
+}
+
+/* Readers ----------------------------------------------------------------------------------------------------- */
+
+static void* reader(void* arg) {
+  window_store* s = arg;
+  char err[256];
+  pthread_mutex_lock(&s->mu);
+  while (!s->stop) {
+    reclaim_and_allocate(s);
+    uint32_t slot = UINT32_MAX, c = 0;
+    for (uint32_t i = 0; i < s->qalloc && !s->failed; i++) {
+      entry* e = at(s, i);
+      if (!e->dropped && e->next < e->chunks) {
+        slot = (s->qhead + i) % s->qcap, c = e->next++;
+        break;
+      }
+    }
+    if (slot == UINT32_MAX) {
+      pthread_cond_wait(&s->work, &s->mu);
+      continue;
+    }
+    entry* e = &s->q[slot];
+    /* the weight's own bytes in this chunk (el_io_read rounds the read up to whole blocks, within the entry) */
+    uint64_t need = lead(s->table, e->id) + s->table[e->id].nbytes;
+    uint64_t off = (uint64_t)c * CHUNK, len = need - off < CHUNK ? need - off : CHUNK;
+    uint8_t* dst = s->ring + e->pos + off;
+    uint64_t src = s->table[e->id].offset - lead(s->table, e->id) + off;
+    pthread_mutex_unlock(&s->mu);
+    int rc = el_io_read(s->io, dst, src, len, err, sizeof err);
+    pthread_mutex_lock(&s->mu);
+    e->done++; /* the slot cannot be reused while a read is in flight (finished() needs next == done) */
+    if (rc != 0 && !s->failed) s->failed = 1, snprintf(s->io_err, sizeof s->io_err, "%s", err);
+    pthread_cond_broadcast(&s->landed);
+    if (e->done == e->next && (e->dropped || rc != 0)) pthread_cond_broadcast(&s->work); /* space to reclaim */
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+/* Store interface --------------------------------------------------------------------------------------------- */
+
+static void window_prefetch(el_weight_store* b, const uint32_t* ids, uint32_t n) {
+  window_store* s = (window_store*)b;
+  pthread_mutex_lock(&s->mu);
+  int any = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (ids[i] < s->n && s->pin_at[ids[i]] == UINT64_MAX && push(s, ids[i]) == 0) any = 1;
+  if (any) {
+    reclaim_and_allocate(s);
+    pthread_cond_broadcast(&s->work);
+  }
+  pthread_mutex_unlock(&s->mu);
+}
+
+static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, const void** ptrs) {
+  window_store* s = (window_store*)b;
+  uint32_t pos[64];
+  if (n > 64) return snprintf(b->err, sizeof b->err, "a step with %u weights", n), -1;
+  for (uint32_t i = 0; i < n; i++)
+    if (ids[i] >= s->n)
+      return snprintf(b->err, sizeof b->err, "weight %u does not exist (the plan has %u)", ids[i], s->n), -1;
+  if (!s->ring) {
+    for (uint32_t i = 0; i < n; i++) ptrs[i] = s->pinned + s->pin_at[ids[i]] + lead(s->table, ids[i]);
+    return s->pinned || !n ? 0 : (snprintf(b->err, sizeof b->err, "the store was opened for planning only"), -1);
+  }
+  pthread_mutex_lock(&s->mu);
+  /* find (or queue) every streamed weight; anything announced before the latest of them was skipped */
+  uint32_t last = 0, missing = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (s->pin_at[ids[i]] != UINT64_MAX) continue;
+    uint32_t p = find(s, ids[i]);
+    if (p == s->qlen) missing = 1;
+    else if (p + 1 > last) last = p + 1;
+  }
+  if (missing) { /* out of the announced order: drop the prefetches, read these now */
+    drop_pending(s, s->qlen);
+    reclaim_and_allocate(s);
+    for (uint32_t i = 0; i < n; i++)
+      if (s->pin_at[ids[i]] == UINT64_MAX && find(s, ids[i]) == s->qlen && push(s, ids[i]) != 0) {
+        pthread_mutex_unlock(&s->mu);
+        return snprintf(b->err, sizeof b->err, "the read queue is full"), -1;
+      }
+  } else if (last) {
+    for (uint32_t i = 0; i + 1 < last; i++) { /* skipped: not one of ours */
+      entry* e = at(s, i);
+      int ours = 0;
+      for (uint32_t k = 0; k < n; k++) ours |= e->id == ids[k];
+      if (!ours && !e->used && !e->dropped && e->refs == 0) e->dropped = 1, s->dropped++;
+    }
+  }
+  reclaim_and_allocate(s);
+  pthread_cond_broadcast(&s->work);
+  double t0 = 0;
+  for (;;) {
+    int ready = 1;
+    for (uint32_t i = 0; i < n && ready; i++) {
+      if (s->pin_at[ids[i]] != UINT64_MAX) continue;
+      pos[i] = find(s, ids[i]);
+      entry* e = at(s, pos[i]);
+      ready = e->allocated && e->done == e->chunks;
+    }
+    if (ready || s->failed) break;
+    if (t0 == 0) t0 = el_io_now();
+    pthread_cond_wait(&s->landed, &s->mu);
+  }
+  if (s->failed) {
+    snprintf(b->err, sizeof b->err, "%s", s->io_err);
+    pthread_mutex_unlock(&s->mu);
+    return -1;
+  }
+  if (t0) s->stall_s += el_io_now() - t0, s->misses++;
+  else s->hits++;
+  for (uint32_t i = 0; i < n; i++) {
+    if (s->pin_at[ids[i]] != UINT64_MAX) {
+      ptrs[i] = s->pinned + s->pin_at[ids[i]] + lead(s->table, ids[i]);
+    } else {
+      entry* e = at(s, pos[i]);
+      e->refs++;
+      ptrs[i] = s->ring + e->pos + lead(s->table, ids[i]);
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
+  return 0;
+}
+
+static void window_release(el_weight_store* b, const uint32_t* ids, uint32_t n) {
+  window_store* s = (window_store*)b;
+  if (!s->ring) return;
+  pthread_mutex_lock(&s->mu);
+  for (uint32_t i = 0; i < n; i++) {
+    if (ids[i] >= s->n || s->pin_at[ids[i]] != UINT64_MAX) continue;
+    for (uint32_t k = 0; k < s->qlen; k++) {
+      entry* e = at(s, k);
+      if (e->id == ids[i] && e->refs > 0) {
+        if (--e->refs == 0) e->used = 1;
+        break;
+      }
+    }
+  }
+  reclaim_and_allocate(s);
+  pthread_cond_broadcast(&s->work);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static uint64_t window_bytes(const el_weight_store* b) {
+  const window_store* s = (const window_store*)b;
+  return s->pinned_map + s->ring_bytes;
+}
+
+static void window_counters(el_weight_store* b, el_store_counters* out) {
+  window_store* s = (window_store*)b;
+  *out = (el_store_counters){0};
+  pthread_mutex_lock(&s->mu);
+  if (s->io) el_io_counters(s->io, &out->bytes_read, &out->requests);
+  out->hits = s->hits, out->misses = s->misses, out->dropped = s->dropped, out->stall_s = s->stall_s;
+  pthread_mutex_unlock(&s->mu);
+}
+
+static void window_close(el_weight_store* b) {
+  window_store* s = (window_store*)b;
+  if (!s) return;
+  pthread_mutex_lock(&s->mu);
+  s->stop = 1;
+  pthread_cond_broadcast(&s->work);
+  pthread_mutex_unlock(&s->mu);
+  for (int i = 0; i < s->n_threads; i++) pthread_join(s->threads[i], NULL);
+  if (s->pinned) munmap(s->pinned, s->pinned_map);
+  if (s->ring) munmap(s->ring, s->ring_bytes);
+  el_io_close(s->io);
+  pthread_mutex_destroy(&s->mu);
+  pthread_mutex_destroy(&s->run);
+  pthread_cond_destroy(&s->landed);
+  pthread_cond_destroy(&s->work);
+  free(s->q), free(s->pin_at), free(s->pinned_mask);
+  free(s);
+}
+
+/* Reads the pinned weights, coalescing neighbours in the file into large requests. */
+static int read_pinned(window_store* s, char* err, size_t errlen) {
+  uint32_t* order = malloc(sizeof *order * (s->n ? s->n : 1));
+  uint32_t k = 0;
+  if (!order) return snprintf(err, errlen, "out of memory"), -1;
+  for (uint32_t w = 0; w < s->n; w++) /* the table is in file order, and so is the pinned buffer */
+    if (s->pin_at[w] != UINT64_MAX) order[k++] = w;
+  int rc = 0;
+  for (uint32_t i = 0; i < k && rc == 0;) {
+    uint32_t j = i + 1;
+    uint64_t start = s->table[order[i]].offset - lead(s->table, order[i]), dst = s->pin_at[order[i]];
+    uint64_t end = start + wbytes(s->table, order[i]);
+    while (j < k && s->table[order[j]].offset == end && s->pin_at[order[j]] == dst + (end - start) &&
+           end - start < PIN_READ)
+      end += wbytes(s->table, order[j]), j++;
+    uint32_t last = order[j - 1]; /* read to its last byte; el_io_read rounds up to whole blocks */
+    rc = el_io_read(s->io, s->pinned + dst, start, s->table[last].offset + s->table[last].nbytes - start, err, errlen);
+    i = j;
+  }
+  free(order);
+  return rc;
+}
+
+el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, size_t errlen) {
+  const el_storage_profile* prof = el_storage_profile_find(cfg->storage);
+  if (!prof) {
+    snprintf(err, errlen, "unknown storage profile \"%s\" (known: %s)", cfg->storage, el_storage_profile_names());
+    return NULL;
+  }
+  window_store* s = calloc(1, sizeof *s);
+  if (!s || !(s->pin_at = malloc(sizeof *s->pin_at * (cfg->n ? cfg->n : 1))) ||
+      !(s->pinned_mask = calloc(cfg->n ? cfg->n : 1, 1))) {
+    if (s) free(s->pin_at), free(s);
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_mutex_init(&s->run, NULL);
+  pthread_cond_init(&s->landed, NULL);
+  pthread_cond_init(&s->work, NULL);
+  s->table = cfg->table, s->n = cfg->n;
+  el_weight_store* b = &s->base;
+  b->acquire = window_acquire, b->release = window_release, b->prefetch = window_prefetch;
+  b->close = window_close, b->bytes_resident = window_bytes, b->counters = window_counters;
+  b->policy = "window";
+  b->pinned = s->pinned_mask;
+  b->run_lock = &s->run;
+  if (plan_layout(cfg, &b->layout, s->pinned_mask, err, errlen) != 0) goto fail;
+  el_store_layout* lay = &b->layout;
+  lay->storage = prof->name, lay->storage_what = prof->what;
+  lay->storage_bytes_per_s = prof->bytes_per_s, lay->storage_latency_s = prof->latency_s;
+  lay->storage_modelled = prof->modelled;
+  lay->direct_io = !prof->modelled;
+  uint64_t at = 0;
+  for (uint32_t w = 0; w < s->n; w++) {
+    s->pin_at[w] = s->pinned_mask[w] ? at : UINT64_MAX;
+    if (s->pinned_mask[w]) at += wbytes(s->table, w);
+  }
+  if (cfg->plan_only) return b;
+
+  if (!(s->io = el_io_open(cfg->path, cfg->file_bytes, prof, err, errlen))) goto fail;
+  lay->direct_io = el_io_direct(s->io);
+  s->pinned_map = at;
+  if (at) {
+    s->pinned = mmap(NULL, at, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (s->pinned == MAP_FAILED) {
+      s->pinned = NULL;
+      snprintf(err, errlen, "out of memory for %llu bytes of pinned weights", (unsigned long long)at);
+      goto fail;
+    }
+#ifdef MADV_HUGEPAGE
+    madvise(s->pinned, at, MADV_HUGEPAGE); /* decode streams them every token: fewer TLB misses */
+#endif
+    if (read_pinned(s, err, errlen) != 0) goto fail;
+    mprotect(s->pinned, at, PROT_READ);
+  }
+  if (lay->streamed_bytes) {
+    s->ring_bytes = lay->window_bytes;
+    s->ring = mmap(NULL, s->ring_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (s->ring == MAP_FAILED) {
+      s->ring = NULL;
+      snprintf(err, errlen, "out of memory for a %llu-byte weight window", (unsigned long long)s->ring_bytes);
+      goto fail;
+    }
+    s->qcap = 4 * lay->streamed_weights + 64;
+    if (!(s->q = calloc(s->qcap, sizeof *s->q))) {
+      snprintf(err, errlen, "out of memory");
+      goto fail;
+    }
+    int want = cfg->io_threads > 0 ? cfg->io_threads : 2;
+    for (int i = 0; i < (want > MAX_THREADS ? MAX_THREADS : want); i++) {
+      if (pthread_create(&s->threads[i], NULL, reader, s) != 0) break;
+      s->n_threads++;
+    }
+    if (!s->n_threads) {
+      snprintf(err, errlen, "cannot start a reader thread: %s", strerror(errno));
+      goto fail;
+    }
+  }
+  return b;
+fail:
+  window_close(b);
+  return NULL;
+}

@@ -1,0 +1,110 @@
+/* How the programs use the weights, for stores that stream them (offload/window.c): each program's weights in the
+ * order its steps use them (announced to the store when the program starts), and which weights cannot be streamed.
+ * Everything here is derived from the checked plan. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "el_internal.h"
+
+/* A step that reads the program's token ids: an embedding lookup, which touches a few rows of its weights, so
+ * streaming the whole table for it would read megabytes per token for kilobytes used. */
+static int reads_token_ids(const el_program* pg, const el_step* st) {
+  for (uint32_t ai = 0; ai < st->n_args; ai++) {
+    const el_plan_arg* a = &st->args[ai];
+    if (a->kind == EL_ARG_ARENA && a->offset == pg->p.in_offset && a->dtype_code == kDLInt && a->dtype_bits == 32)
+      return 1;
+  }
+  return 0;
+}
+
+int el_weight_order(el_model* m) {
+  uint32_t n = m->h.n_weights;
+  uint32_t* seen = calloc(n ? n : 1, sizeof *seen); /* program index + 1 that listed it last */
+  if (!seen) return el_error("out of memory");
+  for (int k = 0; k < EL_N_PROGRAMS; k++) {
+    el_program* pg = &m->prog[k];
+    if (!pg->present) continue;
+    uint32_t total = 0;
+    for (uint32_t si = 0; si < pg->n_steps; si++) total += pg->steps[si].n_args;
+    if (!(pg->order = malloc(sizeof *pg->order * (total ? total : 1)))) {
+      free(seen);
+      return el_error("out of memory");
+    }
+    for (uint32_t si = 0; si < pg->n_steps; si++) {
+      const el_step* st = &pg->steps[si];
+      if (st->kind != EL_STEP_CALL) { /* routed weights are chosen at run time: never announced in order */
+        si += st->n_body;
+        continue;
+      }
+      for (uint32_t ai = 0; ai < st->n_args; ai++)
+        if (st->args[ai].kind == EL_ARG_WEIGHT && seen[st->args[ai].index] != (uint32_t)k + 1) {
+          seen[st->args[ai].index] = (uint32_t)k + 1;
+          pg->order[pg->n_order++] = st->args[ai].index;
+        }
+    }
+  }
+  free(seen);
+  return 0;
+}
+
+int el_weight_use_of(const el_model* m, el_weight_use* u) {
+  uint32_t n = m->h.n_weights;
+  memset(u, 0, sizeof *u);
+  const el_program* dec = &m->prog[EL_PROG_DECODE];
+  uint16_t* uses = calloc(n ? n : 1, sizeof *uses);
+  u->must_pin = calloc(n ? n : 1, 1);
+  u->seq = malloc(sizeof *u->seq * (dec->n_order ? dec->n_order : 1));
+  u->seq_step = malloc(sizeof *u->seq_step * (dec->n_order ? dec->n_order : 1));
+  if (!uses || !u->must_pin || !u->seq || !u->seq_step) {
+    free(uses);
+    el_weight_use_free(u);
+    return el_error("out of memory");
+  }
+  for (int k = 0; k < EL_N_PROGRAMS; k++) {
+    const el_program* pg = &m->prog[k];
+    if (!pg->present) continue;
+    memset(uses, 0, sizeof *uses * n);
+    uint32_t body_left = 0, route_experts = 0;
+    for (uint32_t si = 0; si < pg->n_steps; si++) {
+      const el_step* st = &pg->steps[si];
+      if (st->kind != EL_STEP_CALL) {
+        body_left = st->n_body, route_experts = st->n_experts;
+        continue;
+      }
+      int lookup = reads_token_ids(pg, st), routed = body_left > 0;
+      if (routed) body_left--;
+      for (uint32_t ai = 0; ai < st->n_args; ai++) {
+        const el_plan_arg* a = &st->args[ai];
+        if (a->kind != EL_ARG_WEIGHT) continue;
+        uint32_t experts = (a->flags & EL_FLAG_EXPERT) ? route_experts : 1;
+        for (uint32_t e = 0; e < (experts ? experts : 1); e++) {
+          uint32_t w = a->index + e * a->expert_stride;
+          if (w >= n) continue;
+          if (lookup || routed || ++uses[w] > 1) u->must_pin[w] = 1;
+        }
+      }
+    }
+  }
+  /* the decode token's order: which step first needs each weight */
+  uint32_t j = 0;
+  for (uint32_t si = 0; si < dec->n_steps && dec->present; si++) {
+    const el_step* st = &dec->steps[si];
+    if (st->kind != EL_STEP_CALL) {
+      si += st->n_body;
+      continue;
+    }
+    for (uint32_t ai = 0; ai < st->n_args; ai++) {
+      uint32_t w = st->args[ai].index;
+      if (st->args[ai].kind != EL_ARG_WEIGHT || j >= dec->n_order || dec->order[j] != w) continue;
+      u->seq[j] = w, u->seq_step[j] = si, j++;
+    }
+  }
+  u->n_seq = j;
+  free(uses);
+  return 0;
+}
+
+void el_weight_use_free(el_weight_use* u) {
+  free(u->seq), free(u->seq_step), free(u->must_pin);
+  memset(u, 0, sizeof *u);
+}

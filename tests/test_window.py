@@ -1,0 +1,262 @@
+"""Weight windowing (offload/window.c, offload/io.c): models larger than the memory budget stream their weights from
+the package every token and give the same tokens and logits as the resident run, read exactly the planned bytes,
+stay inside a cgroup memory limit, and refuse a budget below the minimum with one line."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgellm
+from edgellm.compiler.driver import compile_model
+from edgellm.models.synthetic import make_checkpoint
+from edgellm.runtime.api import Runtime
+
+SCHEMES = ("f16", "q4g32", "t2")
+PROMPT = [5, 9, 33, 2, 17, 250, 3, 41, 77, 12, 8, 400, 6, 19, 23, 99, 7, 300, 11, 60]   # > one 16-token chunk
+# What a process needs besides its budget under a cgroup limit: edgellm-run, libc and kernels.so text, thread
+# stacks, the tokenizer (the page cache of what it maps is charged to it).
+FIXED_OVERHEAD = 16 << 20
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    """An 8-layer Llama whose layers outweigh its embeddings (what real models look like), in three schemes."""
+    root = tmp_path_factory.mktemp("window")
+    ckpt = make_checkpoint(root / "ckpt", "LlamaForCausalLM", seed=3, vocab_size=512, hidden_size=512,
+                           intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                           head_dim=64)
+    return {q: compile_model(ckpt, quant=q, out=root / q, max_context=128, prefill_chunk=16, progress=False)
+            for q in SCHEMES}
+
+
+def budget_for(pkg: Path, pct: int) -> int:
+    p = Runtime.plan(pkg)
+    return p["weights_bytes"] * pct // 100 + p["context_bytes"]
+
+
+def greedy(rt, n=10) -> list[int]:
+    return rt.generate(PROMPT, max_new_tokens=n, ignore_eos=True, temperature=0.0).token_ids
+
+
+@pytest.fixture(scope="module")
+def reference(packages):
+    out = {}
+    for q, pkg in packages.items():
+        with Runtime.load(pkg, threads=2) as rt:
+            out[q] = (greedy(rt), rt.logits(PROMPT[:7]))
+    return out
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("pct", [100, 50, 25])
+def test_same_tokens_and_logits_under_budget(packages, reference, scheme, pct):
+    pkg = packages[scheme]
+    with Runtime.load(pkg, memory_budget=budget_for(pkg, pct), weight_policy="window", threads=2) as rt:
+        m = rt.memory()
+        assert m["policy"] == "window"
+        assert m["pinned_bytes"] + m["window_bytes"] + m["context_bytes"] <= m["budget"]
+        if pct < 100:
+            assert m["streamed_bytes"] > 0 and m["streamed_weights"] > 0
+        else:
+            assert m["streamed_bytes"] == 0
+        tokens, logits = reference[scheme]
+        assert greedy(rt) == tokens
+        np.testing.assert_array_equal(rt.logits(PROMPT[:7]), logits)   # the same bytes: bitwise the same result
+        assert rt.stats()["weight_bytes_resident"] == m["pinned_bytes"] + m["window_bytes"] or pct == 100
+
+
+@pytest.mark.parametrize("scheme", ["q4g32", "t2"])
+def test_each_decode_token_reads_the_planned_bytes(packages, scheme):
+    pkg = packages[scheme]
+    with Runtime.load(pkg, memory_budget=budget_for(pkg, 50), threads=2) as rt:
+        m = rt.memory()
+        assert m["policy"] == "window"   # auto: the weights do not fit
+        rt.prefill(PROMPT[:4])
+        before = rt.stats()
+        tok = 3
+        for _ in range(5):
+            tok = int(np.argmax(rt.decode_step(tok)))
+        after = rt.stats()
+        assert after["io_bytes_read"] - before["io_bytes_read"] == 5 * m["streamed_bytes"]
+        assert after["io_requests"] - before["io_requests"] == 5 * m["requests_per_token"]
+        assert after["io_dropped"] == 0   # the announced order is the order the steps use
+        assert after["io_hits"] + after["io_misses"] > 0
+
+
+def test_plan_is_what_a_load_does(packages):
+    pkg = packages["q4g32"]
+    for pct in (60, 30):
+        b = budget_for(pkg, pct)
+        planned = Runtime.plan(pkg, memory_budget=b)
+        with Runtime.load(pkg, memory_budget=b) as rt:
+            got = rt.memory()
+        assert planned == got
+        assert sum(not x for x in planned["pinned"]) == planned["streamed_weights"]
+
+
+def test_smaller_budget_streams_more(packages):
+    pkg = packages["f16"]
+    streamed = [Runtime.plan(pkg, memory_budget=budget_for(pkg, pct))["streamed_bytes"] for pct in (90, 70, 50, 30)]
+    assert streamed == sorted(streamed) and streamed[0] < streamed[-1]
+
+
+def test_budget_below_minimum_is_one_line(packages):
+    pkg = packages["f16"]
+    minimum = Runtime.plan(pkg)["minimum_budget"]
+    with pytest.raises(edgellm.EdgeLLMError, match=f"below this package's minimum of {minimum / 1e6:.1f} MB"):
+        Runtime.load(pkg, memory_budget=minimum - 4096)
+    with Runtime.load(pkg, memory_budget=minimum) as rt:   # the minimum itself runs
+        assert rt.memory()["streamed_bytes"] > 0
+        rt.generate(PROMPT[:3], max_new_tokens=2, ignore_eos=True)
+    with pytest.raises(edgellm.EdgeLLMError, match="smaller than the weights"):
+        Runtime.load(pkg, memory_budget=minimum, weight_policy="resident")
+    r = subprocess.run([sys.executable, "-m", "edgellm.cli", "run", str(pkg), "-p", "hi", "--memory-budget", "1MB"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "minimum" in r.stderr, r.stderr
+    r = subprocess.run([str(pkg / "bin" / "edgellm-run"), str(pkg), "--ids", "1,2", "--memory-budget", "1M"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "minimum" in r.stderr, r.stderr
+
+
+def test_bad_store_options_are_one_line(packages):
+    pkg = packages["t2"]
+    for kw, msg in (({"storage": "floppy"}, "storage"), ({"weight_policy": "lru"}, "weight_policy"),
+                    ({"io_threads": 9}, "io_threads")):
+        with pytest.raises(edgellm.EdgeLLMError, match=msg):
+            Runtime.load(pkg, memory_budget=budget_for(pkg, 50), **kw)
+    r = subprocess.run([str(pkg / "bin" / "edgellm-run"), str(pkg), "--ids", "1,2", "--memory-budget", "5M",
+                        "--storage", "floppy"], capture_output=True, text=True)
+    assert r.returncode != 0 and "unknown storage profile" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_throttled_storage_is_no_faster_than_its_profile(packages, reference):
+    """emmc: 300 MB/s + 0.2 ms per request. The limiter is a floor on time, so this cannot flake on a slow host."""
+    pkg = packages["q4g32"]
+    with Runtime.load(pkg, memory_budget=budget_for(pkg, 25), storage="emmc", threads=2) as rt:
+        m = rt.memory()
+        assert m["storage"] == "emmc" and not m["storage_modelled"] and m["storage_bytes_per_s"] == 300e6
+        before = rt.stats()["io_bytes_read"]
+        t0 = time.perf_counter()
+        assert greedy(rt, 4) == reference["q4g32"][0][:4]
+        elapsed = time.perf_counter() - t0
+        read = rt.stats()["io_bytes_read"] - before
+        assert read >= 3 * m["streamed_bytes"]   # 3 decode tokens, and the prompt's chunks
+        assert elapsed >= read / 300e6
+
+
+def test_modelled_storage_is_labelled(packages, reference):
+    pkg = packages["t2"]
+    with Runtime.load(pkg, memory_budget=budget_for(pkg, 50), storage="ufs4") as rt:
+        m = rt.memory()
+        assert m["storage_modelled"] == 1 and m["direct_io"] == 0 and "modelled" in m["storage_what"]
+        assert greedy(rt, 4) == reference["t2"][0][:4]
+    r = subprocess.run([sys.executable, "-m", "edgellm.cli", "plan", str(pkg), "--memory-budget",
+                        str(budget_for(pkg, 50)), "--storage", "ufs4"], capture_output=True, text=True)
+    assert r.returncode == 0 and "modelled" in r.stdout and "streamed every token" in r.stdout, r.stderr
+
+
+def test_plan_cli(packages):
+    pkg = packages["f16"]
+    b = budget_for(pkg, 40)
+    r = subprocess.run([sys.executable, "-m", "edgellm.cli", "plan", str(pkg), "--memory-budget", str(b), "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    p = json.loads(r.stdout)
+    assert p["policy"] == "window" and p["streamed_bytes"] == Runtime.plan(pkg, memory_budget=b)["streamed_bytes"]
+    assert p["storage_bound_tok_s"] is None or p["storage_bound_tok_s"] > 0
+    r = subprocess.run([sys.executable, "-m", "edgellm.cli", "plan", str(pkg)], capture_output=True, text=True)
+    assert r.returncode == 0 and "all weights resident" in r.stdout
+
+
+def test_contexts_on_threads_share_a_window(packages, reference):
+    """One program runs at a time on a windowed store; results stay exact from any number of threads."""
+    pkg = packages["q4g32"]
+    with Runtime.load(pkg, memory_budget=budget_for(pkg, 40), threads=1) as rt:
+        ctxs = [rt.new_context(threads=1) for _ in range(3)]
+        out = [None] * 3
+
+        def work(i):
+            out[i] = ctxs[i].generate(PROMPT, max_new_tokens=6, ignore_eos=True, temperature=0.0).token_ids
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+        [t.start() for t in ts]
+        [t.join(60) for t in ts]
+        assert out == [reference["q4g32"][0][:6]] * 3
+
+
+def test_weights_changing_under_a_window_is_an_error(packages, tmp_path):
+    import shutil
+
+    pkg = Path(shutil.copytree(packages["t2"], tmp_path / "pkg"))
+    with Runtime.load(pkg, memory_budget=budget_for(pkg, 30)) as rt:
+        size = (pkg / "weights.bin").stat().st_size
+        os.truncate(pkg / "weights.bin", size // 3)
+        with pytest.raises(edgellm.EdgeLLMError, match="changed while in use"):
+            rt.generate(PROMPT, max_new_tokens=3, ignore_eos=True)
+
+
+# --- peak memory inside a cgroup v1 memory limit --------------------------------------------------------------------
+
+def _memory_cgroup() -> Path | None:
+    try:
+        line = next(line for line in Path("/proc/self/cgroup").read_text().splitlines() if ":memory:" in line)
+    except (OSError, StopIteration):
+        return None
+    parent = Path("/sys/fs/cgroup/memory" + line.split(":", 2)[2])
+    return parent if (parent / "memory.limit_in_bytes").exists() and os.access(parent, os.W_OK) else None
+
+
+def run_in_memory_limit(limit: int, cmd: list[str]) -> tuple[subprocess.CompletedProcess, int]:
+    """Runs cmd in a fresh cgroup v1 memory sub-group (page cache charged); returns it and the group's peak usage."""
+    cg = _memory_cgroup() / f"edgellm_test_{os.getpid()}_{threading.get_ident()}"
+    cg.mkdir()
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(limit))
+        procs = str(cg / "cgroup.procs")
+
+        def enter():
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+        p = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=enter, timeout=300)
+        return p, int((cg / "memory.max_usage_in_bytes").read_text())
+    finally:
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def evict(path: Path) -> None:
+    """Drops the file from the page cache: pages cached by another process would not be charged to the group."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(_memory_cgroup() is None, reason="needs a writable cgroup v1 memory controller")
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_peak_memory_stays_under_the_budget(packages, reference, scheme):
+    pkg = packages[scheme]
+    for pct in (50, 25):
+        budget = budget_for(pkg, pct)
+        evict(pkg / "weights.bin")
+        cmd = [str(pkg / "bin" / "edgellm-run"), str(pkg), "--ids", ",".join(map(str, PROMPT)), "-n", "10",
+               "--ignore-eos", "--print-ids", "--threads", "2", "--temperature", "0", "--memory-budget", str(budget)]
+        p, peak = run_in_memory_limit(budget + FIXED_OVERHEAD, cmd)
+        assert p.returncode == 0, p.stderr
+        assert [int(t) for t in p.stdout.split()] == reference[scheme][0]
+        assert "streamed per token" in p.stderr
+        assert peak <= budget + FIXED_OVERHEAD
