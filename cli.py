@@ -100,6 +100,8 @@ _store_options = [
     click.option("--storage", type=click.Choice(["native", "sd", "emmc", "ufs3", "ufs4"]), default="native",
                  show_default=True, help="shape streamed reads like this storage (ufs3/ufs4: modelled from RAM)"),
     click.option("--io-threads", type=click.IntRange(1, 4), default=None, help="reader threads [default: 2]"),
+    click.option("--direct-io", is_flag=True, help="O_DIRECT reads for streamed weights [default: buffered reads "
+                                                   "dropped from the page cache behind them]"),
 ]
 
 
@@ -176,7 +178,7 @@ def describe_sampling(defaults: dict, given: dict) -> str:
 @_sampling_options
 def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
             presence_penalty, frequency_penalty, seed, stop, ignore_eos, threads, digest, memory_budget,
-            weight_policy, storage, io_threads, prefill_backend, npu_soc):
+            weight_policy, storage, io_threads, direct_io, prefill_backend, npu_soc):
     """Generate text from PACKAGE (or --model, default: the bundled demo), streaming it to stdout; a tok/s summary
     goes to stderr. Sampling options not given come from the package (its generation_config.json), as in
     Runtime.generate and bin/edgellm-run: the same arguments and seed give the same tokens everywhere."""
@@ -200,7 +202,7 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
              "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty,
              "frequency_penalty": frequency_penalty}
     with Runtime.load(package, threads=threads, digest=digest, memory_budget=memory_budget,
-                      weight_policy=weight_policy, storage=storage, io_threads=io_threads,
+                      weight_policy=weight_policy, storage=storage, io_threads=io_threads, direct_io=direct_io,
                       prefill_backend=prefill_backend, npu_soc=npu_soc) as rt:
         r: dict = {}
         for piece in rt.stream(prompt, max_new_tokens=max_new_tokens, seed=seed, stop=list(stop),
@@ -290,7 +292,7 @@ def eval_ppl_cmd(packages_or_models, text_file, context, stride, max_tokens, qua
 @_with(_store_options)
 @_with(_npu_options)
 def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, memory_budget, weight_policy, storage,
-              io_threads, prefill_backend, npu_soc):
+              io_threads, direct_io, prefill_backend, npu_soc):
     """Prefill and decode speed of PACKAGE: tok/s, time to first token, peak RSS (one warm-up, median of --reps)."""
     import json
 
@@ -298,7 +300,7 @@ def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, memory
 
     r = bench(package, prompt_len=prompt_len, gen_len=gen_len, threads=threads, reps=reps, seed=seed,
               prefill_backend=prefill_backend, npu_soc=npu_soc, memory_budget=memory_budget,
-              weight_policy=weight_policy, storage=storage, io_threads=io_threads)
+              weight_policy=weight_policy, storage=storage, io_threads=io_threads, direct_io=direct_io)
     click.echo(json.dumps(r) if as_json else format_bench(r))
 
 
@@ -308,15 +310,16 @@ def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, memory
 @click.option("--weight-policy", type=click.Choice(["auto", "resident", "window"]), default="auto", show_default=True)
 @click.option("--storage", type=click.Choice(["native", "sd", "emmc", "ufs3", "ufs4"]), default="native",
               show_default=True, help="the storage the weights stream from")
+@click.option("--direct-io", is_flag=True, help="plan for O_DIRECT reads")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def plan_cmd(package, memory_budget, weight_policy, storage, as_json):
+def plan_cmd(package, memory_budget, weight_policy, storage, direct_io, as_json):
     """How PACKAGE would use memory under a budget: what stays resident, what streams each token, and the decode
     speed the storage allows. Reads no weights."""
     import json
 
     from .offload.planner import format_plan, plan
 
-    p = plan(package, memory_budget=memory_budget, weight_policy=weight_policy, storage=storage)
+    p = plan(package, memory_budget=memory_budget, weight_policy=weight_policy, storage=storage, direct_io=direct_io)
     click.echo(json.dumps(p) if as_json else format_plan(p))
 
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,10 +57,11 @@ static void sleep_until(double t) {
   }
 }
 
-el_io* el_io_open(const char* path, uint64_t file_bytes, const el_storage_profile* p, char* err, size_t errlen) {
+el_io* el_io_open(const char* path, uint64_t file_bytes, const el_storage_profile* p, int direct_io, char* err,
+                  size_t errlen) {
   /* O_NONBLOCK: a FIFO put in place of weights.bin must not hang open(); it is refused below */
   int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
-  int fd = p->modelled ? -1 : open(path, flags | O_DIRECT);
+  int fd = p->modelled || !direct_io ? -1 : open(path, flags | O_DIRECT);
   int direct = fd >= 0;
   if (fd < 0) fd = open(path, flags);
   if (fd < 0) {
@@ -81,7 +83,8 @@ el_io* el_io_open(const char* path, uint64_t file_bytes, const el_storage_profil
   }
   io->fd = fd, io->direct = direct, io->p = p;
   pthread_mutex_init(&io->mu, NULL);
-  if (!direct && !p->modelled) posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM); /* no read-ahead beyond what we ask */
+  /* buffered: the window reads one contiguous range front to back, so let the kernel read ahead of it */
+  if (!direct && !p->modelled) posix_fadvise(fd, 0, 0, POSIX_FADV_NORMAL);
   return io;
 }
 
@@ -129,9 +132,38 @@ int el_io_read(el_io* io, void* dst, uint64_t off, uint64_t len, char* err, size
   io->bytes += n, io->requests++;
   pthread_mutex_unlock(&io->mu);
   if (pread_all(io, dst, off, n, len, err, errlen) != 0) return -1;
-  if (!io->direct && !io->p->modelled) posix_fadvise(io->fd, (off_t)off, (off_t)n, POSIX_FADV_DONTNEED);
   if (due > el_io_now()) sleep_until(due);
   return 0;
+}
+
+/* The kernel's read-ahead for the file's device (bytes), 8 MiB where it cannot be found (overlay or FUSE file
+ * systems): the page cache a buffered reader may find filled ahead of it. */
+static uint64_t readahead_bytes(const char* path) {
+  struct stat st;
+  if (stat(path, &st) != 0) return 8u << 20;
+  char p[128];
+  unsigned maj = major(st.st_dev), min = minor(st.st_dev);
+  const char* forms[] = {"/sys/class/bdi/%u:%u/read_ahead_kb", "/sys/dev/block/%u:%u/queue/read_ahead_kb",
+                         "/sys/dev/block/%u:%u/../queue/read_ahead_kb"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(p, sizeof p, forms[i], maj, min);
+    FILE* f = fopen(p, "r");
+    unsigned long kb;
+    if (!f) continue;
+    int ok = fscanf(f, "%lu", &kb) == 1;
+    fclose(f);
+    if (ok) return (uint64_t)kb << 10;
+  }
+  return 8u << 20;
+}
+
+uint64_t el_io_cache_reserve(const char* path, const el_storage_profile* p, int direct_io) {
+  if (p->modelled || direct_io) return 0;
+  return 2 * readahead_bytes(path) + 2 * (uint64_t)EL_IO_DROP_ALIGN;
+}
+
+void el_io_drop(el_io* io, uint64_t off, uint64_t len) {
+  if (!io->direct && !io->p->modelled && len) posix_fadvise(io->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
 }
 
 void el_io_counters(const el_io* io, uint64_t* bytes, uint64_t* requests) {

@@ -17,11 +17,12 @@ from ..runtime.package import read_manifest
 LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def measure_read_bandwidth(path: Path, nbytes: int = 256 << 20, request: int = 1 << 20) -> float | None:
-    """Bytes/s of O_DIRECT sequential reads of the file's middle (what the window store does); None where O_DIRECT
-    is refused. Cold reads: the page cache neither helps nor keeps them."""
+def measure_read_bandwidth(path: Path, direct: bool = False, nbytes: int = 256 << 20,
+                           request: int = 1 << 20) -> float | None:
+    """Bytes/s of a cold sequential read of the file's middle, the way the window store reads: buffered with the
+    kernel's read-ahead and dropped from the page cache behind the reads, or O_DIRECT. None where it cannot."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECT", 0) if direct else 0))
     except OSError:
         return None
     try:
@@ -30,11 +31,16 @@ def measure_read_bandwidth(path: Path, nbytes: int = 256 << 20, request: int = 1
         if n <= 0:
             return None
         start = (size - n) // 2 // request * request
+        if not direct:
+            os.posix_fadvise(fd, start, n, os.POSIX_FADV_DONTNEED)   # cold, as a streamed weight is
         buf = mmap.mmap(-1, request)   # page aligned, as O_DIRECT wants
         t0 = time.perf_counter()
         for off in range(start, start + n, request):
             os.preadv(fd, [buf], off)
-        return n / (time.perf_counter() - t0)
+        secs = time.perf_counter() - t0
+        if not direct:
+            os.posix_fadvise(fd, start, n, os.POSIX_FADV_DONTNEED)
+        return n / secs
     except OSError:
         return None
     finally:
@@ -42,11 +48,12 @@ def measure_read_bandwidth(path: Path, nbytes: int = 256 << 20, request: int = 1
 
 
 def plan(package, memory_budget=None, weight_policy: str | None = None, storage: str | None = None,
-         measure: bool = True) -> dict:
+         direct_io: bool = False, measure: bool = True) -> dict:
     """Runtime.plan plus: layers fully resident / streamed, the storage bandwidth used for the prediction (the
     profile's, or measured on this disk for "native") and the storage-bound decode tok/s."""
     pkg = Path(package)
-    p = Runtime.plan(pkg, memory_budget=memory_budget, weight_policy=weight_policy, storage=storage)
+    p = Runtime.plan(pkg, memory_budget=memory_budget, weight_policy=weight_policy, storage=storage,
+                     direct_io=direct_io)
     tensors = read_manifest(pkg).get("tensors", [])
     pinned = p.pop("pinned")
     layers: dict[int, list[bool]] = {}
@@ -63,7 +70,7 @@ def plan(package, memory_budget=None, weight_policy: str | None = None, storage:
     p["other_streamed"] = other_streamed
     bw, measured = p["storage_bytes_per_s"], False
     if not bw and p["streamed_bytes"] and measure:
-        bw, measured = measure_read_bandwidth(pkg / "weights.bin") or 0.0, True
+        bw, measured = measure_read_bandwidth(pkg / "weights.bin", direct=bool(p["direct_io"])) or 0.0, True
     p["bandwidth_bytes_per_s"], p["bandwidth_measured"] = bw, measured
     io_s = (p["streamed_bytes"] / bw if bw else 0.0) + p["requests_per_token"] * p["storage_latency_s"] / 2
     p["storage_bound_tok_s"] = 1.0 / io_s if p["streamed_bytes"] and io_s > 0 else None
@@ -93,9 +100,10 @@ def format_plan(p: dict) -> str:
     if not p["streamed_bytes"]:
         lines.append(f"  all weights resident: {mb(p['pinned_bytes'])} + {mb(p['context_bytes'])} for a context")
         return "\n".join(lines)
+    cache = (f" + {mb(p['cache_bytes'])} of read-ahead in the page cache" if p["cache_bytes"] else "")
     lines += [
         f"  resident: {mb(p['pinned_bytes'])} ({p['pinned_weights']} tensors) + a {mb(p['window_bytes'])} window "
-        f"= {mb(held)} of weights, {mb(held + p['context_bytes'])} with a context",
+        f"= {mb(held)} of weights{cache}; {mb(held + p['cache_bytes'] + p['context_bytes'])} with a context",
         f"  streamed every token: {mb(p['streamed_bytes'])} ({p['streamed_weights']} tensors, "
         f"{p['requests_per_token']} reads of up to 1 MiB)",
         f"  layers fully resident: {_ranges(p['layers_resident'])}; streamed (in part or whole): "
@@ -105,7 +113,8 @@ def format_plan(p: dict) -> str:
     ]
     bw = p["bandwidth_bytes_per_s"]
     if p["storage_bound_tok_s"]:
-        how = "measured here, O_DIRECT" if p["bandwidth_measured"] else "the profile's"
+        how = (f"measured here, {'O_DIRECT' if p['direct_io'] else 'buffered'} reads" if p["bandwidth_measured"]
+               else "the profile's")
         lines.append(f"predicted decode: at most {p['storage_bound_tok_s']:.2f} tok/s, storage-bound "
                      f"({mb(p['streamed_bytes'])} per token at {bw / 1e9:.2f} GB/s, {how}"
                      f"{'; modelled storage' if p['storage_modelled'] else ''}); compute on this CPU overlaps it")

@@ -106,16 +106,66 @@ static size_t thp_size(void) {
 #endif
 }
 
-/* MemAvailable of /proc/meminfo in bytes (0 if unknown). */
-static uint64_t mem_available(void) {
-  FILE* f = fopen("/proc/meminfo", "r");
-  if (!f) return 0;
-  char line[128];
-  unsigned long long kb = 0;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+static int read_u64(const char* path, const char* key, uint64_t* out) {
+  FILE* f = fopen(path, "r");
+  if (!f) return -1;
+  char line[256];
+  int ok = 0;
+  size_t kl = key ? strlen(key) : 0;
+  while (!ok && fgets(line, sizeof line, f)) {
+    if (key && strncmp(line, key, kl)) continue;
+    unsigned long long v;
+    ok = sscanf(line + kl, " %llu", &v) == 1;
+    if (ok) *out = v;
+  }
   fclose(f);
-  return (uint64_t)kb * 1024;
+  return ok ? 0 : -1;
+}
+
+/* Room left under this process's memory cgroup limit (v1 hierarchical limit, or v2 memory.max up the tree);
+ * UINT64_MAX when there is none. Android and container runtimes kill at that limit, not at MemAvailable. */
+static uint64_t cgroup_room(void) {
+  FILE* f = fopen("/proc/self/cgroup", "r");
+  if (!f) return UINT64_MAX;
+  char line[1024], v1[1024] = "", v2[1024] = "";
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = 0;
+    char* p = strchr(line, ':');
+    char* q = p ? strchr(p + 1, ':') : NULL;
+    if (!q) continue;
+    if (!strncmp(p, ":memory:", 8)) snprintf(v1, sizeof v1, "%s", q + 1);
+    if (!strncmp(line, "0::", 3)) snprintf(v2, sizeof v2, "%s", q + 1);
+  }
+  fclose(f);
+  char path[1200];
+  uint64_t limit = UINT64_MAX, usage = 0, v;
+  if (v1[0]) {
+    snprintf(path, sizeof path, "/sys/fs/cgroup/memory%s/memory.stat", v1);
+    if (read_u64(path, "hierarchical_memory_limit", &v) == 0) limit = v;
+    snprintf(path, sizeof path, "/sys/fs/cgroup/memory%s/memory.usage_in_bytes", v1);
+    if (read_u64(path, NULL, &v) == 0) usage = v;
+  } else if (v2[0]) {
+    for (char* end = v2 + strlen(v2); end >= v2; end--) { /* the tightest memory.max from here to the root */
+      if (*end != '/' && *end) continue;
+      char saved = *end;
+      *end = 0;
+      snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.max", v2);
+      if (read_u64(path, NULL, &v) == 0 && v < limit) limit = v;
+      if (limit != UINT64_MAX && !usage) {
+        snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.current", v2);
+        if (read_u64(path, NULL, &v) == 0) usage = v;
+      }
+      *end = saved;
+    }
+  }
+  return limit == UINT64_MAX ? UINT64_MAX : (limit > usage ? limit - usage : 0);
+}
+
+/* MemAvailable of /proc/meminfo in bytes, or less where a memory cgroup allows less (0 if unknown). */
+static uint64_t mem_available(void) {
+  uint64_t kb = 0, room = cgroup_room();
+  if (read_u64("/proc/meminfo", "MemAvailable:", &kb) != 0) return 0;
+  return kb * 1024 < room ? kb * 1024 : room;
 }
 
 typedef struct {

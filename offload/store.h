@@ -32,6 +32,7 @@ typedef struct {
   uint64_t budget;         /* bytes the store may hold (0: no limit) */
   uint64_t pinned_bytes;   /* weights held for the life of the model */
   uint64_t window_bytes;   /* the ring streamed weights pass through */
+  uint64_t cache_bytes;    /* page cache buffered reads may hold at once (read-ahead), kept out of the budget */
   uint64_t streamed_bytes; /* bytes read per token (each streamed weight once) */
   uint64_t minimum_budget; /* the smallest budget this policy can run in */
   uint32_t pinned_weights, streamed_weights;
@@ -89,6 +90,7 @@ typedef struct {
   const uint8_t* must_pin;  /* per weight: 1 = cannot be streamed (read by row lookup, used twice, routed) */
   const char* storage;      /* storage profile (NULL: "native") */
   int io_threads;           /* reader threads (<= 0: 2) */
+  int direct_io;            /* 1: O_DIRECT reads; 0: buffered, dropped from the page cache once read */
   int plan_only;            /* compute the layout; read and allocate nothing (acquire fails) */
 } el_store_config;
 

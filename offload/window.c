@@ -56,6 +56,11 @@ typedef struct {
   char io_err[256];
   uint64_t hits, misses, dropped;
   double stall_s;
+  uint32_t* last;          /* the last announced order (streamed weights only), read again ahead of time */
+  uint32_t n_last, spec;   /* spec: a copy of it is queued that no announcement has confirmed yet */
+  uint64_t hash_last, hash_prev; /* of the last two announced orders: equal = a program repeating (decode) */
+  uint64_t drop_from;      /* the page cache holds nothing of ours before this offset (buffered reads) */
+  uint64_t file_bytes;
 } window_store;
 
 static uint64_t rounded(uint64_t n) { return (n + EL_IO_ALIGN - 1) / EL_IO_ALIGN * EL_IO_ALIGN; }
@@ -91,7 +96,8 @@ static uint64_t ring_need(const unit* u, uint32_t nu) {
 }
 
 /* Fills lay and pin (per weight: 1 pinned) for this budget; -1 with err naming the minimum if it is too small. */
-static int plan_layout(const el_store_config* cfg, el_store_layout* lay, uint8_t* pin, char* err, size_t errlen) {
+static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layout* lay, uint8_t* pin, char* err,
+                       size_t errlen) {
   uint32_t n = cfg->n, nu = 0;
   uint8_t* in_seq = calloc(n ? n : 1, 1);
   unit* u = calloc(cfg->n_seq ? cfg->n_seq : 1, sizeof *u);
@@ -121,15 +127,15 @@ static int plan_layout(const el_store_config* cfg, el_store_layout* lay, uint8_t
     i = j;
   }
   /* the smallest window holds the largest step's weights: it runs, reading and computing in turn */
-  uint64_t minimum = mandatory + max_unit;
+  uint64_t minimum = mandatory + max_unit + cache;
   *lay = (el_store_layout){.budget = cfg->budget, .minimum_budget = minimum};
   if (cfg->budget && cfg->budget < minimum) {
     snprintf(err, errlen, "the memory budget leaves %.1f MB for weights; this package needs at least %.1f MB "
-             "(%.1f MB that cannot be streamed + its largest step's %.1f MB)", cfg->budget / 1e6, minimum / 1e6,
-             mandatory / 1e6, max_unit / 1e6);
+             "(%.1f MB that cannot be streamed + its largest step's %.1f MB + %.1f MB of read-ahead)",
+             cfg->budget / 1e6, minimum / 1e6, mandatory / 1e6, max_unit / 1e6, cache / 1e6);
     goto out;
   }
-  uint64_t budget = cfg->budget ? cfg->budget : mandatory + streamable, ring = 0, pinned_extra = 0;
+  uint64_t budget = cfg->budget ? cfg->budget - cache : mandatory + streamable, ring = 0, pinned_extra = 0;
   if (budget < mandatory + streamable) {
     /* Large steps (an lm_head is several layers' worth) set the window's size: pinning the k largest may leave a
      * smaller window and more budget. Take the k with the smallest window that fits. */
@@ -152,19 +158,12 @@ static int plan_layout(const el_store_config* cfg, el_store_layout* lay, uint8_t
       ring = budget - mandatory;
     } else {
       for (uint32_t k = 0; k < best_k; k++) u[by_size[k]].pinned = 1, pinned_extra += u[by_size[k]].bytes;
-      /* then pin more, evenly over the token: each unit earns its share of the spare bytes and is pinned once
-       * its credit covers it; a second pass takes whatever still fits */
-      uint64_t spare = budget - mandatory - pinned_extra - best_ring, left = streamable - pinned_extra, used = 0;
-      double share = left ? (double)spare / (double)left : 0, credit = 0;
-      for (int pass = 0; pass < 2; pass++)
-        for (uint32_t i = 0; i < nu; i++) {
-          if (u[i].pinned) continue;
-          credit += pass ? 0 : share * (double)u[i].bytes;
-          if ((pass || credit >= (double)u[i].bytes) && used + u[i].bytes <= spare) {
-            u[i].pinned = 1, used += u[i].bytes, pinned_extra += u[i].bytes;
-            if (!pass) credit -= (double)u[i].bytes;
-          }
-        }
+      /* then pin more, in the order the token uses them: the steps left streaming are then one contiguous range
+       * of the file, read front to back every token (read-ahead works; the readers, which run on into the next
+       * token's weights, keep busy through the pinned stretch) */
+      uint64_t spare = budget - mandatory - pinned_extra - best_ring, used = 0;
+      for (uint32_t i = 0; i < nu; i++)
+        if (!u[i].pinned && used + u[i].bytes <= spare) u[i].pinned = 1, used += u[i].bytes, pinned_extra += u[i].bytes;
       /* what the final set needs (pinning more can bring big steps next to each other), within what is left:
        * never below the largest streamed step, as the window with fewer pins needed more than that */
       ring = ring_need(u, nu);
@@ -184,6 +183,7 @@ static int plan_layout(const el_store_config* cfg, el_store_layout* lay, uint8_t
   lay->pinned_bytes = mandatory + pinned_extra;
   lay->streamed_bytes = streamable - pinned_extra;
   lay->window_bytes = lay->streamed_bytes ? ring : 0;
+  lay->cache_bytes = cache;
   for (uint32_t w = 0; w < n; w++) {
     if (pin[w]) {
       lay->pinned_weights++;
@@ -259,6 +259,41 @@ static uint32_t find(window_store* s, uint32_t id) {
   return s->qlen;
 }
 
+/* Decode runs the same program token after token: once the same order was announced twice in a row and all of it
+ * has ring space, queue it again so the readers go on into the next token's weights instead of idling while the
+ * rest of this token computes. A different program next skips these (acquire drops what it passes over: counted
+ * as dropped). */
+static int should_speculate(const window_store* s) {
+  return !s->spec && s->n_last && s->hash_last == s->hash_prev && s->qalloc == s->qlen && !s->failed;
+}
+
+static void speculate(window_store* s) {
+  for (uint32_t i = 0; i < s->n_last; i++)
+    if (push(s, s->last[i]) != 0) break;
+  s->spec = 1;
+}
+
+/* Buffered reads leave the file in the page cache: drop what lies behind the oldest read still pending, in
+ * whole aligned blocks (io.h). When that read is back at the front of the file, a new pass began: the rest of the
+ * last one goes too. Returns 1 with [*a, *b) to drop. */
+static int drop_behind(window_store* s, uint64_t* a, uint64_t* b) {
+  uint64_t low = UINT64_MAX;
+  for (uint32_t i = 0; i < s->qalloc && low == UINT64_MAX; i++) {
+    entry* e = at(s, i);
+    if (!e->dropped && e->done < e->chunks) low = s->table[e->id].offset - lead(s->table, e->id);
+  }
+  if (low == UINT64_MAX) return 0;
+  uint64_t t = low / EL_IO_DROP_ALIGN * EL_IO_DROP_ALIGN;
+  if (low >= s->drop_from) {
+    if (t <= s->drop_from) return 0;
+    *a = s->drop_from, *b = t;
+  } else {
+    *a = s->drop_from, *b = s->file_bytes;
+  }
+  s->drop_from = t;
+  return *b > *a;
+}
+
 /* Readers ----------------------------------------------------------------------------------------------------- */
 
 static void* reader(void* arg) {
@@ -276,6 +311,10 @@ static void* reader(void* arg) {
       }
     }
     if (slot == UINT32_MAX) {
+      if (should_speculate(s)) {
+        speculate(s);
+        continue;
+      }
       pthread_cond_wait(&s->work, &s->mu);
       continue;
     }
@@ -292,6 +331,12 @@ static void* reader(void* arg) {
     if (rc != 0 && !s->failed) s->failed = 1, snprintf(s->io_err, sizeof s->io_err, "%s", err);
     pthread_cond_broadcast(&s->landed);
     if (e->done == e->next && (e->dropped || rc != 0)) pthread_cond_broadcast(&s->work); /* space to reclaim */
+    uint64_t d0, d1;
+    if (rc == 0 && drop_behind(s, &d0, &d1)) {
+      pthread_mutex_unlock(&s->mu);
+      el_io_drop(s->io, d0, d1 - d0);
+      pthread_mutex_lock(&s->mu);
+    }
   }
   pthread_mutex_unlock(&s->mu);
   return NULL;
@@ -299,13 +344,30 @@ static void* reader(void* arg) {
 
 /* Store interface --------------------------------------------------------------------------------------------- */
 
+/* A program announces its weights when it starts. What the queue already holds, in that order and unused (the
+ * copy the readers queued on their own, see below), is kept; the rest is queued behind it. */
 static void window_prefetch(el_weight_store* b, const uint32_t* ids, uint32_t n) {
   window_store* s = (window_store*)b;
   pthread_mutex_lock(&s->mu);
-  int any = 0;
+  uint32_t m = 0;
   for (uint32_t i = 0; i < n; i++)
-    if (ids[i] < s->n && s->pin_at[ids[i]] == UINT64_MAX && push(s, ids[i]) == 0) any = 1;
-  if (any) {
+    if (ids[i] < s->n && s->pin_at[ids[i]] == UINT64_MAX) s->last[m++] = ids[i];
+  s->n_last = m;
+  uint64_t h = 1469598103934665603ull; /* FNV-1a over the ids */
+  for (uint32_t i = 0; i < m; i++) h = (h ^ s->last[i]) * 1099511628211ull;
+  s->hash_prev = s->hash_last, s->hash_last = h;
+  uint32_t q = 0, k = 0; /* queue position, announced weights already queued */
+  while (q < s->qlen && (at(s, q)->used || at(s, q)->dropped)) q++;
+  for (; q < s->qlen && k < m; q++) {
+    entry* e = at(s, q);
+    if (e->used || e->dropped) continue;
+    if (e->id != s->last[k]) break;
+    k++;
+  }
+  s->spec = 0;
+  int any = 0;
+  for (uint32_t i = k; i < m; i++) any |= push(s, s->last[i]) == 0;
+  if (any || k) {
     reclaim_and_allocate(s);
     pthread_cond_broadcast(&s->work);
   }
@@ -431,7 +493,7 @@ static void window_close(el_weight_store* b) {
   pthread_mutex_destroy(&s->run);
   pthread_cond_destroy(&s->landed);
   pthread_cond_destroy(&s->work);
-  free(s->q), free(s->pin_at), free(s->pinned_mask);
+  free(s->q), free(s->last), free(s->pin_at), free(s->pinned_mask);
   free(s);
 }
 
@@ -443,6 +505,7 @@ static int read_pinned(window_store* s, char* err, size_t errlen) {
   for (uint32_t w = 0; w < s->n; w++) /* the table is in file order, and so is the pinned buffer */
     if (s->pin_at[w] != UINT64_MAX) order[k++] = w;
   int rc = 0;
+  uint64_t dropped = 0;
   for (uint32_t i = 0; i < k && rc == 0;) {
     uint32_t j = i + 1;
     uint64_t start = s->table[order[i]].offset - lead(s->table, order[i]), dst = s->pin_at[order[i]];
@@ -452,6 +515,8 @@ static int read_pinned(window_store* s, char* err, size_t errlen) {
       end += wbytes(s->table, order[j]), j++;
     uint32_t last = order[j - 1]; /* read to its last byte; el_io_read rounds up to whole blocks */
     rc = el_io_read(s->io, s->pinned + dst, start, s->table[last].offset + s->table[last].nbytes - start, err, errlen);
+    uint64_t behind = end / EL_IO_DROP_ALIGN * EL_IO_DROP_ALIGN; /* the copy is ours: no page cache beside it */
+    if (behind > dropped) el_io_drop(s->io, dropped, behind - dropped), dropped = behind;
     i = j;
   }
   free(order);
@@ -475,19 +540,20 @@ el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, siz
   pthread_mutex_init(&s->run, NULL);
   pthread_cond_init(&s->landed, NULL);
   pthread_cond_init(&s->work, NULL);
-  s->table = cfg->table, s->n = cfg->n;
+  s->table = cfg->table, s->n = cfg->n, s->file_bytes = cfg->file_bytes;
   el_weight_store* b = &s->base;
   b->acquire = window_acquire, b->release = window_release, b->prefetch = window_prefetch;
   b->close = window_close, b->bytes_resident = window_bytes, b->counters = window_counters;
   b->policy = "window";
   b->pinned = s->pinned_mask;
   b->run_lock = &s->run;
-  if (plan_layout(cfg, &b->layout, s->pinned_mask, err, errlen) != 0) goto fail;
+  uint64_t cache = el_io_cache_reserve(cfg->path, prof, cfg->direct_io);
+  if (plan_layout(cfg, cache, &b->layout, s->pinned_mask, err, errlen) != 0) goto fail;
   el_store_layout* lay = &b->layout;
   lay->storage = prof->name, lay->storage_what = prof->what;
   lay->storage_bytes_per_s = prof->bytes_per_s, lay->storage_latency_s = prof->latency_s;
   lay->storage_modelled = prof->modelled;
-  lay->direct_io = !prof->modelled;
+  lay->direct_io = !prof->modelled && cfg->direct_io;
   uint64_t at = 0;
   for (uint32_t w = 0; w < s->n; w++) {
     s->pin_at[w] = s->pinned_mask[w] ? at : UINT64_MAX;
@@ -495,7 +561,7 @@ el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, siz
   }
   if (cfg->plan_only) return b;
 
-  if (!(s->io = el_io_open(cfg->path, cfg->file_bytes, prof, err, errlen))) goto fail;
+  if (!(s->io = el_io_open(cfg->path, cfg->file_bytes, prof, cfg->direct_io, err, errlen))) goto fail;
   lay->direct_io = el_io_direct(s->io);
   s->pinned_map = at;
   if (at) {
@@ -510,6 +576,7 @@ el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, siz
 #endif
     if (read_pinned(s, err, errlen) != 0) goto fail;
     mprotect(s->pinned, at, PROT_READ);
+    el_io_drop(s->io, 0, s->file_bytes); /* the copy is ours now */
   }
   if (lay->streamed_bytes) {
     s->ring_bytes = lay->window_bytes;
@@ -520,7 +587,7 @@ el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, siz
       goto fail;
     }
     s->qcap = 4 * lay->streamed_weights + 64;
-    if (!(s->q = calloc(s->qcap, sizeof *s->q))) {
+    if (!(s->q = calloc(s->qcap, sizeof *s->q)) || !(s->last = malloc(sizeof *s->last * (s->n ? s->n : 1)))) {
       snprintf(err, errlen, "out of memory");
       goto fail;
     }

@@ -503,14 +503,15 @@ class Runtime:
     def load(cls, path: str | os.PathLike, threads: int | None = None, memory_budget: int | str | None = None,
              verify: bool = False, digest: str | None = None, huge_pages: bool | None = None,
              prefill_backend: str = "auto", npu_soc: str | None = None, weight_policy: str | None = None,
-             storage: str | None = None, io_threads: int | None = None) -> Runtime:
+             storage: str | None = None, io_threads: int | None = None, direct_io: bool = False) -> Runtime:
         """Load a package.
 
         threads: default threads of its contexts (None: one per CPU). memory_budget: bytes (or "600MB") the model
         may use: the weights it holds + one context's KV cache and arena; weights beyond it are streamed from the
         package every token (weight_policy "window"; memory() says how). weight_policy: "resident", "window" or
         None (resident when everything fits). storage: the storage profile streamed reads are shaped to ("native",
-        "sd", "emmc", "ufs3", "ufs4"; the last two are modelled). io_threads: reader threads (None: 2). verify: check every
+        "sd", "emmc", "ufs3", "ufs4"; the last two are modelled). io_threads: reader threads (None: 2). direct_io:
+        O_DIRECT reads instead of buffered ones dropped from the page cache behind them. verify: check every
         file against the package's SHA256SUMS. digest: the "sha256:..." that `edgellm compile` printed; every file
         is checked against it before any of the package's code is loaded (load packages you did not build only
         this way). huge_pages: weights in transparent huge pages (None: automatic; EDGELLM_HUGEPAGES=0/1 sets it).
@@ -523,6 +524,7 @@ class Runtime:
         L.lib().el_load_options_init(C.byref(opts))
         opts.n_threads = _threads(threads)
         keep_store = _store_options(opts, memory_budget, weight_policy, storage, io_threads)  # noqa: F841
+        opts.direct_io = 1 if direct_io else 0
         if huge_pages is None and os.environ.get("EDGELLM_HUGEPAGES", "") in ("0", "1"):
             huge_pages = os.environ["EDGELLM_HUGEPAGES"] == "1"
         if huge_pages is not None:
@@ -553,7 +555,7 @@ class Runtime:
 
     @classmethod
     def plan(cls, path: str | os.PathLike, memory_budget: int | str | None = None, weight_policy: str | None = None,
-             storage: str | None = None) -> dict:
+             storage: str | None = None, direct_io: bool = False) -> dict:
         """How a package would use memory under a budget, without reading its weights or loading its kernels:
         memory() of the model Runtime.load would make, plus "pinned" (per weight, in manifest order: held or
         streamed)."""
@@ -563,6 +565,7 @@ class Runtime:
         L.lib().el_load_options_init(C.byref(opts))
         keep = _store_options(opts, memory_budget, weight_policy, storage, None)  # noqa: F841
         opts.plan_only = 1
+        opts.direct_io = 1 if direct_io else 0
         opts.prefill_backend = L.PREFILL_BACKENDS["cpu"]
         h = L.lib().el_model_load(str(p).encode(), C.byref(opts))
         if not h:

@@ -60,7 +60,7 @@ def _one(rt: Runtime, ids: np.ndarray, gen_len: int) -> tuple[float, float, floa
 def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, threads: int | None = None,
           reps: int = 3, warmup: int = 1, seed: int = 0, prefill_backend: str = "auto",
           npu_soc: str | None = None, memory_budget=None, weight_policy: str | None = None,
-          storage: str | None = None, io_threads: int | None = None) -> dict:
+          storage: str | None = None, io_threads: int | None = None, direct_io: bool = False) -> dict:
     """Median prefill/decode tokens per second, time to first token and peak RSS of one package."""
     if prompt_len < 1:
         raise InputError(f"--prompt-len {prompt_len} is invalid: must be >= 1")
@@ -71,7 +71,7 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
     t0 = time.perf_counter()
     with Runtime.load(package, threads=threads, prefill_backend=prefill_backend, npu_soc=npu_soc,
                       memory_budget=memory_budget, weight_policy=weight_policy, storage=storage,
-                      io_threads=io_threads) as rt:
+                      io_threads=io_threads, direct_io=direct_io) as rt:
         load_s = time.perf_counter() - t0
         backend = rt.prefill_backend
         if prompt_len + gen_len > rt.max_context:

@@ -51,6 +51,8 @@ typedef struct {
   const char* storage;        /* storage profile the reads are shaped to: "native" (NULL: this disk as it is),
                                  "sd", "emmc" (throttled real reads), "ufs3", "ufs4" (modelled: served from RAM) */
   int32_t io_threads;         /* reader threads (<= 0: 2) */
+  int32_t direct_io;          /* 1: O_DIRECT reads; 0 (default): buffered with read-ahead, dropped from the page
+                                 cache once read */
   int32_t plan_only;          /* 1: only plan the memory (el_model_memory); reads no weights, makes no contexts */
 } el_load_options;
 
@@ -74,6 +76,7 @@ typedef struct {
   uint64_t weights_bytes;    /* all weights (weights.bin) */
   uint64_t pinned_bytes;     /* weights held in memory for the life of the model */
   uint64_t window_bytes;     /* the ring streamed weights pass through */
+  uint64_t cache_bytes;      /* page cache the buffered reads may hold (the device's read-ahead), in the budget */
   uint64_t streamed_bytes;   /* weights read from storage per token */
   uint64_t minimum_budget;   /* the smallest memory_budget this package loads with (policy window) */
   uint32_t pinned_weights, streamed_weights;

@@ -25,7 +25,7 @@
   "                   [--stop STR ...] [--ignore-eos] [--threads N] [--print-ids] [--dump-logits FILE]\n"        \
   "                   [--digest sha256:HEX] [--memory-budget BYTES] [--prefill-backend auto|cpu|npu]\n"         \
   "                   [--npu-soc SOC] [--weight-policy auto|resident|window] [--storage PROFILE]\n"              \
-  "                   [--io-threads N]\n"                                                                         \
+  "                   [--io-threads N] [--direct-io] [--huge-pages auto|on|off]\n"                            \
   "  PKG                  package directory (made by `edgellm compile`)\n"                                      \
   "  -p, --prompt TEXT    prompt text (needs PKG/tokenizer.bin)\n"                                              \
   "  --ids LIST           prompt as token ids, comma- or space-separated\n"                                     \
@@ -50,6 +50,8 @@
   "                       (default: resident when everything fits)\n"                                           \
   "  --storage PROFILE    shape streamed reads like: native (default), sd, emmc, ufs3, ufs4 (ufs: modelled)\n"   \
   "  --io-threads N       reader threads for streamed weights (1-4, default 2)\n"                               \
+  "  --direct-io          O_DIRECT reads for streamed weights (default: buffered, dropped from the page cache)\n" \
+  "  --huge-pages M       resident weights in transparent huge pages: auto (default), on, off (plain mmap)\n"    \
   "  --prefill-backend B  android-npu packages: prefill prompts on the NPU (npu), the CPU (cpu), or the NPU when\n" \
   "                       ONNX Runtime with the QNN EP loads (auto, default). Libraries: EDGELLM_ORT_LIB\n"       \
   "                       (default libonnxruntime.so), EDGELLM_QNN_EP_LIB (plugin EP; unset: QNN built into\n"   \
@@ -147,6 +149,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 0, budget = 0;
   const char *policy = NULL, *storage = NULL;
   long io_threads = 0;
+  int direct_io = 0, huge_pages = -1;
   int have_seed = 0, ignore_eos = 0;
 
   for (int i = 1; i < argc; i++) {
@@ -213,6 +216,13 @@ int main(int argc, char** argv) {
       NEED_VALUE if (parse_bytes(v, &budget)) return usage_error("--memory-budget needs a size like 600M or 2G, got '%s'", v);
     } else if (!strcmp(a, "--weight-policy")) {
       NEED_VALUE policy = v;
+    } else if (!strcmp(a, "--direct-io")) {
+      direct_io = 1;
+    } else if (!strcmp(a, "--huge-pages")) {
+      NEED_VALUE if (!strcmp(v, "auto")) huge_pages = -1;
+      else if (!strcmp(v, "on")) huge_pages = 1;
+      else if (!strcmp(v, "off")) huge_pages = 0;
+      else return usage_error("--huge-pages takes auto, on or off, got '%s'", v);
     } else if (!strcmp(a, "--storage")) {
       NEED_VALUE storage = v;
     } else if (!strcmp(a, "--io-threads")) {
@@ -246,6 +256,8 @@ int main(int argc, char** argv) {
   opt.weight_policy = policy;
   opt.storage = storage;
   opt.io_threads = (int32_t)io_threads;
+  opt.direct_io = direct_io;
+  opt.huge_pages = huge_pages;
   opt.prefill_backend = prefill;
   opt.npu_soc = npu_soc;
   opt.ort_library = getenv("EDGELLM_ORT_LIB");

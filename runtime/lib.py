@@ -16,13 +16,14 @@ class LoadOptions(C.Structure):
                 ("prefill_backend", C.c_int32), ("memory_budget", C.c_uint64), ("weight_policy", C.c_char_p),
                 ("digest", C.c_char_p), ("npu_soc", C.c_char_p), ("ort_library", C.c_char_p),
                 ("qnn_ep_library", C.c_char_p), ("qnn_backend", C.c_char_p), ("storage", C.c_char_p),
-                ("io_threads", C.c_int32), ("plan_only", C.c_int32)]
+                ("io_threads", C.c_int32), ("direct_io", C.c_int32), ("plan_only", C.c_int32)]
 
 
 class MemoryPlan(C.Structure):
     _fields_ = [("policy", C.c_char * 16), ("storage", C.c_char * 16), ("storage_what", C.c_char * 96),
                 ("budget", C.c_uint64), ("context_bytes", C.c_uint64), ("weights_bytes", C.c_uint64),
-                ("pinned_bytes", C.c_uint64), ("window_bytes", C.c_uint64), ("streamed_bytes", C.c_uint64),
+                ("pinned_bytes", C.c_uint64), ("window_bytes", C.c_uint64), ("cache_bytes", C.c_uint64),
+                ("streamed_bytes", C.c_uint64),
                 ("minimum_budget", C.c_uint64), ("pinned_weights", C.c_uint32), ("streamed_weights", C.c_uint32),
                 ("requests_per_token", C.c_uint32), ("storage_modelled", C.c_int32), ("direct_io", C.c_int32),
                 ("reserved", C.c_int32), ("storage_bytes_per_s", C.c_double), ("storage_latency_s", C.c_double)]

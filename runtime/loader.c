@@ -542,10 +542,12 @@ static int open_store(el_model* m, const char* weights_path, const el_load_optio
   if (el_weight_use_of(m, &use) != 0) return -1;
   el_store_config cfg = {weights_path, m->weights, m->h.n_weights, m->h.weights_bytes, 0, opt->huge_pages,
                          opt->use_mmap, use.seq, use.seq_step, use.n_seq, use.must_pin, opt->storage,
-                         opt->io_threads, opt->plan_only};
+                         opt->io_threads, opt->direct_io, opt->plan_only};
   uint64_t ctx = el_context_footprint(m), budget = opt->memory_budget;
   const char* policy = opt->weight_policy;
   int resident = policy && !strcmp(policy, "resident");
+  int window = policy && !strcmp(policy, "window");
+  uint64_t whole = ctx + m->h.weights_bytes; /* everything resident */
   char err[512];
   int rc = -1;
   { /* the smallest budget a window over this package runs in (a layout: reads nothing) */
@@ -558,11 +560,14 @@ static int open_store(el_model* m, const char* weights_path, const el_load_optio
     }
     uint64_t min_w = probe->layout.minimum_budget;
     probe->close(probe);
-    m->minimum_budget = ctx + min_w;
-    if (budget && !resident && budget < ctx + min_w) {
-      el_error("the memory budget (%.1f MB) is below this package's minimum of %.1f MB: %.1f MB of weights held or "
-               "streamed + %.1f MB for a context's KV cache and activations (%u tokens of context)", budget / 1e6,
-               (ctx + min_w) / 1e6, min_w / 1e6, ctx / 1e6, m->h.max_ctx);
+    /* the smallest budget that loads: the window's, or everything resident if that is less (auto takes it) */
+    m->minimum_budget = !window && whole < ctx + min_w ? whole : ctx + min_w;
+    if (budget && !resident && budget < m->minimum_budget) {
+      el_error("the memory budget (%.1f MB) is below this package's minimum of %.1f MB: %.1f MB of weights %s + "
+               "%.1f MB for a context's KV cache and activations (%u tokens of context)", budget / 1e6,
+               m->minimum_budget / 1e6, (m->minimum_budget - ctx) / 1e6,
+               m->minimum_budget == whole ? "(all of them)" : "held, streamed through a window, and read ahead",
+               ctx / 1e6, m->h.max_ctx);
       goto out;
     }
   }
@@ -588,7 +593,8 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   el_load_options defaults;
   if (!opt) el_load_options_init(&defaults), opt = &defaults;
   if (opt->huge_pages < -1 || opt->huge_pages > 1 || opt->n_threads > 1024 || opt->prefill_backend < EL_PREFILL_AUTO ||
-      opt->prefill_backend > EL_PREFILL_NPU || opt->io_threads > 64 || opt->plan_only < 0 || opt->plan_only > 1)
+      opt->prefill_backend > EL_PREFILL_NPU || opt->io_threads > 64 || opt->plan_only < 0 || opt->plan_only > 1 ||
+      opt->direct_io < 0 || opt->direct_io > 1)
     return el_error("el_model_load: bad options (huge_pages %d, n_threads %d, prefill_backend %d, io_threads %d, "
                     "plan_only %d)", opt->huge_pages, opt->n_threads, opt->prefill_backend, opt->io_threads,
                     opt->plan_only), NULL;
@@ -695,6 +701,7 @@ EL_API int el_model_memory(const el_model* m, el_memory_plan* out) {
   out->context_bytes = el_context_footprint(m);
   out->weights_bytes = m->h.weights_bytes;
   out->pinned_bytes = l->pinned_bytes, out->window_bytes = l->window_bytes, out->streamed_bytes = l->streamed_bytes;
+  out->cache_bytes = l->cache_bytes;
   out->minimum_budget = m->minimum_budget;
   out->pinned_weights = l->pinned_weights, out->streamed_weights = l->streamed_weights;
   out->requests_per_token = l->requests_per_token;
