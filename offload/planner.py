@@ -100,7 +100,7 @@ def format_plan(p: dict) -> str:
     if not p["streamed_bytes"]:
         lines.append(f"  all weights resident: {mb(p['pinned_bytes'])} + {mb(p['context_bytes'])} for a context")
         return "\n".join(lines)
-    cache = (f" + {mb(p['cache_bytes'])} of read-ahead in the page cache" if p["cache_bytes"] else "")
+    cache = (f" + {mb(p['cache_bytes'])} of page cache (read-ahead, embedding rows)" if p["cache_bytes"] else "")
     lines += [
         f"  resident: {mb(p['pinned_bytes'])} ({p['pinned_weights']} tensors) + a {mb(p['window_bytes'])} window "
         f"= {mb(held)} of weights{cache}; {mb(held + p['cache_bytes'] + p['context_bytes'])} with a context",
@@ -111,6 +111,8 @@ def format_plan(p: dict) -> str:
                                              if p["other_streamed"] else ""),
         f"storage: {p['storage']} — {p['storage_what']}",
     ]
+    if p["mapped_bytes"]:
+        lines.insert(-1, f"  read by row from the file: {mb(p['mapped_bytes'])} of embedding tables (a page per token)")
     bw = p["bandwidth_bytes_per_s"]
     if p["storage_bound_tok_s"]:
         how = (f"measured here, {'O_DIRECT' if p['direct_io'] else 'buffered'} reads" if p["bandwidth_measured"]

@@ -33,6 +33,7 @@ typedef struct {
   uint64_t pinned_bytes;   /* weights held for the life of the model */
   uint64_t window_bytes;   /* the ring streamed weights pass through */
   uint64_t cache_bytes;    /* page cache buffered reads may hold at once (read-ahead), kept out of the budget */
+  uint64_t mapped_bytes;   /* tables read by row lookup, served from a file mapping a page per row */
   uint64_t streamed_bytes; /* bytes read per token (each streamed weight once) */
   uint64_t minimum_budget; /* the smallest budget this policy can run in */
   uint32_t pinned_weights, streamed_weights;
@@ -87,7 +88,8 @@ typedef struct {
   const uint32_t* seq;      /* weights in the order a token first uses them */
   const uint32_t* seq_step; /* the step using seq[i]: the weights of one step are needed together */
   uint32_t n_seq;
-  const uint8_t* must_pin;  /* per weight: 1 = cannot be streamed (read by row lookup, used twice, routed) */
+  const uint8_t* must_pin;  /* per weight: 1 = cannot be streamed (used twice, routed); 2 = read by row lookup only */
+  uint32_t lookup_rows;     /* rows a conversation can look up (the context length) */
   const char* storage;      /* storage profile (NULL: "native") */
   int io_threads;           /* reader threads (<= 0: 2) */
   int direct_io;            /* 1: O_DIRECT reads; 0: buffered, dropped from the page cache once read */

@@ -19,7 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "io.h"
 #include "store.h"
@@ -40,7 +42,8 @@ typedef struct {
   el_weight_store base; /* first: the executor holds an el_weight_store* */
   const el_plan_weight* table;
   uint32_t n;
-  uint64_t* pin_at; /* per weight: offset in pinned (UINT64_MAX: streamed) */
+  uint64_t* pin_at; /* per weight: offset in pinned (STREAMED, MAPPED) */
+  uint8_t* map;     /* the file, mapped for weights read by row lookup (NULL: none) */
   uint8_t* pinned_mask;
   uint8_t* pinned;
   uint64_t pinned_map;
@@ -62,6 +65,9 @@ typedef struct {
   uint64_t drop_from;      /* the page cache holds nothing of ours before this offset (buffered reads) */
   uint64_t file_bytes;
 } window_store;
+
+#define STREAMED UINT64_MAX
+#define MAPPED (UINT64_MAX - 1)
 
 static uint64_t rounded(uint64_t n) { return (n + EL_IO_ALIGN - 1) / EL_IO_ALIGN * EL_IO_ALIGN; }
 /* A weight's bytes as read: from the EL_IO_ALIGN boundary at or before it (compilers align weights to 16 KiB; a
@@ -101,15 +107,24 @@ static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layo
   uint32_t n = cfg->n, nu = 0;
   uint8_t* in_seq = calloc(n ? n : 1, 1);
   unit* u = calloc(cfg->n_seq ? cfg->n_seq : 1, sizeof *u);
-  uint32_t* by_size = calloc(cfg->n_seq ? cfg->n_seq : 1, sizeof *by_size);
   int rc = -1;
-  if (!in_seq || !u || !by_size) {
+  if (!in_seq || !u) {
     snprintf(err, errlen, "out of memory");
     goto out;
   }
   for (uint32_t i = 0; i < cfg->n_seq; i++) in_seq[cfg->seq[i]] = 1;
   uint64_t mandatory = 0, streamable = 0, max_unit = 0;
+  uint64_t mapped = 0;
   for (uint32_t w = 0; w < n; w++) {
+    if (cfg->must_pin && cfg->must_pin[w] == 2 && cfg->table[w].nbytes >= TINY) {
+      /* read by row lookup: served from a mapping of the file, a page per row looked up; the budget holds the
+       * pages one conversation can touch (two per token of context, at most the table) */
+      pin[w] = 2;
+      uint64_t rows = 2ull * 4096 * (cfg->lookup_rows ? cfg->lookup_rows : 1);
+      cache += rows < wbytes(cfg->table, w) ? rows : wbytes(cfg->table, w); /* page cache, like read-ahead */
+      mapped += cfg->table[w].nbytes;
+      continue;
+    }
     pin[w] = !in_seq[w] || (cfg->must_pin && cfg->must_pin[w]) || cfg->table[w].nbytes < TINY;
     if (pin[w]) mandatory += wbytes(cfg->table, w);
   }
@@ -128,56 +143,38 @@ static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layo
   }
   /* the smallest window holds the largest step's weights: it runs, reading and computing in turn */
   uint64_t minimum = mandatory + max_unit + cache;
-  *lay = (el_store_layout){.budget = cfg->budget, .minimum_budget = minimum};
+  *lay = (el_store_layout){.budget = cfg->budget, .minimum_budget = minimum, .mapped_bytes = mapped};
   if (cfg->budget && cfg->budget < minimum) {
     snprintf(err, errlen, "the memory budget leaves %.1f MB for weights; this package needs at least %.1f MB "
-             "(%.1f MB that cannot be streamed + its largest step's %.1f MB + %.1f MB of read-ahead)",
+             "(%.1f MB that cannot be streamed + its largest step's %.1f MB + %.1f MB of page cache: read-ahead, "
+             "rows looked up)",
              cfg->budget / 1e6, minimum / 1e6, mandatory / 1e6, max_unit / 1e6, cache / 1e6);
     goto out;
   }
   uint64_t budget = cfg->budget ? cfg->budget - cache : mandatory + streamable, ring = 0, pinned_extra = 0;
   if (budget < mandatory + streamable) {
-    /* Large steps (an lm_head is several layers' worth) set the window's size: pinning the k largest may leave a
-     * smaller window and more budget. Take the k with the smallest window that fits. */
-    for (uint32_t i = 0; i < nu; i++) by_size[i] = i;
-    for (uint32_t i = 1; i < nu; i++) /* insertion sort, largest first (a few hundred steps) */
-      for (uint32_t k = i; k > 0 && u[by_size[k]].bytes > u[by_size[k - 1]].bytes; k--) {
-        uint32_t t = by_size[k];
-        by_size[k] = by_size[k - 1], by_size[k - 1] = t;
-      }
-    uint32_t best_k = UINT32_MAX;
-    uint64_t best_ring = 0, pinned_k = 0;
-    for (uint32_t k = 0; k <= nu; k++) {
-      if (k) u[by_size[k - 1]].pinned = 1, pinned_k += u[by_size[k - 1]].bytes;
-      if (mandatory + pinned_k > budget) break;
+    /* Pin a contiguous run of steps at the end of the token (where the lm_head, the largest step, is) and stream
+     * the ones before it: what streams is then one range of the file, read front to back every token with no
+     * holes for read-ahead to waste bandwidth on, and while the pinned end computes the readers go on into the
+     * next token's first weights. Take the longest pinned run whose window (three consecutive streamed steps)
+     * still fits; the window gets whatever is left. */
+    uint64_t pinned_s = 0;
+    uint32_t best = UINT32_MAX;
+    for (uint32_t k = 0; k <= nu; k++) { /* k: steps pinned from the end */
+      if (k) u[nu - k].pinned = 1, pinned_s += u[nu - k].bytes;
+      if (mandatory + pinned_s > budget) break;
       uint64_t r = ring_need(u, nu);
-      if (mandatory + pinned_k + r <= budget && (best_k == UINT32_MAX || r < best_ring)) best_k = k, best_ring = r;
+      if (r == UINT64_MAX) break;
+      if (mandatory + pinned_s + r <= budget) best = k, pinned_extra = pinned_s;
     }
-    for (uint32_t i = 0; i < nu; i++) u[i].pinned = 0;
-    if (best_k == UINT32_MAX) { /* not even three steps fit: the window is what is left */
-      ring = budget - mandatory;
-    } else {
-      for (uint32_t k = 0; k < best_k; k++) u[by_size[k]].pinned = 1, pinned_extra += u[by_size[k]].bytes;
-      /* then pin more, in the order the token uses them: the steps left streaming are then one contiguous range
-       * of the file, read front to back every token (read-ahead works; the readers, which run on into the next
-       * token's weights, keep busy through the pinned stretch) */
-      uint64_t spare = budget - mandatory - pinned_extra - best_ring, used = 0;
-      for (uint32_t i = 0; i < nu; i++)
-        if (!u[i].pinned && used + u[i].bytes <= spare) u[i].pinned = 1, used += u[i].bytes, pinned_extra += u[i].bytes;
-      /* what the final set needs (pinning more can bring big steps next to each other), within what is left:
-       * never below the largest streamed step, as the window with fewer pins needed more than that */
-      ring = ring_need(u, nu);
-      if (ring != UINT64_MAX && ring > budget - mandatory - pinned_extra) ring = budget - mandatory - pinned_extra;
-    }
-    if (ring == UINT64_MAX) {
-      snprintf(err, errlen, "out of memory");
-      goto out;
-    }
+    for (uint32_t i = 0; i < nu; i++) u[i].pinned = best != UINT32_MAX && i >= nu - best;
+    if (best == UINT32_MAX) pinned_extra = 0; /* not even three steps fit: the window is what is left */
+    ring = budget - mandatory - pinned_extra;
     for (uint32_t i = 0; i < nu; i++)
       if (u[i].pinned)
         for (uint32_t k = u[i].first; k < u[i].end; k++) pin[cfg->seq[k]] = 1;
   } else {
-    for (uint32_t w = 0; w < n; w++) pin[w] = 1;
+    for (uint32_t w = 0; w < n; w++) pin[w] = pin[w] ? pin[w] : 1;
     pinned_extra = streamable;
   }
   lay->pinned_bytes = mandatory + pinned_extra;
@@ -186,7 +183,7 @@ static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layo
   lay->cache_bytes = cache;
   for (uint32_t w = 0; w < n; w++) {
     if (pin[w]) {
-      lay->pinned_weights++;
+      lay->pinned_weights += pin[w] == 1;
     } else {
       lay->streamed_weights++;
       lay->requests_per_token += (uint32_t)((wbytes(cfg->table, w) + CHUNK - 1) / CHUNK);
@@ -194,7 +191,7 @@ static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layo
   }
   rc = 0;
 out:
-  free(in_seq), free(u), free(by_size);
+  free(in_seq), free(u);
   return rc;
 }
 
@@ -351,7 +348,7 @@ static void window_prefetch(el_weight_store* b, const uint32_t* ids, uint32_t n)
   pthread_mutex_lock(&s->mu);
   uint32_t m = 0;
   for (uint32_t i = 0; i < n; i++)
-    if (ids[i] < s->n && s->pin_at[ids[i]] == UINT64_MAX) s->last[m++] = ids[i];
+    if (ids[i] < s->n && s->pin_at[ids[i]] == STREAMED) s->last[m++] = ids[i];
   s->n_last = m;
   uint64_t h = 1469598103934665603ull; /* FNV-1a over the ids */
   for (uint32_t i = 0; i < m; i++) h = (h ^ s->last[i]) * 1099511628211ull;
@@ -374,6 +371,12 @@ static void window_prefetch(el_weight_store* b, const uint32_t* ids, uint32_t n)
   pthread_mutex_unlock(&s->mu);
 }
 
+/* A weight that is not streamed: in the pinned copy, or in the file mapping (row lookups). */
+static const void* held(const window_store* s, uint32_t w) {
+  if (s->pin_at[w] == MAPPED) return s->map + s->table[w].offset;
+  return s->pinned + s->pin_at[w] + lead(s->table, w);
+}
+
 static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, const void** ptrs) {
   window_store* s = (window_store*)b;
   uint32_t pos[64];
@@ -382,14 +385,15 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
     if (ids[i] >= s->n)
       return snprintf(b->err, sizeof b->err, "weight %u does not exist (the plan has %u)", ids[i], s->n), -1;
   if (!s->ring) {
-    for (uint32_t i = 0; i < n; i++) ptrs[i] = s->pinned + s->pin_at[ids[i]] + lead(s->table, ids[i]);
-    return s->pinned || !n ? 0 : (snprintf(b->err, sizeof b->err, "the store was opened for planning only"), -1);
+    if (!s->io) return snprintf(b->err, sizeof b->err, "the store was opened for planning only"), -1;
+    for (uint32_t i = 0; i < n; i++) ptrs[i] = held(s, ids[i]);
+    return 0;
   }
   pthread_mutex_lock(&s->mu);
   /* find (or queue) every streamed weight; anything announced before the latest of them was skipped */
   uint32_t last = 0, missing = 0;
   for (uint32_t i = 0; i < n; i++) {
-    if (s->pin_at[ids[i]] != UINT64_MAX) continue;
+    if (s->pin_at[ids[i]] != STREAMED) continue;
     uint32_t p = find(s, ids[i]);
     if (p == s->qlen) missing = 1;
     else if (p + 1 > last) last = p + 1;
@@ -398,7 +402,7 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
     drop_pending(s, s->qlen);
     reclaim_and_allocate(s);
     for (uint32_t i = 0; i < n; i++)
-      if (s->pin_at[ids[i]] == UINT64_MAX && find(s, ids[i]) == s->qlen && push(s, ids[i]) != 0) {
+      if (s->pin_at[ids[i]] == STREAMED && find(s, ids[i]) == s->qlen && push(s, ids[i]) != 0) {
         pthread_mutex_unlock(&s->mu);
         return snprintf(b->err, sizeof b->err, "the read queue is full"), -1;
       }
@@ -416,7 +420,7 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
   for (;;) {
     int ready = 1;
     for (uint32_t i = 0; i < n && ready; i++) {
-      if (s->pin_at[ids[i]] != UINT64_MAX) continue;
+      if (s->pin_at[ids[i]] != STREAMED) continue;
       pos[i] = find(s, ids[i]);
       entry* e = at(s, pos[i]);
       ready = e->allocated && e->done == e->chunks;
@@ -433,8 +437,8 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
   if (t0) s->stall_s += el_io_now() - t0, s->misses++;
   else s->hits++;
   for (uint32_t i = 0; i < n; i++) {
-    if (s->pin_at[ids[i]] != UINT64_MAX) {
-      ptrs[i] = s->pinned + s->pin_at[ids[i]] + lead(s->table, ids[i]);
+    if (s->pin_at[ids[i]] != STREAMED) {
+      ptrs[i] = held(s, ids[i]);
     } else {
       entry* e = at(s, pos[i]);
       e->refs++;
@@ -450,7 +454,7 @@ static void window_release(el_weight_store* b, const uint32_t* ids, uint32_t n) 
   if (!s->ring) return;
   pthread_mutex_lock(&s->mu);
   for (uint32_t i = 0; i < n; i++) {
-    if (ids[i] >= s->n || s->pin_at[ids[i]] != UINT64_MAX) continue;
+    if (ids[i] >= s->n || s->pin_at[ids[i]] != STREAMED) continue;
     for (uint32_t k = 0; k < s->qlen; k++) {
       entry* e = at(s, k);
       if (e->id == ids[i] && e->refs > 0) {
@@ -488,6 +492,7 @@ static void window_close(el_weight_store* b) {
   for (int i = 0; i < s->n_threads; i++) pthread_join(s->threads[i], NULL);
   if (s->pinned) munmap(s->pinned, s->pinned_map);
   if (s->ring) munmap(s->ring, s->ring_bytes);
+  if (s->map) munmap(s->map, s->file_bytes);
   el_io_close(s->io);
   pthread_mutex_destroy(&s->mu);
   pthread_mutex_destroy(&s->run);
@@ -503,7 +508,7 @@ static int read_pinned(window_store* s, char* err, size_t errlen) {
   uint32_t k = 0;
   if (!order) return snprintf(err, errlen, "out of memory"), -1;
   for (uint32_t w = 0; w < s->n; w++) /* the table is in file order, and so is the pinned buffer */
-    if (s->pin_at[w] != UINT64_MAX) order[k++] = w;
+    if (s->pin_at[w] < MAPPED) order[k++] = w;
   int rc = 0;
   uint64_t dropped = 0;
   for (uint32_t i = 0; i < k && rc == 0;) {
@@ -521,6 +526,25 @@ static int read_pinned(window_store* s, char* err, size_t errlen) {
   }
   free(order);
   return rc;
+}
+
+/* The file mapped read-only for the row-lookup weights, each range advised random (a fault reads its page, not the
+ * device's read-ahead worth). */
+static uint8_t* map_lookups(window_store* s, const char* path, char* err, size_t errlen) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  void* p = fd >= 0 ? mmap(NULL, s->file_bytes, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+  if (fd >= 0) close(fd);
+  if (p == MAP_FAILED) {
+    snprintf(err, errlen, "cannot map %s: %s", path, strerror(errno));
+    return NULL;
+  }
+  long page = sysconf(_SC_PAGESIZE);
+  for (uint32_t w = 0; w < s->n; w++)
+    if (s->pin_at[w] == MAPPED) {
+      uint64_t a = s->table[w].offset / (uint64_t)page * (uint64_t)page;
+      madvise((uint8_t*)p + a, s->table[w].offset + s->table[w].nbytes - a, MADV_RANDOM);
+    }
+  return p;
 }
 
 el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, size_t errlen) {
@@ -555,13 +579,17 @@ el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, siz
   lay->storage_modelled = prof->modelled;
   lay->direct_io = !prof->modelled && cfg->direct_io;
   uint64_t at = 0;
+  int any_mapped = 0;
   for (uint32_t w = 0; w < s->n; w++) {
-    s->pin_at[w] = s->pinned_mask[w] ? at : UINT64_MAX;
-    if (s->pinned_mask[w]) at += wbytes(s->table, w);
+    s->pin_at[w] = s->pinned_mask[w] == 2 ? MAPPED : s->pinned_mask[w] ? at : STREAMED;
+    if (s->pinned_mask[w] == 1) at += wbytes(s->table, w);
+    any_mapped |= s->pinned_mask[w] == 2;
+    if (s->pinned_mask[w]) s->pinned_mask[w] = 1; /* the API's mask: 1 = not streamed */
   }
   if (cfg->plan_only) return b;
 
   if (!(s->io = el_io_open(cfg->path, cfg->file_bytes, prof, cfg->direct_io, err, errlen))) goto fail;
+  if (any_mapped && !(s->map = map_lookups(s, cfg->path, err, errlen))) goto fail;
   lay->direct_io = el_io_direct(s->io);
   s->pinned_map = at;
   if (at) {

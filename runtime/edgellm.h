@@ -77,6 +77,7 @@ typedef struct {
   uint64_t pinned_bytes;     /* weights held in memory for the life of the model */
   uint64_t window_bytes;     /* the ring streamed weights pass through */
   uint64_t cache_bytes;      /* page cache the buffered reads may hold (the device's read-ahead), in the budget */
+  uint64_t mapped_bytes;     /* tables read by row lookup (embeddings), served a page per row from a file mapping */
   uint64_t streamed_bytes;   /* weights read from storage per token */
   uint64_t minimum_budget;   /* the smallest memory_budget this package loads with (policy window) */
   uint32_t pinned_weights, streamed_weights;

@@ -23,7 +23,7 @@ class MemoryPlan(C.Structure):
     _fields_ = [("policy", C.c_char * 16), ("storage", C.c_char * 16), ("storage_what", C.c_char * 96),
                 ("budget", C.c_uint64), ("context_bytes", C.c_uint64), ("weights_bytes", C.c_uint64),
                 ("pinned_bytes", C.c_uint64), ("window_bytes", C.c_uint64), ("cache_bytes", C.c_uint64),
-                ("streamed_bytes", C.c_uint64),
+                ("mapped_bytes", C.c_uint64), ("streamed_bytes", C.c_uint64),
                 ("minimum_budget", C.c_uint64), ("pinned_weights", C.c_uint32), ("streamed_weights", C.c_uint32),
                 ("requests_per_token", C.c_uint32), ("storage_modelled", C.c_int32), ("direct_io", C.c_int32),
                 ("reserved", C.c_int32), ("storage_bytes_per_s", C.c_double), ("storage_latency_s", C.c_double)]

@@ -541,8 +541,8 @@ static int open_store(el_model* m, const char* weights_path, const el_load_optio
   el_weight_use use;
   if (el_weight_use_of(m, &use) != 0) return -1;
   el_store_config cfg = {weights_path, m->weights, m->h.n_weights, m->h.weights_bytes, 0, opt->huge_pages,
-                         opt->use_mmap, use.seq, use.seq_step, use.n_seq, use.must_pin, opt->storage,
-                         opt->io_threads, opt->direct_io, opt->plan_only};
+                         opt->use_mmap, use.seq, use.seq_step, use.n_seq, use.must_pin, m->h.max_ctx,
+                         opt->storage, opt->io_threads, opt->direct_io, opt->plan_only};
   uint64_t ctx = el_context_footprint(m), budget = opt->memory_budget;
   const char* policy = opt->weight_policy;
   int resident = policy && !strcmp(policy, "resident");
@@ -701,7 +701,7 @@ EL_API int el_model_memory(const el_model* m, el_memory_plan* out) {
   out->context_bytes = el_context_footprint(m);
   out->weights_bytes = m->h.weights_bytes;
   out->pinned_bytes = l->pinned_bytes, out->window_bytes = l->window_bytes, out->streamed_bytes = l->streamed_bytes;
-  out->cache_bytes = l->cache_bytes;
+  out->cache_bytes = l->cache_bytes, out->mapped_bytes = l->mapped_bytes;
   out->minimum_budget = m->minimum_budget;
   out->pinned_weights = l->pinned_weights, out->streamed_weights = l->streamed_weights;
   out->requests_per_token = l->requests_per_token;

@@ -80,7 +80,9 @@ int el_weight_use_of(const el_model* m, el_weight_use* u) {
         for (uint32_t e = 0; e < (experts ? experts : 1); e++) {
           uint32_t w = a->index + e * a->expert_stride;
           if (w >= n) continue;
-          if (lookup || routed || ++uses[w] > 1) u->must_pin[w] = 1;
+          /* 1: must stay in memory; 2: read by row lookup only (a store may serve its rows on demand) */
+          if (routed || ++uses[w] > 1 || (u->must_pin[w] == 2 && !lookup)) u->must_pin[w] = 1;
+          else if (lookup && !u->must_pin[w]) u->must_pin[w] = 2;
         }
       }
     }

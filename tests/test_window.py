@@ -277,3 +277,18 @@ def test_peak_memory_stays_under_the_budget(packages, reference, scheme, direct)
         assert [int(t) for t in p.stdout.split()] == reference[scheme][0]
         assert "streamed per token" in p.stderr
         assert peak <= budget + FIXED_OVERHEAD
+
+
+def test_bench_reports_streaming(packages):
+    import json
+
+    pkg = packages["q4g32"]
+    b = budget_for(pkg, 40)
+    r = subprocess.run([sys.executable, "-m", "edgellm.cli", "bench", str(pkg), "--memory-budget", str(b),
+                        "--weight-policy", "window", "--prompt-len", "8", "--gen-len", "4", "--reps", "1", "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    planned = Runtime.plan(pkg, memory_budget=b, weight_policy="window")
+    assert out["weight_policy"] == "window" and out["streamed_bytes_per_token"] == planned["streamed_bytes"] > 0
+    assert out["io_bytes_read"] >= planned["pinned_bytes"] + 4 * planned["streamed_bytes"]
