@@ -1,9 +1,10 @@
 /* Weight store policy "window": run a model whose weights exceed the memory budget (offload/store.h).
  *
  * Layout (decided at open from the budget; el_model_memory reports it):
- *   pinned  weights that cannot be streamed (row lookups, weights used twice per token, routed experts), tiny ones
- *           (norms, biases: a request each would cost more than their bytes), then as many of the rest as the
- *           budget allows, spread evenly over the token so reads always have compute to hide behind;
+ *   pinned  weights that cannot be streamed (used twice per token, routed experts), tiny ones (norms, biases: a
+ *           request each would cost more than their bytes), then the longest run of steps at the end of the token
+ *           the budget allows, so what streams is one contiguous range of the file;
+ *   mapped  tables read only by row lookup (embeddings): a read-only file mapping, a page per row looked up;
  *   ring    the other weights pass through it every token: a FIFO of byte ranges, filled by reader threads in the
  *           order the executor announced (prefetch of a program's weights when the program starts), freed as each
  *           weight is released. Decode streams the same bytes every token, so holding a fixed part and streaming the
@@ -101,7 +102,8 @@ static uint64_t ring_need(const unit* u, uint32_t nu) {
   return best;
 }
 
-/* Fills lay and pin (per weight: 1 pinned) for this budget; -1 with err naming the minimum if it is too small. */
+/* Fills lay and pin (per weight: 0 streamed, 1 pinned, 2 mapped) for this budget; -1 with err naming the minimum
+ * if it is too small. */
 static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layout* lay, uint8_t* pin, char* err,
                        size_t errlen) {
   uint32_t n = cfg->n, nu = 0;
