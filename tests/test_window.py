@@ -230,7 +230,10 @@ def _memory_cgroup() -> Path | None:
 def run_in_memory_limit(limit: int, cmd: list[str]) -> tuple[subprocess.CompletedProcess, int]:
     """Runs cmd in a fresh cgroup v1 memory sub-group (page cache charged); returns it and the group's peak usage."""
     cg = _memory_cgroup() / f"edgellm_test_{os.getpid()}_{threading.get_ident()}"
-    cg.mkdir()
+    try:
+        cg.mkdir()
+    except OSError as e:   # a controller that is listed but not ours to divide
+        pytest.skip(f"cannot make a memory cgroup: {e}")
     try:
         (cg / "memory.limit_in_bytes").write_text(str(limit))
         procs = str(cg / "cgroup.procs")
