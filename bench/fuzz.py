@@ -182,15 +182,15 @@ def _probe(pkg: Path) -> dict:
         return {"kind": "traceback", "msg": f"{type(e).__name__}: {str(e)[:300]}"}
 
 
-def _probe_runner(pkg: Path, timeout: float) -> dict:
+def _probe_runner(pkg: Path, timeout: float, extra: list[str] | None = None) -> dict:
     """The package's own bin/edgellm-run (the C front end: its loader, tokenizer and loop)."""
     exe = pkg / "bin" / "edgellm-run"
     if not exe.is_file():
         return {"kind": "ok", "tokens": None}
     try:
         r = subprocess.run([str(exe), str(pkg), "-p", PROMPT_TEXT, "-n", "4", "--temperature", "0", "--ignore-eos",
-                            "--threads", "2", "--stop", "\n\n"], capture_output=True, text=True, timeout=timeout,
-                           errors="replace")
+                            "--threads", "2", "--stop", "\n\n", *(extra or [])], capture_output=True, text=True,
+                           timeout=timeout, errors="replace")
     except subprocess.TimeoutExpired:
         return {"kind": "hang"}
     if r.returncode < 0 or "Sanitizer" in r.stderr or "runtime error:" in r.stderr:
@@ -296,6 +296,13 @@ def campaign(pkg: Path, files, per_file: int, seed: int = 0, sanitize: bool = Fa
         if base["kind"] != "ok":
             raise SystemExit(f"the unmutated package does not run: {base}")
         base_runner = _probe_runner(target, timeout)
+        # every other edgellm-run probe streams half the weights through the window store (offload/window.c), so
+        # mutated plans and weights reach its layout, reads and ring as well as the resident store
+        from edgellm.runtime.api import Runtime
+
+        plan = Runtime.plan(target, memory_budget=1 << 40, weight_policy="window", direct_io=True)
+        window = ["--memory-budget", str(plan["weights_bytes"] // 2 + plan["context_bytes"] + plan["cache_bytes"]),
+                  "--weight-policy", "window", "--direct-io"]
         results: dict = {"bad": []}
         rng = random.Random(seed)
         for name in files:
@@ -311,7 +318,7 @@ def campaign(pkg: Path, files, per_file: int, seed: int = 0, sanitize: bool = Fa
                 if kind == "ok":
                     kind = "same" if out["tokens"] == base["tokens"] else "different"
                 if runner and kind not in BAD:
-                    ro = _probe_runner(target, timeout)
+                    ro = _probe_runner(target, timeout, window if i % 2 else None)
                     if ro["kind"] in BAD:
                         kind, out = ro["kind"], {**ro, "via": "edgellm-run"}
                     elif ro["kind"] == "ok" and kind == "error" and name != "tokenizer.json" and \
