@@ -36,13 +36,11 @@ bin/edgellm-run as the next compile makes it ("plain mmap" is its --huge-pages o
 from __future__ import annotations
 
 import argparse
-import errno
 import hashlib
 import json
 import math
 import os
 import re
-import shutil
 import signal
 import statistics
 import subprocess
@@ -54,6 +52,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import vs_llamacpp as vs  # noqa: E402
+from memlimit import cgroup_parent, evict, remove_stale_groups, run_limited, warm  # noqa: E402
 
 MiB = 1 << 20
 PROMPT = [1, 450, 4996, 17354, 1701, 29916, 432, 975]   # 8 ids (the packages have no tokenizer)
@@ -91,39 +90,6 @@ def build_runner(work: Path) -> Path:
     return exe
 
 
-# ---- page cache ------------------------------------------------------------------------------------------------
-def cached_bytes(path: Path) -> int | None:
-    """Bytes of the file in the page cache (fincore), None if fincore is missing or fails."""
-    if not shutil.which("fincore"):
-        return None
-    p = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", str(path)],
-                       capture_output=True, text=True)
-    try:
-        return int(p.stdout.split()[0])
-    except (IndexError, ValueError):
-        return None
-
-
-def evict(path: Path) -> int | None:
-    """Drops the file from the page cache (pages still mapped by some process stay); returns what is left cached."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    return cached_bytes(path)
-
-
-def warm(path: Path) -> int | None:
-    """Reads the file into the page cache from this process (outside any sub-group: not charged to one)."""
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(8 * MiB)
-        while f.readinto(buf):
-            pass
-    return cached_bytes(path)
-
-
 def build_diskbw(work: Path) -> Path:
     exe = work / "diskbw"
     src = HERE / "diskbw.c"
@@ -146,98 +112,6 @@ def disk_gbs(path: Path, threads: int = 2) -> float:
     if not out:
         raise SystemExit(f"diskbw could not read {path}")
     return max(out)
-
-
-# ---- cgroup v1 memory sub-groups ---------------------------------------------------------------------------------
-def cgroup_parent() -> Path:
-    for ln in Path("/proc/self/cgroup").read_text().splitlines():
-        _, ctrl, path = ln.split(":", 2)
-        if "memory" in ctrl.split(","):
-            return Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-    raise SystemExit("no cgroup-v1 memory controller in /proc/self/cgroup: this benchmark needs one")
-
-
-def remove_stale_groups(parent: Path) -> None:
-    """Empty sub-groups a killed earlier run of this script left (rmdir only succeeds on empty groups)."""
-    for d in parent.glob(CG_PREFIX + "*"):
-        try:
-            pid = int(d.name[len(CG_PREFIX):].split("_")[0])
-            os.kill(pid, 0)
-            continue                            # its run is still going
-        except (ValueError, ProcessLookupError):
-            pass
-        except PermissionError:
-            continue
-        try:
-            d.rmdir()
-        except OSError:
-            pass
-
-
-_seq = 0
-
-
-def run_limited(cmd: list[str], limit: int, timeout: float, env: dict | None = None) -> dict:
-    """Runs cmd in a fresh memory sub-group limited to `limit` bytes (swappiness 0); returns rc, output, the group's
-    max_usage / failcnt / oom_kill, the child's peak RSS and wall time. The group is always removed."""
-    global _seq
-    _seq += 1
-    parent = cgroup_parent()
-    cg = parent / f"{CG_PREFIX}{os.getpid()}_{_seq}"
-    cg.mkdir()
-    p = None
-    try:
-        (cg / "memory.limit_in_bytes").write_text(str(limit))
-        try:
-            (cg / "memory.swappiness").write_text("0")
-        except OSError:
-            pass
-        procs = str(cg / "cgroup.procs")
-
-        def enter():                            # in the child, before exec
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
-
-        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-            t0 = time.perf_counter()
-            p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env, preexec_fn=enter)
-            timed_out = False
-            try:
-                p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                p.kill()
-                p.wait()
-            wall = time.perf_counter() - t0
-            out.seek(0)
-            err.seek(0)
-            res = {"rc": p.returncode, "timed_out": timed_out, "wall_s": wall, "stdout": out.read(),
-                   "stderr": err.read()}
-        stat = {}
-        for k in ("max_usage_in_bytes", "failcnt", "limit_in_bytes"):
-            try:
-                stat[k] = int((cg / f"memory.{k}").read_text())
-            except (OSError, ValueError):
-                stat[k] = None
-        oom = dict(ln.split() for ln in (cg / "memory.oom_control").read_text().splitlines() if ln.strip())
-        res.update(peak_mib=(stat["max_usage_in_bytes"] or 0) / MiB, failcnt=stat["failcnt"],
-                   limit_mib=(stat["limit_in_bytes"] or 0) / MiB, oom_kill=int(oom.get("oom_kill", 0)))
-        return res
-    finally:
-        if p is not None and p.poll() is None:   # interrupted: end our child before removing its group
-            p.kill()
-            p.wait()
-        for i in range(50):
-            try:
-                cg.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError as e:
-                if e.errno != errno.EBUSY or i == 49:
-                    log(f"warning: could not remove cgroup {cg}: {e}")
-                    break
-                time.sleep(0.1)
 
 
 def failure(res: dict) -> str | None:
@@ -277,7 +151,7 @@ def edgellm_cmd(exe: Path, pkg: Path, tokens: int, threads: int, extra: list[str
 
 
 def run_edgellm(exe: Path, pkg: Path, tokens: int, a, limit: int, extra: list[str], env: dict | None = None) -> dict:
-    res = run_limited(edgellm_cmd(exe, pkg, tokens, a.threads, extra), limit, a.timeout, env)
+    res = run_limited(edgellm_cmd(exe, pkg, tokens, a.threads, extra), limit, a.timeout, env, prefix=CG_PREFIX)
     row = {k: res[k] for k in ("rc", "wall_s", "peak_mib", "failcnt", "oom_kill", "limit_mib")}
     why = failure(res)
     if why:
@@ -300,7 +174,7 @@ def run_edgellm(exe: Path, pkg: Path, tokens: int, a, limit: int, extra: list[st
 def run_llama(bench: Path, gguf: Path, tokens: int, a, limit: int, extra: list[str]) -> dict:
     cmd = [str(bench), "-m", str(gguf), "-p", "0", "-n", str(tokens), "-t", str(a.threads), "-r", "1", "-o", "json",
            *extra]
-    res = run_limited(cmd, limit, a.timeout)
+    res = run_limited(cmd, limit, a.timeout, prefix=CG_PREFIX)
     row = {k: res[k] for k in ("rc", "wall_s", "peak_mib", "failcnt", "oom_kill", "limit_mib")}
     why = failure(res)
     if why:
@@ -618,10 +492,12 @@ def main(argv=None):
     from edgellm.runtime.api import Runtime
 
     parent = cgroup_parent()
+    if parent is None:
+        raise SystemExit("no cgroup-v1 memory controller in /proc/self/cgroup: this benchmark needs one")
     if not os.access(parent, os.W_OK):
         raise SystemExit(f"cannot create memory sub-groups in {parent}: this benchmark needs the cgroup-v1 memory "
                          f"controller writable")
-    remove_stale_groups(parent)
+    remove_stale_groups(parent, CG_PREFIX)
     work = Path(a.work).expanduser()
     work.mkdir(parents=True, exist_ok=True)
     exe = build_runner(work)

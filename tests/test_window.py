@@ -18,6 +18,9 @@ from edgellm.compiler.driver import compile_model
 from edgellm.models.synthetic import make_checkpoint
 from edgellm.runtime.api import Runtime
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import memlimit  # noqa: E402
+
 SCHEMES = ("f16", "q4g32", "t2")
 PROMPT = [5, 9, 33, 2, 17, 250, 3, 41, 77, 12, 8, 400, 6, 19, 23, 99, 7, 300, 11, 60]   # > one 16-token chunk
 # What a process needs besides its budget under a cgroup limit: edgellm-run, libc and kernels.so text, thread
@@ -219,47 +222,16 @@ def test_weights_changing_under_a_window_is_an_error(packages, tmp_path):
 # --- peak memory inside a cgroup v1 memory limit --------------------------------------------------------------------
 
 def _memory_cgroup() -> Path | None:
-    try:
-        line = next(line for line in Path("/proc/self/cgroup").read_text().splitlines() if ":memory:" in line)
-    except (OSError, StopIteration):
-        return None
-    parent = Path("/sys/fs/cgroup/memory" + line.split(":", 2)[2])
-    return parent if (parent / "memory.limit_in_bytes").exists() and os.access(parent, os.W_OK) else None
+    parent = memlimit.cgroup_parent()
+    return parent if parent and (parent / "memory.limit_in_bytes").exists() and os.access(parent, os.W_OK) else None
 
 
-def run_in_memory_limit(limit: int, cmd: list[str]) -> tuple[subprocess.CompletedProcess, int]:
-    """Runs cmd in a fresh cgroup v1 memory sub-group (page cache charged); returns it and the group's peak usage."""
-    cg = _memory_cgroup() / f"edgellm_test_{os.getpid()}_{threading.get_ident()}"
+def run_in_memory_limit(limit: int, cmd: list[str]) -> dict:
+    """bench/memlimit.run_limited, skipping where the memory controller is listed but not ours to divide."""
     try:
-        cg.mkdir()
-    except OSError as e:   # a controller that is listed but not ours to divide
+        return memlimit.run_limited(cmd, limit, timeout=300, prefix="edgellm_test_")
+    except OSError as e:
         pytest.skip(f"cannot make a memory cgroup: {e}")
-    try:
-        (cg / "memory.limit_in_bytes").write_text(str(limit))
-        procs = str(cg / "cgroup.procs")
-
-        def enter():
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
-        p = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=enter, timeout=300)
-        return p, int((cg / "memory.max_usage_in_bytes").read_text())
-    finally:
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
-
-
-def evict(path: Path) -> None:
-    """Drops the file from the page cache: pages cached by another process would not be charged to the group."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 @pytest.mark.skipif(_memory_cgroup() is None, reason="needs a writable cgroup v1 memory controller")
@@ -269,16 +241,17 @@ def test_peak_memory_stays_under_the_budget(packages, reference, scheme, direct)
     pkg = packages[scheme]
     for pct in (50, 25):
         budget = budget_for(pkg, pct, direct_io=bool(direct))
-        evict(pkg / "weights.bin")
+        memlimit.evict(pkg / "weights.bin")   # pages cached by another process would not be charged to the group
         cmd = [str(pkg / "bin" / "edgellm-run"), str(pkg), "--ids", ",".join(map(str, PROMPT)), "-n", "10",
                "--ignore-eos", "--print-ids", "--threads", "2", "--temperature", "0", "--memory-budget", str(budget),
                "--weight-policy", "window"]
         # a limit with room to spare: the kernel does not squeeze the page cache, so the peak is what the runtime
         # itself holds (weights, ring, KV, arena, and the read-ahead the window leaves cached)
-        p, peak = run_in_memory_limit(2 * budget + FIXED_OVERHEAD, cmd + direct)
-        assert p.returncode == 0, p.stderr
-        assert [int(t) for t in p.stdout.split()] == reference[scheme][0]
-        assert "streamed per token" in p.stderr
+        r = run_in_memory_limit(2 * budget + FIXED_OVERHEAD, cmd + direct)
+        assert r["rc"] == 0, r["stderr"]
+        assert [int(t) for t in r["stdout"].split()] == reference[scheme][0]
+        assert "streamed per token" in r["stderr"]
+        peak = round(r["peak_mib"] * memlimit.MiB)
         assert peak <= budget + FIXED_OVERHEAD
 
 
