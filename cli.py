@@ -53,15 +53,24 @@ def cli():
 @click.option("--npu-outliers", type=click.Choice(["auto", "off"]), default="auto", show_default=True,
               help="android-npu: compute outlier activation channels on the CPU in float (llm.npu's shadow "
                    "execution) where calibration finds them")
+@click.option("--layout", type=click.Choice(["dense", "bundled"]), default="dense", show_default=True,
+              help="bundled: FFN neurons stored in groups (up rows + down columns together) so a token under a "
+                   "memory budget reads only the groups it uses (README \"Neuron window\")")
+@click.option("--bundle-neurons", type=int, default=None,
+              help="--layout bundled: neurons per group, a multiple of 32 dividing the FFN size (default: the "
+                   "smallest giving at most 64 groups)")
+@click.option("--ffn-threshold", type=float, default=None,
+              help="--layout bundled: the package's default threshold (0: exact; run time: --ffn-threshold)")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune,
-                npu_chunk, npu_quant, soc, npu_outliers, quiet):
+                npu_chunk, npu_quant, soc, npu_outliers, layout, bundle_neurons, ffn_threshold, quiet):
     """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
     from .compiler.driver import compile_model
 
     compile_model(model, target=target, quant=quant, out=out, max_context=max_context, prefill_chunk=prefill_chunk,
                   progress=not quiet, head_quant=head_quant, gptq=gptq, calib=calib, act_order=act_order, tune=tune,
-                  npu_chunk=npu_chunk, npu_quant=npu_quant, soc=soc, npu_outliers=npu_outliers == "auto")
+                  npu_chunk=npu_chunk, npu_quant=npu_quant, soc=soc, npu_outliers=npu_outliers == "auto",
+                  layout=layout, bundle_neurons=bundle_neurons, ffn_threshold=ffn_threshold)
 
 
 @cli.command("tune")

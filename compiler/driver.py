@@ -86,7 +86,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                   prefill_chunk: int | None = None, progress: bool = True, head_quant: str | None = None,
                   gptq: bool = False, calib: str | None = None, act_order: bool = False,
                   tune: str | None = None, fuse: bool = True, npu_chunk: int | None = None,
-                  npu_quant: str = "w8a16", soc: str | None = None, npu_outliers: bool = True) -> Path:
+                  npu_quant: str = "w8a16", soc: str | None = None, npu_outliers: bool = True,
+                  layout: str = "dense", bundle_neurons: int | None = None, ffn_threshold: float | None = None) -> Path:
     """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
     body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
     calibrated on calib (a text file) or the built-in sample. tune: off | quick | full (compiler/tune; None: quick
@@ -110,6 +111,14 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         if npu_quant not in NPU_QUANTS:
             raise CompileError(f"--npu-quant {npu_quant} is not supported (choose one of {', '.join(NPU_QUANTS)})")
         npu_chunk = npu_chunk or NPU_CHUNK
+    if layout not in ("dense", "bundled"):
+        raise CompileError(f"--layout {layout}: choose dense or bundled")
+    if layout != "bundled" and (bundle_neurons is not None or ffn_threshold is not None):
+        raise CompileError("--bundle-neurons and --ffn-threshold apply to --layout bundled")
+    if layout == "bundled" and (gptq or tgt.npu):
+        raise CompileError(f"--layout bundled does not combine with {'--gptq' if gptq else '--target ' + tgt.name} yet")
+    if ffn_threshold is not None and not (0 <= ffn_threshold < 1e6):
+        raise CompileError(f"--ffn-threshold {ffn_threshold}: give a number >= 0 (0: exact)")
     if quant is not None:
         get_scheme(quant)
     if head_quant is not None:
@@ -175,8 +184,15 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         pre = gptq_from_checkpoint(spec, lambda n: np.asarray(ck.get(n), np.float32), scheme,
                                    model_dir / "tokenizer.json", calib_file=calib, act_order=act_order,
                                    progress=progress or None)
+    bundles = None
+    if layout == "bundled":
+        from .bundled_ffn import plan_layout
+
+        bundles = plan_layout(spec, raw, model_dir, calib, bundle_neurons, ffn_threshold,
+                              lambda msg: _log(progress, msg))
+        raw = bundles.raw(raw)
     low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre, short_chunk=short,
-                                fuse=fuse, npu_chunk=npu_chunk if tgt.npu else None)
+                                fuse=fuse, npu_chunk=npu_chunk if tgt.npu else None, bundles=bundles)
     if tuner is not None:
         tuner.guarded("decode knobs", lambda: tuner.decode_prefetch(
             low.kernels, next(p for p in programs if p.name == "decode")), None)
@@ -237,6 +253,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             "programs": {p.name: {"tokens": p.tokens, "steps": len(p.steps), "arena_bytes": p.arena_bytes}
                          for p in programs},
             "tuning": tuning,
+            **({"ffn": bundles.manifest()} if bundles else {}),
             **({"npu": npu} if npu else {}),
             "build": {"seconds": round(time.perf_counter() - t_start, 2), "kernel_seconds": round(t_kernels, 2)},
             "tensors": table,

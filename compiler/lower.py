@@ -93,6 +93,7 @@ class Arg:
     shape: tuple[int, ...]
     flags: int = 0
     offset: int = 0
+    expert_stride: int = 0   # FLAG_EXPERT weights: expert e uses weight index + e * expert_stride
 
     @property
     def dl(self) -> tuple[int, int]:
@@ -103,6 +104,18 @@ class Arg:
 class Step:
     kernel: int
     args: list[Arg]
+
+
+@dataclass
+class Route:
+    """Runs the n_body steps after it once per int32 id at arena byte ids_offset (n_select of them, < n_experts; -1
+    ends the list early). It calls no kernel itself."""
+    ids_offset: int
+    n_select: int
+    n_experts: int
+    n_body: int
+    kernel: int = -1
+    args: list = field(default_factory=list)
 
 
 @dataclass
@@ -153,6 +166,8 @@ class KernelTable:
     def note_steps(self, steps: list[Step]) -> None:
         """Marks the kernels whose outputs some step puts in the KV cache (their table flag allows it)."""
         for st in steps:
+            if isinstance(st, Route):
+                continue
             name = self.names[st.kernel]
             if any(self.writes[name] >> i & 1 and a.kind in (KCACHE, VCACHE) for i, a in enumerate(st.args)):
                 self.kv_writers.add(name)
@@ -194,7 +209,7 @@ class Lowering:
     """Shared state of one package build: the weight table, the kernel table and the weight provider."""
 
     def __init__(self, spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, rope_rows: int, quantized=None,
-                 fuse: bool = True):
+                 fuse: bool = True, bundles=None):
         from .ops import make_kernel
 
         self.spec, self.cpu, self.make_kernel = spec, cpu, make_kernel
@@ -204,6 +219,7 @@ class Lowering:
         self.quantized = quantized or {}    # name -> parts computed ahead (GPTQ), used instead of scheme.quantize
         self.rope_rows = rope_rows
         self.fuse = fuse                    # one kernel per group of linears on one input (fuse_linears)
+        self.bundles = bundles              # neuron-bundled FFNs (compiler/bundled_ffn.BundleLayout) or None
 
     @property
     def embed_dtype(self) -> str:
@@ -309,7 +325,12 @@ class Lowering:
 
     def program(self, name: str, g: TraceGraph, inp: Val, out: Val) -> Program:
         s, T = self.spec, g.T
-        nodes = fuse_linears(g.nodes, self._fusable) if self.fuse else g.nodes
+        nodes = g.nodes
+        if self.bundles is not None:
+            from .bundled_ffn import bundle_ffns
+
+            nodes = bundle_ffns(nodes, g, self.bundles.group)
+        nodes = fuse_linears(nodes, self._fusable) if self.fuse else nodes
         # 1. values that a producer writes straight into the KV cache
         consumers: dict[int, int] = {}
         for n in nodes:
@@ -343,7 +364,12 @@ class Lowering:
             for o in _outs(n):   # a fused group's outputs all at once
                 if o.id not in kv_loc:
                     loc[o.id] = arena.alloc(_nbytes(o))
+            temps = getattr(n, "temps", {}).values()   # scratch of one node, freed right after it
+            for v in temps:
+                loc[v.id] = arena.alloc(_nbytes(v))
             steps.extend(self._lower_node(n, T, act))
+            for v in temps:
+                arena.free(loc[v.id])
             for v in n.inputs:
                 if last_use.get(v.id) == i and v.id in loc and v.id != out.id:
                     arena.free(loc[v.id])
@@ -353,6 +379,10 @@ class Lowering:
 
     def _lower_node(self, n: Node, T: int, act) -> list[Step]:
         s, op = self.spec, n.op
+        if op == "ffn_bundled":
+            from .bundled_ffn import lower_bundled
+
+            return lower_bundled(self, n, T, act)
         if op == "embed":
             name, (V, D), head = n.weights[0], self._raw_shape(n.weights[0]), self.head_scheme
             head.check_shape(name, (V, D))   # stored like the lm_head (shared with it when tied)
@@ -412,14 +442,14 @@ PROGRAMS = (  # name, tokens ("chunk", "short" or a count), body, head
 
 def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: int,
                 kv_rows: int, quantized=None, short_chunk: int | None = None,
-                fuse: bool = True, npu_chunk: int | None = None) -> tuple[Lowering, list[Program]]:
+                fuse: bool = True, npu_chunk: int | None = None, bundles=None) -> tuple[Lowering, list[Program]]:
     """fuse: one kernel per group of linears on one input (q/k/v, gate/up; fuse_linears); off for A/B runs.
     npu_chunk: also npu_embed (the chunk's embedding rows, on the CPU) and npu_prefill (the chunk on the NPU backend:
     no steps, its graphs are the package's npu/)."""
     from ..models import family
 
     fam = family(spec)
-    low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows, quantized, fuse)
+    low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows, quantized, fuse, bundles)
     progs = []
     for name, tokens, body, head in PROGRAMS:
         if tokens == "short" and not short_chunk:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..runtime import contract as K
-from .lower import Program
+from .lower import Program, Route
 
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
                      "presence_penalty": 0.0, "frequency_penalty": 0.0}
@@ -38,12 +38,16 @@ def write_plan(path, *, arch: str, features: list[str], target: str, build_id: b
                                     in_offset=p.in_offset, out_offset=p.out_offset, out_row_bytes=p.out_row_bytes,
                                     backend=p.backend, flags=0))
         for st in p.steps:
+            if isinstance(st, Route):
+                parts.append(K.STEP.pack(kind=K.STEP_ROUTE, kernel=0, n_args=0, n_body=st.n_body,
+                                         ids_offset=st.ids_offset, n_select=st.n_select, n_experts=st.n_experts))
+                continue
             parts.append(K.STEP.pack(kind=K.STEP_CALL, kernel=st.kernel, n_args=len(st.args), n_body=0, ids_offset=0,
                                      n_select=0, n_experts=0))
             for a in st.args:
                 code, bits = K.DTYPES[a.dtype]
                 parts.append(K.ARG.pack(kind=a.kind, index=a.index, dtype_code=code, dtype_bits=bits, dtype_lanes=1,
-                                        ndim=len(a.shape), flags=a.flags, expert_stride=0, offset=a.offset,
+                                        ndim=len(a.shape), flags=a.flags, expert_stride=a.expert_stride, offset=a.offset,
                                         shape=list(a.shape) + [0] * (K.MAX_ARGS_NDIM - len(a.shape))))
     with open(path, "wb") as f:
         f.write(b"".join(parts))

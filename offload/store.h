@@ -36,6 +36,8 @@ typedef struct {
   uint64_t mapped_bytes;   /* tables read by row lookup, served from a file mapping a page per row */
   uint64_t streamed_bytes; /* bytes read per token (each streamed weight once) */
   uint64_t minimum_budget; /* the smallest budget this policy can run in */
+  uint64_t routed_bytes;   /* weights used only by routed steps (experts, neuron bundles) */
+  uint64_t routed_cache_bytes; /* the cache they are read into when selected (routed_bytes: all of them held) */
   uint32_t pinned_weights, streamed_weights;
   uint32_t requests_per_token;   /* storage requests a token's streamed weights take */
   const char* storage;           /* profile name */
@@ -49,6 +51,7 @@ typedef struct {
 typedef struct {
   uint64_t bytes_read, requests; /* storage reads since open (pinned weights included) */
   uint64_t hits, misses;         /* acquires whose bytes had landed / had to be waited for */
+  uint64_t routed_hits, routed_misses; /* of routed weights: found in the cache / read when selected */
   uint64_t dropped;              /* prefetched weights thrown away unused (the order changed) */
   double stall_s;                /* time acquire spent waiting for reads */
 } el_store_counters;
@@ -88,7 +91,8 @@ typedef struct {
   const uint32_t* seq;      /* weights in the order a token first uses them */
   const uint32_t* seq_step; /* the step using seq[i]: the weights of one step are needed together */
   uint32_t n_seq;
-  const uint8_t* must_pin;  /* per weight: 1 = cannot be streamed (used twice, routed); 2 = read by row lookup only */
+  const uint8_t* must_pin;  /* per weight: 1 = cannot be streamed (used twice); 2 = read by row lookup only;
+                               3 = used only by routed steps (read when selected: expert / neuron-group caches) */
   uint32_t lookup_rows;     /* rows a conversation can look up (the context length) */
   const char* storage;      /* storage profile (NULL: "native") */
   int io_threads;           /* reader threads (<= 0: 2) */

@@ -5,6 +5,8 @@
  *           request each would cost more than their bytes), then the longest run of steps at the end of the token
  *           the budget allows, so what streams is one contiguous range of the file;
  *   mapped  tables read only by row lookup (embeddings): a read-only file mapping, a page per row looked up;
+ *   routed  weights only routed steps use (neuron bundles, experts): a cache of recently selected ones
+ *           (routed_cache.h), each read when a token selects it and is not cached;
  *   ring    the other weights pass through it every token: a FIFO of byte ranges, filled by reader threads in the
  *           order the executor announced (prefetch of a program's weights when the program starts), freed as each
  *           weight is released. Decode streams the same bytes every token, so holding a fixed part and streaming the
@@ -25,6 +27,7 @@
 #include <unistd.h>
 
 #include "io.h"
+#include "routed_cache.h"
 #include "store.h"
 
 #define CHUNK (1u << 20)        /* bytes per streaming request: >= 256 KiB amortises a request's latency */
@@ -53,6 +56,7 @@ typedef struct {
   entry* q;
   uint32_t qcap, qhead, qlen, qalloc; /* circular queue; entries [qhead, qhead + qalloc) have ring space */
   el_io* io;
+  el_routed_cache* rc; /* NULL: no routed weights */
   pthread_mutex_t mu, run;
   pthread_cond_t landed, work;
   pthread_t threads[MAX_THREADS];
@@ -69,6 +73,7 @@ typedef struct {
 
 #define STREAMED UINT64_MAX
 #define MAPPED (UINT64_MAX - 1)
+#define ROUTED (UINT64_MAX - 2)
 
 static uint64_t rounded(uint64_t n) { return (n + EL_IO_ALIGN - 1) / EL_IO_ALIGN * EL_IO_ALIGN; }
 /* A weight's bytes as read: from the EL_IO_ALIGN boundary at or before it (compilers align weights to 16 KiB; a
@@ -102,8 +107,8 @@ static uint64_t ring_need(const unit* u, uint32_t nu) {
   return best;
 }
 
-/* Fills lay and pin (per weight: 0 streamed, 1 pinned, 2 mapped) for this budget; -1 with err naming the minimum
- * if it is too small. */
+/* Fills lay and pin (per weight: 0 streamed, 1 pinned, 2 mapped, 3 routed) for this budget; -1 with err naming the
+ * minimum if it is too small. */
 static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layout* lay, uint8_t* pin, char* err,
                        size_t errlen) {
   uint32_t n = cfg->n, nu = 0;
@@ -116,8 +121,14 @@ static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layo
   }
   for (uint32_t i = 0; i < cfg->n_seq; i++) in_seq[cfg->seq[i]] = 1;
   uint64_t mandatory = 0, streamable = 0, max_unit = 0;
-  uint64_t mapped = 0;
+  uint64_t mapped = 0, routed = 0, slot = 0, n_routed = 0;
   for (uint32_t w = 0; w < n; w++) {
+    if (cfg->must_pin && cfg->must_pin[w] == 3) { /* read when a token selects it, into the routed cache */
+      pin[w] = 3;
+      routed += wbytes(cfg->table, w), n_routed++;
+      if (wbytes(cfg->table, w) > slot) slot = wbytes(cfg->table, w);
+      continue;
+    }
     if (cfg->must_pin && cfg->must_pin[w] == 2 && cfg->table[w].nbytes >= TINY) {
       /* read by row lookup: served from a mapping of the file, a page per row looked up; the budget holds the
        * pages one conversation can touch (two per token of context, at most the table) */
@@ -143,17 +154,32 @@ static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layo
     }
     i = j;
   }
-  /* the smallest window holds the largest step's weights: it runs, reading and computing in turn */
-  uint64_t minimum = mandatory + max_unit + cache;
-  *lay = (el_store_layout){.budget = cfg->budget, .minimum_budget = minimum, .mapped_bytes = mapped};
+  /* the smallest window holds the largest step's weights: it runs, reading and computing in turn; the routed
+   * cache two routed weights (one computing, the next landing) */
+  uint64_t min_routed = 2 * slot, all_routed = n_routed * slot;
+  uint64_t minimum = mandatory + max_unit + cache + min_routed;
+  *lay = (el_store_layout){.budget = cfg->budget, .minimum_budget = minimum, .mapped_bytes = mapped,
+                           .routed_bytes = routed};
   if (cfg->budget && cfg->budget < minimum) {
     snprintf(err, errlen, "the memory budget leaves %.1f MB for weights; this package needs at least %.1f MB "
-             "(%.1f MB that cannot be streamed + its largest step's %.1f MB + %.1f MB of page cache: read-ahead, "
+             "(%.1f MB that cannot be streamed + its largest step's %.1f MB%s + %.1f MB of page cache: read-ahead, "
              "rows looked up)",
-             cfg->budget / 1e6, minimum / 1e6, mandatory / 1e6, max_unit / 1e6, cache / 1e6);
+             cfg->budget / 1e6, minimum / 1e6, mandatory / 1e6, max_unit / 1e6,
+             min_routed ? " + two routed weights" : "", cache / 1e6);
     goto out;
   }
-  uint64_t budget = cfg->budget ? cfg->budget - cache : mandatory + streamable, ring = 0, pinned_extra = 0;
+  /* The routed cache holds them all when everything fits; else its share of what the minimum leaves is the routed
+   * weights' share of the weights that can move (a cached routed byte saves a read only when selected, a pinned
+   * streamed byte every token, but the selection favours the hot groups a cache keeps). */
+  uint64_t routed_cache = all_routed;
+  if (cfg->budget && cfg->budget - cache < mandatory + streamable + all_routed) {
+    uint64_t extra = cfg->budget - minimum;
+    routed_cache = min_routed + (uint64_t)((double)extra * (double)routed / (double)(routed + streamable));
+    if (routed_cache > all_routed) routed_cache = all_routed;
+    routed_cache = slot ? routed_cache / slot * slot : 0;
+  }
+  lay->routed_cache_bytes = routed_cache;
+  uint64_t budget = cfg->budget ? cfg->budget - cache - routed_cache : mandatory + streamable, ring = 0, pinned_extra = 0;
   if (budget < mandatory + streamable) {
     /* Pin a contiguous run of steps at the end of the token (where the lm_head, the largest step, is) and stream
      * the ones before it: what streams is then one range of the file, read front to back every token with no
@@ -184,6 +210,7 @@ static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layo
   lay->window_bytes = lay->streamed_bytes ? ring : 0;
   lay->cache_bytes = cache;
   for (uint32_t w = 0; w < n; w++) {
+    if (pin[w] == 3) continue;
     if (pin[w]) {
       lay->pinned_weights += pin[w] == 1;
     } else {
@@ -347,6 +374,11 @@ static void* reader(void* arg) {
  * copy the readers queued on their own, see below), is kept; the rest is queued behind it. */
 static void window_prefetch(el_weight_store* b, const uint32_t* ids, uint32_t n) {
   window_store* s = (window_store*)b;
+  if (s->rc && n && ids[0] < s->n && s->pin_at[ids[0]] == ROUTED) { /* a routed step's selection */
+    for (uint32_t i = 0; i < n; i++)
+      if (ids[i] < s->n && s->pin_at[ids[i]] == ROUTED) el_rc_prefetch(s->rc, ids[i]);
+    return;
+  }
   pthread_mutex_lock(&s->mu);
   uint32_t m = 0;
   for (uint32_t i = 0; i < n; i++)
@@ -373,6 +405,12 @@ static void window_prefetch(el_weight_store* b, const uint32_t* ids, uint32_t n)
   pthread_mutex_unlock(&s->mu);
 }
 
+/* Releases the routed weights among ids[0, n). */
+static void release_routed(window_store* s, const uint32_t* ids, uint32_t n) {
+  for (uint32_t i = 0; s->rc && i < n; i++)
+    if (ids[i] < s->n && s->pin_at[ids[i]] == ROUTED) el_rc_release(s->rc, ids[i]);
+}
+
 /* A weight that is not streamed: in the pinned copy, or in the file mapping (row lookups). */
 static const void* held(const window_store* s, uint32_t w) {
   if (s->pin_at[w] == MAPPED) return s->map + s->table[w].offset;
@@ -386,11 +424,22 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
   for (uint32_t i = 0; i < n; i++)
     if (ids[i] >= s->n)
       return snprintf(b->err, sizeof b->err, "weight %u does not exist (the plan has %u)", ids[i], s->n), -1;
+  if (!s->io) return snprintf(b->err, sizeof b->err, "the store was opened for planning only"), -1;
+  uint32_t n_routed = 0; /* routed weights first: from the routed cache */
+  for (uint32_t i = 0; i < n; i++) {
+    if (s->pin_at[ids[i]] != ROUTED) continue;
+    if (!(ptrs[i] = el_rc_acquire(s->rc, ids[i], b->err, sizeof b->err))) {
+      release_routed(s, ids, i);
+      return -1;
+    }
+    n_routed++;
+  }
   if (!s->ring) {
-    if (!s->io) return snprintf(b->err, sizeof b->err, "the store was opened for planning only"), -1;
-    for (uint32_t i = 0; i < n; i++) ptrs[i] = held(s, ids[i]);
+    for (uint32_t i = 0; i < n; i++)
+      if (s->pin_at[ids[i]] != ROUTED) ptrs[i] = held(s, ids[i]);
     return 0;
   }
+  if (n_routed == n) return 0;
   pthread_mutex_lock(&s->mu);
   /* find (or queue) every streamed weight; anything announced before the latest of them was skipped */
   uint32_t last = 0, missing = 0;
@@ -406,6 +455,7 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
     for (uint32_t i = 0; i < n; i++)
       if (s->pin_at[ids[i]] == STREAMED && find(s, ids[i]) == s->qlen && push(s, ids[i]) != 0) {
         pthread_mutex_unlock(&s->mu);
+        release_routed(s, ids, n);
         return snprintf(b->err, sizeof b->err, "the read queue is full"), -1;
       }
   } else if (last) {
@@ -434,11 +484,13 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
   if (s->failed) {
     snprintf(b->err, sizeof b->err, "%s", s->io_err);
     pthread_mutex_unlock(&s->mu);
+    release_routed(s, ids, n);
     return -1;
   }
   if (t0) s->stall_s += el_io_now() - t0, s->misses++;
   else s->hits++;
   for (uint32_t i = 0; i < n; i++) {
+    if (s->pin_at[ids[i]] == ROUTED) continue;
     if (s->pin_at[ids[i]] != STREAMED) {
       ptrs[i] = held(s, ids[i]);
     } else {
@@ -453,6 +505,7 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
 
 static void window_release(el_weight_store* b, const uint32_t* ids, uint32_t n) {
   window_store* s = (window_store*)b;
+  release_routed(s, ids, n);
   if (!s->ring) return;
   pthread_mutex_lock(&s->mu);
   for (uint32_t i = 0; i < n; i++) {
@@ -472,7 +525,7 @@ static void window_release(el_weight_store* b, const uint32_t* ids, uint32_t n) 
 
 static uint64_t window_bytes(const el_weight_store* b) {
   const window_store* s = (const window_store*)b;
-  return s->pinned_map + s->ring_bytes;
+  return s->pinned_map + s->ring_bytes + el_rc_bytes(s->rc);
 }
 
 static void window_counters(el_weight_store* b, el_store_counters* out) {
@@ -482,6 +535,12 @@ static void window_counters(el_weight_store* b, el_store_counters* out) {
   if (s->io) el_io_counters(s->io, &out->bytes_read, &out->requests);
   out->hits = s->hits, out->misses = s->misses, out->dropped = s->dropped, out->stall_s = s->stall_s;
   pthread_mutex_unlock(&s->mu);
+  if (s->rc) {
+    uint64_t dropped;
+    double stall;
+    el_rc_counters(s->rc, &out->routed_hits, &out->routed_misses, &dropped, &stall);
+    out->dropped += dropped, out->stall_s += stall;
+  }
 }
 
 static void window_close(el_weight_store* b) {
@@ -492,6 +551,7 @@ static void window_close(el_weight_store* b) {
   pthread_cond_broadcast(&s->work);
   pthread_mutex_unlock(&s->mu);
   for (int i = 0; i < s->n_threads; i++) pthread_join(s->threads[i], NULL);
+  el_rc_close(s->rc);
   if (s->pinned) munmap(s->pinned, s->pinned_map);
   if (s->ring) munmap(s->ring, s->ring_bytes);
   if (s->map) munmap(s->map, s->file_bytes);
@@ -510,7 +570,7 @@ static int read_pinned(window_store* s, char* err, size_t errlen) {
   uint32_t k = 0;
   if (!order) return snprintf(err, errlen, "out of memory"), -1;
   for (uint32_t w = 0; w < s->n; w++) /* the table is in file order, and so is the pinned buffer */
-    if (s->pin_at[w] < MAPPED) order[k++] = w;
+    if (s->pin_at[w] < ROUTED) order[k++] = w;
   int rc = 0;
   uint64_t dropped = 0;
   for (uint32_t i = 0; i < k && rc == 0;) {
@@ -583,16 +643,29 @@ el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, siz
   uint64_t at = 0;
   int any_mapped = 0;
   for (uint32_t w = 0; w < s->n; w++) {
-    s->pin_at[w] = s->pinned_mask[w] == 2 ? MAPPED : s->pinned_mask[w] ? at : STREAMED;
-    if (s->pinned_mask[w] == 1) at += wbytes(s->table, w);
-    any_mapped |= s->pinned_mask[w] == 2;
-    if (s->pinned_mask[w]) s->pinned_mask[w] = 1; /* the API's mask: 1 = not streamed */
+    uint8_t p = s->pinned_mask[w];
+    s->pin_at[w] = p == 3 ? ROUTED : p == 2 ? MAPPED : p ? at : STREAMED;
+    if (p == 1) at += wbytes(s->table, w);
+    any_mapped |= p == 2;
+    s->pinned_mask[w] = p == 1 || p == 2; /* the API's mask: 1 = held (pinned or mapped), 0 = read as it runs */
   }
   if (cfg->plan_only) return b;
 
   if (!(s->io = el_io_open(cfg->path, cfg->file_bytes, prof, cfg->direct_io, err, errlen))) goto fail;
   if (any_mapped && !(s->map = map_lookups(s, cfg->path, err, errlen))) goto fail;
   lay->direct_io = el_io_direct(s->io);
+  if (lay->routed_bytes) {
+    uint8_t* routed = calloc(s->n ? s->n : 1, 1);
+    if (!routed) {
+      snprintf(err, errlen, "out of memory");
+      goto fail;
+    }
+    for (uint32_t w = 0; w < s->n; w++) routed[w] = s->pin_at[w] == ROUTED;
+    uint64_t slot = el_rc_slot_bytes(s->table, s->n, routed);
+    s->rc = el_rc_open(s->table, s->n, routed, (uint32_t)(lay->routed_cache_bytes / slot), s->io, err, errlen);
+    free(routed);
+    if (!s->rc) goto fail;
+  }
   s->pinned_map = at;
   if (at) {
     s->pinned = mmap(NULL, at, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -503,7 +503,8 @@ class Runtime:
     def load(cls, path: str | os.PathLike, threads: int | None = None, memory_budget: int | str | None = None,
              verify: bool = False, digest: str | None = None, huge_pages: bool | None = None,
              prefill_backend: str = "auto", npu_soc: str | None = None, weight_policy: str | None = None,
-             storage: str | None = None, io_threads: int | None = None, direct_io: bool = False) -> Runtime:
+             storage: str | None = None, io_threads: int | None = None, direct_io: bool = False,
+             ffn_threshold: float | None = None) -> Runtime:
         """Load a package.
 
         threads: default threads of its contexts (None: one per CPU). memory_budget: bytes (or "600MB") the model
@@ -518,10 +519,16 @@ class Runtime:
         prefill_backend: "auto" | "cpu" | "npu", where android-npu packages prefill prompts ("auto": the NPU when
         ONNX Runtime with the QNN EP loads; `prefill_backend` then says which ran). npu_soc: the SoC whose
         EPContext graphs to load ("sm8650", ...; "none": the ONNX graphs; None: this phone's, if the package has
-        them)."""
+        them). ffn_threshold: packages compiled with --layout bundled skip the FFN neuron groups whose estimated
+        output is below it (0: exact; None: the package's default, manifest "ffn")."""
         p = Path(path)
         opts = L.LoadOptions()
         L.lib().el_load_options_init(C.byref(opts))
+        if ffn_threshold is not None:
+            if isinstance(ffn_threshold, bool) or not isinstance(ffn_threshold, (int, float)) or \
+                    not 0 <= ffn_threshold < 1e6:
+                raise InputError(f"ffn_threshold {ffn_threshold!r}: a number >= 0 (0: exact)")
+            opts.ffn_threshold = float(ffn_threshold)
         opts.n_threads = _threads(threads)
         keep_store = _store_options(opts, memory_budget, weight_policy, storage, io_threads)  # noqa: F841
         opts.direct_io = 1 if direct_io else 0

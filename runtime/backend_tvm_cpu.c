@@ -408,6 +408,8 @@ static int call_step(tvm_cpu* b, el_context* c, const el_step* st, binding* bd, 
     if (a->flags & EL_FLAG_SLOT) at = (uint64_t)slot * st->row_bytes[ai];
     if (a->kind == EL_ARG_ARENA) {
       base = c->arena;
+    } else if (a->kind == EL_ARG_SETTINGS) {
+      base = (const uint8_t*)c->m->settings;
     } else if (a->kind == EL_ARG_WEIGHT) {
       base = wptr[wi++];
     } else {
@@ -446,20 +448,25 @@ static int run_steps(void* state, void* ctx_state, el_context* c, int prog, int 
     /* ROUTE: the ids an earlier kernel wrote, checked (a kernel bug must not become an out-of-range weight id) */
     const int32_t* ids = (const int32_t*)(c->arena + st->ids_offset);
     el_weight_store* store = c->m->store;
-    for (uint32_t i = 0; i < st->n_select; i++)
-      if (ids[i] < 0 || (uint32_t)ids[i] >= st->n_experts)
-        return el_error("routed step %u of program %d selected expert %d of %u", si, prog, ids[i], st->n_experts);
-    if (store->prefetch) /* announce every selected expert's weights before the first one runs */
-      for (uint32_t i = 0; i < st->n_select; i++)
+    uint32_t n_sel = 0; /* -1 ends a variable-count selection */
+    for (; n_sel < st->n_select && ids[n_sel] != -1; n_sel++)
+      if (ids[n_sel] < 0 || (uint32_t)ids[n_sel] >= st->n_experts)
+        return el_error("routed step %u of program %d selected expert %d of %u", si, prog, ids[n_sel], st->n_experts);
+    c->stats.routed_selected += n_sel, c->stats.routed_possible += st->n_select;
+    if (store->prefetch) /* announce every selected expert's weights before the first one runs, each once */
+      for (uint32_t i = 0; i < n_sel; i++) {
+        uint32_t last = UINT32_MAX;
         for (uint32_t j = 1; j <= st->n_body; j++) {
           const el_step* body = &pg->steps[si + j];
           for (uint32_t ai = 0; ai < body->n_args; ai++)
             if (body->args[ai].flags & EL_FLAG_EXPERT) {
               uint32_t w = body->args[ai].index + (uint32_t)ids[i] * body->args[ai].expert_stride;
-              store->prefetch(store, &w, 1);
+              if (w != last) store->prefetch(store, &w, 1);
+              last = w;
             }
         }
-    for (uint32_t i = 0; i < st->n_select; i++)
+      }
+    for (uint32_t i = 0; i < n_sel; i++)
       for (uint32_t j = 1; j <= st->n_body; j++)
         if (call_step(b, c, &pg->steps[si + j], &bd[si + j], pos, ids[i], (int)i, prog, si + j) != 0) return -1;
     si += st->n_body;

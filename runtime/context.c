@@ -328,6 +328,7 @@ EL_API void el_get_stats(const el_context* c, el_stats* out) {
     st->counters(st, &k);
     out->io_bytes_read = k.bytes_read, out->io_requests = k.requests, out->io_hits = k.hits;
     out->io_misses = k.misses, out->io_dropped = k.dropped, out->io_stall_seconds = k.stall_s;
+    out->io_routed_hits = k.routed_hits, out->io_routed_misses = k.routed_misses;
   }
 }
 

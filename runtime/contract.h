@@ -15,7 +15,8 @@
  * A program runs on the backend its tag names (EL_BACKEND_*). A CALL step calls one kernel. A ROUTE step reads
  * n_select int32 expert ids (written by an earlier step, e.g. a router's top-k) from the arena and runs the n_body
  * CALL steps that follow it once per id: in those, EL_FLAG_EXPERT weight args use weight index + e * expert_stride
- * for expert e, and EL_FLAG_SLOT arena args move by i rows for the i-th id.
+ * for expert e, and EL_FLAG_SLOT arena args move by i rows for the i-th id. An id of -1 ends the selection early
+ * (variable-count routes: the neuron groups a token activates); ids after it are not read.
  */
 #ifndef EDGELLM_CONTRACT_H
 #define EDGELLM_CONTRACT_H
@@ -50,6 +51,14 @@ enum {
   EL_ARG_WEIGHT = 1, /* data = weight[index] + offset (+ pos rows with AT_POS) */
   EL_ARG_KCACHE = 2, /* layer `index` K cache */
   EL_ARG_VCACHE = 3, /* layer `index` V cache */
+  EL_ARG_SETTINGS = 4, /* data = the model's run-time settings (float32[EL_N_SETTINGS]) + offset; read-only */
+};
+
+/* Run-time settings kernels may read (EL_ARG_SETTINGS), set from the load options. A negative value means "the
+ * package's default" (which the kernel holds). */
+enum {
+  EL_SETTING_FFN_THRESHOLD = 0, /* neuron-bundled FFNs: skip neuron groups whose estimated output is below it */
+  EL_N_SETTINGS = 4
 };
 
 /* Argument flags */

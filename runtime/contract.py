@@ -29,7 +29,8 @@ DT_INT, DT_UINT, DT_FLOAT, DT_BFLOAT = 0, 1, 2, 4
 DTYPES = {"float32": (DT_FLOAT, 32), "float16": (DT_FLOAT, 16), "bfloat16": (DT_BFLOAT, 16), "int32": (DT_INT, 32),
           "int8": (DT_INT, 8), "uint8": (DT_UINT, 8)}
 
-ARG_ARENA, ARG_WEIGHT, ARG_KCACHE, ARG_VCACHE = 0, 1, 2, 3
+ARG_ARENA, ARG_WEIGHT, ARG_KCACHE, ARG_VCACHE, ARG_SETTINGS = 0, 1, 2, 3, 4
+SETTING_FFN_THRESHOLD, N_SETTINGS = 0, 4   # float32 run-time settings kernels read (ARG_SETTINGS)
 FLAG_AT_POS, FLAG_PREFIX, FLAG_EXPERT, FLAG_SLOT = 1, 2, 4, 8
 STEP_CALL, STEP_ROUTE = 0, 1
 BACKENDS = ("tvm_cpu", "qnn_ort")       # the tag of a backend is its index

@@ -54,6 +54,8 @@ typedef struct {
   int32_t direct_io;          /* 1: O_DIRECT reads; 0 (default): buffered with read-ahead, dropped from the page
                                  cache once read */
   int32_t plan_only;          /* 1: only plan the memory (el_model_memory); reads no weights, makes no contexts */
+  float ffn_threshold;        /* neuron-bundled packages (--layout bundled): skip FFN neuron groups whose estimated
+                                 output is below this (0: exact, every group runs; < 0: the package's default) */
 } el_load_options;
 
 /* el_load_options.prefill_backend. AUTO: the NPU when the package has NPU graphs and ONNX Runtime with the QNN EP
@@ -87,6 +89,8 @@ typedef struct {
   int32_t reserved;
   double storage_bytes_per_s; /* 0: unthrottled */
   double storage_latency_s;
+  uint64_t routed_bytes;       /* weights read only when a routed step selects them (neuron bundles, experts) */
+  uint64_t routed_cache_bytes; /* the cache holding the recently selected ones */
 } el_memory_plan;
 int el_model_memory(const el_model* m, el_memory_plan* out);
 /* out[i] = 1 if weight i stays in memory, 0 if it is streamed; returns the number of weights (<= cap written). */
@@ -225,6 +229,11 @@ typedef struct {
   uint64_t io_misses;      /* acquires that waited for reads */
   uint64_t io_dropped;     /* prefetched weights thrown away unused */
   double io_stall_seconds; /* time kernels waited for reads */
+  /* routed steps (neuron groups of bundled FFNs, experts): ids run, and ids there were room for */
+  uint64_t routed_selected;
+  uint64_t routed_possible;
+  uint64_t io_routed_hits;   /* selected routed weights found in the store's cache */
+  uint64_t io_routed_misses; /* selected routed weights read from storage */
 } el_stats;
 void el_get_stats(const el_context* c, el_stats* out);
 void el_reset_stats(el_context* c);

@@ -25,7 +25,7 @@
   "                   [--stop STR ...] [--ignore-eos] [--threads N] [--print-ids] [--dump-logits FILE]\n"        \
   "                   [--digest sha256:HEX] [--memory-budget BYTES] [--prefill-backend auto|cpu|npu]\n"         \
   "                   [--npu-soc SOC] [--weight-policy auto|resident|window] [--storage PROFILE]\n"              \
-  "                   [--io-threads N] [--direct-io] [--huge-pages auto|on|off]\n"                            \
+  "                   [--io-threads N] [--direct-io] [--huge-pages auto|on|off] [--ffn-threshold T]\n"         \
   "  PKG                  package directory (made by `edgellm compile`)\n"                                      \
   "  -p, --prompt TEXT    prompt text (needs PKG/tokenizer.bin)\n"                                              \
   "  --ids LIST           prompt as token ids, comma- or space-separated\n"                                     \
@@ -52,6 +52,8 @@
   "  --io-threads N       reader threads for streamed weights (1-4, default 2)\n"                               \
   "  --direct-io          O_DIRECT reads for streamed weights (default: buffered, dropped from the page cache)\n" \
   "  --huge-pages M       resident weights in transparent huge pages: auto (default), on, off (plain mmap)\n"    \
+  "  --ffn-threshold T    neuron-bundled packages: skip FFN neuron groups whose estimated output is below T\n"   \
+  "                       (0: exact; default: the package's, set at compile time)\n"                            \
   "  --prefill-backend B  android-npu packages: prefill prompts on the NPU (npu), the CPU (cpu), or the NPU when\n" \
   "                       ONNX Runtime with the QNN EP loads (auto, default). Libraries: EDGELLM_ORT_LIB\n"       \
   "                       (default libonnxruntime.so), EDGELLM_QNN_EP_LIB (plugin EP; unset: QNN built into\n"   \
@@ -145,6 +147,7 @@ int main(int argc, char** argv) {
   const char* stops[MAX_STOPS];
   int n_stops = 0, print_ids = 0;
   long max_new = -1, threads = 0, top_k = -1;
+  float ffn_threshold = -1;
   float temperature = NAN, top_p = NAN, min_p = NAN, rep = NAN, presence = NAN, frequency = NAN;
   uint64_t seed = 0, budget = 0;
   const char *policy = NULL, *storage = NULL;
@@ -181,6 +184,10 @@ int main(int argc, char** argv) {
     FLOAT_OPT("--repetition-penalty", rep)
     FLOAT_OPT("--presence-penalty", presence)
     FLOAT_OPT("--frequency-penalty", frequency)
+    else if (!strcmp(a, "--ffn-threshold")) {
+      NEED_VALUE if (parse_float(v, &ffn_threshold) || ffn_threshold < 0)
+          return usage_error("--ffn-threshold needs a number >= 0 (0: exact), got '%s'", v);
+    }
     else if (!strcmp(a, "--top-k")) {
       NEED_VALUE if (parse_long(v, 0, INT32_MAX, &top_k))
           return usage_error("--top-k must be an integer >= 0 (0 = off), got '%s'", v);
@@ -258,6 +265,7 @@ int main(int argc, char** argv) {
   opt.io_threads = (int32_t)io_threads;
   opt.direct_io = direct_io;
   opt.huge_pages = huge_pages;
+  opt.ffn_threshold = ffn_threshold;
   opt.prefill_backend = prefill;
   opt.npu_soc = npu_soc;
   opt.ort_library = getenv("EDGELLM_ORT_LIB");

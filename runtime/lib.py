@@ -16,7 +16,8 @@ class LoadOptions(C.Structure):
                 ("prefill_backend", C.c_int32), ("memory_budget", C.c_uint64), ("weight_policy", C.c_char_p),
                 ("digest", C.c_char_p), ("npu_soc", C.c_char_p), ("ort_library", C.c_char_p),
                 ("qnn_ep_library", C.c_char_p), ("qnn_backend", C.c_char_p), ("storage", C.c_char_p),
-                ("io_threads", C.c_int32), ("direct_io", C.c_int32), ("plan_only", C.c_int32)]
+                ("io_threads", C.c_int32), ("direct_io", C.c_int32), ("plan_only", C.c_int32),
+                ("ffn_threshold", C.c_float)]
 
 
 class MemoryPlan(C.Structure):
@@ -26,7 +27,8 @@ class MemoryPlan(C.Structure):
                 ("mapped_bytes", C.c_uint64), ("streamed_bytes", C.c_uint64),
                 ("minimum_budget", C.c_uint64), ("pinned_weights", C.c_uint32), ("streamed_weights", C.c_uint32),
                 ("requests_per_token", C.c_uint32), ("storage_modelled", C.c_int32), ("direct_io", C.c_int32),
-                ("reserved", C.c_int32), ("storage_bytes_per_s", C.c_double), ("storage_latency_s", C.c_double)]
+                ("reserved", C.c_int32), ("storage_bytes_per_s", C.c_double), ("storage_latency_s", C.c_double),
+                ("routed_bytes", C.c_uint64), ("routed_cache_bytes", C.c_uint64)]
 
 
 PREFILL_BACKENDS = {"auto": 0, "cpu": 1, "npu": 2}   # EL_PREFILL_*
@@ -63,7 +65,8 @@ class Stats(C.Structure):
                 ("prefill_tokens", C.c_uint64), ("decode_tokens", C.c_uint64), ("kv_bytes", C.c_uint64),
                 ("arena_bytes", C.c_uint64), ("context_bytes", C.c_uint64), ("io_bytes_read", C.c_uint64),
                 ("io_requests", C.c_uint64), ("io_hits", C.c_uint64), ("io_misses", C.c_uint64),
-                ("io_dropped", C.c_uint64), ("io_stall_seconds", C.c_double)]
+                ("io_dropped", C.c_uint64), ("io_stall_seconds", C.c_double), ("routed_selected", C.c_uint64),
+                ("routed_possible", C.c_uint64), ("io_routed_hits", C.c_uint64), ("io_routed_misses", C.c_uint64)]
 
 
 FINISH = {0: None, 1: "eos", 2: "stop", 3: "length", 4: "context", 5: "cancelled"}

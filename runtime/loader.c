@@ -291,6 +291,13 @@ static int check_arg(const el_model* m, const arg_site* s, const el_plan_arg* a)
                        (unsigned long long)a->offset, (unsigned long long)extent,
                        (unsigned long long)m->cache_bytes, h->kv_rows);
       return 0;
+    case EL_ARG_SETTINGS:
+      if (s->written) return corrupt("%s is written by its kernel but points at the run-time settings", where);
+      if (a->flags) return corrupt("%s: the settings take no flags", where);
+      if (!fits(a->offset, extent, sizeof(float) * EL_N_SETTINGS))
+        return corrupt("%s reads [%llu, +%llu) of the %d run-time settings", where, (unsigned long long)a->offset,
+                       (unsigned long long)extent, EL_N_SETTINGS);
+      return 0;
     default:
       return corrupt("%s has unknown kind %u", where, a->kind);
   }
@@ -501,6 +508,7 @@ EL_API void el_load_options_init(el_load_options* o) {
   memset(o, 0, sizeof *o);
   o->huge_pages = -1;
   o->use_mmap = 1;
+  o->ffn_threshold = -1;
 }
 
 static void model_destroy(el_model* m) {
@@ -594,7 +602,7 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   if (!opt) el_load_options_init(&defaults), opt = &defaults;
   if (opt->huge_pages < -1 || opt->huge_pages > 1 || opt->n_threads > 1024 || opt->prefill_backend < EL_PREFILL_AUTO ||
       opt->prefill_backend > EL_PREFILL_NPU || opt->io_threads > 64 || opt->plan_only < 0 || opt->plan_only > 1 ||
-      opt->direct_io < 0 || opt->direct_io > 1)
+      opt->direct_io < 0 || opt->direct_io > 1 || !(opt->ffn_threshold < 1e30f && opt->ffn_threshold > -1e30f))
     return el_error("el_model_load: bad options (huge_pages %d, n_threads %d, prefill_backend %d, io_threads %d, "
                     "plan_only %d)", opt->huge_pages, opt->n_threads, opt->prefill_backend, opt->io_threads,
                     opt->plan_only), NULL;
@@ -631,6 +639,8 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   if (parse_plan(m) != 0 || el_weight_order(m) != 0) goto fail;
   m->memory_budget = opt->memory_budget;
   m->plan_only = opt->plan_only;
+  for (int i = 0; i < EL_N_SETTINGS; i++) m->settings[i] = -1; /* the package's defaults */
+  m->settings[EL_SETTING_FFN_THRESHOLD] = opt->ffn_threshold;
 
   /* weights.bin: a regular file of the exact size, before anything maps it */
   if (join(path, sizeof path, dir, EL_FILE_WEIGHTS) != 0) goto fail;
@@ -707,6 +717,7 @@ EL_API int el_model_memory(const el_model* m, el_memory_plan* out) {
   out->requests_per_token = l->requests_per_token;
   out->storage_modelled = l->storage_modelled, out->direct_io = l->direct_io;
   out->storage_bytes_per_s = l->storage_bytes_per_s, out->storage_latency_s = l->storage_latency_s;
+  out->routed_bytes = l->routed_bytes, out->routed_cache_bytes = l->routed_cache_bytes;
   return 0;
 }
 

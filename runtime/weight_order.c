@@ -52,11 +52,12 @@ int el_weight_use_of(const el_model* m, el_weight_use* u) {
   memset(u, 0, sizeof *u);
   const el_program* dec = &m->prog[EL_PROG_DECODE];
   uint16_t* uses = calloc(n ? n : 1, sizeof *uses);
+  uint8_t* plain = calloc(n ? n : 1, 1); /* used outside a routed body by some program */
   u->must_pin = calloc(n ? n : 1, 1);
   u->seq = malloc(sizeof *u->seq * (dec->n_order ? dec->n_order : 1));
   u->seq_step = malloc(sizeof *u->seq_step * (dec->n_order ? dec->n_order : 1));
-  if (!uses || !u->must_pin || !u->seq || !u->seq_step) {
-    free(uses);
+  if (!uses || !plain || !u->must_pin || !u->seq || !u->seq_step) {
+    free(uses), free(plain);
     el_weight_use_free(u);
     return el_error("out of memory");
   }
@@ -80,8 +81,14 @@ int el_weight_use_of(const el_model* m, el_weight_use* u) {
         for (uint32_t e = 0; e < (experts ? experts : 1); e++) {
           uint32_t w = a->index + e * a->expert_stride;
           if (w >= n) continue;
-          /* 1: must stay in memory; 2: read by row lookup only (a store may serve its rows on demand) */
-          if (routed || ++uses[w] > 1 || (u->must_pin[w] == 2 && !lookup)) u->must_pin[w] = 1;
+          /* 1: must stay in memory; 2: read by row lookup only (a store may serve its rows on demand); 3: used
+           * only in routed bodies (a store may cache them, reading each once it is selected) */
+          if (routed) {
+            u->must_pin[w] = plain[w] ? 1 : 3;
+            continue;
+          }
+          plain[w] = 1;
+          if (u->must_pin[w] == 3 || ++uses[w] > 1 || (u->must_pin[w] == 2 && !lookup)) u->must_pin[w] = 1;
           else if (lookup && !u->must_pin[w]) u->must_pin[w] = 2;
         }
       }
@@ -102,7 +109,7 @@ int el_weight_use_of(const el_model* m, el_weight_use* u) {
     }
   }
   u->n_seq = j;
-  free(uses);
+  free(uses), free(plain);
   return 0;
 }
 

@@ -39,6 +39,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from . import attention as _attention
+from . import bundled_ffn as _ffn
 from . import elementwise as _ew
 from . import linear as _linear
 from . import linear_quant as _linear_quant
@@ -118,6 +119,11 @@ OPS = {
     "swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "relu2_mul": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
+    # neuron-bundled FFN (bundled_ffn.py): F neurons in groups of G, hidden size D
+    "ffn_select": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED), ("G", "g", int, REQUIRED),
+                   ("D", "d", int, REQUIRED)],
+    "ffn_mul": [("T", "t", int, REQUIRED), ("G", "g", int, REQUIRED)],
+    "ffn_accumulate": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "embed_q8": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED)],
     "embed_q4": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED),
                  ("G", "g", int, 32)],
@@ -179,6 +185,8 @@ def kernel_params(op: str, params: dict) -> dict:
         raise ValueError(f"embed_q4: D={out['D']} must be a multiple of the group G={out['G']} (32, 64 or 128)")
     if op == "embed_q6" and out["D"] % 32:
         raise ValueError(f"embed_q6: D={out['D']} must be a multiple of 32")
+    if op == "ffn_select" and out["F"] % out["G"]:
+        raise ValueError(f"ffn_select: F={out['F']} is not a multiple of the group size G={out['G']}")
     if op == "rope" and out["D"] % 2:
         raise ValueError(f"rope: D={out['D']} must be even")
     if op == "linear_q4":
@@ -222,6 +230,12 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         return _ew.copy(simple_cpu, p["R"], p["N"])
     if op == "relu2_mul":
         return _ew.relu2_mul(simple_cpu, p["T"], p["F"])
+    if op == "ffn_select":
+        return _ffn.ffn_select(simple_cpu, p["T"], p["F"], p["G"], p["D"])
+    if op == "ffn_mul":
+        return _ffn.ffn_mul(simple_cpu, p["T"], p["G"])
+    if op == "ffn_accumulate":
+        return _ffn.ffn_accumulate(simple_cpu, p["R"], p["N"])
     if op == "embed_q8":
         return _ew.embed_q8(simple_cpu, p["T"], p["V"], p["D"])
     if op == "embed_q4":

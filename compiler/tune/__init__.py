@@ -221,6 +221,8 @@ class Tuner:
 
         uses: dict[str, int] = {}
         for st in decode.steps:
+            if st.kernel < 0:   # a routed step calls no kernel
+                continue
             name = kernels.names[st.kernel]
             uses[name] = uses.get(name, 0) + 1
         by_class: dict[str, list[str]] = {}

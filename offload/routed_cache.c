@@ -1,0 +1,236 @@
+/* Routed-weight cache (routed_cache.h). */
+#define _GNU_SOURCE
+#include "routed_cache.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+enum { FREE = 0, QUEUED, READING, READY };
+#define NONE UINT32_MAX
+
+typedef struct {
+  uint32_t w;    /* the weight it holds (NONE: free) */
+  int state;
+  int refs;      /* acquired and not yet released */
+  int wanted;    /* selected (prefetched) and not yet acquired: kept until used */
+  uint64_t used; /* tick of its last acquire */
+} slot;
+
+struct el_routed_cache {
+  const el_plan_weight* table;
+  uint32_t n, n_slots;
+  uint32_t* slot_of; /* per weight: its slot or NONE */
+  uint32_t* count;   /* per weight: times selected (halved every AGE selections: recent use weighs more) */
+  uint64_t selections, age;
+  slot* slots;
+  uint64_t slot_bytes;
+  uint8_t* mem;
+  uint32_t* queue; /* slots to read, FIFO */
+  uint32_t qhead, qlen;
+  el_io* io;
+  pthread_mutex_t mu;
+  pthread_cond_t work, landed;
+  pthread_t thread;
+  int started, stop, failed;
+  char io_err[256];
+  uint64_t tick, hits, misses, dropped;
+  double stall_s;
+};
+
+static uint64_t lead(const el_plan_weight* t, uint32_t w) { return t[w].offset % EL_IO_ALIGN; }
+static uint64_t as_read(const el_plan_weight* t, uint32_t w) {
+  return (lead(t, w) + t[w].nbytes + EL_IO_ALIGN - 1) / EL_IO_ALIGN * EL_IO_ALIGN;
+}
+
+uint64_t el_rc_slot_bytes(const el_plan_weight* table, uint32_t n, const uint8_t* routed) {
+  uint64_t m = 0;
+  for (uint32_t w = 0; w < n; w++)
+    if (routed[w] && as_read(table, w) > m) m = as_read(table, w);
+  return m;
+}
+
+/* Which of two cached slots to give away first: the one selected less often; between equals the more recently
+ * used. Recency alone fails the common case: a token selecting every group (threshold 0) or more groups than fit
+ * walks them in the same order each token, and least-recently-used then evicts each just before it is needed
+ * again (no hits at all), where keeping a fixed set and cycling one slot hits on everything kept. */
+static int worse(const el_routed_cache* c, uint32_t a, uint32_t b) {
+  uint32_t ca = c->count[c->slots[a].w], cb = c->count[c->slots[b].w];
+  return ca != cb ? ca < cb : c->slots[a].used > c->slots[b].used;
+}
+
+/* A slot for a new weight (mu held): a free one, else the worst one nobody holds or waits for; with force, else one
+ * selected but not yet used (its selection is dropped). NONE if every slot is busy. */
+static uint32_t victim(el_routed_cache* c, int force) {
+  uint32_t best = NONE;
+  for (uint32_t s = 0; s < c->n_slots; s++) {
+    slot* x = &c->slots[s];
+    if (x->state == FREE) return s;
+    if (x->state == READY && !x->refs && !x->wanted && (best == NONE || worse(c, s, best))) best = s;
+  }
+  if (best != NONE || !force) return best;
+  for (uint32_t s = 0; s < c->n_slots; s++) {
+    slot* x = &c->slots[s];
+    if (x->state == READY && !x->refs && (best == NONE || worse(c, s, best))) best = s;
+  }
+  if (best != NONE) c->dropped++;
+  return best;
+}
+
+static void assign(el_routed_cache* c, uint32_t w, uint32_t s) {
+  slot* x = &c->slots[s];
+  if (x->w != NONE) c->slot_of[x->w] = NONE;
+  *x = (slot){.w = w, .state = QUEUED};
+  c->slot_of[w] = s;
+  c->queue[(c->qhead + c->qlen++) % c->n_slots] = s;
+  pthread_cond_signal(&c->work);
+}
+
+static void* reader(void* arg) {
+  el_routed_cache* c = arg;
+  char err[256];
+  pthread_mutex_lock(&c->mu);
+  while (!c->stop) {
+    if (!c->qlen) {
+      pthread_cond_wait(&c->work, &c->mu);
+      continue;
+    }
+    uint32_t s = c->queue[c->qhead];
+    c->qhead = (c->qhead + 1) % c->n_slots, c->qlen--;
+    slot* x = &c->slots[s];
+    x->state = READING;
+    uint32_t w = x->w;
+    uint64_t off = c->table[w].offset - lead(c->table, w), len = lead(c->table, w) + c->table[w].nbytes;
+    pthread_mutex_unlock(&c->mu);
+    int rc = c->failed ? -1 : el_io_read(c->io, c->mem + (uint64_t)s * c->slot_bytes, off, len, err, sizeof err);
+    /* the copy is ours: drop the page cache around it (whole large folios; see io.h) */
+    uint64_t a = off / EL_IO_DROP_ALIGN * EL_IO_DROP_ALIGN;
+    uint64_t b = (off + len + EL_IO_DROP_ALIGN - 1) / EL_IO_DROP_ALIGN * EL_IO_DROP_ALIGN;
+    if (rc == 0) el_io_drop(c->io, a, b - a);
+    pthread_mutex_lock(&c->mu);
+    if (rc != 0 && !c->failed) c->failed = 1, snprintf(c->io_err, sizeof c->io_err, "%s", err);
+    x->state = READY;
+    pthread_cond_broadcast(&c->landed);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+el_routed_cache* el_rc_open(const el_plan_weight* table, uint32_t n, const uint8_t* routed, uint32_t n_slots,
+                            el_io* io, char* err, size_t errlen) {
+  el_routed_cache* c = calloc(1, sizeof *c);
+  if (!c) return snprintf(err, errlen, "out of memory"), NULL;
+  c->table = table, c->n = n, c->io = io, c->n_slots = n_slots < 2 ? 2 : n_slots;
+  c->slot_bytes = el_rc_slot_bytes(table, n, routed);
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->work, NULL);
+  pthread_cond_init(&c->landed, NULL);
+  c->slot_of = malloc(sizeof *c->slot_of * (n ? n : 1));
+  c->count = calloc(n ? n : 1, sizeof *c->count);
+  for (uint32_t w = 0; w < n; w++) c->age += routed[w] != 0;
+  c->age = 16 * (c->age ? c->age : 1); /* about 16 tokens of selections when every group is selected */
+  c->slots = calloc(c->n_slots, sizeof *c->slots);
+  c->queue = calloc(c->n_slots, sizeof *c->queue);
+  if (!c->slot_of || !c->count || !c->slots || !c->queue) {
+    snprintf(err, errlen, "out of memory");
+    goto fail;
+  }
+  for (uint32_t w = 0; w < n; w++) c->slot_of[w] = NONE;
+  for (uint32_t s = 0; s < c->n_slots; s++) c->slots[s].w = NONE;
+  c->mem = mmap(NULL, c->slot_bytes * c->n_slots, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (c->mem == MAP_FAILED) {
+    c->mem = NULL;
+    snprintf(err, errlen, "out of memory for a %llu-byte routed-weight cache",
+             (unsigned long long)(c->slot_bytes * c->n_slots));
+    goto fail;
+  }
+  if (pthread_create(&c->thread, NULL, reader, c) != 0) {
+    snprintf(err, errlen, "cannot start a reader thread: %s", strerror(errno));
+    goto fail;
+  }
+  c->started = 1;
+  return c;
+fail:
+  el_rc_close(c);
+  return NULL;
+}
+
+void el_rc_prefetch(el_routed_cache* c, uint32_t w) {
+  if (w >= c->n) return;
+  pthread_mutex_lock(&c->mu);
+  if (++c->selections % c->age == 0)
+    for (uint32_t v = 0; v < c->n; v++) c->count[v] >>= 1;
+  c->count[w]++;
+  uint32_t s = c->slot_of[w];
+  if (s != NONE) c->hits++; /* a selection counts once: a hit if cached, else a miss (here or in acquire) */
+  else if ((s = victim(c, 0)) != NONE) assign(c, w, s), c->misses++;
+  if (s != NONE) c->slots[s].wanted = 1;
+  pthread_mutex_unlock(&c->mu);
+}
+
+const void* el_rc_acquire(el_routed_cache* c, uint32_t w, char* err, size_t errlen) {
+  pthread_mutex_lock(&c->mu);
+  uint32_t s = c->slot_of[w];
+  if (s == NONE) {
+    if ((s = victim(c, 1)) == NONE) {
+      pthread_mutex_unlock(&c->mu);
+      snprintf(err, errlen, "the routed-weight cache has no free slot (%u slots, all in use)", c->n_slots);
+      return NULL;
+    }
+    assign(c, w, s);
+    c->misses++;
+  }
+  slot* x = &c->slots[s];
+  x->refs++; /* held: the slot cannot be given away while we wait */
+  double t0 = 0;
+  while (x->state != READY && !c->failed) {
+    if (t0 == 0) t0 = el_io_now();
+    pthread_cond_wait(&c->landed, &c->mu);
+  }
+  if (c->failed) {
+    x->refs--;
+    snprintf(err, errlen, "%s", c->io_err);
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+  }
+  if (t0) c->stall_s += el_io_now() - t0;
+  x->wanted = 0, x->used = ++c->tick;
+  const void* p = c->mem + (uint64_t)s * c->slot_bytes + lead(c->table, w);
+  pthread_mutex_unlock(&c->mu);
+  return p;
+}
+
+void el_rc_release(el_routed_cache* c, uint32_t w) {
+  pthread_mutex_lock(&c->mu);
+  uint32_t s = w < c->n ? c->slot_of[w] : NONE;
+  if (s != NONE && c->slots[s].refs > 0) c->slots[s].refs--;
+  pthread_mutex_unlock(&c->mu);
+}
+
+uint64_t el_rc_bytes(const el_routed_cache* c) { return c ? c->slot_bytes * c->n_slots : 0; }
+
+void el_rc_counters(el_routed_cache* c, uint64_t* hits, uint64_t* misses, uint64_t* dropped, double* stall_s) {
+  pthread_mutex_lock(&c->mu);
+  *hits = c->hits, *misses = c->misses, *dropped = c->dropped, *stall_s = c->stall_s;
+  pthread_mutex_unlock(&c->mu);
+}
+
+void el_rc_close(el_routed_cache* c) {
+  if (!c) return;
+  if (c->started) {
+    pthread_mutex_lock(&c->mu);
+    c->stop = 1;
+    pthread_cond_broadcast(&c->work);
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->thread, NULL);
+  }
+  if (c->mem) munmap(c->mem, c->slot_bytes * c->n_slots);
+  pthread_mutex_destroy(&c->mu);
+  pthread_cond_destroy(&c->work);
+  pthread_cond_destroy(&c->landed);
+  free(c->slot_of), free(c->count), free(c->slots), free(c->queue);
+  free(c);
+}
