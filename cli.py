@@ -111,6 +111,9 @@ _store_options = [
     click.option("--io-threads", type=click.IntRange(1, 4), default=None, help="reader threads [default: 2]"),
     click.option("--direct-io", is_flag=True, help="O_DIRECT reads for streamed weights [default: buffered reads "
                                                    "dropped from the page cache behind them]"),
+    click.option("--ffn-threshold", type=click.FloatRange(0, None), default=None,
+                 help="--layout bundled packages: skip FFN neuron groups whose estimated output is below this "
+                      "(0: exact) [default: the package's]"),
 ]
 
 
@@ -187,7 +190,7 @@ def describe_sampling(defaults: dict, given: dict) -> str:
 @_sampling_options
 def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
             presence_penalty, frequency_penalty, seed, stop, ignore_eos, threads, digest, memory_budget,
-            weight_policy, storage, io_threads, direct_io, prefill_backend, npu_soc):
+            weight_policy, storage, io_threads, direct_io, ffn_threshold, prefill_backend, npu_soc):
     """Generate text from PACKAGE (or --model, default: the bundled demo), streaming it to stdout; a tok/s summary
     goes to stderr. Sampling options not given come from the package (its generation_config.json), as in
     Runtime.generate and bin/edgellm-run: the same arguments and seed give the same tokens everywhere."""
@@ -212,7 +215,7 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
              "frequency_penalty": frequency_penalty}
     with Runtime.load(package, threads=threads, digest=digest, memory_budget=memory_budget,
                       weight_policy=weight_policy, storage=storage, io_threads=io_threads, direct_io=direct_io,
-                      prefill_backend=prefill_backend, npu_soc=npu_soc) as rt:
+                      ffn_threshold=ffn_threshold, prefill_backend=prefill_backend, npu_soc=npu_soc) as rt:
         r: dict = {}
         for piece in rt.stream(prompt, max_new_tokens=max_new_tokens, seed=seed, stop=list(stop),
                                ignore_eos=ignore_eos, _result=r, **given):
@@ -301,7 +304,7 @@ def eval_ppl_cmd(packages_or_models, text_file, context, stride, max_tokens, qua
 @_with(_store_options)
 @_with(_npu_options)
 def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, memory_budget, weight_policy, storage,
-              io_threads, direct_io, prefill_backend, npu_soc):
+              io_threads, direct_io, ffn_threshold, prefill_backend, npu_soc):
     """Prefill and decode speed of PACKAGE: tok/s, time to first token, peak RSS (one warm-up, median of --reps)."""
     import json
 
@@ -309,7 +312,8 @@ def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, memory
 
     r = bench(package, prompt_len=prompt_len, gen_len=gen_len, threads=threads, reps=reps, seed=seed,
               prefill_backend=prefill_backend, npu_soc=npu_soc, memory_budget=memory_budget,
-              weight_policy=weight_policy, storage=storage, io_threads=io_threads, direct_io=direct_io)
+              weight_policy=weight_policy, storage=storage, io_threads=io_threads, direct_io=direct_io,
+              ffn_threshold=ffn_threshold)
     click.echo(json.dumps(r) if as_json else format_bench(r))
 
 
@@ -366,6 +370,9 @@ def info_cmd(package):
                                                                           "generation_config.json)", "")
                       + (" (generation_config.json)" if sampling else ""))),
         *(("npu", line) for line in _npu_lines(m.get("npu"))),
+        *((("ffn", f"neuron-bundled: {sorted(set(f['groups_per_ffn']))[0]} groups of {f['group']} neurons per FFN, "
+                   f"default threshold {f['default_threshold']:g} (--ffn-threshold)"),)
+          if isinstance(f := m.get("ffn"), dict) and f.get("groups_per_ffn") else ()),
         ("digest", package_digest(package)),
     ]
     for k, v in rows:

@@ -27,7 +27,7 @@ from .trace import Node, Val
 
 NODE = "ffn_bundled"
 ALIGN = 64
-DEFAULT_THRESHOLD = 0.0   # set from bench/offload.py --neurons (README "Neuron window")
+DEFAULT_THRESHOLD = 0.5   # +0.6% decode perplexity on demo-llama (bench/neuron_window.py; README "Neuron window")
 MAX_GROUPS = 64           # default group size: the smallest multiple of 32 that gives at most this many groups
 
 

@@ -90,15 +90,18 @@ def _ranges(xs: list[int]) -> str:
 
 def format_plan(p: dict) -> str:
     mb = lambda b: f"{b / 1e6:.1f} MB"   # noqa: E731
-    held = p["pinned_bytes"] + p["window_bytes"]
+    held = p["pinned_bytes"] + p["window_bytes"] + p["routed_cache_bytes"]
+    routed = ([f"  FFN neuron bundles (--layout bundled): {mb(p['routed_bytes'])}, each read when a token first runs "
+               f"its group; {mb(p['routed_cache_bytes'])} of them cached (the most used groups stay)"]
+              if p["routed_bytes"] else [])
     lines = [
         f"weights {mb(p['weights_bytes'])}; one context's KV cache + activations {mb(p['context_bytes'])}",
         f"memory budget: {mb(p['budget']) if p['budget'] else 'none'} (minimum for this package: "
         f"{mb(p['minimum_budget'])})",
         f"policy: {p['policy']}",
     ]
-    if not p["streamed_bytes"]:
-        lines.append(f"  all weights resident: {mb(p['pinned_bytes'])} + {mb(p['context_bytes'])} for a context")
+    if not p["streamed_bytes"] and p["routed_cache_bytes"] >= p["routed_bytes"]:
+        lines.append(f"  all weights resident: {mb(held)} + {mb(p['context_bytes'])} for a context")
         return "\n".join(lines)
     cache = (f" + {mb(p['cache_bytes'])} of page cache (read-ahead, embedding rows)" if p["cache_bytes"] else "")
     lines += [
@@ -109,6 +112,7 @@ def format_plan(p: dict) -> str:
         f"  layers fully resident: {_ranges(p['layers_resident'])}; streamed (in part or whole): "
         f"{_ranges(p['layers_streamed'])}" + (f"; also streamed: {', '.join(p['other_streamed'])}"
                                              if p["other_streamed"] else ""),
+        *routed,
         f"storage: {p['storage']} — {p['storage_what']}",
     ]
     if p["mapped_bytes"]:
@@ -119,7 +123,8 @@ def format_plan(p: dict) -> str:
                else "the profile's")
         lines.append(f"predicted decode: at most {p['storage_bound_tok_s']:.2f} tok/s, storage-bound "
                      f"({mb(p['streamed_bytes'])} per token at {bw / 1e9:.2f} GB/s, {how}"
-                     f"{'; modelled storage' if p['storage_modelled'] else ''}); compute on this CPU overlaps it")
+                     f"{'; modelled storage' if p['storage_modelled'] else ''}); compute on this CPU overlaps it"
+                     + ("; plus the bundles of the neuron groups a token runs and the cache lacks" if routed else ""))
     else:
         lines.append("predicted decode: unknown (this disk's read speed could not be measured)")
     return "\n".join(lines)

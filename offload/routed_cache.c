@@ -158,27 +158,36 @@ fail:
   return NULL;
 }
 
-void el_rc_prefetch(el_routed_cache* c, uint32_t w) {
-  if (w >= c->n) return;
+int el_rc_prefetch(el_routed_cache* c, uint32_t w) {
+  if (w >= c->n) return 0;
   pthread_mutex_lock(&c->mu);
   if (++c->selections % c->age == 0)
     for (uint32_t v = 0; v < c->n; v++) c->count[v] >>= 1;
   c->count[w]++;
   uint32_t s = c->slot_of[w];
-  if (s != NONE) c->hits++; /* a selection counts once: a hit if cached, else a miss (here or in acquire) */
+  int cached = s != NONE;
+  if (cached) c->hits++;
   else if ((s = victim(c, 0)) != NONE) assign(c, w, s), c->misses++;
   if (s != NONE) c->slots[s].wanted = 1;
   pthread_mutex_unlock(&c->mu);
+  return cached;
 }
 
 const void* el_rc_acquire(el_routed_cache* c, uint32_t w, char* err, size_t errlen) {
   pthread_mutex_lock(&c->mu);
   uint32_t s = c->slot_of[w];
   if (s == NONE) {
-    if ((s = victim(c, 1)) == NONE) {
-      pthread_mutex_unlock(&c->mu);
-      snprintf(err, errlen, "the routed-weight cache has no free slot (%u slots, all in use)", c->n_slots);
-      return NULL;
+    /* every slot is being read or waits for its selection's turn: the reader frees one (slots held across this
+     * call are a caller's bug: one step acquires one routed weight) */
+    while ((s = victim(c, 1)) == NONE) {
+      int held = 0;
+      for (uint32_t k = 0; k < c->n_slots; k++) held += c->slots[k].refs > 0;
+      if (held == (int)c->n_slots || c->failed) {
+        pthread_mutex_unlock(&c->mu);
+        snprintf(err, errlen, "%s", c->failed ? c->io_err : "the routed-weight cache has every slot acquired");
+        return NULL;
+      }
+      pthread_cond_wait(&c->landed, &c->mu);
     }
     assign(c, w, s);
     c->misses++;
@@ -203,11 +212,13 @@ const void* el_rc_acquire(el_routed_cache* c, uint32_t w, char* err, size_t errl
   return p;
 }
 
-void el_rc_release(el_routed_cache* c, uint32_t w) {
+int el_rc_release(el_routed_cache* c, uint32_t w) {
   pthread_mutex_lock(&c->mu);
   uint32_t s = w < c->n ? c->slot_of[w] : NONE;
-  if (s != NONE && c->slots[s].refs > 0) c->slots[s].refs--;
+  int held = s != NONE && c->slots[s].refs > 0;
+  if (held && --c->slots[s].refs == 0) pthread_cond_broadcast(&c->landed);
   pthread_mutex_unlock(&c->mu);
+  return held;
 }
 
 uint64_t el_rc_bytes(const el_routed_cache* c) { return c ? c->slot_bytes * c->n_slots : 0; }

@@ -1,5 +1,6 @@
 /* A cache of routed weights (neuron bundles, experts): weights a routed step selects at run time, read from storage
- * when selected and kept while recently used, in fixed-size slots within a byte budget.
+ * when selected and kept while often used, in fixed-size slots within a byte budget. The window store reads the
+ * routed weights it predicts with its stream and serves the others (selected, not predicted) from here.
  *
  *   prefetch(w)  the executor selected w: queue its read if it is not cached (never blocks; skipped when every slot
  *                holds something selected but not yet used);
@@ -21,10 +22,10 @@ EL_HIDDEN uint64_t el_rc_slot_bytes(const el_plan_weight* table, uint32_t n, con
 /* n_slots >= 2 slots of el_rc_slot_bytes; reads through io (kept open by the caller). */
 EL_HIDDEN el_routed_cache* el_rc_open(const el_plan_weight* table, uint32_t n, const uint8_t* routed, uint32_t n_slots,
                                       el_io* io, char* err, size_t errlen);
-EL_HIDDEN void el_rc_prefetch(el_routed_cache* c, uint32_t w);
+EL_HIDDEN int el_rc_prefetch(el_routed_cache* c, uint32_t w); /* 1: it was cached */
 /* NULL with err set on a read failure. */
 EL_HIDDEN const void* el_rc_acquire(el_routed_cache* c, uint32_t w, char* err, size_t errlen);
-EL_HIDDEN void el_rc_release(el_routed_cache* c, uint32_t w);
+EL_HIDDEN int el_rc_release(el_routed_cache* c, uint32_t w); /* 1: it held w acquired */
 EL_HIDDEN uint64_t el_rc_bytes(const el_routed_cache* c); /* memory of the slots */
 EL_HIDDEN void el_rc_counters(el_routed_cache* c, uint64_t* hits, uint64_t* misses, uint64_t* dropped, double* stall_s);
 EL_HIDDEN void el_rc_close(el_routed_cache* c);

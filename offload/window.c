@@ -5,8 +5,10 @@
  *           request each would cost more than their bytes), then the longest run of steps at the end of the token
  *           the budget allows, so what streams is one contiguous range of the file;
  *   mapped  tables read only by row lookup (embeddings): a read-only file mapping, a page per row looked up;
- *   routed  weights only routed steps use (neuron bundles, experts): a cache of recently selected ones
- *           (routed_cache.h), each read when a token selects it and is not cached;
+ *   routed  weights only routed steps use (neuron bundles, experts) are streamed like the others, but a pass reads
+ *           only the ones the last pass selected (a token's active neuron groups change little from one token to
+ *           the next); predicted ones the route does not select are skipped (counted as dropped), selected ones
+ *           that were not predicted are read on demand into a small cache of their own (routed_cache.h);
  *   ring    the other weights pass through it every token: a FIFO of byte ranges, filled by reader threads in the
  *           order the executor announced (prefetch of a program's weights when the program starts), freed as each
  *           weight is released. Decode streams the same bytes every token, so holding a fixed part and streaming the
@@ -36,10 +38,12 @@
 #define MAX_THREADS 4
 
 typedef struct {
-  uint32_t id;
+  uint32_t id, pass;       /* pass: the program run it was queued for (announcement count; +1: speculated) */
   uint64_t pos, len, span; /* ring offset, bytes (EL_IO_ALIGN rounded), len + the gap skipped to wrap */
   uint32_t chunks, next, done; /* read requests: total, issued, landed */
   int allocated, refs, used, dropped;
+  int touched; /* acquired at least once (a routed weight stays until the pass moves past it: a route body uses
+                  its expert's weights in several steps) */
 } entry;
 
 typedef struct {
@@ -56,7 +60,12 @@ typedef struct {
   entry* q;
   uint32_t qcap, qhead, qlen, qalloc; /* circular queue; entries [qhead, qhead + qalloc) have ring space */
   el_io* io;
-  el_routed_cache* rc; /* NULL: no routed weights */
+  el_routed_cache* rc; /* selected routed weights that were not predicted (NULL: no routed weights) */
+  uint8_t* routed;     /* per weight: used only by routed steps */
+  uint8_t* pred;       /* per routed weight: selected in the last pass that selected any (read ahead) */
+  uint8_t* sel;        /* per routed weight: selected in the pass running now */
+  int any_sel;
+  uint64_t routed_hits, routed_misses; /* selections served without a read (pinned, predicted, cached) / with one */
   pthread_mutex_t mu, run;
   pthread_cond_t landed, work;
   pthread_t threads[MAX_THREADS];
@@ -66,6 +75,7 @@ typedef struct {
   double stall_s;
   uint32_t* last;          /* the last announced order (streamed weights only), read again ahead of time */
   uint32_t n_last, spec;   /* spec: a copy of it is queued that no announcement has confirmed yet */
+  uint32_t pass;           /* announcements so far */
   uint64_t hash_last, hash_prev; /* of the last two announced orders: equal = a program repeating (decode) */
   uint64_t drop_from;      /* the page cache holds nothing of ours before this offset (buffered reads) */
   uint64_t file_bytes;
@@ -73,7 +83,6 @@ typedef struct {
 
 #define STREAMED UINT64_MAX
 #define MAPPED (UINT64_MAX - 1)
-#define ROUTED (UINT64_MAX - 2)
 
 static uint64_t rounded(uint64_t n) { return (n + EL_IO_ALIGN - 1) / EL_IO_ALIGN * EL_IO_ALIGN; }
 /* A weight's bytes as read: from the EL_IO_ALIGN boundary at or before it (compilers align weights to 16 KiB; a
@@ -107,8 +116,8 @@ static uint64_t ring_need(const unit* u, uint32_t nu) {
   return best;
 }
 
-/* Fills lay and pin (per weight: 0 streamed, 1 pinned, 2 mapped, 3 routed) for this budget; -1 with err naming the
- * minimum if it is too small. */
+/* Fills lay and pin (per weight: 0 streamed, 1 pinned, 2 mapped) for this budget; -1 with err naming the minimum if
+ * it is too small. */
 static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layout* lay, uint8_t* pin, char* err,
                        size_t errlen) {
   uint32_t n = cfg->n, nu = 0;
@@ -121,11 +130,12 @@ static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layo
   }
   for (uint32_t i = 0; i < cfg->n_seq; i++) in_seq[cfg->seq[i]] = 1;
   uint64_t mandatory = 0, streamable = 0, max_unit = 0;
-  uint64_t mapped = 0, routed = 0, slot = 0, n_routed = 0;
+  uint64_t mapped = 0, routed = 0, slot = 0;
   for (uint32_t w = 0; w < n; w++) {
-    if (cfg->must_pin && cfg->must_pin[w] == 3) { /* read when a token selects it, into the routed cache */
-      pin[w] = 3;
-      routed += wbytes(cfg->table, w), n_routed++;
+    if (cfg->must_pin && cfg->must_pin[w] == 3) { /* routed: streamed when predicted, however small */
+      pin[w] = !in_seq[w];
+      if (pin[w]) mandatory += wbytes(cfg->table, w);
+      routed += wbytes(cfg->table, w);
       if (wbytes(cfg->table, w) > slot) slot = wbytes(cfg->table, w);
       continue;
     }
@@ -154,9 +164,9 @@ static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layo
     }
     i = j;
   }
-  /* the smallest window holds the largest step's weights: it runs, reading and computing in turn; the routed
-   * cache two routed weights (one computing, the next landing) */
-  uint64_t min_routed = 2 * slot, all_routed = n_routed * slot;
+  /* the smallest window holds the largest step's weights: it runs, reading and computing in turn; the cache of
+   * unpredicted routed weights two of them (one computing, the next landing) */
+  uint64_t min_routed = 2 * slot;
   uint64_t minimum = mandatory + max_unit + cache + min_routed;
   *lay = (el_store_layout){.budget = cfg->budget, .minimum_budget = minimum, .mapped_bytes = mapped,
                            .routed_bytes = routed};
@@ -168,18 +178,8 @@ static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layo
              min_routed ? " + two routed weights" : "", cache / 1e6);
     goto out;
   }
-  /* The routed cache holds them all when everything fits; else its share of what the minimum leaves is the routed
-   * weights' share of the weights that can move (a cached routed byte saves a read only when selected, a pinned
-   * streamed byte every token, but the selection favours the hot groups a cache keeps). */
-  uint64_t routed_cache = all_routed;
-  if (cfg->budget && cfg->budget - cache < mandatory + streamable + all_routed) {
-    uint64_t extra = cfg->budget - minimum;
-    routed_cache = min_routed + (uint64_t)((double)extra * (double)routed / (double)(routed + streamable));
-    if (routed_cache > all_routed) routed_cache = all_routed;
-    routed_cache = slot ? routed_cache / slot * slot : 0;
-  }
-  lay->routed_cache_bytes = routed_cache;
-  uint64_t budget = cfg->budget ? cfg->budget - cache - routed_cache : mandatory + streamable, ring = 0, pinned_extra = 0;
+  lay->routed_cache_bytes = min_routed;
+  uint64_t budget = cfg->budget ? cfg->budget - cache - min_routed : mandatory + streamable, ring = 0, pinned_extra = 0;
   if (budget < mandatory + streamable) {
     /* Pin a contiguous run of steps at the end of the token (where the lm_head, the largest step, is) and stream
      * the ones before it: what streams is then one range of the file, read front to back every token with no
@@ -205,12 +205,14 @@ static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layo
     for (uint32_t w = 0; w < n; w++) pin[w] = pin[w] ? pin[w] : 1;
     pinned_extra = streamable;
   }
+  int routed_streamed = 0;
+  for (uint32_t w = 0; w < n; w++) routed_streamed |= !pin[w] && cfg->must_pin && cfg->must_pin[w] == 3;
+  if (!routed_streamed) lay->routed_cache_bytes = 0; /* every routed weight is held */
   lay->pinned_bytes = mandatory + pinned_extra;
   lay->streamed_bytes = streamable - pinned_extra;
   lay->window_bytes = lay->streamed_bytes ? ring : 0;
   lay->cache_bytes = cache;
   for (uint32_t w = 0; w < n; w++) {
-    if (pin[w] == 3) continue;
     if (pin[w]) {
       lay->pinned_weights += pin[w] == 1;
     } else {
@@ -263,17 +265,21 @@ static int push(window_store* s, uint32_t id) {
   if (s->qlen == s->qcap) return -1;
   entry* e = at(s, s->qlen);
   uint64_t len = wbytes(s->table, id);
-  *e = (entry){.id = id, .len = len, .chunks = (uint32_t)((len + CHUNK - 1) / CHUNK)};
+  *e = (entry){.id = id, .pass = s->pass + (uint32_t)s->spec, .len = len, .chunks = (uint32_t)((len + CHUNK - 1) / CHUNK)};
   s->qlen++;
   return 0;
 }
 
+/* The pass is past entry e: done with if it was used, else dropped (its reads stop; its space is reclaimed). */
+static void pass_over(window_store* s, entry* e) {
+  if (e->used || e->dropped || e->refs) return;
+  if (e->touched) e->used = 1;
+  else e->dropped = 1, s->dropped++;
+}
+
 /* Drops the queued weights nobody holds or has used (their reads stop; their space is reclaimed). */
 static void drop_pending(window_store* s, uint32_t upto) {
-  for (uint32_t i = 0; i < upto && i < s->qlen; i++) {
-    entry* e = at(s, i);
-    if (!e->used && !e->dropped && e->refs == 0) e->dropped = 1, s->dropped++;
-  }
+  for (uint32_t i = 0; i < upto && i < s->qlen; i++) pass_over(s, at(s, i));
 }
 
 /* The queue position of the entry serving weight id: the oldest one not yet used or dropped; qlen if none. */
@@ -294,9 +300,18 @@ static int should_speculate(const window_store* s) {
 }
 
 static void speculate(window_store* s) {
+  s->spec = 1;
   for (uint32_t i = 0; i < s->n_last; i++)
     if (push(s, s->last[i]) != 0) break;
-  s->spec = 1;
+}
+
+/* The queue position of the entry the running pass queued for routed weight w; qlen if none. */
+static uint32_t find_routed(window_store* s, uint32_t w) {
+  for (uint32_t i = 0; i < s->qlen; i++) {
+    entry* e = at(s, i);
+    if (e->id == w && e->pass == s->pass && !e->used && !e->dropped) return i;
+  }
+  return s->qlen;
 }
 
 /* Buffered reads leave the file in the page cache: drop what lies behind the oldest read still pending, in
@@ -370,30 +385,61 @@ static void* reader(void* arg) {
 
 /* Store interface --------------------------------------------------------------------------------------------- */
 
-/* A program announces its weights when it starts. What the queue already holds, in that order and unused (the
- * copy the readers queued on their own, see below), is kept; the rest is queued behind it. */
+/* A route selected routed weight w: served from pinned memory or the predicted stream if there, else read now into
+ * the routed cache. */
+static void select_routed(window_store* s, uint32_t w) {
+  pthread_mutex_lock(&s->mu);
+  s->sel[w] = 1, s->any_sel = 1;
+  int have = s->pin_at[w] != STREAMED || find_routed(s, w) < s->qlen;
+  pthread_mutex_unlock(&s->mu);
+  if (!have && s->rc) have = el_rc_prefetch(s->rc, w); /* cached from an earlier selection, or read now */
+  pthread_mutex_lock(&s->mu);
+  s->routed_hits += have, s->routed_misses += !have;
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* A program announces its weights when it starts (routed ones included: all a route may select). Of the routed
+ * ones, the pass reads those the last pass that selected any selected. What the queue already holds, in that order
+ * and unused (the copy the readers queued on their own, see below), is kept, less routed weights no longer
+ * predicted; the rest is queued behind it. */
 static void window_prefetch(el_weight_store* b, const uint32_t* ids, uint32_t n) {
   window_store* s = (window_store*)b;
-  if (s->rc && n && ids[0] < s->n && s->pin_at[ids[0]] == ROUTED) { /* a routed step's selection */
-    for (uint32_t i = 0; i < n; i++)
-      if (ids[i] < s->n && s->pin_at[ids[i]] == ROUTED) el_rc_prefetch(s->rc, ids[i]);
+  if (n == 1 && s->routed && ids[0] < s->n && s->routed[ids[0]]) {
+    select_routed(s, ids[0]);
     return;
   }
   pthread_mutex_lock(&s->mu);
+  if (s->any_sel) {
+    for (uint32_t w = 0; w < s->n; w++)
+      if (s->routed && s->routed[w]) s->pred[w] = s->sel[w], s->sel[w] = 0;
+    s->any_sel = 0;
+  }
+  s->pass++;
   uint32_t m = 0;
-  for (uint32_t i = 0; i < n; i++)
-    if (ids[i] < s->n && s->pin_at[ids[i]] == STREAMED) s->last[m++] = ids[i];
+  uint64_t h = 1469598103934665603ull; /* FNV-1a over the announced ids */
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t w = ids[i];
+    if (w >= s->n || s->pin_at[w] != STREAMED) continue;
+    h = (h ^ w) * 1099511628211ull;
+    if (!s->routed || !s->routed[w] || s->pred[w]) s->last[m++] = w;
+  }
   s->n_last = m;
-  uint64_t h = 1469598103934665603ull; /* FNV-1a over the ids */
-  for (uint32_t i = 0; i < m; i++) h = (h ^ s->last[i]) * 1099511628211ull;
   s->hash_prev = s->hash_last, s->hash_last = h;
   uint32_t q = 0, k = 0; /* queue position, announced weights already queued */
-  while (q < s->qlen && (at(s, q)->used || at(s, q)->dropped)) q++;
-  for (; q < s->qlen && k < m; q++) {
+  while (q < s->qlen && k < m) {
     entry* e = at(s, q);
-    if (e->used || e->dropped) continue;
-    if (e->id != s->last[k]) break;
-    k++;
+    if (e->used || e->dropped || e->touched) {
+      q++;
+    } else if (e->id == s->last[k]) {
+      e->pass = s->pass; /* queued ahead (speculation): this pass's now */
+      q++, k++;
+    } else if (s->routed && s->routed[e->id] && e->id < s->last[k] && !e->refs) {
+      e->dropped = 1, s->dropped++, q++; /* queued ahead, no longer predicted */
+    } else if (s->routed && s->routed[s->last[k]] && s->last[k] < e->id) {
+      k++; /* newly predicted: read on demand if selected */
+    } else {
+      break;
+    }
   }
   s->spec = 0;
   int any = 0;
@@ -405,10 +451,10 @@ static void window_prefetch(el_weight_store* b, const uint32_t* ids, uint32_t n)
   pthread_mutex_unlock(&s->mu);
 }
 
-/* Releases the routed weights among ids[0, n). */
-static void release_routed(window_store* s, const uint32_t* ids, uint32_t n) {
-  for (uint32_t i = 0; s->rc && i < n; i++)
-    if (ids[i] < s->n && s->pin_at[ids[i]] == ROUTED) el_rc_release(s->rc, ids[i]);
+/* Releases what the routed cache serves of ids[0, n) (via[i] set); clears via. */
+static void release_routed(window_store* s, const uint32_t* ids, uint32_t n, uint8_t* via) {
+  for (uint32_t i = 0; i < n; i++)
+    if (via[i]) el_rc_release(s->rc, ids[i]), via[i] = 0;
 }
 
 /* A weight that is not streamed: in the pinned copy, or in the file mapping (row lookups). */
@@ -417,35 +463,50 @@ static const void* held(const window_store* s, uint32_t w) {
   return s->pinned + s->pin_at[w] + lead(s->table, w);
 }
 
+/* Where the running pass queued weight w (routed weights: only this pass's prediction counts); qlen if nowhere. */
+static uint32_t ring_pos(window_store* s, uint32_t w) {
+  return s->routed && s->routed[w] ? find_routed(s, w) : find(s, w);
+}
+
 static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, const void** ptrs) {
   window_store* s = (window_store*)b;
   uint32_t pos[64];
+  uint8_t via[64] = {0}; /* 1: a selected routed weight the pass did not predict, served by the routed cache */
   if (n > 64) return snprintf(b->err, sizeof b->err, "a step with %u weights", n), -1;
   for (uint32_t i = 0; i < n; i++)
     if (ids[i] >= s->n)
       return snprintf(b->err, sizeof b->err, "weight %u does not exist (the plan has %u)", ids[i], s->n), -1;
   if (!s->io) return snprintf(b->err, sizeof b->err, "the store was opened for planning only"), -1;
-  uint32_t n_routed = 0; /* routed weights first: from the routed cache */
-  for (uint32_t i = 0; i < n; i++) {
-    if (s->pin_at[ids[i]] != ROUTED) continue;
-    if (!(ptrs[i] = el_rc_acquire(s->rc, ids[i], b->err, sizeof b->err))) {
-      release_routed(s, ids, i);
-      return -1;
-    }
-    n_routed++;
-  }
   if (!s->ring) {
-    for (uint32_t i = 0; i < n; i++)
-      if (s->pin_at[ids[i]] != ROUTED) ptrs[i] = held(s, ids[i]);
+    for (uint32_t i = 0; i < n; i++) ptrs[i] = held(s, ids[i]);
     return 0;
   }
-  if (n_routed == n) return 0;
+  pthread_mutex_lock(&s->mu);
+  uint32_t n_ring = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (s->pin_at[ids[i]] != STREAMED) continue;
+    via[i] = s->rc && s->routed[ids[i]] && find_routed(s, ids[i]) == s->qlen;
+    n_ring += !via[i];
+  }
+  pthread_mutex_unlock(&s->mu);
+  for (uint32_t i = 0; i < n; i++)
+    if (via[i] && !(ptrs[i] = el_rc_acquire(s->rc, ids[i], b->err, sizeof b->err))) {
+      via[i] = 0;
+      release_routed(s, ids, i, via);
+      return -1;
+    }
+  if (!n_ring) {
+    for (uint32_t i = 0; i < n; i++)
+      if (s->pin_at[ids[i]] != STREAMED) ptrs[i] = held(s, ids[i]);
+    return 0;
+  }
+#define IN_RING(i) (s->pin_at[ids[i]] == STREAMED && !via[i])
   pthread_mutex_lock(&s->mu);
   /* find (or queue) every streamed weight; anything announced before the latest of them was skipped */
   uint32_t last = 0, missing = 0;
   for (uint32_t i = 0; i < n; i++) {
-    if (s->pin_at[ids[i]] != STREAMED) continue;
-    uint32_t p = find(s, ids[i]);
+    if (!IN_RING(i)) continue;
+    uint32_t p = ring_pos(s, ids[i]);
     if (p == s->qlen) missing = 1;
     else if (p + 1 > last) last = p + 1;
   }
@@ -453,9 +514,9 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
     drop_pending(s, s->qlen);
     reclaim_and_allocate(s);
     for (uint32_t i = 0; i < n; i++)
-      if (s->pin_at[ids[i]] == STREAMED && find(s, ids[i]) == s->qlen && push(s, ids[i]) != 0) {
+      if (IN_RING(i) && ring_pos(s, ids[i]) == s->qlen && push(s, ids[i]) != 0) {
         pthread_mutex_unlock(&s->mu);
-        release_routed(s, ids, n);
+        release_routed(s, ids, n, via);
         return snprintf(b->err, sizeof b->err, "the read queue is full"), -1;
       }
   } else if (last) {
@@ -463,7 +524,7 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
       entry* e = at(s, i);
       int ours = 0;
       for (uint32_t k = 0; k < n; k++) ours |= e->id == ids[k];
-      if (!ours && !e->used && !e->dropped && e->refs == 0) e->dropped = 1, s->dropped++;
+      if (!ours) pass_over(s, e);
     }
   }
   reclaim_and_allocate(s);
@@ -472,10 +533,10 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
   for (;;) {
     int ready = 1;
     for (uint32_t i = 0; i < n && ready; i++) {
-      if (s->pin_at[ids[i]] != STREAMED) continue;
-      pos[i] = find(s, ids[i]);
+      if (!IN_RING(i)) continue;
+      pos[i] = ring_pos(s, ids[i]);
       entry* e = at(s, pos[i]);
-      ready = e->allocated && e->done == e->chunks;
+      ready = pos[i] < s->qlen && e->allocated && e->done == e->chunks;
     }
     if (ready || s->failed) break;
     if (t0 == 0) t0 = el_io_now();
@@ -484,36 +545,37 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
   if (s->failed) {
     snprintf(b->err, sizeof b->err, "%s", s->io_err);
     pthread_mutex_unlock(&s->mu);
-    release_routed(s, ids, n);
+    release_routed(s, ids, n, via);
     return -1;
   }
   if (t0) s->stall_s += el_io_now() - t0, s->misses++;
   else s->hits++;
   for (uint32_t i = 0; i < n; i++) {
-    if (s->pin_at[ids[i]] == ROUTED) continue;
+    if (via[i]) continue;
     if (s->pin_at[ids[i]] != STREAMED) {
       ptrs[i] = held(s, ids[i]);
     } else {
       entry* e = at(s, pos[i]);
-      e->refs++;
+      e->refs++, e->touched = 1;
       ptrs[i] = s->ring + e->pos + lead(s->table, ids[i]);
     }
   }
+#undef IN_RING
   pthread_mutex_unlock(&s->mu);
   return 0;
 }
 
 static void window_release(el_weight_store* b, const uint32_t* ids, uint32_t n) {
   window_store* s = (window_store*)b;
-  release_routed(s, ids, n);
   if (!s->ring) return;
   pthread_mutex_lock(&s->mu);
   for (uint32_t i = 0; i < n; i++) {
     if (ids[i] >= s->n || s->pin_at[ids[i]] != STREAMED) continue;
+    if (s->rc && s->routed[ids[i]] && el_rc_release(s->rc, ids[i])) continue; /* served by the routed cache */
     for (uint32_t k = 0; k < s->qlen; k++) {
       entry* e = at(s, k);
       if (e->id == ids[i] && e->refs > 0) {
-        if (--e->refs == 0) e->used = 1;
+        if (--e->refs == 0 && !(s->routed && s->routed[e->id])) e->used = 1;
         break;
       }
     }
@@ -536,11 +598,14 @@ static void window_counters(el_weight_store* b, el_store_counters* out) {
   out->hits = s->hits, out->misses = s->misses, out->dropped = s->dropped, out->stall_s = s->stall_s;
   pthread_mutex_unlock(&s->mu);
   if (s->rc) {
-    uint64_t dropped;
+    uint64_t hits, misses, dropped;
     double stall;
-    el_rc_counters(s->rc, &out->routed_hits, &out->routed_misses, &dropped, &stall);
+    el_rc_counters(s->rc, &hits, &misses, &dropped, &stall);
     out->dropped += dropped, out->stall_s += stall;
   }
+  pthread_mutex_lock(&s->mu);
+  out->routed_hits = s->routed_hits, out->routed_misses = s->routed_misses;
+  pthread_mutex_unlock(&s->mu);
 }
 
 static void window_close(el_weight_store* b) {
@@ -560,7 +625,7 @@ static void window_close(el_weight_store* b) {
   pthread_mutex_destroy(&s->run);
   pthread_cond_destroy(&s->landed);
   pthread_cond_destroy(&s->work);
-  free(s->q), free(s->last), free(s->pin_at), free(s->pinned_mask);
+  free(s->q), free(s->last), free(s->pin_at), free(s->pinned_mask), free(s->routed), free(s->pred), free(s->sel);
   free(s);
 }
 
@@ -570,7 +635,7 @@ static int read_pinned(window_store* s, char* err, size_t errlen) {
   uint32_t k = 0;
   if (!order) return snprintf(err, errlen, "out of memory"), -1;
   for (uint32_t w = 0; w < s->n; w++) /* the table is in file order, and so is the pinned buffer */
-    if (s->pin_at[w] < ROUTED) order[k++] = w;
+    if (s->pin_at[w] < MAPPED) order[k++] = w;
   int rc = 0;
   uint64_t dropped = 0;
   for (uint32_t i = 0; i < k && rc == 0;) {
@@ -644,7 +709,7 @@ el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, siz
   int any_mapped = 0;
   for (uint32_t w = 0; w < s->n; w++) {
     uint8_t p = s->pinned_mask[w];
-    s->pin_at[w] = p == 3 ? ROUTED : p == 2 ? MAPPED : p ? at : STREAMED;
+    s->pin_at[w] = p == 2 ? MAPPED : p ? at : STREAMED;
     if (p == 1) at += wbytes(s->table, w);
     any_mapped |= p == 2;
     s->pinned_mask[w] = p == 1 || p == 2; /* the API's mask: 1 = held (pinned or mapped), 0 = read as it runs */
@@ -654,17 +719,24 @@ el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, siz
   if (!(s->io = el_io_open(cfg->path, cfg->file_bytes, prof, cfg->direct_io, err, errlen))) goto fail;
   if (any_mapped && !(s->map = map_lookups(s, cfg->path, err, errlen))) goto fail;
   lay->direct_io = el_io_direct(s->io);
+  int any_routed = 0; /* streamed routed weights: predicted, the rest read on demand */
   if (lay->routed_bytes) {
-    uint8_t* routed = calloc(s->n ? s->n : 1, 1);
-    if (!routed) {
+    if (!(s->routed = calloc(s->n ? s->n : 1, 1)) || !(s->pred = malloc(s->n ? s->n : 1)) ||
+        !(s->sel = calloc(s->n ? s->n : 1, 1))) {
       snprintf(err, errlen, "out of memory");
       goto fail;
     }
-    for (uint32_t w = 0; w < s->n; w++) routed[w] = s->pin_at[w] == ROUTED;
-    uint64_t slot = el_rc_slot_bytes(s->table, s->n, routed);
-    s->rc = el_rc_open(s->table, s->n, routed, (uint32_t)(lay->routed_cache_bytes / slot), s->io, err, errlen);
-    free(routed);
-    if (!s->rc) goto fail;
+    memset(s->pred, 1, s->n); /* the first pass reads them all */
+    for (uint32_t w = 0; w < s->n; w++) {
+      s->routed[w] = cfg->must_pin && cfg->must_pin[w] == 3;
+      any_routed |= s->routed[w] && s->pin_at[w] == STREAMED;
+    }
+  }
+  if (any_routed) {
+    uint64_t slot = el_rc_slot_bytes(s->table, s->n, s->routed);
+    if (!(s->rc = el_rc_open(s->table, s->n, s->routed, (uint32_t)(lay->routed_cache_bytes / slot), s->io, err,
+                             errlen)))
+      goto fail;
   }
   s->pinned_map = at;
   if (at) {

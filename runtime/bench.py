@@ -60,7 +60,8 @@ def _one(rt: Runtime, ids: np.ndarray, gen_len: int) -> tuple[float, float, floa
 def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, threads: int | None = None,
           reps: int = 3, warmup: int = 1, seed: int = 0, prefill_backend: str = "auto",
           npu_soc: str | None = None, memory_budget=None, weight_policy: str | None = None,
-          storage: str | None = None, io_threads: int | None = None, direct_io: bool = False) -> dict:
+          storage: str | None = None, io_threads: int | None = None, direct_io: bool = False,
+          ffn_threshold: float | None = None) -> dict:
     """Median prefill/decode tokens per second, time to first token and peak RSS of one package."""
     if prompt_len < 1:
         raise InputError(f"--prompt-len {prompt_len} is invalid: must be >= 1")
@@ -71,7 +72,7 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
     t0 = time.perf_counter()
     with Runtime.load(package, threads=threads, prefill_backend=prefill_backend, npu_soc=npu_soc,
                       memory_budget=memory_budget, weight_policy=weight_policy, storage=storage,
-                      io_threads=io_threads, direct_io=direct_io) as rt:
+                      io_threads=io_threads, direct_io=direct_io, ffn_threshold=ffn_threshold) as rt:
         load_s = time.perf_counter() - t0
         backend = rt.prefill_backend
         if prompt_len + gen_len > rt.max_context:
@@ -101,6 +102,7 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
         "streamed_bytes_per_token": mem["streamed_bytes"], "storage": mem["storage"],
         "storage_modelled": bool(mem["storage_modelled"]), "io_bytes_read": stats["io_bytes_read"],
         "io_stall_s": stats["io_stall_seconds"],
+        "routed_run_fraction": stats["routed_selected"] / stats["routed_possible"] if stats["routed_possible"] else None,
     }
 
 
@@ -115,4 +117,6 @@ def format_bench(r: dict) -> str:
             f"{' (weights in huge pages)' if r['weights_huge_pages_bytes'] else ''}"
             + (f"; {r['streamed_bytes_per_token'] / 1e6:.1f} MB of weights streamed per token from {r['storage']}"
                f"{' (modelled)' if r['storage_modelled'] else ''}, {r['io_stall_s']:.2f} s waiting for reads"
-               if r.get("streamed_bytes_per_token") else ""))
+               if r.get("streamed_bytes_per_token") else "")
+            + (f"; {100 * r['routed_run_fraction']:.0f}% of FFN neuron groups run" if r.get("routed_run_fraction")
+               is not None else ""))

@@ -375,14 +375,18 @@ int main(int argc, char** argv) {
           res.prompt_tokens, res.generated_tokens, reasons[res.finish < 6 ? res.finish : 0], pf,
           on_npu ? " (NPU)" : "", dc, el_context_threads(c));
   el_memory_plan mp;
-  if (el_model_memory(m, &mp) == 0 && mp.streamed_bytes) {
-    el_stats st;
-    el_get_stats(c, &st);
+  el_stats st;
+  el_get_stats(c, &st);
+  if (el_model_memory(m, &mp) == 0 && (mp.streamed_bytes || mp.routed_cache_bytes < mp.routed_bytes))
     fprintf(stderr, "[weights: %.1f MB pinned + %.1f MB window, %.1f MB streamed per token from %s%s; read %.1f MB in "
             "%llu requests, %.2f s waiting for reads]\n", mp.pinned_bytes / 1e6, mp.window_bytes / 1e6,
             mp.streamed_bytes / 1e6, mp.storage, mp.storage_modelled ? " (modelled)" : "", st.io_bytes_read / 1e6,
             (unsigned long long)st.io_requests, st.io_stall_seconds);
-  }
+  if (st.routed_possible) /* neuron-bundled FFNs (or experts): how many groups ran, how many were cached */
+    fprintf(stderr, "[routed: %.1f%% of %llu groups run; %.1f MB cache of %.1f MB, %llu hits, %llu reads]\n",
+            100.0 * (double)st.routed_selected / (double)st.routed_possible, (unsigned long long)st.routed_possible,
+            mp.routed_cache_bytes / 1e6, mp.routed_bytes / 1e6, (unsigned long long)st.io_routed_hits,
+            (unsigned long long)st.io_routed_misses);
   rc = 0;
 done:
   if (dump) fclose(dump);

@@ -6,6 +6,34 @@
 
 #include "el_internal.h"
 
+/* Calls f(arg, w) for every weight a ROUTE step's body may use, expert by expert (expert 0's, then expert 1's...:
+ * file order for bundled FFNs and experts stored one after another). */
+static void route_weights(const el_program* pg, uint32_t si, void (*f)(void*, uint32_t), void* arg) {
+  const el_step* st = &pg->steps[si];
+  for (uint32_t e = 0; e < st->n_experts; e++)
+    for (uint32_t j = 1; j <= st->n_body && si + j < pg->n_steps; j++) {
+      const el_step* body = &pg->steps[si + j];
+      for (uint32_t ai = 0; ai < body->n_args; ai++) {
+        const el_plan_arg* a = &body->args[ai];
+        if (a->kind != EL_ARG_WEIGHT || (e && !(a->flags & EL_FLAG_EXPERT))) continue;
+        f(arg, a->index + ((a->flags & EL_FLAG_EXPERT) ? e * a->expert_stride : 0));
+      }
+    }
+}
+
+typedef struct {
+  el_program* pg;
+  uint32_t* seen;
+  uint32_t tag;
+} order_fill;
+
+static void add_to_order(void* arg, uint32_t w) {
+  order_fill* o = arg;
+  if (o->seen[w] == o->tag) return;
+  o->seen[w] = o->tag;
+  o->pg->order[o->pg->n_order++] = w;
+}
+
 /* A step that reads the program's token ids: an embedding lookup, which touches a few rows of its weights, so
  * streaming the whole table for it would read megabytes per token for kilobytes used. */
 static int reads_token_ids(const el_program* pg, const el_step* st) {
@@ -24,27 +52,38 @@ int el_weight_order(el_model* m) {
   for (int k = 0; k < EL_N_PROGRAMS; k++) {
     el_program* pg = &m->prog[k];
     if (!pg->present) continue;
-    uint32_t total = 0;
-    for (uint32_t si = 0; si < pg->n_steps; si++) total += pg->steps[si].n_args;
-    if (!(pg->order = malloc(sizeof *pg->order * (total ? total : 1)))) {
+    if (!(pg->order = malloc(sizeof *pg->order * (n ? n : 1)))) { /* each weight at most once */
       free(seen);
       return el_error("out of memory");
     }
+    order_fill o = {pg, seen, (uint32_t)k + 1};
     for (uint32_t si = 0; si < pg->n_steps; si++) {
       const el_step* st = &pg->steps[si];
-      if (st->kind != EL_STEP_CALL) { /* routed weights are chosen at run time: never announced in order */
+      if (st->kind != EL_STEP_CALL) {
+        /* every weight the route may select, in expert order: a store reads ahead the ones it predicts (the
+         * selection is known only when the route runs) */
+        route_weights(pg, si, add_to_order, &o);
         si += st->n_body;
         continue;
       }
       for (uint32_t ai = 0; ai < st->n_args; ai++)
-        if (st->args[ai].kind == EL_ARG_WEIGHT && seen[st->args[ai].index] != (uint32_t)k + 1) {
-          seen[st->args[ai].index] = (uint32_t)k + 1;
-          pg->order[pg->n_order++] = st->args[ai].index;
-        }
+        if (st->args[ai].kind == EL_ARG_WEIGHT) add_to_order(&o, st->args[ai].index);
     }
   }
   free(seen);
   return 0;
+}
+
+typedef struct {
+  el_weight_use* u;
+  const el_program* dec;
+  uint32_t j, pseudo_step;
+} seq_fill;
+
+static void add_to_seq(void* arg, uint32_t w) {
+  seq_fill* f = arg;
+  if (f->j >= f->dec->n_order || f->dec->order[f->j] != w) return; /* listed earlier */
+  f->u->seq[f->j] = w, f->u->seq_step[f->j] = f->pseudo_step++, f->j++;
 }
 
 int el_weight_use_of(const el_model* m, el_weight_use* u) {
@@ -94,11 +133,16 @@ int el_weight_use_of(const el_model* m, el_weight_use* u) {
       }
     }
   }
-  /* the decode token's order: which step first needs each weight */
+  /* the decode token's order: which step first needs each weight (a routed weight is a step of its own: a route
+   * runs its selected experts one after another) */
+  seq_fill f = {u, dec, 0, dec->n_steps};
   uint32_t j = 0;
   for (uint32_t si = 0; si < dec->n_steps && dec->present; si++) {
     const el_step* st = &dec->steps[si];
     if (st->kind != EL_STEP_CALL) {
+      f.j = j;
+      route_weights(dec, si, add_to_seq, &f);
+      j = f.j;
       si += st->n_body;
       continue;
     }
