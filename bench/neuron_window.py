@@ -8,9 +8,10 @@ and decode under a memory budget against the layer window, in one run.
    synthetic weights): the bundled package (compiled here, cached) scores models/demo/heldout.txt (the 1B model has
    no tokenizer: the same ids) token by token through decode, the program the threshold applies to, in windows of
    256 tokens. Per threshold: perplexity and its change against threshold 0 (exact), how often the greedy token
-   is the exact run's, the share of neuron groups run, and the FFN bytes a token needs (the gate in full + the
-   bundles of the groups it runs) against the dense FFN's. For the 1B model the perplexity is of synthetic weights:
-   only the change and the agreement mean anything.
+   is the exact run's, the share of neuron groups run, the FFN bytes a token needs (the gate in full + the
+   bundles of the groups it runs) against the dense FFN's, and the bytes a decode token reads from storage (all
+   weights: 64 teacher-forced tokens) at the package's minimum budget, where it streams the most. For the 1B model
+   the perplexity is of synthetic weights: only the change and the agreement mean anything.
 2. Decode under a budget (1B): Runtime.load(memory_budget = pct x weights + context + page cache, as
    bench/offload.py), the weights file evicted from the page cache before each load; the layer window on the dense
    package (bench/vs_llamacpp.py's) against the neuron window at threshold 0 and at the default; per row decode
@@ -89,6 +90,20 @@ def score(rt, ids: list[int]) -> dict:
     return {"nll": nll / n, "ppl": float(np.exp(nll / n)), "tokens": n, "top": top, "run": sel / poss}
 
 
+def reads_at_minimum(pkg: Path, ids: list[int], t: float, n: int = 64) -> float:
+    """MB read from storage per decode token at the package's minimum budget (the most it streams), teacher-forced
+    over ids[:n]."""
+    from edgellm.runtime.api import Runtime
+
+    b = Runtime.plan(pkg, memory_budget=1 << 40, weight_policy="window")["minimum_budget"]
+    with Runtime.load(pkg, memory_budget=b, weight_policy="window", threads=2, ffn_threshold=t) as rt:
+        rt.prefill(ids[:1])
+        before = rt.stats()["io_bytes_read"]
+        for x in ids[1:n + 1]:
+            rt.decode_step(x)
+        return (rt.stats()["io_bytes_read"] - before) / n / 1e6
+
+
 def threshold_table(pkg: Path, ids: list[int], thresholds: list[float]) -> list[dict]:
     from edgellm.runtime.api import Runtime
 
@@ -99,22 +114,22 @@ def threshold_table(pkg: Path, ids: list[int], thresholds: list[float]) -> list[
         with Runtime.load(pkg, threads=2, ffn_threshold=t) as rt:
             r = score(rt, ids)
         exact = exact or r
+        read = reads_at_minimum(pkg, ids, t)
         rows.append({"threshold": t, "ppl": r["ppl"], "ppl_change": r["ppl"] / exact["ppl"] - 1,
                      "agree": float(np.mean(np.array(r["top"]) == np.array(exact["top"]))), "run": r["run"],
                      "ffn_mb": (gate + r["run"] * bundles) / 1e6, "dense_ffn_mb": (gate + bundles) / 1e6,
-                     "tokens": r["tokens"]})
+                     "tokens": r["tokens"], "read_mb_min_budget": read})
         log(f"  threshold {t}: ppl {r['ppl']:.3f}, {100 * r['run']:.0f}% of groups")
     return rows
 
 
-def budget_runs(pkgs: dict, budgets: list[int], tokens: int, default: float) -> list[dict]:
+def budget_runs(pkgs: dict, budgets: list[int], tokens: int, thresholds: list[float]) -> list[dict]:
     from edgellm.runtime.api import Runtime
 
     rows = []
     for pct in budgets:
-        for label, pkg, thr in (("layer window (dense)", pkgs["dense"], None), ("neuron window, threshold 0",
-                                pkgs["bundled"], 0.0), (f"neuron window, threshold {default}", pkgs["bundled"],
-                                                        default)):
+        for label, pkg, thr in [("layer window (dense)", pkgs["dense"], None)] + \
+                [(f"neuron window, threshold {t:g}", pkgs["bundled"], t) for t in thresholds]:
             p = Runtime.plan(pkg, memory_budget=1 << 40, weight_policy="window")
             budget = p["weights_bytes"] * pct // 100 + p["context_bytes"] + p["cache_bytes"]
             gbs = ob.disk_gbs(pkg / "weights.bin")
@@ -142,11 +157,12 @@ def budget_runs(pkgs: dict, budgets: list[int], tokens: int, default: float) -> 
 
 def fmt_threshold(name: str, rows: list[dict]) -> str:
     out = [f"{name}: decode-mode perplexity over {rows[0]['tokens']} tokens of heldout.txt",
-           "| threshold | groups run | FFN MB per token (dense) | perplexity | change | greedy = exact |",
-           "|---|---|---|---|---|---|"]
+           "| threshold | groups run | FFN MB a token needs (dense) | MB read / token at the minimum budget | "
+           "perplexity | change | greedy = exact |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['threshold']:g} | {100 * r['run']:.0f}% | {r['ffn_mb']:.2f} ({r['dense_ffn_mb']:.2f}) | "
-                   f"{r['ppl']:.3f} | {100 * r['ppl_change']:+.2f}% | {100 * r['agree']:.1f}% |")
+                   f"{r['read_mb_min_budget']:.2f} | {r['ppl']:.3f} | {100 * r['ppl_change']:+.2f}% | "
+                   f"{100 * r['agree']:.1f}% |")
     return "\n".join(out)
 
 
@@ -171,8 +187,8 @@ def main(argv=None):
     ap.add_argument("--tokens-1b", type=int, default=256, help="tokens scored on the 1B model")
     ap.add_argument("--budgets", default="50,25")
     ap.add_argument("--decode-tokens", type=int, default=12)
-    ap.add_argument("--default", type=float, default=None, help="the threshold of the budget rows (default: the "
-                                                                 "package's)")
+    ap.add_argument("--budget-thresholds", default=None,
+                    help="thresholds of the budget rows (default: 0 and the package's default)")
     ap.add_argument("--recompile", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -197,11 +213,11 @@ def main(argv=None):
         result["tables"]["1b"] = threshold_table(bundled, ids[:a.tokens_1b + 1], thresholds)
         dense, _ = ob.find_package(work, argparse.Namespace(size="1b", seed=0, ternary=True, tune="quick",
                                                              recompile=False), a.scheme)
-        default = a.default if a.default is not None else \
-            json.loads((bundled / "manifest.json").read_text())["ffn"]["default_threshold"]
+        default = json.loads((bundled / "manifest.json").read_text())["ffn"]["default_threshold"]
+        bts = [float(x) for x in a.budget_thresholds.split(",")] if a.budget_thresholds else [0.0, default]
         log("1B: decode under a budget")
         result["budget"] = budget_runs({"dense": dense, "bundled": bundled}, [int(x) for x in a.budgets.split(",")],
-                                       a.decode_tokens, default)
+                                       a.decode_tokens, bts)
     out = work / f"neurons-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=1))
     if a.json:

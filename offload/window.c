@@ -261,11 +261,12 @@ static void reclaim_and_allocate(window_store* s) {
   }
 }
 
-static int push(window_store* s, uint32_t id) {
+/* Queues weight id for pass `pass` (the running one, or the next when speculating). */
+static int push(window_store* s, uint32_t id, uint32_t pass) {
   if (s->qlen == s->qcap) return -1;
   entry* e = at(s, s->qlen);
   uint64_t len = wbytes(s->table, id);
-  *e = (entry){.id = id, .pass = s->pass + (uint32_t)s->spec, .len = len, .chunks = (uint32_t)((len + CHUNK - 1) / CHUNK)};
+  *e = (entry){.id = id, .pass = pass, .len = len, .chunks = (uint32_t)((len + CHUNK - 1) / CHUNK)};
   s->qlen++;
   return 0;
 }
@@ -302,7 +303,7 @@ static int should_speculate(const window_store* s) {
 static void speculate(window_store* s) {
   s->spec = 1;
   for (uint32_t i = 0; i < s->n_last; i++)
-    if (push(s, s->last[i]) != 0) break;
+    if (push(s, s->last[i], s->pass + 1) != 0) break;
 }
 
 /* The queue position of the entry the running pass queued for routed weight w; qlen if none. */
@@ -443,7 +444,7 @@ static void window_prefetch(el_weight_store* b, const uint32_t* ids, uint32_t n)
   }
   s->spec = 0;
   int any = 0;
-  for (uint32_t i = k; i < m; i++) any |= push(s, s->last[i]) == 0;
+  for (uint32_t i = k; i < m; i++) any |= push(s, s->last[i], s->pass) == 0;
   if (any || k) {
     reclaim_and_allocate(s);
     pthread_cond_broadcast(&s->work);
@@ -506,7 +507,7 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
   uint32_t last = 0, missing = 0;
   for (uint32_t i = 0; i < n; i++) {
     if (!IN_RING(i)) continue;
-    uint32_t p = ring_pos(s, ids[i]);
+    uint32_t p = pos[i] = ring_pos(s, ids[i]);
     if (p == s->qlen) missing = 1;
     else if (p + 1 > last) last = p + 1;
   }
@@ -514,17 +515,16 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
     drop_pending(s, s->qlen);
     reclaim_and_allocate(s);
     for (uint32_t i = 0; i < n; i++)
-      if (IN_RING(i) && ring_pos(s, ids[i]) == s->qlen && push(s, ids[i]) != 0) {
+      if (IN_RING(i) && ring_pos(s, ids[i]) == s->qlen && push(s, ids[i], s->pass) != 0) {
         pthread_mutex_unlock(&s->mu);
         release_routed(s, ids, n, via);
         return snprintf(b->err, sizeof b->err, "the read queue is full"), -1;
       }
   } else if (last) {
-    for (uint32_t i = 0; i + 1 < last; i++) { /* skipped: not one of ours */
-      entry* e = at(s, i);
+    for (uint32_t i = 0; i + 1 < last; i++) { /* skipped: not one of ours (an older entry of the same weight is) */
       int ours = 0;
-      for (uint32_t k = 0; k < n; k++) ours |= e->id == ids[k];
-      if (!ours) pass_over(s, e);
+      for (uint32_t k = 0; k < n; k++) ours |= IN_RING(k) && pos[k] == i;
+      if (!ours) pass_over(s, at(s, i));
     }
   }
   reclaim_and_allocate(s);
@@ -535,8 +535,19 @@ static int window_acquire(el_weight_store* b, const uint32_t* ids, uint32_t n, c
     for (uint32_t i = 0; i < n && ready; i++) {
       if (!IN_RING(i)) continue;
       pos[i] = ring_pos(s, ids[i]);
+      if (pos[i] == s->qlen) { /* never queued for this pass (a bug if it happens): queue it rather than wait */
+        drop_pending(s, s->qlen);
+        reclaim_and_allocate(s);
+        if (push(s, ids[i], s->pass) != 0) {
+          s->failed = 1;
+          snprintf(s->io_err, sizeof s->io_err, "the read queue is full");
+        }
+        pthread_cond_broadcast(&s->work);
+        ready = 0;
+        break;
+      }
       entry* e = at(s, pos[i]);
-      ready = pos[i] < s->qlen && e->allocated && e->done == e->chunks;
+      ready = e->allocated && e->done == e->chunks;
     }
     if (ready || s->failed) break;
     if (t0 == 0) t0 = el_io_now();

@@ -200,3 +200,19 @@ def test_peak_memory_stays_under_the_budget(packages, reference, scheme):
         assert r["rc"] == 0, r["stderr"]
         assert [int(t) for t in r["stdout"].split()] == reference[scheme][0]
         assert round(r["peak_mib"] * memlimit.MiB) <= budget + FIXED_OVERHEAD
+
+
+@pytest.mark.parametrize("threshold", ["0.5", "1", "2"])
+def test_minimum_budget_never_stalls(packages, threshold):
+    """The smallest budget (a ring of a few bundles, the unpredicted-group cache of two): 48 tokens of changing
+    selections finish, with the resident run's tokens (a subprocess with a timeout: a hang fails, not blocks)."""
+    pkg = packages["q4g32"]
+    b = Runtime.plan(pkg, memory_budget=1 << 40, weight_policy="window")["minimum_budget"]
+    base = [str(pkg / "bin" / "edgellm-run"), str(pkg), "--ids", ",".join(map(str, PROMPT)), "-n", "48",
+            "--ignore-eos", "--print-ids", "--threads", "2", "--temperature", "0", "--ffn-threshold", threshold]
+    want = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    got = subprocess.run(base + ["--memory-budget", str(b), "--weight-policy", "window"], capture_output=True,
+                         text=True, timeout=120)
+    assert want.returncode == 0 and got.returncode == 0, got.stderr
+    assert got.stdout.split() == want.stdout.split()
+    assert "routed:" in got.stderr
