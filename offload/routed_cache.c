@@ -34,7 +34,7 @@ struct el_routed_cache {
   el_io* io;
   pthread_mutex_t mu;
   pthread_cond_t work, landed;
-  pthread_t thread;
+  pthread_t threads[2]; /* two reads in flight: a flash queue serves them in parallel */
   int started, stop, failed;
   char io_err[256];
   uint64_t tick, hits, misses, dropped;
@@ -147,11 +147,14 @@ el_routed_cache* el_rc_open(const el_plan_weight* table, uint32_t n, const uint8
              (unsigned long long)(c->slot_bytes * c->n_slots));
     goto fail;
   }
-  if (pthread_create(&c->thread, NULL, reader, c) != 0) {
+  for (int i = 0; i < 2; i++) {
+    if (pthread_create(&c->threads[i], NULL, reader, c) != 0) break;
+    c->started++;
+  }
+  if (!c->started) {
     snprintf(err, errlen, "cannot start a reader thread: %s", strerror(errno));
     goto fail;
   }
-  c->started = 1;
   return c;
 fail:
   el_rc_close(c);
@@ -236,7 +239,7 @@ void el_rc_close(el_routed_cache* c) {
     c->stop = 1;
     pthread_cond_broadcast(&c->work);
     pthread_mutex_unlock(&c->mu);
-    pthread_join(c->thread, NULL);
+    for (int i = 0; i < c->started; i++) pthread_join(c->threads[i], NULL);
   }
   if (c->mem) munmap(c->mem, c->slot_bytes * c->n_slots);
   pthread_mutex_destroy(&c->mu);

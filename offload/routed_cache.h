@@ -6,7 +6,7 @@
  *                holds something selected but not yet used);
  *   acquire(w)   its bytes, waiting for the read (or reading it now); release(w) after the kernel ran.
  * A slot is reused least recently used first, never while acquired or selected-but-unused, so what the last tokens
- * used stays cached as far as the slots allow. One reader thread reads whole weights, in selection order. */
+ * used stays cached as far as the slots allow. Two reader threads read whole weights, in selection order. */
 #ifndef EDGELLM_ROUTED_CACHE_H
 #define EDGELLM_ROUTED_CACHE_H
 #include <stddef.h>

@@ -62,9 +62,7 @@ typedef struct {
   el_io* io;
   el_routed_cache* rc; /* selected routed weights that were not predicted (NULL: no routed weights) */
   uint8_t* routed;     /* per weight: used only by routed steps */
-  uint8_t* pred;       /* per routed weight: selected in the last pass that selected any (read ahead) */
-  uint8_t* sel;        /* per routed weight: selected in the pass running now */
-  int any_sel;
+  uint8_t* pred;       /* per routed weight: selected the last time its route ran (read ahead) */
   uint64_t routed_hits, routed_misses; /* selections served without a read (pinned, predicted, cached) / with one */
   pthread_mutex_t mu, run;
   pthread_cond_t landed, work;
@@ -178,8 +176,15 @@ static int plan_layout(const el_store_config* cfg, uint64_t cache, el_store_layo
              min_routed ? " + two routed weights" : "", cache / 1e6);
     goto out;
   }
-  lay->routed_cache_bytes = min_routed;
-  uint64_t budget = cfg->budget ? cfg->budget - cache - min_routed : mandatory + streamable, ring = 0, pinned_extra = 0;
+  /* the unpredicted-group cache: two slots, up to 16 from a quarter of what the budget has beyond its minimum (the
+   * selections it serves are read ahead, as many as it has slots, while the earlier groups compute) */
+  uint64_t rc_bytes = min_routed;
+  if (slot && cfg->budget) {
+    uint64_t extra = (cfg->budget - minimum) / 4;
+    rc_bytes += (extra < 14 * slot ? extra : 14 * slot) / slot * slot;
+  }
+  lay->routed_cache_bytes = rc_bytes;
+  uint64_t budget = cfg->budget ? cfg->budget - cache - rc_bytes : mandatory + streamable, ring = 0, pinned_extra = 0;
   if (budget < mandatory + streamable) {
     /* Pin a contiguous run of steps at the end of the token (where the lm_head, the largest step, is) and stream
      * the ones before it: what streams is then one range of the file, read front to back every token with no
@@ -274,8 +279,13 @@ static int push(window_store* s, uint32_t id, uint32_t pass) {
 /* The pass is past entry e: done with if it was used, else dropped (its reads stop; its space is reclaimed). */
 static void pass_over(window_store* s, entry* e) {
   if (e->used || e->dropped || e->refs) return;
-  if (e->touched) e->used = 1;
-  else e->dropped = 1, s->dropped++;
+  if (e->touched) {
+    e->used = 1;
+  } else {
+    e->dropped = 1, s->dropped++;
+    /* queued for this pass or an earlier one (not ahead, for the next): its route ran without selecting it */
+    if (s->routed && s->routed[e->id] && e->pass <= s->pass) s->pred[e->id] = 0;
+  }
 }
 
 /* Drops the queued weights nobody holds or has used (their reads stop; their space is reclaimed). */
@@ -390,7 +400,7 @@ static void* reader(void* arg) {
  * the routed cache. */
 static void select_routed(window_store* s, uint32_t w) {
   pthread_mutex_lock(&s->mu);
-  s->sel[w] = 1, s->any_sel = 1;
+  s->pred[w] = 1;
   int have = s->pin_at[w] != STREAMED || find_routed(s, w) < s->qlen;
   pthread_mutex_unlock(&s->mu);
   if (!have && s->rc) have = el_rc_prefetch(s->rc, w); /* cached from an earlier selection, or read now */
@@ -400,7 +410,7 @@ static void select_routed(window_store* s, uint32_t w) {
 }
 
 /* A program announces its weights when it starts (routed ones included: all a route may select). Of the routed
- * ones, the pass reads those the last pass that selected any selected. What the queue already holds, in that order
+ * ones, the pass reads those their route selected the last time it ran. What the queue already holds, in that order
  * and unused (the copy the readers queued on their own, see below), is kept, less routed weights no longer
  * predicted; the rest is queued behind it. */
 static void window_prefetch(el_weight_store* b, const uint32_t* ids, uint32_t n) {
@@ -410,11 +420,6 @@ static void window_prefetch(el_weight_store* b, const uint32_t* ids, uint32_t n)
     return;
   }
   pthread_mutex_lock(&s->mu);
-  if (s->any_sel) {
-    for (uint32_t w = 0; w < s->n; w++)
-      if (s->routed && s->routed[w]) s->pred[w] = s->sel[w], s->sel[w] = 0;
-    s->any_sel = 0;
-  }
   s->pass++;
   uint32_t m = 0;
   uint64_t h = 1469598103934665603ull; /* FNV-1a over the announced ids */
@@ -636,7 +641,7 @@ static void window_close(el_weight_store* b) {
   pthread_mutex_destroy(&s->run);
   pthread_cond_destroy(&s->landed);
   pthread_cond_destroy(&s->work);
-  free(s->q), free(s->last), free(s->pin_at), free(s->pinned_mask), free(s->routed), free(s->pred), free(s->sel);
+  free(s->q), free(s->last), free(s->pin_at), free(s->pinned_mask), free(s->routed), free(s->pred);
   free(s);
 }
 
@@ -732,8 +737,7 @@ el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, siz
   lay->direct_io = el_io_direct(s->io);
   int any_routed = 0; /* streamed routed weights: predicted, the rest read on demand */
   if (lay->routed_bytes) {
-    if (!(s->routed = calloc(s->n ? s->n : 1, 1)) || !(s->pred = malloc(s->n ? s->n : 1)) ||
-        !(s->sel = calloc(s->n ? s->n : 1, 1))) {
+    if (!(s->routed = calloc(s->n ? s->n : 1, 1)) || !(s->pred = malloc(s->n ? s->n : 1))) {
       snprintf(err, errlen, "out of memory");
       goto fail;
     }

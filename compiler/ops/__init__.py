@@ -22,7 +22,12 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 | linear_q6 | T, N, K, bias             | x f32[T, K], qweight u8[N, 3K/4], scales f16[N, K/32], [b], out |
 | linear_t2 | T, N, K, bias             | x f32[T, K], qweight u8[N, K/4], scale f32[1], [b], out f32[T, N] |
 | linear_t2_lut | T, N, K, bias         | same args as linear_t2 (lookup-table kernel)                     |
+| ffn_select | T, F, G, D              | g f32[T, F], c f32[F], default f32[1], setting f32[1],           |
+|           |                           |   s f32[F/G, T, G], ids int32[F/G], acc f32[T, D]                |
+| ffn_mul   | T, G                      | s f32[1, T, G], u f32[T, G], h f32[T, G]                         |
+| ffn_accumulate | R, N                 | y f32[R, N], acc f32[R, N] (read and written: acc += y)          |
 
+The ffn_* ops are the neuron-bundled FFN's (bundled_ffn.py: group selection, gated product, accumulation).
 wdtype is "float32" or "float16" (default "float32"); bias defaults to False. Every linear op also takes segs
 (default (): one matrix): row counts N_0, N_1, ... summing to N when W (and b) stack several matrices computed in
 one call (q/k/v, gate/up: compiler/lower.py); the kernel then takes one output per matrix, out_s f32[T, N_s], as
