@@ -63,6 +63,7 @@ typedef struct {
   el_routed_cache* rc; /* selected routed weights that were not predicted (NULL: no routed weights) */
   uint8_t* routed;     /* per weight: used only by routed steps */
   uint8_t* pred;       /* per routed weight: selected the last time its route ran (read ahead) */
+  uint32_t* unit;      /* per weight: the decode step using it (UINT32_MAX: none); a step's weights share ring space */
   uint64_t routed_hits, routed_misses; /* selections served without a read (pinned, predicted, cached) / with one */
   pthread_mutex_t mu, run;
   pthread_cond_t landed, work;
@@ -254,15 +255,33 @@ static void reclaim_and_allocate(window_store* s) {
       s->qalloc++;
       continue;
     }
-    int wrap = s->ring_head + e->len > s->ring_bytes; /* no room before the end: start at the front */
+    /* A step's weights get space together, in one piece: a step holds them all while it runs, so one placed
+     * where the next cannot follow (the ring's end) would wait forever for space only the step frees. */
+    uint64_t total = 0;
+    uint32_t k = s->qalloc;
+    for (; k < s->qlen; k++) {
+      entry* f = at(s, k);
+      if (k > s->qalloc && (s->unit[f->id] != s->unit[e->id] || f->pass != e->pass || s->unit[e->id] == UINT32_MAX))
+        break;
+      if (!f->dropped) total += f->len;
+    }
+    int wrap = s->ring_head + total > s->ring_bytes; /* no room before the end: start at the front */
     uint64_t gap = wrap ? s->ring_bytes - s->ring_head : 0;
-    if (s->ring_used + gap + e->len > s->ring_bytes) break;
-    e->pos = wrap ? 0 : s->ring_head;
-    e->span = gap + e->len;
-    s->ring_head = e->pos + e->len;
-    s->ring_used += e->span;
-    e->allocated = 1;
-    s->qalloc++;
+    if (s->ring_used + gap + total > s->ring_bytes) break;
+    uint64_t pos = wrap ? 0 : s->ring_head;
+    for (uint32_t i = s->qalloc; i < k; i++) {
+      entry* f = at(s, i);
+      f->allocated = 1;
+      if (f->dropped) {
+        f->span = 0;
+        continue;
+      }
+      f->pos = pos, f->span = f->len + gap;
+      pos += f->len, gap = 0;
+    }
+    s->ring_used += (wrap ? s->ring_bytes - s->ring_head : 0) + total;
+    s->ring_head = pos;
+    s->qalloc = k;
   }
 }
 
@@ -641,7 +660,7 @@ static void window_close(el_weight_store* b) {
   pthread_mutex_destroy(&s->run);
   pthread_cond_destroy(&s->landed);
   pthread_cond_destroy(&s->work);
-  free(s->q), free(s->last), free(s->pin_at), free(s->pinned_mask), free(s->routed), free(s->pred);
+  free(s->q), free(s->last), free(s->pin_at), free(s->pinned_mask), free(s->routed), free(s->pred), free(s->unit);
   free(s);
 }
 
@@ -777,6 +796,12 @@ el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, siz
       goto fail;
     }
     s->qcap = 4 * lay->streamed_weights + 64;
+    if (!(s->unit = malloc(sizeof *s->unit * (s->n ? s->n : 1)))) {
+      snprintf(err, errlen, "out of memory");
+      goto fail;
+    }
+    for (uint32_t w = 0; w < s->n; w++) s->unit[w] = UINT32_MAX;
+    for (uint32_t i = 0; i < cfg->n_seq; i++) s->unit[cfg->seq[i]] = cfg->seq_step[i];
     if (!(s->q = calloc(s->qcap, sizeof *s->q)) || !(s->last = malloc(sizeof *s->last * (s->n ? s->n : 1)))) {
       snprintf(err, errlen, "out of memory");
       goto fail;

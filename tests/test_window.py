@@ -268,3 +268,17 @@ def test_bench_reports_streaming(packages):
     planned = Runtime.plan(pkg, memory_budget=b, weight_policy="window")
     assert out["weight_policy"] == "window" and out["streamed_bytes_per_token"] == planned["streamed_bytes"] > 0
     assert out["io_bytes_read"] >= planned["pinned_bytes"] + 4 * planned["streamed_bytes"]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_minimum_budget_runs_to_the_end(packages, reference, scheme):
+    """At the minimum the ring holds exactly the largest step's weights (the lm_head's packed codes and scales): a
+    step's weights get ring space together, else the first could sit where the second cannot follow and wait forever
+    (a subprocess with a timeout: a hang fails, not blocks)."""
+    pkg = packages[scheme]
+    b = Runtime.plan(pkg, memory_budget=1 << 40, weight_policy="window")["minimum_budget"]
+    r = subprocess.run([str(pkg / "bin" / "edgellm-run"), str(pkg), "--ids", ",".join(map(str, PROMPT)), "-n", "10",
+                        "--ignore-eos", "--print-ids", "--threads", "2", "--temperature", "0", "--memory-budget",
+                        str(b), "--weight-policy", "window"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [int(t) for t in r.stdout.split()] == reference[scheme][0]
