@@ -19,7 +19,7 @@ from edgellm.models.synthetic import make_checkpoint
 from edgellm.runtime.api import Runtime
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_window import FIXED_OVERHEAD, PROMPT, _memory_cgroup, budget_for, run_in_memory_limit  # noqa: E402
+from test_window import FIXED_OVERHEAD, PROMPT, _memory_cgroup, budget_for, greedy, run_in_memory_limit  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import memlimit  # noqa: E402
@@ -40,10 +40,6 @@ def packages(ckpt):
     root = ckpt.parent
     return {q: compile_model(ckpt, quant=q, out=root / q, max_context=128, prefill_chunk=16, progress=False,
                              layout="bundled", tune="off") for q in SCHEMES}
-
-
-def greedy(rt, n=10) -> list[int]:
-    return rt.generate(PROMPT, max_new_tokens=n, ignore_eos=True, temperature=0.0).token_ids
 
 
 @pytest.fixture(scope="module")
