@@ -373,6 +373,7 @@ def info_cmd(package):
         *((("ffn", f"neuron-bundled: {sorted(set(f['groups_per_ffn']))[0]} groups of {f['group']} neurons per FFN, "
                    f"default threshold {f['default_threshold']:g} (--ffn-threshold)"),)
           if isinstance(f := m.get("ffn"), dict) and f.get("groups_per_ffn") else ()),
+        *(("experts", line) for line in _moe_lines(m.get("moe"))),
         ("digest", package_digest(package)),
     ]
     for k, v in rows:
@@ -407,6 +408,18 @@ def _tuning_line(t) -> str:
     knobs += [f"prefill blocking {b} at {n} tokens" for n, b in sorted((t.get("prefill_blocking") or {}).items())]
     knobs += [f"GEMV rows {r} at K={k}" for k, r in sorted((t.get("gemv_rows") or {}).items())]
     return f"{t['mode']} on {t.get('cpu', '?')}: {', '.join(knobs) or '-'}"
+
+
+def _moe_lines(moe) -> list[str]:
+    """The expert table of an MoE package (manifest "moe"), as `edgellm info` prints it."""
+    try:
+        shared = f" + a shared expert (ffn {moe['shared_expert']})" if moe.get("shared_expert") else ""
+        return [f"{moe['experts']} per layer in {moe['moe_layers']} layers, top-{moe['top_k']}"
+                f"{' (renormalized)' if moe.get('norm_topk_prob') else ''}{shared}",
+                f"{moe['params_active'] / 1e6:.2f} M of {moe['params_total'] / 1e6:.2f} M parameters active per token; "
+                f"{moe['weights_read_per_token'] / 2**20:.2f} MiB of weights read per decoded token"]
+    except (KeyError, TypeError):
+        return []
 
 
 def _quant_line(q: dict) -> str:

@@ -1,23 +1,31 @@
 """edgellm vs llama.cpp on the same weights, same threads, same machine, in one interleaved run (issue 5).
 
-    python bench/vs_llamacpp.py [--size small|1b] [--schemes f16,q8,q4g32,t2] [--rounds 3] [--threads 2]
-                                [--ternary] [--work DIR] [--llama-bench PATH] [--json]
+    python bench/vs_llamacpp.py [--size small|1b|moe] [--moe] [--schemes f16,q8,q4g32,t2] [--rounds 3]
+                                [--threads 2] [--ternary] [--work DIR] [--llama-bench PATH] [--json]
 
 1. generates a seeded random Llama in Hugging Face format (f16 safetensors, written one tensor at a time):
    `small` ~110M (dim 768, 12 layers, 12 heads, ffn 2048, vocab 32000, tied embeddings) or `1b` (TinyLlama shape:
    dim 2048, 22 layers, 32 heads / 4 KV heads, ffn 5632, vocab 32000); `--ternary` makes every linear weight exactly
-   absmean-ternary per row (so t2 and TQ2_0 hold the same weights losslessly);
+   absmean-ternary per row (so t2 and TQ2_0 hold the same weights losslessly); `--moe` (= `--size moe`, default
+   schemes q8,q4g32) a seeded random Mixtral instead: 8 experts top-2, dim 1024, 16 layers, 16 heads / 4 KV heads,
+   expert ffn 3584, vocab 32000, untied: 1.52B parameters, 0.46B active per token;
 2. compiles it with edgellm for each scheme (a scheme that does not compile gets an "n/a" row), with the head type
    llama-quantize gives the matching file (q4g32 and t2: --head-quant q6 for Q6_K; q8 and f16 keep their own);
 3. builds llama.cpp's llama-bench and llama-quantize from PyPI's llama-cpp-python 0.3.36 sdist (vendored llama.cpp
    commit 0c1e57098; -DGGML_NATIVE=ON; cached in the work dir) unless --llama-bench is given, writes the same weights
-   as an F16 GGUF (Q/K rows permuted like convert_hf_to_gguf.py) and quantizes it: f16->F16, q8->Q8_0,
-   q4g32->Q4_0, t2->TQ2_0;
+   as an F16 GGUF (Q/K rows permuted like convert_hf_to_gguf.py; for Mixtral, like its converter too: expert_count
+   and expert_used_count keys, the router as an F32 ffn_gate_inp, each layer's experts merged into 3-D
+   ffn_{gate,up,down}_exps tensors) and quantizes it: f16->F16, q8->Q8_0, q4g32->Q4_0, t2->TQ2_0 (for 8-expert
+   models llama-quantize also keeps attn_k and attn_v at Q8_0 in the Q4_0 file: +1.7% bytes per token for --moe);
 4. per scheme and round: memory read bandwidth (bench/membw.c), `edgellm bench --json`, bandwidth again,
-   `llama-bench -o json`, bandwidth again, with the same threads, prompt (-p) and generation (-n) lengths;
+   `llama-bench -o json`, bandwidth again, with the same threads, prompt (-p) and generation (-n) lengths (a scheme
+   edgellm cannot compile still gets its llama.cpp runs, so the row shows llama.cpp's side);
 5. prints one table: prefill and decode tok/s (median over rounds), edgellm/llama.cpp ratios (median, min-max over
    rounds), bytes of weights read per decoded token, and that traffic as % of the read bandwidth (per run, against
-   the mean of the readings just before and after it; median over rounds).
+   the mean of the readings just before and after it; median over rounds); with --moe, a line checking the MoE
+   goals (decode >= 1.3x and prefill >= 1.2x llama.cpp for q8 and q4g32, decode >= 80% of the read bandwidth).
+   Bytes per token: edgellm's from its bench JSON; llama.cpp's from the GGUF: every tensor, one embedding row
+   unless it is also the output matrix, and for MoE the expert tensors x expert_used_count / expert_count.
 
 Both sides time decode from a different context: llama-bench's tg test decodes -n tokens from an empty cache,
 edgellm bench decodes after the -p prompt (the generate path), i.e. over a slightly longer context.
@@ -49,7 +57,14 @@ SIZES = {
                   num_attention_heads=12, num_key_value_heads=12, head_dim=64, tie_word_embeddings=True),
     "1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                num_attention_heads=32, num_key_value_heads=4, head_dim=64, tie_word_embeddings=False),
+    # Mixtral-shaped: 1.52B total, 0.46B active (top-2 of 8). Routers are random normal / sqrt(dim) like every
+    # matrix (synthetic.iter_random_weights), so tokens spread over the experts instead of collapsing onto one.
+    "moe": dict(arch="MixtralForCausalLM", vocab_size=32000, hidden_size=1024, intermediate_size=3584,
+                num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                tie_word_embeddings=False, num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.0,
+                sliding_window=None),
 }
+MOE_SCHEMES = "q8,q4g32"
 GGUF_TYPE = {"f16": "F16", "q8": "Q8_0", "q4g32": "Q4_0", "t2": "TQ2_0"}
 # The lm_head type llama-quantize gives the output tensor of these files (Q6_K, 6.5625 bits; Q8_0 files keep Q8_0,
 # F16 files F16), matched by edgellm's --head-quant so that both read the same head bytes per token.
@@ -64,7 +79,8 @@ def log(*a):
 def make_model(work: Path, size: str, seed: int, ternary: bool) -> Path:
     from edgellm.models.synthetic import make_checkpoint
 
-    d = work / "models" / f"llama-{size}-seed{seed}{'-ternary' if ternary else ''}"
+    family = "mixtral" if SIZES[size].get("arch") == "MixtralForCausalLM" else "llama"
+    d = work / "models" / f"{family}-{size}-seed{seed}{'-ternary' if ternary else ''}"
     if not (d / "config.json").is_file():
         log(f"generating {d.name} (f16 safetensors) ...")
         t0 = time.perf_counter()
@@ -168,9 +184,26 @@ def permute_qk(w: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.n
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+class _Stacked:
+    """Per-expert matrices as one [n_expert, ...] tensor, written expert by expert from the memory map: GGUFWriter
+    needs only shape, dtype, nbytes and tofile, and np.stack would hold every merged tensor (~2.8 GB for --moe)
+    in memory until the writer runs."""
+
+    def __init__(self, parts: list[np.ndarray]):
+        self.parts, self.dtype = parts, parts[0].dtype
+        self.shape, self.nbytes = (len(parts), *parts[0].shape), sum(x.nbytes for x in parts)
+
+    def tofile(self, f) -> None:
+        for x in self.parts:
+            np.ascontiguousarray(x).tofile(f)
+
+
 def write_gguf(model: Path, out: Path) -> Path:
     """The checkpoint as an F16 llama GGUF (norms F32, as convert_hf_to_gguf.py writes them) with an SPM vocab:
-    <s> </s> <unk>, the 256 byte tokens, then filler pieces."""
+    <s> </s> <unk>, the 256 byte tokens, then filler pieces. Mixtral as the converter writes it too: arch llama
+    with expert_count / expert_used_count, the router as an F32 ffn_gate_inp (the converter and llama-quantize keep
+    it F32), and the experts of each layer stacked in expert order into ffn_gate_exps (w1) and ffn_up_exps (w3)
+    [n_expert, ff, dim] and ffn_down_exps (w2) [n_expert, dim, ff]."""
     import gguf
 
     if out.is_file():
@@ -192,6 +225,10 @@ def write_gguf(model: Path, out: Path) -> Path:
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(vocab)
+    n_exp = cfg.get("num_local_experts", 0)
+    if n_exp:
+        w.add_expert_count(n_exp)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     tokens += [f"\u2581t{i}" for i in range(len(tokens), vocab)]
@@ -217,6 +254,13 @@ def write_gguf(model: Path, out: Path) -> Path:
         w.add_tensor(f"blk.{i}.attn_output.weight", t[p + "self_attn.o_proj.weight"])
         w.add_tensor(f"blk.{i}.ffn_norm.weight",
                      np.asarray(t[p + "post_attention_layernorm.weight"], dtype=np.float32))
+        if n_exp:
+            m = p + "block_sparse_moe."
+            w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", np.asarray(t[m + "gate.weight"], dtype=np.float32))
+            for gg, hf in (("gate", "w1"), ("up", "w3"), ("down", "w2")):
+                w.add_tensor(f"blk.{i}.ffn_{gg}_exps.weight",
+                             _Stacked([t[f"{m}experts.{e}.{hf}.weight"] for e in range(n_exp)]))
+            continue
         w.add_tensor(f"blk.{i}.ffn_gate.weight", t[p + "mlp.gate_proj.weight"])
         w.add_tensor(f"blk.{i}.ffn_up.weight", t[p + "mlp.up_proj.weight"])
         w.add_tensor(f"blk.{i}.ffn_down.weight", t[p + "mlp.down_proj.weight"])
@@ -254,15 +298,20 @@ def quantize_gguf(quantize: Path, f16: Path, gtype: str, threads: int) -> tuple[
 
 def gguf_read_per_token(path: Path) -> int:
     """Bytes of weights llama.cpp reads per decoded token: all tensors, token_embd only one row unless it is also
-    the output matrix (no output.weight)."""
+    the output matrix (no output.weight); of MoE expert tensors (*_exps) only the expert_used_count routed
+    experts' slices."""
     import gguf
 
     r = gguf.GGUFReader(str(path))
     names = {t.name for t in r.tensors}
+    n_exp = int(r.fields["llama.expert_count"].contents()) if "llama.expert_count" in r.fields else 0
+    used = int(r.fields["llama.expert_used_count"].contents()) if n_exp else 0
     total = 0
     for t in r.tensors:
         if t.name == "token_embd.weight" and "output.weight" in names:
             total += int(t.n_bytes) // int(t.shape[-1])   # GGUF shape is (n_embd, n_vocab): rows are the last dim
+        elif n_exp and "_exps." in t.name:
+            total += int(t.n_bytes) * used // n_exp
         else:
             total += int(t.n_bytes)
     return total
@@ -318,23 +367,25 @@ def run_llamacpp(bench: Path, gguf_path: Path, a) -> dict:
 # ---- 5. report ------------------------------------------------------------------------------------------------
 def summarize(rounds: list[dict], side: str = "edgellm") -> dict:
     """The summary of one edgellm side (`edgellm`: the first --tune mode; `edgellm-<mode>`: the others) against
-    llama.cpp."""
+    llama.cpp; llama.cpp's numbers alone (no ratios) where the scheme has no edgellm runs."""
     sides = [k for k in rounds[0] if k.startswith("edgellm")] + ["llamacpp"]   # in run order, as membw_gbs
-    e, lc = [r[side] for r in rounds], [r["llamacpp"] for r in rounds]
+    names = {"edgellm": side, "llamacpp": "llamacpp"} if side in sides else {"llamacpp": "llamacpp"}
+    runs = {k: [r[name] for r in rounds] for k, name in names.items()}
     s = {}
     for k in ("prefill", "decode"):
-        ratios = [x[k] / y[k] for x, y in zip(e, lc)]
-        s[k] = {"edgellm": statistics.median(x[k] for x in e), "llamacpp": statistics.median(y[k] for y in lc),
-                "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+        s[k] = {who: statistics.median(x[k] for x in runs[who]) for who in names}
+        if "edgellm" in names:
+            ratios = [x[k] / y[k] for x, y in zip(runs["edgellm"], runs["llamacpp"])]
+            s[k].update(ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
     s["membw_gbs"] = statistics.median(b for r in rounds for b in r["membw_gbs"])
-    s["read_per_token"] = {"edgellm": e[0]["read_per_token"], "llamacpp": lc[0]["read_per_token"]}
-    pos = {"edgellm": sides.index(side), "llamacpp": sides.index("llamacpp")}
+    s["read_per_token"] = {who: runs[who][0]["read_per_token"] for who in names}
     # The share of bandwidth is taken per run, against the mean of the membw readings just before and just after
     # it (bandwidth on shared hosts moves by 1.5x within a round), then the median over rounds.
-    s["bw_pct"] = {k: statistics.median(
-        100 * s["read_per_token"][k] * r[name]["decode"] / (statistics.mean(r["membw_gbs"][pos[k]:pos[k] + 2]) * 1e9)
-        for r in rounds) for k, name in (("edgellm", side), ("llamacpp", "llamacpp"))}
-    s["peak_rss_mb"] = {"edgellm": max(x["rss_mb"] for x in e), "llamacpp": max(y["rss_mb"] for y in lc)}
+    s["bw_pct"] = {who: statistics.median(
+        100 * s["read_per_token"][who] * r[name]["decode"]
+        / (statistics.mean(r["membw_gbs"][sides.index(name):sides.index(name) + 2]) * 1e9)
+        for r in rounds) for who, name in names.items()}
+    s["peak_rss_mb"] = {who: max(x["rss_mb"] for x in runs[who]) for who in names}
     return s
 
 
@@ -358,7 +409,7 @@ def tune_table(result: dict) -> str:
             gain = f"{g['prefill']:.2f} | {g['decode']:.2f}" if g else "1 | 1"
             lines.append(f"| {scheme} | {m} | {s['prefill']['ratio']:.2f} | {s['decode']['ratio']:.2f} | "
                          f"{s['bw_pct']['edgellm']:.0f} | {gain} | {r['compile_seconds'].get(m, 0):.0f} |")
-    return "\n".join(lines)
+    return "\n".join(lines) if len(lines) > 2 else ""   # no scheme ran edgellm: no table
 
 
 def table(result: dict) -> str:
@@ -372,6 +423,10 @@ def table(result: dict) -> str:
             continue
         s = r["summary"]
         p, d, rb, bw = s["prefill"], s["decode"], s["read_per_token"], s["bw_pct"]
+        if "edgellm" not in p:   # edgellm n/a, llama.cpp measured
+            lines.append(f"| {name} | n/a / {p['llamacpp']:.1f} | {r.get('error', '')} | n/a / {d['llamacpp']:.1f} | "
+                         f"| n/a / {rb['llamacpp'] / 1e6:.1f} | n/a / {bw['llamacpp']:.0f} |")
+            continue
         lines.append(f"| {name} | {p['edgellm']:.1f} / {p['llamacpp']:.1f} | {p['ratio']:.2f} ({p['ratio_min']:.2f}-"
                      f"{p['ratio_max']:.2f}) | {d['edgellm']:.1f} / {d['llamacpp']:.1f} | {d['ratio']:.2f} "
                      f"({d['ratio_min']:.2f}-{d['ratio_max']:.2f}) | {rb['edgellm'] / 1e6:.1f} / "
@@ -382,13 +437,40 @@ def table(result: dict) -> str:
                  f"{m['rounds']} interleaved rounds x {m['reps']} reps (medians); "
                  f"edgellm --tune {m.get('tune', ['?'])[0]}; llama.cpp {m['llamacpp']}; CPU {m.get('cpu', '?')}; "
                  f"read bandwidth ({m['threads']} threads) {min(bws, default=0):.1f}-{max(bws, default=0):.1f} GB/s")
+    if m.get("moe"):
+        lines.append(moe_goals(result))
     return "\n".join(lines)
+
+
+# The MoE targets: decode and prefill against llama.cpp on the same weights, and decode bandwidth on the bytes
+# actually read (the routed experts only), for the two schemes that matter on device.
+MOE_GOALS = {"schemes": ("q4g32", "q8"), "decode_x": 1.3, "prefill_x": 1.2, "prefill_len": 128, "decode_bw_pct": 80}
+
+
+def moe_goals(result: dict) -> str:
+    g, m = MOE_GOALS, result["meta"]
+    plen = "" if m["prompt_len"] == g["prefill_len"] else f" (measured at {m['prompt_len']}: not comparable)"
+    out = [f"MoE goals (edgellm --tune {m.get('tune', ['?'])[0]}): decode >= {g['decode_x']}x llama.cpp, prefill "
+           f"({g['prefill_len']} tokens{plen}) >= {g['prefill_x']}x, decode >= {g['decode_bw_pct']}% of read "
+           f"bandwidth on the bytes read"]
+    for scheme in g["schemes"]:
+        s = result["schemes"].get(scheme, {}).get("summary")
+        if s is None or "ratio" not in s["decode"]:
+            out.append(f"  {scheme}: n/a")
+            continue
+        d, p, bw = s["decode"]["ratio"], s["prefill"]["ratio"], s["bw_pct"]["edgellm"]
+        out.append(f"  {scheme}: decode {d:.2f}x {'met' if d >= g['decode_x'] else 'MISSED'}, "
+                   f"prefill {p:.2f}x {'met' if p >= g['prefill_x'] else 'MISSED'}, "
+                   f"decode {bw:.0f}% of BW {'met' if bw >= g['decode_bw_pct'] else 'MISSED'}")
+    return "\n".join(out)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", choices=sorted(SIZES), default="small")
-    ap.add_argument("--schemes", default="f16,q8,q4g32,t2", help="comma list of " + ",".join(GGUF_TYPE))
+    ap.add_argument("--moe", action="store_true", help=f"the Mixtral model: --size moe, default --schemes {MOE_SCHEMES}")
+    ap.add_argument("--schemes", default=None, help="comma list of " + ",".join(GGUF_TYPE)
+                    + f" [default: f16,q8,q4g32,t2; {MOE_SCHEMES} for MoE]")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=3, help="repetitions inside each bench process (median)")
     ap.add_argument("--threads", type=int, default=2)
@@ -405,6 +487,11 @@ def main(argv=None):
                          "run interleaved beside it and get a table of what tuning bought (default quick,off)")
     ap.add_argument("--json", action="store_true", help="print the whole result as JSON (the table goes to stderr)")
     a = ap.parse_args(argv)
+    if a.moe:
+        a.size = "moe"
+    moe = "num_local_experts" in SIZES[a.size]
+    if a.schemes is None:
+        a.schemes = MOE_SCHEMES if moe else "f16,q8,q4g32,t2"
     modes = [m.strip() for m in a.tune.split(",") if m.strip()]
     if not modes or any(m not in ("off", "quick", "full") for m in modes) or len(set(modes)) != len(modes):
         ap.error(f"--tune {a.tune}: a comma list of distinct off, quick, full")
@@ -433,9 +520,18 @@ def main(argv=None):
     f16 = write_gguf(model, work / "gguf" / f"{model.name}-F16.gguf")
     mbw = build_membw(work)
     max_ctx = max(256, a.prompt_len + a.gen_len)
-    n_params = sum(v.size for v in _safetensors_views(model / "model.safetensors").values())
+    views = _safetensors_views(model / "model.safetensors")
+    n_params = sum(v.size for v in views.values())
+    label = f"{model.name} ({n_params / 1e6:.0f}M params)"
+    if moe:
+        cfg = SIZES[a.size]
+        n_exp = sum(v.size for k, v in views.items() if ".experts." in k)
+        active = n_params - n_exp + n_exp * cfg["num_experts_per_tok"] // cfg["num_local_experts"]
+        label = (f"{model.name} ({n_params / 1e6:.0f}M params, {active / 1e6:.0f}M active: "
+                 f"{cfg['num_experts_per_tok']} of {cfg['num_local_experts']} experts)")
+    del views
 
-    result = {"meta": {"model": f"{model.name} ({n_params / 1e6:.0f}M params)",
+    result = {"meta": {"model": label, "moe": moe,
                        "threads": a.threads, "prompt_len": a.prompt_len, "gen_len": a.gen_len, "rounds": a.rounds,
                        "reps": a.reps, "llamacpp": version, "cpu": _cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M"),
                        "tune": modes},
@@ -449,12 +545,14 @@ def main(argv=None):
             if pkg is None:
                 break
             pkgs[m] = pkg
-        gg, why2 = quantize_gguf(lquant, f16, GGUF_TYPE[s], a.threads) if len(pkgs) == len(modes) else (None, "")
+        if len(pkgs) < len(modes):   # edgellm n/a: llama.cpp still runs, so the row has its side
+            pkgs = {}
+        gg, why2 = quantize_gguf(lquant, f16, GGUF_TYPE[s], a.threads)
         result["schemes"][s] = {"packages": {m: str(p) for m, p in pkgs.items()}, "gguf": str(gg) if gg else None,
                                 "compile_seconds": secs}
-        if len(pkgs) < len(modes) or gg is None:
-            result["schemes"][s]["error"] = f"llama.cpp: {why2}" if len(pkgs) == len(modes) else f"edgellm: {why}"
-        else:
+        if not pkgs or gg is None:
+            result["schemes"][s]["error"] = f"llama.cpp: {why2}" if gg is None else f"edgellm: {why}"
+        if gg is not None:
             todo[s] = (pkgs, gg)
     read_lc = {s: gguf_read_per_token(gg) for s, (_, gg) in todo.items()}
     for s, (pkgs, gg) in todo.items():
@@ -462,7 +560,7 @@ def main(argv=None):
         for i in range(a.rounds):
             try:   # membw | edgellm (each tune mode) | membw | ... | llama.cpp | membw
                 rd = {"membw_gbs": [membw(mbw, a.threads)]}
-                for m in modes:
+                for m in pkgs:
                     rd[sides[m]] = run_edgellm(pkgs[m], a)
                     rd["membw_gbs"].append(membw(mbw, a.threads))
                 lc = run_llamacpp(lbench, gg, a)
@@ -475,14 +573,15 @@ def main(argv=None):
             rd["llamacpp"] = lc
             rounds.append(rd)
             log(f"{s} round {i + 1}/{a.rounds}: bw {'/'.join(f'{b:.1f}' for b in rd['membw_gbs'])} GB/s | "
-                + " | ".join(f"{side} prefill {rd[side]['prefill']:.1f} decode {rd[side]['decode']:.1f}"
-                             for side in sides.values())
-                + f" | llama.cpp prefill {lc['prefill']:.1f} decode {lc['decode']:.1f} tok/s")
+                + "".join(f"{sides[m]} prefill {rd[sides[m]]['prefill']:.1f} decode {rd[sides[m]]['decode']:.1f} | "
+                          for m in pkgs)
+                + f"llama.cpp prefill {lc['prefill']:.1f} decode {lc['decode']:.1f} tok/s")
         else:
             result["schemes"][s]["rounds"] = rounds
             result["schemes"][s]["summary"] = summarize(rounds)
-            result["schemes"][s]["by_tune"] = {m: summarize(rounds, sides[m]) for m in modes}
-            result["schemes"][s]["tune_gain"] = {m: tune_gain(rounds, sides[m]) for m in modes[1:]}
+            if pkgs:
+                result["schemes"][s]["by_tune"] = {m: summarize(rounds, sides[m]) for m in modes}
+                result["schemes"][s]["tune_gain"] = {m: tune_gain(rounds, sides[m]) for m in modes[1:]}
     out = work / f"result-{a.size}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=1))
     t = table(result) + tune_table(result)

@@ -20,6 +20,7 @@ from ..targets import get_target, short_prefill_chunk
 from .device_binary import BIN_DIR, BINARY, build_edgellm_run
 from .kernels_build import build_kernels
 from .lower import lower_model
+from .moe import manifest as moe_manifest
 from .package_writer import check_destination, staged_package, write_sums, write_weights
 from .plan_writer import write_plan
 from .tune import Tuner, resolve_mode
@@ -59,9 +60,6 @@ def choose_schemes(spec, quant: str | None, head_quant: str | None, progress: bo
     if not head.head:
         raise CompileError(f"--head-quant {head.name} is not supported: the embedding/lm_head scheme must be one of "
                            f"{', '.join(head_schemes())}")
-    if spec.n_experts:
-        raise CompileError(f"{spec.arch} is a mixture-of-experts model: compiling MoE packages is not supported yet "
-                           "(it arrives with expert offload); the numpy reference backend runs it")
     _check_matrix_shapes(spec, scheme, head)
     warning = scheme.compile_warning(spec)
     if warning:
@@ -73,10 +71,14 @@ def _check_matrix_shapes(spec, scheme, head) -> None:
     """Fail before any work if a matrix does not fit its scheme (the error names the tensor)."""
     from ..models import family
 
+    from .moe import float_weights
+
     shapes = family(spec).weight_shapes(spec)
     head_names = {"model.embed_tokens.weight", spec.lm_head_name, "lm_head.weight"}
+    floats = float_weights(spec) if spec.n_experts else set()
     for name, shape in shapes.items():
-        if len(shape) == 2 and name not in head_names and not (spec.family == "bitnet" and name.endswith("_proj.weight")):
+        bitnet_packed = spec.family == "bitnet" and name.endswith("_proj.weight")
+        if len(shape) == 2 and name not in head_names and name not in floats and not bitnet_packed:
             scheme.check_shape(name, shape)
     for name in head_names & shapes.keys():
         head.check_shape(name, shapes[name])
@@ -141,6 +143,10 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     check_tokenizer_files(model_dir)
     sampling = generation_defaults(model_dir)
     scheme, head_scheme = choose_schemes(spec, quant, head_quant, progress)
+    if spec.n_experts and (tgt.npu or layout == "bundled"):
+        raise CompileError(f"{spec.arch} is a mixture-of-experts model: "
+                           + (f"--target {tgt.name} does not run MoE layers yet (use android-cpu)" if tgt.npu else
+                              "--layout bundled applies to dense FFNs (a token already reads only its experts)"))
     quant = scheme.name
     if gptq and not scheme.gptq:
         raise CompileError(f"--gptq applies to the int4 schemes ({', '.join(n for n, s in SCHEMES.items() if s.gptq)}), "
@@ -254,6 +260,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                          for p in programs},
             "tuning": tuning,
             **({"ffn": bundles.manifest()} if bundles else {}),
+            **({"moe": moe_manifest(spec, low, table, n_params)} if spec.n_experts else {}),
             **({"npu": npu} if npu else {}),
             "build": {"seconds": round(time.perf_counter() - t_start, 2), "kernel_seconds": round(t_kernels, 2)},
             "tensors": table,

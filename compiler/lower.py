@@ -220,6 +220,7 @@ class Lowering:
         self.rope_rows = rope_rows
         self.fuse = fuse                    # one kernel per group of linears on one input (fuse_linears)
         self.bundles = bundles              # neuron-bundled FFNs (compiler/bundled_ffn.BundleLayout) or None
+        self.experts: dict = {}             # MoE layer's experts prefix -> (first weight, views, gate/up parts)
 
     @property
     def embed_dtype(self) -> str:
@@ -364,7 +365,7 @@ class Lowering:
             for o in _outs(n):   # a fused group's outputs all at once
                 if o.id not in kv_loc:
                     loc[o.id] = arena.alloc(_nbytes(o))
-            temps = getattr(n, "temps", {}).values()   # scratch of one node, freed right after it
+            temps = list(getattr(n, "temps", {}).values())   # scratch of one node, freed right after it
             for v in temps:
                 loc[v.id] = arena.alloc(_nbytes(v))
             steps.extend(self._lower_node(n, T, act))
@@ -383,6 +384,11 @@ class Lowering:
             from .bundled_ffn import lower_bundled
 
             return lower_bundled(self, n, T, act)
+        if op in ("moe_route", "moe_experts", "sigmoid_gate"):
+            from . import moe
+
+            return {"moe_route": moe.lower_route, "moe_experts": moe.lower_experts,
+                    "sigmoid_gate": moe.lower_sigmoid_gate}[op](self, n, T, act)
         if op == "embed":
             name, (V, D), head = n.weights[0], self._raw_shape(n.weights[0]), self.head_scheme
             head.check_shape(name, (V, D))   # stored like the lm_head (shared with it when tied)

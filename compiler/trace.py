@@ -20,6 +20,7 @@ class Node:
     out: Val | None
     weights: list[str] = field(default_factory=list)   # checkpoint names, in kernel argument order
     params: dict = field(default_factory=dict)
+    temps: dict = field(default_factory=dict)          # name -> Val: scratch of this node only (lowering)
 
 
 class TraceGraph:
@@ -77,6 +78,30 @@ class TraceGraph:
 
     def relu2_mul(self, gate, up):
         return self._emit("relu2_mul", [gate, up], gate.shape)
+
+    def route(self, x, router, top_k, normalize):
+        from .moe import RoutingTable
+
+        E = self.wshape[router][0]
+        table = RoutingTable(self.T, E, top_k)
+        out = self._val((table.words,), "int32")
+        self.nodes.append(Node("moe_route", [x], out, [router], {"table": table, "normalize": bool(normalize)},
+                               {"logits": self._val((self.T, E))}))
+        return out
+
+    def experts(self, x, routing, experts):
+        F, D = self.wshape[experts[0][0]]
+        T = self.T
+        table = next(n.params["table"] for n in reversed(self.nodes) if n.out is routing)
+        temps = {"xe": self._val((T, D)), "g": self._val((T, F)), "u": self._val((T, F)), "h": self._val((T, F)),
+                 "y": self._val((T, D))}
+        out = self._val(x.shape)
+        self.nodes.append(Node("moe_experts", [x, routing], out, [], {"table": table, "experts": list(experts)},
+                               temps))
+        return out
+
+    def sigmoid_gate(self, x, w, y):
+        return self._emit("sigmoid_gate", [x, y], y.shape, [w])
 
     def bitlinear(self, x, w):
         # packed ternary weights: 4 output rows per byte row (models/bitnet.py)

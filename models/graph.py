@@ -24,9 +24,14 @@ class Graph(Protocol):
     def attention(self, q: Value, layer: int) -> Value: ...                   # causal over the cache prefix
     def add(self, a: Value, b: Value) -> Value: ...
     def swiglu(self, gate: Value, up: Value) -> Value: ...                    # silu(gate) * up
-    # Mixture of experts: softmax(router), top-k, renormalized weights; each expert a SwiGLU MLP
-    # (gate, up, down names). Written as one op so a backend can decide where expert weights live.
-    def moe(self, x: Value, router: str, experts: list[tuple[str, str, str]], top_k: int) -> Value: ...
+    # Mixture of experts, two ops so that a backend decides where expert weights live and which it reads:
+    # route: softmax(x @ router.T) over the experts, the top_k of them (ties: the lower index), their
+    #   probabilities renormalized to sum 1 when `normalize`; a routing value only `experts` reads.
+    # experts: per token, sum over its routed experts e of weight_e * down_e(silu(gate_e x) * up_e x), each expert a
+    #   SwiGLU MLP given as (gate, up, down) names, indexed by expert id.
+    def route(self, x: Value, router: str, top_k: int, normalize: bool) -> Value: ...
+    def experts(self, x: Value, routing: Value, experts: list[tuple[str, str, str]]) -> Value: ...
+    def sigmoid_gate(self, x: Value, w: str, y: Value) -> Value: ...          # sigmoid(x @ w.T) * y, w [1, in]
     # BitNet b1.58: ternary weights `<w>.weight` (packed) with `<w>.weight_scale`, int8 per-token activations
     def bitlinear(self, x: Value, w: str) -> Value: ...
     def relu2_mul(self, gate: Value, up: Value) -> Value: ...                 # relu(gate)^2 * up

@@ -1,5 +1,6 @@
-"""Llama-family forward pass (Llama 2/3, TinyLlama, SmolLM, Mistral, Qwen2 with qkv bias, Qwen3 with q/k norm),
-written once against models.graph.Graph."""
+"""Llama-family forward pass (Llama 2/3, TinyLlama, SmolLM, Mistral, Qwen2 with qkv bias, Qwen3 with q/k norm) and
+its mixture-of-experts relatives (Mixtral, Qwen2-MoE with a sigmoid-gated shared expert, Qwen3-MoE, OLMoE with
+q/k norm over all heads), written once against models.graph.Graph."""
 from __future__ import annotations
 
 from .graph import Graph, Value
@@ -18,28 +19,49 @@ def body(g: Graph, ids: Value) -> Value:
         k = g.linear(h, a + "k_proj.weight", a + "k_proj.bias" if s.attention_bias else None)
         v = g.linear(h, a + "v_proj.weight", a + "v_proj.bias" if s.attention_bias else None)
         if s.qk_norm:
-            q = g.head_rmsnorm(q, a + "q_norm.weight", s.n_heads)
-            k = g.head_rmsnorm(k, a + "k_norm.weight", s.n_kv_heads)
+            q = g.head_rmsnorm(q, a + "q_norm.weight", 1 if s.qk_norm_full else s.n_heads)
+            k = g.head_rmsnorm(k, a + "k_norm.weight", 1 if s.qk_norm_full else s.n_kv_heads)
         q = g.rope(q, s.n_heads)
         k = g.rope(k, s.n_kv_heads)
         g.kv_store(i, k, v)
         x = g.add(x, g.linear(g.attention(q, i), a + "o_proj.weight"))
         h = g.rmsnorm(x, p + "post_attention_layernorm.weight")
-        x = g.add(x, _moe(g, p, h) if s.n_experts else _mlp(g, p + "mlp.", h))
+        x = g.add(x, _moe(g, i, h) if s.is_moe_layer(i) else _mlp(g, dense_mlp(s, i), h))
     return x
 
 
-def _mlp(g: Graph, m: str, h: Value) -> Value:
-    return g.linear(g.swiglu(g.linear(h, m + "gate_proj.weight"), g.linear(h, m + "up_proj.weight")), m + "down_proj.weight")
+def _mlp(g: Graph, names: tuple[str, str, str], h: Value) -> Value:
+    gate, up, down = names
+    return g.linear(g.swiglu(g.linear(h, gate), g.linear(h, up)), down)
 
 
-def _expert_names(s: ModelSpec, p: str) -> list[tuple[str, str, str]]:
-    e = p + "block_sparse_moe.experts."
-    return [(f"{e}{i}.w1.weight", f"{e}{i}.w3.weight", f"{e}{i}.w2.weight") for i in range(s.n_experts)]
+def dense_mlp(s: ModelSpec, i: int) -> tuple[str, str, str]:
+    m = f"model.layers.{i}.mlp."
+    return m + "gate_proj.weight", m + "up_proj.weight", m + "down_proj.weight"
 
 
-def _moe(g: Graph, p: str, h: Value) -> Value:
-    return g.moe(h, p + "block_sparse_moe.gate.weight", _expert_names(g.spec, p), g.spec.n_experts_per_tok)
+def moe_names(s: ModelSpec, i: int) -> dict:
+    """Weight names of layer i's MoE block: router, experts [(gate, up, down)] by id, and the shared expert and
+    its gate (Qwen2-MoE) or None."""
+    if s.arch == "MixtralForCausalLM":
+        m = f"model.layers.{i}.block_sparse_moe."
+        experts = [(f"{m}experts.{e}.w1.weight", f"{m}experts.{e}.w3.weight", f"{m}experts.{e}.w2.weight")
+                   for e in range(s.n_experts)]
+    else:   # Qwen2-MoE, Qwen3-MoE, OLMoE
+        m = f"model.layers.{i}.mlp."
+        experts = [tuple(f"{m}experts.{e}.{p}_proj.weight" for p in ("gate", "up", "down")) for e in range(s.n_experts)]
+    shared = (tuple(f"{m}shared_expert.{p}_proj.weight" for p in ("gate", "up", "down"))
+              if s.shared_expert_intermediate_size else None)
+    return {"router": m + "gate.weight", "experts": experts, "shared": shared,
+            "shared_gate": m + "shared_expert_gate.weight" if shared else None}
+
+
+def _moe(g: Graph, i: int, h: Value) -> Value:
+    s, n = g.spec, moe_names(g.spec, i)
+    y = g.experts(h, g.route(h, n["router"], s.n_experts_per_tok, s.norm_topk_prob), n["experts"])
+    if n["shared"]:
+        y = g.add(y, g.sigmoid_gate(h, n["shared_gate"], _mlp(g, n["shared"], h)))
+    return y
 
 
 def head(g: Graph, x: Value) -> Value:
@@ -53,19 +75,28 @@ def weight_shapes(s: ModelSpec) -> dict[str, tuple[int, ...]]:
     w: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (s.vocab_size, d), "model.norm.weight": (d,)}
     if not s.tie_word_embeddings:
         w["lm_head.weight"] = (s.vocab_size, d)
+
+    def ffn(names, width):
+        gate, up, down = names
+        w.update({gate: (width, d), up: (width, d), down: (d, width)})
+
     for i in range(s.n_layers):
-        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
         w.update({p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
                   a + "q_proj.weight": (q, d), a + "k_proj.weight": (kv, d), a + "v_proj.weight": (kv, d),
                   a + "o_proj.weight": (d, q)})
-        if s.n_experts:
-            w[p + "block_sparse_moe.gate.weight"] = (s.n_experts, d)
-            for gate, up, down in _expert_names(s, p):
-                w.update({gate: (f, d), up: (f, d), down: (d, f)})
+        if s.is_moe_layer(i):
+            n = moe_names(s, i)
+            w[n["router"]] = (s.n_experts, d)
+            for e in n["experts"]:
+                ffn(e, s.expert_size)
+            if n["shared"]:
+                ffn(n["shared"], s.shared_expert_intermediate_size)
+                w[n["shared_gate"]] = (1, d)
         else:
-            w.update({m + "gate_proj.weight": (f, d), m + "up_proj.weight": (f, d), m + "down_proj.weight": (d, f)})
+            ffn(dense_mlp(s, i), f)
         if s.attention_bias:
             w.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
         if s.qk_norm:
-            w.update({a + "q_norm.weight": (hd,), a + "k_norm.weight": (hd,)})
+            w.update({a + "q_norm.weight": (q if s.qk_norm_full else hd,), a + "k_norm.weight": (kv if s.qk_norm_full else hd,)})
     return w

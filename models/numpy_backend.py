@@ -86,19 +86,31 @@ class NumpyGraph:
     def relu2_mul(self, gate, up):
         return np.maximum(gate, 0) ** 2 * up
 
-    def moe(self, x, router, experts, top_k):
-        logits = x @ self.w(router).T                         # [T, E]
-        p = np.exp(logits - logits.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
-        top = np.argsort(-p, axis=-1, kind="stable")[:, :top_k]
+    def route(self, x, router, top_k, normalize):
+        return route_top_k(x @ self.w(router).T, top_k, normalize)
+
+    def experts(self, x, routing, experts):
+        top, wts = routing
         out = np.zeros_like(x)
-        for t in range(x.shape[0]):
-            wts = p[t, top[t]] / p[t, top[t]].sum()
-            for e, wt in zip(top[t], wts):
-                gate, up, down = experts[e]
-                h = self.swiglu(x[t:t + 1] @ self.w(gate).T, x[t:t + 1] @ self.w(up).T)
-                out[t] += wt * (h @ self.w(down).T)[0]
+        for e in np.unique(top):
+            rows, slot = np.nonzero(top == e)
+            gate, up, down = experts[e]
+            h = self.swiglu(self.linear(x[rows], gate), self.linear(x[rows], up))   # linear: a subclass's scheme
+            out[rows] += wts[rows, slot][:, None] * self.linear(h, down)
         return out
+
+    def sigmoid_gate(self, x, w, y):
+        return y / (1 + np.exp(-(x @ self.w(w).T)))
+
+
+def route_top_k(logits: np.ndarray, top_k: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(expert ids [T, k], weights [T, k]): softmax over the experts, the k most probable (ties: the lower id),
+    renormalized to sum 1 when `normalize`."""
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    top = np.argsort(-p, axis=-1, kind="stable")[:, :top_k]
+    wts = np.take_along_axis(p, top, axis=-1)
+    return top, (wts / wts.sum(-1, keepdims=True) if normalize else wts)
 
 
 class NumpyModel:

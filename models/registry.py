@@ -16,7 +16,8 @@ _BUILDERS: dict[str, Callable[[dict], ModelSpec]] = {}
 # Sane upper bounds (far above any released model) so that a corrupt value is refused before anything is sized by it.
 _MAX = {"vocab_size": 1 << 24, "hidden_size": 1 << 17, "num_hidden_layers": 1 << 10, "num_attention_heads": 1 << 12,
         "num_key_value_heads": 1 << 12, "head_dim": 1 << 12, "intermediate_size": 1 << 20,
-        "max_position_embeddings": 1 << 31, "num_local_experts": 1 << 10, "num_experts_per_tok": 1 << 10,
+        "max_position_embeddings": 1 << 31, "num_local_experts": 1 << 10, "num_experts": 1 << 10, "num_experts_per_tok": 1 << 10,
+        "moe_intermediate_size": 1 << 20, "shared_expert_intermediate_size": 1 << 20, "decoder_sparse_step": 1 << 10,
         "sliding_window": 1 << 31, "max_window_layers": 1 << 31, "original_max_position_embeddings": 1 << 31}
 _MAX_EXPERT_LAYERS = 1 << 16     # n_layers * n_experts: every expert matrix is a separately named tensor
 _ABSENT = object()
@@ -193,12 +194,16 @@ def _layer_windows(cfg: dict, arch: str, n_layers: int) -> tuple[int, ...]:
     """Per-layer sliding-window sizes (0: full attention) as transformers builds them for this architecture:
     Mistral: `sliding_window` on every layer (transformers' default 4096 when the key is absent; null = off);
     Mixtral: the same with default null (off);
-    Qwen2/Qwen3: only with `use_sliding_window`, on the layers `layer_types` marks "sliding_attention" (by default
+    Qwen3-MoE: `sliding_window` (default null) on every layer;
+    Qwen2/Qwen3/Qwen2-MoE: only with `use_sliding_window`, on the layers `layer_types` marks "sliding_attention" (by default
     those at index >= `max_window_layers`, default 28). Other Llama-family classes ignore `sliding_window`."""
     if arch in ("MistralForCausalLM", "MixtralForCausalLM"):
         w = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
         types = ["sliding_attention"] * n_layers
-    elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    elif arch == "Qwen3MoeForCausalLM":   # transformers' Qwen3-MoE: every layer, whenever sliding_window is set
+        w = cfg.get("sliding_window")
+        types = ["sliding_attention"] * n_layers
+    elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM"):
         w = cfg.get("sliding_window", 4096) if _bool(cfg, "use_sliding_window", False) else None
         types = cfg.get("layer_types")
         if types is None:
@@ -230,13 +235,61 @@ def _mistral(cfg: dict) -> ModelSpec:
     return _llama_like(cfg, "MistralForCausalLM")   # transformers' Mistral has no projection biases
 
 
-@register("MixtralForCausalLM")
-def _mixtral(cfg: dict) -> ModelSpec:
-    n = _int(cfg, "num_local_experts")
+def _experts(cfg: dict, n_layers: int, keys=("num_local_experts",), sparse_layers: bool = False,
+             norm_default: bool = False) -> dict:
+    """The MoE fields of a ModelSpec. keys: the config keys naming the expert count (the first present is used);
+    sparse_layers: the Qwen-MoE rule (a layer is sparse unless listed in mlp_only_layers, and only every
+    decoder_sparse_step-th); norm_default: norm_topk_prob when the config does not say."""
+    key = next((k for k in keys if k in cfg), keys[0])
+    n = _int(cfg, key)
     k = _int(cfg, "num_experts_per_tok")
     if k > n:
-        raise ModelLoadError(f"config.json: num_experts_per_tok ({k}) must be at most num_local_experts ({n})")
-    return _llama_like(cfg, "MixtralForCausalLM", n_experts=n, n_experts_per_tok=k)
+        raise ModelLoadError(f"config.json: num_experts_per_tok ({k}) must be at most {key} ({n})")
+    dense: tuple[int, ...] = ()
+    if sparse_layers:
+        step = _int(cfg, "decoder_sparse_step", 1)
+        only = cfg.get("mlp_only_layers") or []
+        if not isinstance(only, list) or any(not _is_int(i) or not 0 <= i < n_layers for i in only):
+            raise _bad("mlp_only_layers", f"a list of layer indices in [0, {n_layers})", only)
+        dense = tuple(i for i in range(n_layers) if i in only or (i + 1) % step)
+    return dict(n_experts=n, n_experts_per_tok=k, norm_topk_prob=_bool(cfg, "norm_topk_prob", norm_default),
+                dense_layers=dense)
+
+
+@register("MixtralForCausalLM")
+def _mixtral(cfg: dict) -> ModelSpec:
+    moe = _experts(cfg, _int(cfg, "num_hidden_layers"), norm_default=True)
+    moe["norm_topk_prob"] = True    # Mixtral always renormalizes its top-k weights (no config key)
+    return _llama_like(cfg, "MixtralForCausalLM", **moe)
+
+
+@register("Qwen2MoeForCausalLM")
+def _qwen2_moe(cfg: dict) -> ModelSpec:
+    moe = _experts(cfg, _int(cfg, "num_hidden_layers"), ("num_experts", "num_local_experts"), sparse_layers=True)
+    return _llama_like(cfg, "Qwen2MoeForCausalLM", attention_bias=_bool(cfg, "qkv_bias", True),
+                       moe_intermediate_size=_int(cfg, "moe_intermediate_size"),
+                       shared_expert_intermediate_size=_int(cfg, "shared_expert_intermediate_size"), **moe)
+
+
+@register("Qwen3MoeForCausalLM")
+def _qwen3_moe(cfg: dict) -> ModelSpec:
+    if _bool(cfg, "attention_bias"):   # transformers' Qwen3 then has an o_proj bias too, which models/llama.py lacks
+        raise ModelLoadError("Qwen3MoeForCausalLM with attention_bias: true (biases on the q/k/v/o projections) is "
+                             "not supported yet")
+    moe = _experts(cfg, _int(cfg, "num_hidden_layers"), ("num_experts", "num_local_experts"), sparse_layers=True)
+    return _llama_like(cfg, "Qwen3MoeForCausalLM", qk_norm=True,
+                       moe_intermediate_size=_int(cfg, "moe_intermediate_size"), **moe)
+
+
+@register("OlmoeForCausalLM")
+def _olmoe(cfg: dict) -> ModelSpec:
+    if _bool(cfg, "attention_bias"):
+        raise ModelLoadError("OlmoeForCausalLM with attention_bias: true is not supported yet")
+    if cfg.get("clip_qkv") is not None:
+        raise ModelLoadError(f"OlmoeForCausalLM with clip_qkv {short_repr(cfg['clip_qkv'])} (clamped q/k/v) is not "
+                             "supported yet: only clip_qkv null")
+    moe = _experts(cfg, _int(cfg, "num_hidden_layers"), ("num_experts", "num_local_experts"))
+    return _llama_like(cfg, "OlmoeForCausalLM", qk_norm=True, qk_norm_full=True, **moe)
 
 
 @register("BitNetForCausalLM")

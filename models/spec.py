@@ -23,7 +23,12 @@ class ModelSpec:
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
     qk_norm: bool = False         # per-head RMSNorm on q and k before RoPE (Qwen3)
     n_experts: int = 0            # MoE: experts per layer (0 = dense MLP)
-    n_experts_per_tok: int = 0    # MoE: top-k experts per token (weights renormalized over the k, as Mixtral)
+    n_experts_per_tok: int = 0    # MoE: top-k experts per token
+    norm_topk_prob: bool = True   # MoE: renormalize the top-k router probabilities to sum 1 (Mixtral, Qwen3-MoE)
+    moe_intermediate_size: int = 0             # MoE: each expert's FFN width (0: intermediate_size)
+    shared_expert_intermediate_size: int = 0   # Qwen2-MoE: an always-on expert of this width, sigmoid-gated (0: none)
+    dense_layers: tuple[int, ...] = ()         # MoE models: layers with a dense MLP (intermediate_size) instead
+    qk_norm_full: bool = False    # q/k RMSNorm over all heads at once (OLMoE), not per head (Qwen3)
     # Sliding-window attention, per layer: 0 = full causal attention, W > 0 = a query at position p attends keys
     # p-W+1 .. p (transformers' `kv_idx > q_idx - sliding_window`). Empty = every layer full.
     layer_windows: tuple[int, ...] = ()
@@ -34,6 +39,13 @@ class ModelSpec:
     def lm_head_name(self) -> str:
         return "model.embed_tokens.weight" if self.tie_word_embeddings else "lm_head.weight"
 
+    @property
+    def expert_size(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.n_experts > 0 and layer not in self.dense_layers
+
     def window(self, layer: int) -> int:
         """Attention window of a layer (0: full causal attention)."""
         return self.layer_windows[layer] if self.layer_windows else 0
@@ -42,6 +54,7 @@ class ModelSpec:
         d = asdict(self)
         d["eos_token_ids"] = list(self.eos_token_ids)
         d["layer_windows"] = list(self.layer_windows)
+        d["dense_layers"] = list(self.dense_layers)
         return d
 
     @classmethod
@@ -49,4 +62,5 @@ class ModelSpec:
         d = dict(d)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
         d["layer_windows"] = tuple(d.get("layer_windows", ()))
+        d["dense_layers"] = tuple(d.get("dense_layers", ()))
         return cls(**d)

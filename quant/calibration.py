@@ -228,19 +228,19 @@ class _LayerGraph(NumpyGraph):
     def bitlinear(self, x, w):
         raise CompileError("GPTQ does not apply to BitNet checkpoints (their weights are already ternary)")
 
-    def moe(self, x, router, experts, top_k):
-        """NumpyGraph.moe, expert by expert through self.linear (so the hook sees each expert's tokens): every
+    def route(self, x, router, top_k, normalize):
+        x = self._val(x, router)
+        return SKIP if x is SKIP else super().route(x, router, top_k, normalize)
+
+    def experts(self, x, routing, experts):
+        """NumpyGraph.experts, expert by expert through self.linear (so the hook sees each expert's tokens): every
         gate/up first, then every down (the order true-sequential GPTQ needs); experts without tokens run on
         0 rows."""
-        x = self._val(x, router)
-        if x is SKIP:
+        x = self._val(x)
+        if x is SKIP or routing is SKIP:
             return SKIP
-        logits = x @ self.w(router).T
-        p = np.exp(logits - logits.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
-        top = np.argsort(-p, axis=-1, kind="stable")[:, :top_k]
-        wts = np.take_along_axis(p, top, axis=-1)
-        wts = (wts / wts.sum(-1, keepdims=True)).astype(x.dtype)
+        top, wts = routing
+        wts = wts.astype(x.dtype)
         hs = []
         for e, (gate, up, _) in enumerate(experts):
             rows, slot = np.nonzero(top == e)
@@ -250,6 +250,10 @@ class _LayerGraph(NumpyGraph):
         for (rows, slot, h), (_, _, down) in zip(hs, experts):
             out[rows] += wts[rows, slot][:, None] * self.linear(h, down)
         return out
+
+    def sigmoid_gate(self, x, w, y):
+        v = self._vals(x, y)
+        return SKIP if v is None else super().sigmoid_gate(v[0], w, v[1])
 
 
 def _run(fwd, spec, weight, dtype, layer, x_in, ids, hook):

@@ -423,6 +423,7 @@ static int call_step(tvm_cpu* b, el_context* c, const el_step* st, binding* bd, 
   int rc = b->fn[st->kernel](NULL, bd->any, (int32_t)n, &ret);
   if (c->prof_s) c->prof_s[c->prof_base[prog] + si] += el_now() - t0;
   c->stats.kernel_calls++;
+  c->stats.weight_bytes_read += st->weight_bytes;
   if (nw) store->release(store, wid, nw);
   if (rc != 0) {
     char msg[1024];

@@ -18,7 +18,8 @@ from .api import Runtime
 
 
 def weights_read_per_token(manifest: dict) -> int:
-    """Bytes of weights one decode step reads: every tensor once, except the embedding table (one row, unless it is
+    """Bytes of weights one decode step of a dense package reads (the planned figure; `bench` reports the runtime's
+    measured el_stats.decode_weight_bytes_read per token): every tensor once, except the embedding table (one row, unless it is
     tied to the lm_head) and tables the kernels index by position (rope)."""
     total = 0
     tied = not any(t["name"].startswith("lm_head.") for t in manifest["tensors"])
@@ -97,7 +98,9 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
         "prefill_tok_s": statistics.median(pf), "decode_tok_s": statistics.median(dc),
         "ttft_s": statistics.median(r[1] for r in runs), "peak_rss_mb": peak_kb / 1024, "load_s": load_s,
         "decode_tokens": runs[0][3], "prefill_tok_s_all": pf, "decode_tok_s_all": dc,
-        "weights_bytes": m["weights_bytes"], "weights_read_per_token": weights_read_per_token(m),
+        "weights_bytes": m["weights_bytes"], "weights_read_per_token":
+            stats["decode_weight_bytes_read"] / stats["decode_tokens"] if stats["decode_tokens"] else
+            weights_read_per_token(m),
         "weights_huge_pages_bytes": huge, "weight_policy": mem["policy"], "memory_budget": mem["budget"],
         "streamed_bytes_per_token": mem["streamed_bytes"], "storage": mem["storage"],
         "storage_modelled": bool(mem["storage_modelled"]), "io_bytes_read": stats["io_bytes_read"],

@@ -255,7 +255,9 @@ int el_decode_locked(el_context* c, int32_t id, float* logits) {
   double t0 = el_now();
   const el_plan_program* p = &m->prog[EL_PROG_DECODE].p;
   *(int32_t*)(c->arena + p->in_offset) = id;
+  uint64_t w0 = c->stats.weight_bytes_read;
   if (run(c, EL_PROG_DECODE, c->pos) != 0) return -1;
+  c->stats.decode_weight_bytes_read += c->stats.weight_bytes_read - w0;
   if (c->kv_high < c->pos + 1) c->kv_high = c->pos + 1;
   if (logits) memcpy(logits, c->arena + p->out_offset, p->out_row_bytes);
   c->pos += 1;

@@ -234,6 +234,10 @@ typedef struct {
   uint64_t routed_possible;
   uint64_t io_routed_hits;   /* selected routed weights found in the store's cache */
   uint64_t io_routed_misses; /* selected routed weights read from storage */
+  /* bytes of weights this context's kernels read (each kernel's weight views; an embedding lookup counts its rows;
+     the experts / neuron groups a routed step did not select are not read), in all programs and in decode steps */
+  uint64_t weight_bytes_read;
+  uint64_t decode_weight_bytes_read;
 } el_stats;
 void el_get_stats(const el_context* c, el_stats* out);
 void el_reset_stats(el_context* c);

@@ -43,6 +43,7 @@ typedef struct {
   /* ROUTE */
   uint32_t n_body, n_select, n_experts;
   uint64_t ids_offset;
+  uint64_t weight_bytes; /* CALL: bytes of weights the kernel reads (its views; a lookup table: the looked-up rows) */
 } el_step;
 
 typedef struct {

@@ -66,7 +66,8 @@ class Stats(C.Structure):
                 ("arena_bytes", C.c_uint64), ("context_bytes", C.c_uint64), ("io_bytes_read", C.c_uint64),
                 ("io_requests", C.c_uint64), ("io_hits", C.c_uint64), ("io_misses", C.c_uint64),
                 ("io_dropped", C.c_uint64), ("io_stall_seconds", C.c_double), ("routed_selected", C.c_uint64),
-                ("routed_possible", C.c_uint64), ("io_routed_hits", C.c_uint64), ("io_routed_misses", C.c_uint64)]
+                ("routed_possible", C.c_uint64), ("io_routed_hits", C.c_uint64), ("io_routed_misses", C.c_uint64),
+                ("weight_bytes_read", C.c_uint64), ("decode_weight_bytes_read", C.c_uint64)]
 
 
 FINISH = {0: None, 1: "eos", 2: "stop", 3: "length", 4: "context", 5: "cancelled"}

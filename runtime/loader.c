@@ -372,10 +372,18 @@ static int build_program(el_model* m, el_program* pg, const el_plan_program* p, 
     st->args = args;
     st->n_body = s->n_body, st->n_select = s->n_select, st->n_experts = s->n_experts, st->ids_offset = s->ids_offset;
     st->proto = t, st->shapes = shape, st->row_bytes = rows;
+    /* an embedding lookup (a step reading the program's token ids) reads `tokens` rows of its tables */
+    int lookup = 0;
+    for (uint32_t ai = 0; ai < s->n_args; ai++)
+      if (args[ai].kind == EL_ARG_ARENA && args[ai].offset == p->in_offset && args[ai].dtype_code == kDLInt &&
+          args[ai].dtype_bits == 32)
+        lookup = 1;
+    st->weight_bytes = 0;
     for (uint32_t ai = 0; ai < s->n_args; ai++) {
       const el_plan_arg* a = &args[ai];
       uint64_t bytes;
       arg_sizes(a, &bytes, &rows[ai]);
+      if (a->kind == EL_ARG_WEIGHT) st->weight_bytes += lookup ? (uint64_t)p->tokens * rows[ai] : bytes;
       memcpy(&shape[4 * ai], a->shape, sizeof a->shape);
       t[ai].device.device_type = kDLCPU;
       t[ai].device.device_id = 0;

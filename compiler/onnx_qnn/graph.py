@@ -195,7 +195,13 @@ class OnnxGraph:
             return None
         return self._op("Mul", [self._op("Mul", [gate, self._op("Sigmoid", [gate])]), up])
 
-    def moe(self, x, router, experts, top_k):
+    def route(self, x, router, top_k, normalize):
+        self._unsupported("a mixture-of-experts layer")
+
+    def experts(self, x, routing, experts):
+        self._unsupported("a mixture-of-experts layer")
+
+    def sigmoid_gate(self, x, w, y):
         self._unsupported("a mixture-of-experts layer")
 
     def bitlinear(self, x, w):

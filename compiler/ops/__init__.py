@@ -26,7 +26,18 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 |           |                           |   s f32[F/G, T, G], ids int32[F/G], acc f32[T, D]                |
 | ffn_mul   | T, G                      | s f32[1, T, G], u f32[T, G], h f32[T, G]                         |
 | ffn_accumulate | R, N                 | y f32[R, N], acc f32[R, N] (read and written: acc += y)          |
+| moe_route | T, E, K, normalize, S, TP | logits f32[T, E], ids int32[S], cnt int32[S, 16], tok int32[S, TP], |
+|           |                           |   wt f32[S, TP]                                                  |
+| moe_gather | T, D, TP                 | x f32[T, D], tok int32[1, TP], cnt int32[1, 16], xe f32[T, D]    |
+| moe_swiglu | T, F                     | g, u f32[T, F], cnt int32[1, 16], h f32[T, F]                    |
+| moe_scatter | T, D, TP                | y f32[T, D], tok int32[1, TP], wt f32[1, TP], cnt int32[1, 16],  |
+|           |                           |   acc f32[T, D] (read and written)                               |
+| zero      | R, N                      | out f32[R, N]                                                    |
+| sigmoid_gate | T, D                   | x f32[T, D], w f32[1, D], y f32[T, D], out f32[T, D]             |
 
+The moe_* ops, zero and sigmoid_gate are the mixture-of-experts layer's (moe.py). Every linear op also takes
+rows (default False; named "_rows1" only when set): one more arg, cnt int32[1, 16], and only rows < cnt[0, 0] of
+the output are computed (the packed tokens of one expert in a prefill chunk; rows.py).
 The ffn_* ops are the neuron-bundled FFN's (bundled_ffn.py: group selection, gated product, accumulation).
 wdtype is "float32" or "float16" (default "float32"); bias defaults to False. Every linear op also takes segs
 (default (): one matrix): row counts N_0, N_1, ... summing to N when W (and b) stack several matrices computed in
@@ -48,6 +59,7 @@ from . import bundled_ffn as _ffn
 from . import elementwise as _ew
 from . import linear as _linear
 from . import linear_quant as _linear_quant
+from . import moe as _moe
 from ._util import kernel_name
 from .reference import reference
 from .segments import check_segs
@@ -108,6 +120,7 @@ REQUIRED = object()
 # fused linears (compiler/lower.py): row counts of the stacked matrices, one output each; () = one matrix, left
 # out of the kernel name (e.g. "_s2048x256x256" when fused)
 SEGS = ("segs", "s", tuple, ())
+ROWS = ("rows", "rows", bool, False)   # row-limited variant (rows.py); left out of the name when off
 # int params that may be 0 (meaning "off"); they are left out of the kernel name when 0, so the names of kernels
 # from before the param existed do not change
 ZERO_OFF = {("attention", "W")}
@@ -116,7 +129,7 @@ OPS = {
               ("wdtype", "", str, "float32")],
     "rmsnorm": [("R", "r", int, REQUIRED), ("D", "d", int, REQUIRED), ("eps", "eps", float, REQUIRED)],
     "linear": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-               ("wdtype", "", str, "float32"), ("bias", "b", bool, False), SEGS],
+               ("wdtype", "", str, "float32"), ("bias", "b", bool, False), SEGS, ROWS],
     "rope": [("T", "t", int, REQUIRED), ("H", "h", int, REQUIRED), ("D", "d", int, REQUIRED)],
     "attention": [("T", "t", int, REQUIRED), ("NH", "nh", int, REQUIRED), ("KVH", "kvh", int, REQUIRED),
                   ("D", "d", int, REQUIRED), ("W", "w", int, 0)],
@@ -129,20 +142,27 @@ OPS = {
                    ("D", "d", int, REQUIRED)],
     "ffn_mul": [("T", "t", int, REQUIRED), ("G", "g", int, REQUIRED)],
     "ffn_accumulate": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
+    "moe_route": [("T", "t", int, REQUIRED), ("E", "e", int, REQUIRED), ("K", "k", int, REQUIRED),
+                  ("normalize", "n", bool, REQUIRED), ("S", "s", int, REQUIRED), ("TP", "tp", int, REQUIRED)],
+    "moe_gather": [("T", "t", int, REQUIRED), ("D", "d", int, REQUIRED), ("TP", "tp", int, REQUIRED)],
+    "moe_swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
+    "moe_scatter": [("T", "t", int, REQUIRED), ("D", "d", int, REQUIRED), ("TP", "tp", int, REQUIRED)],
+    "zero": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
+    "sigmoid_gate": [("T", "t", int, REQUIRED), ("D", "d", int, REQUIRED)],
     "embed_q8": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED)],
     "embed_q4": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED),
                  ("G", "g", int, 32)],
     "embed_q6": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED)],
     "linear_q8": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                  ("bias", "b", bool, False), SEGS],
+                  ("bias", "b", bool, False), SEGS, ROWS],
     "linear_q4": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                  ("G", "g", int, 32), ("bias", "b", bool, False), SEGS],
+                  ("G", "g", int, 32), ("bias", "b", bool, False), SEGS, ROWS],
     "linear_q6": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                  ("bias", "b", bool, False), SEGS],
+                  ("bias", "b", bool, False), SEGS, ROWS],
     "linear_t2": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                  ("bias", "b", bool, False), SEGS],
+                  ("bias", "b", bool, False), SEGS, ROWS],
     "linear_t2_lut": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                      ("bias", "b", bool, False), SEGS],
+                      ("bias", "b", bool, False), SEGS, ROWS],
 }
 QUANT_LINEAR_OPS = ("linear_q8", "linear_q4", "linear_q6", "linear_t2", "linear_t2_lut")
 # K granularity of the quantized linear ops (activation block 32 for q8/q4/q6, packed chunk of 16 k for t2)
@@ -207,10 +227,15 @@ def kernel_params(op: str, params: dict) -> dict:
 def _name(op: str, p: dict) -> str:
     return kernel_name(op, [(short, "x".join(map(str, p[name])) if typ is tuple else p[name])
                             for name, short, typ, _ in OPS[op]
-                            if not ((op, name) in ZERO_OFF and p[name] == 0) and not (typ is tuple and not p[name])])
+                            if not ((op, name) in ZERO_OFF and p[name] == 0) and not (typ is tuple and not p[name])
+                            and not (name == "rows" and not p[name])])
 
 
 def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
+    if p.get("rows"):
+        from .rows import limit_rows
+
+        return limit_rows(_build(op, cpu, {**p, "rows": False}, fast), p["T"])
     if op == "linear":
         if fast:
             return _linear.make(cpu, p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
@@ -241,6 +266,16 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         return _ffn.ffn_mul(simple_cpu, p["T"], p["G"])
     if op == "ffn_accumulate":
         return _ffn.ffn_accumulate(simple_cpu, p["R"], p["N"])
+    if op == "moe_route":
+        return _moe.moe_route(simple_cpu, p["T"], p["E"], p["K"], p["normalize"], p["S"], p["TP"])
+    if op in ("moe_gather", "moe_scatter"):
+        return getattr(_moe, op)(simple_cpu, p["T"], p["D"], p["TP"])
+    if op == "moe_swiglu":
+        return _moe.moe_swiglu(simple_cpu, p["T"], p["F"])
+    if op == "zero":
+        return _moe.zero(simple_cpu, p["R"], p["N"])
+    if op == "sigmoid_gate":
+        return _moe.sigmoid_gate(simple_cpu, p["T"], p["D"])
     if op == "embed_q8":
         return _ew.embed_q8(simple_cpu, p["T"], p["V"], p["D"])
     if op == "embed_q4":
