@@ -412,6 +412,8 @@ def _tuning_line(t) -> str:
 
 def _moe_lines(moe) -> list[str]:
     """The expert table of an MoE package (manifest "moe"), as `edgellm info` prints it."""
+    if not isinstance(moe, dict):
+        return []
     try:
         shared = f" + a shared expert (ffn {moe['shared_expert']})" if moe.get("shared_expert") else ""
         return [f"{moe['experts']} per layer in {moe['moe_layers']} layers, top-{moe['top_k']}"

@@ -21,7 +21,7 @@ _BASE = {
     "MixtralForCausalLM": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2,
                            "router_jitter_noise": 0.0},
     "Qwen2MoeForCausalLM": {"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2,
-                            "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96, "norm_topk_prob": False,
+                            "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128, "norm_topk_prob": False,
                             "use_sliding_window": False, "decoder_sparse_step": 1, "mlp_only_layers": []},
     "Qwen3MoeForCausalLM": {"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
                             "moe_intermediate_size": 64, "norm_topk_prob": True, "attention_bias": False,

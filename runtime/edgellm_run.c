@@ -371,9 +371,6 @@ int main(int argc, char** argv) {
   char note[1024];
   int on_npu = el_model_prefill_backend(m, note, sizeof note) == EL_PREFILL_NPU;
   if (!on_npu && note[0]) fprintf(stderr, "edgellm-run: note: prefill on the CPU: %s\n", note);
-  fprintf(stderr, "[%d prompt tokens, %d generated (%s); prefill %.1f tok/s%s, decode %.1f tok/s, %d threads]\n",
-          res.prompt_tokens, res.generated_tokens, reasons[res.finish < 6 ? res.finish : 0], pf,
-          on_npu ? " (NPU)" : "", dc, el_context_threads(c));
   el_memory_plan mp;
   el_stats st;
   el_get_stats(c, &st);
@@ -382,11 +379,16 @@ int main(int argc, char** argv) {
             "%llu requests, %.2f s waiting for reads]\n", mp.pinned_bytes / 1e6, mp.window_bytes / 1e6,
             mp.streamed_bytes / 1e6, mp.storage, mp.storage_modelled ? " (modelled)" : "", st.io_bytes_read / 1e6,
             (unsigned long long)st.io_requests, st.io_stall_seconds);
-  if (st.routed_possible) /* neuron-bundled FFNs (or experts): how many groups ran, how many were cached */
-    fprintf(stderr, "[routed: %.1f%% of %llu groups run; %.1f MB cache of %.1f MB, %llu hits, %llu reads]\n",
+  if (st.routed_possible) /* experts / neuron groups: how many ran, what a decoded token read, what was cached */
+    fprintf(stderr, "[routed: %.1f%% of %llu experts or neuron groups run, %.2f MB of weights read per decoded "
+            "token; %.1f MB cache of %.1f MB, %llu hits, %llu reads]\n",
             100.0 * (double)st.routed_selected / (double)st.routed_possible, (unsigned long long)st.routed_possible,
+            st.decode_tokens ? st.decode_weight_bytes_read / 1e6 / (double)st.decode_tokens : 0.0,
             mp.routed_cache_bytes / 1e6, mp.routed_bytes / 1e6, (unsigned long long)st.io_routed_hits,
             (unsigned long long)st.io_routed_misses);
+  fprintf(stderr, "[%d prompt tokens, %d generated (%s); prefill %.1f tok/s%s, decode %.1f tok/s, %d threads]\n",
+          res.prompt_tokens, res.generated_tokens, reasons[res.finish < 6 ? res.finish : 0], pf,
+          on_npu ? " (NPU)" : "", dc, el_context_threads(c));
   rc = 0;
 done:
   if (dump) fclose(dump);
