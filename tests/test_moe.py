@@ -91,7 +91,7 @@ def test_f32_package_matches_numpy(ckpts, packages, name):
 
 
 @pytest.mark.parametrize("name,quant", [("mixtral", "q8"), ("mixtral", "q4g32"), ("qwen2-moe", "q4g64"),
-                                        ("qwen3-moe", "q4g128"), ("olmoe", "t2"), ("mixtral", "f16")])
+                                        ("qwen3-moe", "q4g128"), ("olmoe", "t2")])
 def test_quantized_package_matches_oracle(ckpts, packages, name, quant):
     spec, ck, _ = load_checkpoint(str(ckpts[name]))
     head = "q8" if get_scheme(quant).default_head == "q8" else quant
@@ -241,7 +241,7 @@ def test_row_limited_linear_kernels_compute_only_their_rows():
     rng = np.random.default_rng(2)
     T, N, K = 20, 48, 128
     x = rng.standard_normal((T, K)).astype(np.float32)
-    for quant in ("f32", "f16", "q8", "q4g32", "q4g128", "t2"):
+    for quant in ("f16", "q8", "q4g32", "t2"):   # the float GEMM, the block-quantized one, the ternary one
         sc = get_scheme(quant)
         parts = sc.quantize(rng.standard_normal((N, K)).astype(np.float32))
         w = [tvm.runtime.tensor(np.ascontiguousarray(parts[p])) for p in sc.part_order]
