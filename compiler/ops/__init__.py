@@ -235,7 +235,9 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
     if p.get("rows"):
         from .rows import limit_rows
 
-        return limit_rows(_build(op, cpu, {**p, "rows": False}, fast), p["T"])
+        # float GEMMs: only token blocks (their `t` loop transposes x into zero-padded tiles; skipping rows would leave
+        # stale floats in lanes that the last block still multiplies)
+        return limit_rows(_build(op, cpu, {**p, "rows": False}, fast), p["T"], guard_tokens=op != "linear")
     if op == "linear":
         if fast:
             return _linear.make(cpu, p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])

@@ -16,6 +16,7 @@ CNT_SHAPE = (1, 16)   # one 64-byte row per routed slot (compiler/moe.py)
 
 
 def limit_rows(func, T_: int, guard_tokens: bool = True):
+    """func with the trailing cnt argument; guard_tokens: also limit the per-token loops named `t` (extent T)."""
     cnt = tirx.decl_buffer(CNT_SHAPE, "int32", "cnt")
     n = tirx.BufferLoad(cnt, [tirx.const(0, "int32"), tirx.const(0, "int32")])
     guarded = []
