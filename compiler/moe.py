@@ -165,7 +165,7 @@ def manifest(spec, low, table: list[dict], n_params: int) -> dict:
     from ..runtime.bench import weights_read_per_token
 
     by_name = {t["name"]: t for t in table}
-    layers, expert_params, skipped = [], 0, 0
+    layers, skipped = [], 0
     k, E = spec.n_experts_per_tok, spec.n_experts
     for key, (first, _, _) in low.experts.items():
         t = by_name[low.weights.names[first]]

@@ -19,7 +19,7 @@ def limit_rows(func, T_: int, guard_tokens: bool = True):
     """func with the trailing cnt argument; guard_tokens: also limit the per-token loops named `t` (extent T)."""
     cnt = tirx.decl_buffer(CNT_SHAPE, "int32", "cnt")
     n = tirx.BufferLoad(cnt, [tirx.const(0, "int32"), tirx.const(0, "int32")])
-    guarded = []
+    seen_tb = []
 
     def on_for(node, m):
         node = m.default_mutate(node)
@@ -29,7 +29,7 @@ def limit_rows(func, T_: int, guard_tokens: bool = True):
         ext = int(ext.value)
         v = node.loop_var
         if name == "tb":
-            guarded.append(name)
+            seen_tb.append(ext)
         if name == "tb" and ext > 1:
             cond = v * tirx.const(T_ // ext, v.ty.dtype) < tirx.Cast(v.ty.dtype, n)
         elif name == "t" and ext == T_ and guard_tokens:
@@ -40,6 +40,6 @@ def limit_rows(func, T_: int, guard_tokens: bool = True):
                         node.thread_binding, node.annotations)
 
     body = tvm_ffi.structural_mutate(func.body, [(tirx.For, on_for)])
-    if "tb" not in guarded:
+    if not seen_tb:
         raise ValueError("limit_rows: the kernel has no token-block loop `tb` to limit")
     return tirx.PrimFunc([*func.params, cnt], body, func.ret_type, func.attrs)
