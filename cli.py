@@ -61,16 +61,22 @@ def cli():
                    "smallest giving at most 64 groups)")
 @click.option("--ffn-threshold", type=float, default=None,
               help="--layout bundled: the package's default threshold (0: exact; run time: --ffn-threshold)")
+@click.option("--expert-prefetch-distance", type=int, default=None,
+              help="MoE: decode guesses each MoE layer's experts at the input of the layer this many layers earlier "
+                   "minus one (1: the layer's own input) so the expert cache reads them ahead; 0: no guesses "
+                   "[default: 1]")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune,
-                npu_chunk, npu_quant, soc, npu_outliers, layout, bundle_neurons, ffn_threshold, quiet):
+                npu_chunk, npu_quant, soc, npu_outliers, layout, bundle_neurons, ffn_threshold,
+                expert_prefetch_distance, quiet):
     """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
     from .compiler.driver import compile_model
 
     compile_model(model, target=target, quant=quant, out=out, max_context=max_context, prefill_chunk=prefill_chunk,
                   progress=not quiet, head_quant=head_quant, gptq=gptq, calib=calib, act_order=act_order, tune=tune,
                   npu_chunk=npu_chunk, npu_quant=npu_quant, soc=soc, npu_outliers=npu_outliers == "auto",
-                  layout=layout, bundle_neurons=bundle_neurons, ffn_threshold=ffn_threshold)
+                  layout=layout, bundle_neurons=bundle_neurons, ffn_threshold=ffn_threshold,
+                  expert_prefetch_distance=expert_prefetch_distance)
 
 
 @cli.command("tune")
@@ -103,9 +109,15 @@ _store_options = [
     click.option("--memory-budget", default=None,
                  help="memory the model may use, e.g. 600MB: the weights it holds + one context's KV cache and "
                       "activations; weights beyond it stream from the package every token"),
-    click.option("--weight-policy", type=click.Choice(["auto", "resident", "window"]), default="auto",
+    click.option("--weight-policy", type=click.Choice(["auto", "resident", "window", "experts"]), default="auto",
                  show_default=True, help="resident: all weights in memory; window: stream what the budget cannot "
-                                         "hold; auto: resident when everything fits"),
+                                         "hold; experts (MoE): all but the experts held, experts cached in the "
+                                         "budget; auto: resident when everything fits, else experts for MoE "
+                                         "packages, else window"),
+    click.option("--expert-eviction", type=click.Choice(["freq", "lru", "lfu"]), default=None,
+                 help="--weight-policy experts: which cached expert makes room [default: freq]"),
+    click.option("--no-expert-predict", is_flag=True,
+                 help="--weight-policy experts: read experts only once selected (skip the package's guesses)"),
     click.option("--storage", type=click.Choice(["native", "sd", "emmc", "ufs3", "ufs4"]), default="native",
                  show_default=True, help="shape streamed reads like this storage (ufs3/ufs4: modelled from RAM)"),
     click.option("--io-threads", type=click.IntRange(1, 4), default=None, help="reader threads [default: 2]"),
@@ -190,7 +202,8 @@ def describe_sampling(defaults: dict, given: dict) -> str:
 @_sampling_options
 def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
             presence_penalty, frequency_penalty, seed, stop, ignore_eos, threads, digest, memory_budget,
-            weight_policy, storage, io_threads, direct_io, ffn_threshold, prefill_backend, npu_soc):
+            weight_policy, expert_eviction, no_expert_predict, storage, io_threads, direct_io, ffn_threshold,
+            prefill_backend, npu_soc):
     """Generate text from PACKAGE (or --model, default: the bundled demo), streaming it to stdout; a tok/s summary
     goes to stderr. Sampling options not given come from the package (its generation_config.json), as in
     Runtime.generate and bin/edgellm-run: the same arguments and seed give the same tokens everywhere."""
@@ -215,7 +228,8 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
              "frequency_penalty": frequency_penalty}
     with Runtime.load(package, threads=threads, digest=digest, memory_budget=memory_budget,
                       weight_policy=weight_policy, storage=storage, io_threads=io_threads, direct_io=direct_io,
-                      ffn_threshold=ffn_threshold, prefill_backend=prefill_backend, npu_soc=npu_soc) as rt:
+                      ffn_threshold=ffn_threshold, prefill_backend=prefill_backend, npu_soc=npu_soc,
+                      expert_eviction=expert_eviction, expert_predict=not no_expert_predict) as rt:
         r: dict = {}
         for piece in rt.stream(prompt, max_new_tokens=max_new_tokens, seed=seed, stop=list(stop),
                                ignore_eos=ignore_eos, _result=r, **given):
@@ -303,8 +317,9 @@ def eval_ppl_cmd(packages_or_models, text_file, context, stride, max_tokens, qua
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @_with(_store_options)
 @_with(_npu_options)
-def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, memory_budget, weight_policy, storage,
-              io_threads, direct_io, ffn_threshold, prefill_backend, npu_soc):
+def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, memory_budget, weight_policy,
+              expert_eviction, no_expert_predict, storage, io_threads, direct_io, ffn_threshold, prefill_backend,
+              npu_soc):
     """Prefill and decode speed of PACKAGE: tok/s, time to first token, peak RSS (one warm-up, median of --reps)."""
     import json
 
@@ -313,14 +328,15 @@ def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, memory
     r = bench(package, prompt_len=prompt_len, gen_len=gen_len, threads=threads, reps=reps, seed=seed,
               prefill_backend=prefill_backend, npu_soc=npu_soc, memory_budget=memory_budget,
               weight_policy=weight_policy, storage=storage, io_threads=io_threads, direct_io=direct_io,
-              ffn_threshold=ffn_threshold)
+              ffn_threshold=ffn_threshold, expert_eviction=expert_eviction, expert_predict=not no_expert_predict)
     click.echo(json.dumps(r) if as_json else format_bench(r))
 
 
 @cli.command("plan")
 @click.argument("package", type=click.Path())
 @click.option("--memory-budget", default=None, help="memory the model may use, e.g. 600MB [default: no limit]")
-@click.option("--weight-policy", type=click.Choice(["auto", "resident", "window"]), default="auto", show_default=True)
+@click.option("--weight-policy", type=click.Choice(["auto", "resident", "window", "experts"]), default="auto",
+              show_default=True)
 @click.option("--storage", type=click.Choice(["native", "sd", "emmc", "ufs3", "ufs4"]), default="native",
               show_default=True, help="the storage the weights stream from")
 @click.option("--direct-io", is_flag=True, help="plan for O_DIRECT reads")

@@ -89,7 +89,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                   gptq: bool = False, calib: str | None = None, act_order: bool = False,
                   tune: str | None = None, fuse: bool = True, npu_chunk: int | None = None,
                   npu_quant: str = "w8a16", soc: str | None = None, npu_outliers: bool = True,
-                  layout: str = "dense", bundle_neurons: int | None = None, ffn_threshold: float | None = None) -> Path:
+                  layout: str = "dense", bundle_neurons: int | None = None, ffn_threshold: float | None = None,
+                  expert_prefetch_distance: int | None = None) -> Path:
     """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
     body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
     calibrated on calib (a text file) or the built-in sample. tune: off | quick | full (compiler/tune; None: quick
@@ -147,6 +148,14 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         raise CompileError(f"{spec.arch} is a mixture-of-experts model: "
                            + (f"--target {tgt.name} does not run MoE layers yet (use android-cpu)" if tgt.npu else
                               "--layout bundled applies to dense FFNs (a token already reads only its experts)"))
+    if expert_prefetch_distance is not None:
+        if not spec.n_experts:
+            raise CompileError("--expert-prefetch-distance applies to mixture-of-experts checkpoints")
+        if isinstance(expert_prefetch_distance, bool) or not isinstance(expert_prefetch_distance, int) or \
+                not 0 <= expert_prefetch_distance <= spec.n_layers:
+            raise CompileError(f"--expert-prefetch-distance {expert_prefetch_distance} is out of range: use "
+                               f"0..{spec.n_layers}")
+    lookahead = (1 if expert_prefetch_distance is None else expert_prefetch_distance) if spec.n_experts else 0
     quant = scheme.name
     if gptq and not scheme.gptq:
         raise CompileError(f"--gptq applies to the int4 schemes ({', '.join(n for n, s in SCHEMES.items() if s.gptq)}), "
@@ -198,7 +207,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                               lambda msg: _log(progress, msg))
         raw = bundles.raw(raw)
     low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre, short_chunk=short,
-                                fuse=fuse, npu_chunk=npu_chunk if tgt.npu else None, bundles=bundles)
+                                fuse=fuse, npu_chunk=npu_chunk if tgt.npu else None, bundles=bundles,
+                                expert_lookahead=lookahead)
     if tuner is not None:
         tuner.guarded("decode knobs", lambda: tuner.decode_prefetch(
             low.kernels, next(p for p in programs if p.name == "decode")), None)
@@ -260,7 +270,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                          for p in programs},
             "tuning": tuning,
             **({"ffn": bundles.manifest()} if bundles else {}),
-            **({"moe": moe_manifest(spec, low, table, n_params)} if spec.n_experts else {}),
+            **({"moe": {**moe_manifest(spec, low, table, n_params), "prefetch_distance": lookahead}}
+               if spec.n_experts else {}),
             **({"npu": npu} if npu else {}),
             "build": {"seconds": round(time.perf_counter() - t_start, 2), "kernel_seconds": round(t_kernels, 2)},
             "tensors": table,

@@ -119,6 +119,19 @@ class Route:
 
 
 @dataclass
+class Predict:
+    """A guess at a later route's selection: runs the n_body steps after it (they write n_select int32 ids at arena
+    byte ids_offset, -1 ending them early), then hands the weight store the guessed experts' weights (args: FLAG_EXPERT
+    weight views) to read ahead. A runtime that reads nothing ahead skips it and its body."""
+    ids_offset: int
+    n_select: int
+    n_experts: int
+    n_body: int
+    args: list[Arg]
+    kernel: int = -1
+
+
+@dataclass
 class Program:
     name: str
     tokens: int
@@ -166,7 +179,7 @@ class KernelTable:
     def note_steps(self, steps: list[Step]) -> None:
         """Marks the kernels whose outputs some step puts in the KV cache (their table flag allows it)."""
         for st in steps:
-            if isinstance(st, Route):
+            if isinstance(st, (Route, Predict)):
                 continue
             name = self.names[st.kernel]
             if any(self.writes[name] >> i & 1 and a.kind in (KCACHE, VCACHE) for i, a in enumerate(st.args)):
@@ -221,6 +234,7 @@ class Lowering:
         self.fuse = fuse                    # one kernel per group of linears on one input (fuse_linears)
         self.bundles = bundles              # neuron-bundled FFNs (compiler/bundled_ffn.BundleLayout) or None
         self.experts: dict = {}             # MoE layer's experts prefix -> (first weight, views, gate/up parts)
+        self.pending_predictions: list = [] # (Predict step, experts prefix) until that layer's experts are stored
 
     @property
     def embed_dtype(self) -> str:
@@ -375,6 +389,10 @@ class Lowering:
                 if last_use.get(v.id) == i and v.id in loc and v.id != out.id:
                     arena.free(loc[v.id])
         row_bytes = _nbytes(out) // T
+        if self.pending_predictions:
+            from .moe import resolve_predictions
+
+            resolve_predictions(self)
         self.kernels.note_steps(steps)
         return Program(name, T, steps, loc[inp.id], loc[out.id], row_bytes, arena.peak)
 
@@ -384,11 +402,11 @@ class Lowering:
             from .bundled_ffn import lower_bundled
 
             return lower_bundled(self, n, T, act)
-        if op in ("moe_route", "moe_experts", "sigmoid_gate"):
+        if op in ("moe_route", "moe_experts", "sigmoid_gate", "moe_predict"):
             from . import moe
 
             return {"moe_route": moe.lower_route, "moe_experts": moe.lower_experts,
-                    "sigmoid_gate": moe.lower_sigmoid_gate}[op](self, n, T, act)
+                    "sigmoid_gate": moe.lower_sigmoid_gate, "moe_predict": moe.lower_predict}[op](self, n, T, act)
         if op == "embed":
             name, (V, D), head = n.weights[0], self._raw_shape(n.weights[0]), self.head_scheme
             head.check_shape(name, (V, D))   # stored like the lm_head (shared with it when tied)
@@ -448,8 +466,11 @@ PROGRAMS = (  # name, tokens ("chunk", "short" or a count), body, head
 
 def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: int,
                 kv_rows: int, quantized=None, short_chunk: int | None = None,
-                fuse: bool = True, npu_chunk: int | None = None, bundles=None) -> tuple[Lowering, list[Program]]:
-    """fuse: one kernel per group of linears on one input (q/k/v, gate/up; fuse_linears); off for A/B runs.
+                fuse: bool = True, npu_chunk: int | None = None, bundles=None,
+                expert_lookahead: int = 0) -> tuple[Lowering, list[Program]]:
+    """expert_lookahead: decode predicts each MoE layer's experts from the residual stream this many layers
+    earlier (1: at the layer's own input; 0: no predictions). fuse: one kernel per group of linears on one input
+    (q/k/v, gate/up; fuse_linears); off for A/B runs.
     npu_chunk: also npu_embed (the chunk's embedding rows, on the CPU) and npu_prefill (the chunk on the NPU backend:
     no steps, its graphs are the package's npu/)."""
     from ..models import family
@@ -460,7 +481,7 @@ def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: in
     for name, tokens, body, head in PROGRAMS:
         if tokens == "short" and not short_chunk:
             continue
-        g = TraceGraph(spec, {"chunk": chunk, "short": short_chunk}.get(tokens, tokens))
+        g = TraceGraph(spec, {"chunk": chunk, "short": short_chunk}.get(tokens, tokens), expert_lookahead)
         inp = g.input_ids() if body else g.input_hidden()
         x = fam.body(g, inp) if body else inp
         if head:

@@ -102,6 +102,39 @@ def lower_route(low, n, T: int, act) -> list:
     return [Step(low._kernel(op, **params), [act(n.inputs[0]), *rargs, logits]), Step(k_route, [logits, *views])]
 
 
+def lower_predict(low, n, T: int, act) -> list:
+    """PREDICT, then its body: rmsnorm with the target layer's MoE norm -> its router (f32) -> moe_route into a
+    table of this node's own; the PREDICT step names the target layer's expert weights (resolved by
+    resolve_predictions once that layer's experts are stored: they come later in the file)."""
+    from .lower import Arg, Predict, Step
+
+    norm, router = n.weights
+    tb, (E, D) = n.params["table"], low._raw_shape(router)
+    f32 = _f32()
+    rargs = low._parts(router, f32, lambda: f32.quantize(np.asarray(low._raw(router), np.float32)))
+    op, params = f32.linear_kernel(T, E, D, False)
+    h, logits, base = act(n.temps["h"]), act(n.temps["logits"]), act(n.temps["table"]).offset
+    views = [Arg(ARG_ARENA, 0, "int32", (tb.S,), 0, base), Arg(ARG_ARENA, 0, "int32", (tb.S, CNT), 0, base + tb.cnt_at),
+             Arg(ARG_ARENA, 0, "int32", (tb.S, tb.TP), 0, base + tb.tok_at),
+             Arg(ARG_ARENA, 0, "float32", (tb.S, tb.TP), 0, base + tb.wt_at)]
+    body = [Step(low._kernel("rmsnorm", R=T, D=D, eps=float(low.spec.rms_eps)), [act(n.inputs[0]), low._weight(norm), h]),
+            Step(low._kernel(op, **params), [h, *rargs, logits]),
+            Step(low._kernel("moe_route", T=T, E=E, K=tb.k, normalize=False, S=tb.S, TP=tb.TP), [logits, *views])]
+    pred = Predict(base, tb.S, E, len(body), [])
+    low.pending_predictions.append((pred, expert_weight_name(n.params["experts"][0][0])))
+    return [pred, *body]
+
+
+def resolve_predictions(low) -> None:
+    """Fills in the expert weights each PREDICT step names (its layer's experts are stored by now)."""
+    from .lower import Arg
+
+    for pred, key in low.pending_predictions:
+        first, views, _ = low.experts[key]
+        pred.args = [Arg(ARG_WEIGHT, first, dt, tuple(shape), FLAG_EXPERT, off, 1) for dt, shape, off in views]
+    low.pending_predictions.clear()
+
+
 def lower_sigmoid_gate(low, n, T: int, act) -> list:
     from .lower import Step
 

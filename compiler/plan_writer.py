@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..runtime import contract as K
-from .lower import Program, Route
+from .lower import Predict, Program, Route
 
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
                      "presence_penalty": 0.0, "frequency_penalty": 0.0}
@@ -15,6 +15,12 @@ def _cstr(s: str, n: int) -> bytes:
     return b
 
 
+def _version(programs) -> int:
+    """Plans without PREDICT steps keep the older version, so runtimes from before them still read them."""
+    new = any(isinstance(st, Predict) for p in programs for st in p.steps)
+    return K.PLAN_VERSION if new else K.PLAN_VERSION_MIN
+
+
 def write_plan(path, *, arch: str, features: list[str], target: str, build_id: bytes, spec, max_ctx: int, chunk: int,
                kv_rows: int, weight_regions: list[tuple[int, int]], weights_bytes: int,
                kernels: list[tuple[str, int, int, int]], programs: list[Program], sampling: dict | None = None) -> None:
@@ -22,7 +28,7 @@ def write_plan(path, *, arch: str, features: list[str], target: str, build_id: b
     eos = list(spec.eos_token_ids)[:K.MAX_EOS]
     samp = {**SAMPLING_DEFAULTS, **(sampling or {})}
     parts = [K.HEADER.pack(
-        magic=K.PLAN_MAGIC, version=K.PLAN_VERSION, arch=K.ARCH[arch], features=_cstr(",".join(features), 64),
+        magic=K.PLAN_MAGIC, version=_version(programs), arch=K.ARCH[arch], features=_cstr(",".join(features), 64),
         target=_cstr(target, 32), build_id=build_id, vocab=spec.vocab_size, dim=spec.hidden_size,
         n_layers=spec.n_layers, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, max_ctx=max_ctx, chunk=chunk,
         kv_rows=kv_rows, kv_dtype_bits=32, n_weights=len(weight_regions), n_kernels=len(kernels),
@@ -42,8 +48,12 @@ def write_plan(path, *, arch: str, features: list[str], target: str, build_id: b
                 parts.append(K.STEP.pack(kind=K.STEP_ROUTE, kernel=0, n_args=0, n_body=st.n_body,
                                          ids_offset=st.ids_offset, n_select=st.n_select, n_experts=st.n_experts))
                 continue
-            parts.append(K.STEP.pack(kind=K.STEP_CALL, kernel=st.kernel, n_args=len(st.args), n_body=0, ids_offset=0,
-                                     n_select=0, n_experts=0))
+            if isinstance(st, Predict):
+                parts.append(K.STEP.pack(kind=K.STEP_PREDICT, kernel=0, n_args=len(st.args), n_body=st.n_body,
+                                         ids_offset=st.ids_offset, n_select=st.n_select, n_experts=st.n_experts))
+            else:
+                parts.append(K.STEP.pack(kind=K.STEP_CALL, kernel=st.kernel, n_args=len(st.args), n_body=0,
+                                         ids_offset=0, n_select=0, n_experts=0))
             for a in st.args:
                 code, bits = K.DTYPES[a.dtype]
                 parts.append(K.ARG.pack(kind=a.kind, index=a.index, dtype_code=code, dtype_bits=bits, dtype_lanes=1,

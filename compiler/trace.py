@@ -24,10 +24,12 @@ class Node:
 
 
 class TraceGraph:
-    def __init__(self, spec: ModelSpec, tokens: int):
+    def __init__(self, spec: ModelSpec, tokens: int, expert_lookahead: int = 0):
         from ..models import family
 
         self.spec, self.T = spec, tokens
+        # decode (T = 1) reads experts ahead: the model asks for predictions this many layers ahead (0: none)
+        self.expert_lookahead = expert_lookahead if tokens == 1 else 0
         self.wshape = family(spec).weight_shapes(spec)
         self.nodes: list[Node] = []
         self._n = 0
@@ -102,6 +104,15 @@ class TraceGraph:
 
     def sigmoid_gate(self, x, w, y):
         return self._emit("sigmoid_gate", [x, y], y.shape, [w])
+
+    def predict_experts(self, x, norm, router, top_k, experts, layer):
+        from .moe import RoutingTable
+
+        E = self.wshape[router][0]
+        table = RoutingTable(self.T, E, top_k)
+        temps = {"h": self._val(x.shape), "logits": self._val((self.T, E)), "table": self._val((table.words,), "int32")}
+        self.nodes.append(Node("moe_predict", [x], None, [norm, router],
+                               {"table": table, "experts": list(experts), "layer": layer}, temps))
 
     def bitlinear(self, x, w):
         # packed ternary weights: 4 output rows per byte row (models/bitnet.py)

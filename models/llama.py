@@ -10,9 +10,12 @@ from .spec import ModelSpec
 def body(g: Graph, ids: Value) -> Value:
     """Token ids [T] -> hidden states [T, hidden] (also fills the KV cache rows of these tokens)."""
     s = g.spec
+    ahead = getattr(g, "expert_lookahead", 0)   # backends that read experts ahead set it (compiler/trace.py)
     x = g.embed(ids, "model.embed_tokens.weight")
     for i in range(s.n_layers):
         p = f"model.layers.{i}."
+        if ahead and i + ahead - 1 < s.n_layers and s.is_moe_layer(i + ahead - 1):
+            _predict(g, i + ahead - 1, x)
         a = p + "self_attn."
         h = g.rmsnorm(x, p + "input_layernorm.weight")
         q = g.linear(h, a + "q_proj.weight", a + "q_proj.bias" if s.attention_bias else None)
@@ -62,6 +65,14 @@ def _moe(g: Graph, i: int, h: Value) -> Value:
     if n["shared"]:
         y = g.add(y, g.sigmoid_gate(h, n["shared_gate"], _mlp(g, n["shared"], h)))
     return y
+
+
+def _predict(g: Graph, j: int, x: Value) -> None:
+    """Layer j's router applied early to the residual stream x (normed with layer j's own MoE norm): a guess at
+    the experts layer j will select, for a backend to read them ahead. It changes no value."""
+    s = g.spec
+    g.predict_experts(x, f"model.layers.{j}.post_attention_layernorm.weight", moe_names(s, j)["router"],
+                      s.n_experts_per_tok, moe_names(s, j)["experts"], j)
 
 
 def head(g: Graph, x: Value) -> Value:

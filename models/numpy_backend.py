@@ -21,6 +21,9 @@ class NumpyGraph:
         self.v: list[np.ndarray] = list(self.k)
         self.pos = 0
         self._T = 0
+        self.expert_lookahead = 0   # > 0: record expert predictions (models/llama.py) in `predictions`
+        self.predictions: dict[int, np.ndarray] = {}   # MoE layer -> the last call's predicted ids [T, k]
+        self.selections: list[np.ndarray] = []         # every route's selected ids [T, k], in call order
 
     def w(self, name: str) -> np.ndarray:
         if name not in self._cache:
@@ -87,7 +90,9 @@ class NumpyGraph:
         return np.maximum(gate, 0) ** 2 * up
 
     def route(self, x, router, top_k, normalize):
-        return route_top_k(x @ self.w(router).T, top_k, normalize)
+        top, wts = route_top_k(x @ self.w(router).T, top_k, normalize)
+        self.selections.append(top)
+        return top, wts
 
     def experts(self, x, routing, experts):
         top, wts = routing
@@ -101,6 +106,10 @@ class NumpyGraph:
 
     def sigmoid_gate(self, x, w, y):
         return y / (1 + np.exp(-(x @ self.w(w).T)))
+
+    def predict_experts(self, x, norm, router, top_k, experts, layer):
+        """Records the guess (predictions[layer]: expert ids [T, k]); the oracle of the runtime's prediction recall."""
+        self.predictions[layer] = route_top_k(self.rmsnorm(x, norm) @ self.w(router).T, top_k, False)[0]
 
 
 def route_top_k(logits: np.ndarray, top_k: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -162,6 +162,10 @@ uint64_t el_io_cache_reserve(const char* path, const el_storage_profile* p, int 
   return 2 * readahead_bytes(path) + 2 * (uint64_t)EL_IO_DROP_ALIGN;
 }
 
+void el_io_random(el_io* io) {
+  if (!io->direct && !io->p->modelled) posix_fadvise(io->fd, 0, 0, POSIX_FADV_RANDOM);
+}
+
 void el_io_drop(el_io* io, uint64_t off, uint64_t len) {
   if (!io->direct && !io->p->modelled && len) posix_fadvise(io->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
 }

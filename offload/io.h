@@ -55,6 +55,8 @@ EL_HIDDEN void el_io_drop(el_io* io, uint64_t off, uint64_t len);
  * device's read-ahead, twice (the window being read and the next one, read asynchronously), and what lies behind
  * the reads before it is dropped. 0 for O_DIRECT and modelled profiles. */
 EL_HIDDEN uint64_t el_io_cache_reserve(const char* path, const el_storage_profile* p, int direct_io);
+/* Buffered real profiles: no read-ahead on this file (reads are whole regions, in no particular order). */
+EL_HIDDEN void el_io_random(el_io* io);
 EL_HIDDEN void el_io_close(el_io* io);
 EL_HIDDEN int el_io_direct(const el_io* io); /* 1: reads bypass the page cache */
 /* Counters since open: bytes and requests issued (bytes rounded as read). */

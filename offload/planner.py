@@ -88,6 +88,22 @@ def _ranges(xs: list[int]) -> str:
     return ", ".join(out) or "none"
 
 
+def _format_experts(p: dict, lines: list[str]) -> str:
+    """The expert cache's layout (policy "experts")."""
+    mb = lambda b: f"{b / 1e6:.1f} MB"   # noqa: E731
+    share = p["routed_cache_bytes"] / p["routed_bytes"] if p["routed_bytes"] else 1.0
+    cache = f" + {mb(p['cache_bytes'])} of page cache (two expert reads, embedding rows)" if p["cache_bytes"] else ""
+    lines += [f"  held: {mb(p['pinned_bytes'])} of weights that are not experts ({p['pinned_weights']} tensors){cache}",
+              f"  experts: {mb(p['routed_bytes'])} on storage, a {mb(p['routed_cache_bytes'])} cache ({100 * share:.0f}%"
+              f" of them) read whole when selected or guessed; "
+              f"{mb(p['pinned_bytes'] + p['routed_cache_bytes'] + p['cache_bytes'] + p['context_bytes'])} with a "
+              f"context",
+              f"storage: {p['storage']} — {p['storage_what']}"]
+    if p["mapped_bytes"]:
+        lines.insert(-1, f"  read by row from the file: {mb(p['mapped_bytes'])} of embedding tables (a page per token)")
+    return "\n".join(lines)
+
+
 def format_plan(p: dict) -> str:
     mb = lambda b: f"{b / 1e6:.1f} MB"   # noqa: E731
     held = p["pinned_bytes"] + p["window_bytes"] + p["routed_cache_bytes"]
@@ -100,6 +116,8 @@ def format_plan(p: dict) -> str:
         f"{mb(p['minimum_budget'])})",
         f"policy: {p['policy']}",
     ]
+    if p["policy"] == "experts":
+        return _format_experts(p, lines)
     if not p["streamed_bytes"] and p["routed_cache_bytes"] >= p["routed_bytes"]:
         lines.append(f"  all weights resident: {mb(held)} + {mb(p['context_bytes'])} for a context")
         return "\n".join(lines)

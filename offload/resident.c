@@ -299,6 +299,7 @@ el_weight_store* el_store_open(const char* policy, const el_store_config* cfg, c
     policy = !cfg->budget || cfg->file_bytes <= cfg->budget ? "resident" : "window";
   if (!strcmp(policy, "resident")) return el_store_open_resident(cfg, err, errlen);
   if (!strcmp(policy, "window")) return el_store_open_window(cfg, err, errlen);
-  snprintf(err, errlen, "unknown weight store policy \"%s\" (known: auto, resident, window)", policy);
+  if (!strcmp(policy, "experts")) return el_store_open_experts(cfg, err, errlen);
+  snprintf(err, errlen, "unknown weight store policy \"%s\" (known: auto, resident, window, experts)", policy);
   return NULL;
 }

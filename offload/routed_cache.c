@@ -11,39 +11,52 @@
 
 enum { FREE = 0, QUEUED, READING, READY };
 #define NONE UINT32_MAX
+#define GUESS_ROUNDS 2 /* a guess is safe from later guesses for this many prediction rounds */
 
 typedef struct {
-  uint32_t w;    /* the weight it holds (NONE: free) */
+  uint32_t w;      /* the weight it holds (NONE: free) */
   int state;
-  int refs;      /* acquired and not yet released */
-  int wanted;    /* selected (prefetched) and not yet acquired: kept until used */
-  uint64_t used; /* tick of its last acquire */
+  int refs;        /* acquired and not yet released */
+  int wanted;      /* selected (prefetched) and not yet acquired: kept until used */
+  int guessed;     /* read because a guess named it; no selection has used it yet */
+  int first;       /* selected; its first acquire not yet made (counts a stall if it waits) */
+  int prio;        /* read order: 0 selected, 1 guessed */
+  uint64_t seq;    /* when it was queued */
+  uint64_t round;  /* prediction round of its last guess */
+  uint64_t used;   /* tick of its last use (acquire or selection) */
 } slot;
 
 struct el_routed_cache {
   const el_plan_weight* table;
   uint32_t n, n_slots;
+  el_rc_policy policy;
   uint32_t* slot_of; /* per weight: its slot or NONE */
-  uint32_t* count;   /* per weight: times selected (halved every AGE selections: recent use weighs more) */
-  uint64_t selections, age;
+  uint32_t* count;   /* per weight: times selected (FREQ: halved every `age` selections) */
+  uint32_t* total;   /* per weight: times selected since open (LFU) */
+  uint64_t selections, age, round, seq;
   slot* slots;
   uint64_t slot_bytes;
   uint8_t* mem;
-  uint32_t* queue; /* slots to read, FIFO */
-  uint32_t qhead, qlen;
   el_io* io;
   pthread_mutex_t mu;
   pthread_cond_t work, landed;
   pthread_t threads[2]; /* two reads in flight: a flash queue serves them in parallel */
   int started, stop, failed;
   char io_err[256];
-  uint64_t tick, hits, misses, dropped;
-  double stall_s;
+  uint64_t tick;
+  el_rc_counters_t k;
 };
 
 static uint64_t lead(const el_plan_weight* t, uint32_t w) { return t[w].offset % EL_IO_ALIGN; }
 static uint64_t as_read(const el_plan_weight* t, uint32_t w) {
   return (lead(t, w) + t[w].nbytes + EL_IO_ALIGN - 1) / EL_IO_ALIGN * EL_IO_ALIGN;
+}
+
+int el_rc_policy_find(const char* name) {
+  if (!name || !*name || !strcmp(name, "freq")) return EL_RC_FREQ;
+  if (!strcmp(name, "lru")) return EL_RC_LRU;
+  if (!strcmp(name, "lfu")) return EL_RC_LFU;
+  return -1;
 }
 
 uint64_t el_rc_slot_bytes(const el_plan_weight* table, uint32_t n, const uint8_t* routed) {
@@ -53,40 +66,64 @@ uint64_t el_rc_slot_bytes(const el_plan_weight* table, uint32_t n, const uint8_t
   return m;
 }
 
-/* Which of two cached slots to give away first: the one selected less often; between equals the more recently
- * used. Recency alone fails the common case: a token selecting every group (threshold 0) or more groups than fit
- * walks them in the same order each token, and least-recently-used then evicts each just before it is needed
- * again (no hits at all), where keeping a fixed set and cycling one slot hits on everything kept. */
+/* Whether cached slot a should make room before slot b (routed_cache.h: the policies). */
 static int worse(const el_routed_cache* c, uint32_t a, uint32_t b) {
-  uint32_t ca = c->count[c->slots[a].w], cb = c->count[c->slots[b].w];
-  return ca != cb ? ca < cb : c->slots[a].used > c->slots[b].used;
+  const slot *x = &c->slots[a], *y = &c->slots[b];
+  if (c->policy == EL_RC_LRU) return x->used < y->used;
+  if (c->policy == EL_RC_LFU) {
+    uint32_t ta = c->total[x->w], tb = c->total[y->w];
+    return ta != tb ? ta < tb : x->used < y->used;
+  }
+  uint32_t ca = c->count[x->w], cb = c->count[y->w];
+  return ca != cb ? ca < cb : x->used > y->used;
 }
 
-/* A slot for a new weight (mu held): a free one, else the worst one nobody holds or waits for; with force, else one
- * selected but not yet used (its selection is dropped). NONE if every slot is busy. */
-static uint32_t victim(el_routed_cache* c, int force) {
+/* A guess still young enough that other guesses leave it alone. */
+static int fresh_guess(const el_routed_cache* c, const slot* x) {
+  return x->guessed && c->round - x->round < GUESS_ROUNDS;
+}
+
+/* A slot for a new weight (mu held): a free one, else the worst one nobody holds or waits for (for a guess, not a
+ * fresh guess either); with force, else one selected but not yet used (its selection is dropped). NONE if every
+ * slot is busy. */
+static uint32_t victim(el_routed_cache* c, int force, int for_guess) {
   uint32_t best = NONE;
   for (uint32_t s = 0; s < c->n_slots; s++) {
     slot* x = &c->slots[s];
     if (x->state == FREE) return s;
-    if (x->state == READY && !x->refs && !x->wanted && (best == NONE || worse(c, s, best))) best = s;
+    if (x->state == READY && !x->refs && !x->wanted && !(for_guess && fresh_guess(c, x)) &&
+        (best == NONE || worse(c, s, best)))
+      best = s;
   }
   if (best != NONE || !force) return best;
   for (uint32_t s = 0; s < c->n_slots; s++) {
     slot* x = &c->slots[s];
     if (x->state == READY && !x->refs && (best == NONE || worse(c, s, best))) best = s;
   }
-  if (best != NONE) c->dropped++;
+  if (best != NONE) c->k.dropped++;
   return best;
 }
 
-static void assign(el_routed_cache* c, uint32_t w, uint32_t s) {
+static void assign(el_routed_cache* c, uint32_t w, uint32_t s, int prio) {
   slot* x = &c->slots[s];
   if (x->w != NONE) c->slot_of[x->w] = NONE;
-  *x = (slot){.w = w, .state = QUEUED};
+  if (x->guessed) c->k.predict_wasted++; /* evicted before any selection used it */
+  *x = (slot){.w = w, .state = QUEUED, .prio = prio, .seq = ++c->seq, .used = ++c->tick};
   c->slot_of[w] = s;
-  c->queue[(c->qhead + c->qlen++) % c->n_slots] = s;
   pthread_cond_signal(&c->work);
+}
+
+/* The queued slot to read next: selected ones first, each kind in queue order (mu held). */
+static uint32_t next_read(const el_routed_cache* c) {
+  uint32_t best = NONE;
+  for (uint32_t s = 0; s < c->n_slots; s++) {
+    const slot* x = &c->slots[s];
+    if (x->state != QUEUED) continue;
+    if (best == NONE || x->prio < c->slots[best].prio ||
+        (x->prio == c->slots[best].prio && x->seq < c->slots[best].seq))
+      best = s;
+  }
+  return best;
 }
 
 static void* reader(void* arg) {
@@ -94,12 +131,11 @@ static void* reader(void* arg) {
   char err[256];
   pthread_mutex_lock(&c->mu);
   while (!c->stop) {
-    if (!c->qlen) {
+    uint32_t s = next_read(c);
+    if (s == NONE) {
       pthread_cond_wait(&c->work, &c->mu);
       continue;
     }
-    uint32_t s = c->queue[c->qhead];
-    c->qhead = (c->qhead + 1) % c->n_slots, c->qlen--;
     slot* x = &c->slots[s];
     x->state = READING;
     uint32_t w = x->w;
@@ -120,21 +156,21 @@ static void* reader(void* arg) {
 }
 
 el_routed_cache* el_rc_open(const el_plan_weight* table, uint32_t n, const uint8_t* routed, uint32_t n_slots,
-                            el_io* io, char* err, size_t errlen) {
+                            el_rc_policy policy, el_io* io, char* err, size_t errlen) {
   el_routed_cache* c = calloc(1, sizeof *c);
   if (!c) return snprintf(err, errlen, "out of memory"), NULL;
-  c->table = table, c->n = n, c->io = io, c->n_slots = n_slots < 2 ? 2 : n_slots;
+  c->table = table, c->n = n, c->io = io, c->n_slots = n_slots < 2 ? 2 : n_slots, c->policy = policy;
   c->slot_bytes = el_rc_slot_bytes(table, n, routed);
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->work, NULL);
   pthread_cond_init(&c->landed, NULL);
   c->slot_of = malloc(sizeof *c->slot_of * (n ? n : 1));
   c->count = calloc(n ? n : 1, sizeof *c->count);
+  c->total = calloc(n ? n : 1, sizeof *c->total);
   for (uint32_t w = 0; w < n; w++) c->age += routed[w] != 0;
   c->age = 16 * (c->age ? c->age : 1); /* about 16 tokens of selections when every group is selected */
   c->slots = calloc(c->n_slots, sizeof *c->slots);
-  c->queue = calloc(c->n_slots, sizeof *c->queue);
-  if (!c->slot_of || !c->count || !c->slots || !c->queue) {
+  if (!c->slot_of || !c->count || !c->total || !c->slots) {
     snprintf(err, errlen, "out of memory");
     goto fail;
   }
@@ -166,23 +202,51 @@ int el_rc_prefetch(el_routed_cache* c, uint32_t w) {
   pthread_mutex_lock(&c->mu);
   if (++c->selections % c->age == 0)
     for (uint32_t v = 0; v < c->n; v++) c->count[v] >>= 1;
-  c->count[w]++;
+  c->count[w]++, c->total[w]++, c->k.selected++;
   uint32_t s = c->slot_of[w];
   int cached = s != NONE;
-  if (cached) c->hits++;
-  else if ((s = victim(c, 0)) != NONE) assign(c, w, s), c->misses++;
-  if (s != NONE) c->slots[s].wanted = 1;
+  if (cached) {
+    slot* x = &c->slots[s];
+    c->k.hits++;
+    if (x->guessed) c->k.prefetched++;
+    else c->k.cached++;
+    x->guessed = 0, x->prio = 0, x->used = ++c->tick; /* a queued guess is now a selection: read it first */
+  } else if ((s = victim(c, 0, 0)) != NONE) {
+    assign(c, w, s, 0), c->k.misses++;
+  } else {
+    c->k.misses++; /* every slot busy: acquire reads it */
+  }
+  if (s != NONE) c->slots[s].wanted = 1, c->slots[s].first = 1;
   pthread_mutex_unlock(&c->mu);
   return cached;
+}
+
+void el_rc_predict(el_routed_cache* c, const uint32_t* ws, uint32_t n) {
+  pthread_mutex_lock(&c->mu);
+  c->round++;
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t w = ws[i], s;
+    if (w >= c->n) continue;
+    if ((s = c->slot_of[w]) != NONE) { /* held or on its way: keep it from other guesses a while longer */
+      if (c->slots[s].guessed) c->slots[s].round = c->round;
+      continue;
+    }
+    if ((s = victim(c, 0, 1)) == NONE) break; /* nothing evictable: the guess costs nothing */
+    assign(c, w, s, 1);
+    c->slots[s].guessed = 1, c->slots[s].round = c->round;
+    c->k.predict_reads++;
+  }
+  pthread_mutex_unlock(&c->mu);
 }
 
 const void* el_rc_acquire(el_routed_cache* c, uint32_t w, char* err, size_t errlen) {
   pthread_mutex_lock(&c->mu);
   uint32_t s = c->slot_of[w];
+  int first = 0;
   if (s == NONE) {
     /* every slot is being read or waits for its selection's turn: the reader frees one (slots held across this
      * call are a caller's bug: one step acquires one routed weight) */
-    while ((s = victim(c, 1)) == NONE) {
+    while ((s = victim(c, 1, 0)) == NONE) {
       int held = 0;
       for (uint32_t k = 0; k < c->n_slots; k++) held += c->slots[k].refs > 0;
       if (held == (int)c->n_slots || c->failed) {
@@ -192,10 +256,12 @@ const void* el_rc_acquire(el_routed_cache* c, uint32_t w, char* err, size_t errl
       }
       pthread_cond_wait(&c->landed, &c->mu);
     }
-    assign(c, w, s);
-    c->misses++;
+    assign(c, w, s, 0);
+    first = 1;
   }
   slot* x = &c->slots[s];
+  first |= x->first;
+  x->first = 0;
   x->refs++; /* held: the slot cannot be given away while we wait */
   double t0 = 0;
   while (x->state != READY && !c->failed) {
@@ -208,8 +274,8 @@ const void* el_rc_acquire(el_routed_cache* c, uint32_t w, char* err, size_t errl
     pthread_mutex_unlock(&c->mu);
     return NULL;
   }
-  if (t0) c->stall_s += el_io_now() - t0;
-  x->wanted = 0, x->used = ++c->tick;
+  if (t0) c->k.stall_s += el_io_now() - t0, c->k.stalls += first;
+  x->wanted = 0, x->guessed = 0, x->used = ++c->tick;
   const void* p = c->mem + (uint64_t)s * c->slot_bytes + lead(c->table, w);
   pthread_mutex_unlock(&c->mu);
   return p;
@@ -225,10 +291,11 @@ int el_rc_release(el_routed_cache* c, uint32_t w) {
 }
 
 uint64_t el_rc_bytes(const el_routed_cache* c) { return c ? c->slot_bytes * c->n_slots : 0; }
+uint32_t el_rc_slots(const el_routed_cache* c) { return c ? c->n_slots : 0; }
 
-void el_rc_counters(el_routed_cache* c, uint64_t* hits, uint64_t* misses, uint64_t* dropped, double* stall_s) {
+void el_rc_counters(el_routed_cache* c, el_rc_counters_t* out) {
   pthread_mutex_lock(&c->mu);
-  *hits = c->hits, *misses = c->misses, *dropped = c->dropped, *stall_s = c->stall_s;
+  *out = c->k;
   pthread_mutex_unlock(&c->mu);
 }
 
@@ -245,6 +312,6 @@ void el_rc_close(el_routed_cache* c) {
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->work);
   pthread_cond_destroy(&c->landed);
-  free(c->slot_of), free(c->count), free(c->slots), free(c->queue);
+  free(c->slot_of), free(c->count), free(c->total), free(c->slots);
   free(c);
 }

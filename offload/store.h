@@ -54,6 +54,9 @@ typedef struct {
   uint64_t routed_hits, routed_misses; /* of routed weights: found in the cache / read when selected */
   uint64_t dropped;              /* prefetched weights thrown away unused (the order changed) */
   double stall_s;                /* time acquire spent waiting for reads */
+  /* the expert cache ("experts"; routed_cache.h): selections, held / guessed-and-read among them, first acquires
+   * that waited; reads guesses issued, and those evicted unused */
+  uint64_t expert_selected, expert_cached, expert_prefetched, expert_stalls, predict_reads, predict_wasted;
 } el_store_counters;
 struct el_weight_store {
   /* ptrs[i] = first byte of weight ids[i] (EL_TENSOR_ALIGN aligned at least). 0, or -1 with err[] set (nothing
@@ -62,6 +65,9 @@ struct el_weight_store {
   void (*release)(el_weight_store* s, const uint32_t* ids, uint32_t n);
   /* A hint that these weights are needed soon. NULL: the policy has no use for hints (the executor skips them). */
   void (*prefetch)(el_weight_store* s, const uint32_t* ids, uint32_t n);
+  /* A guess (PREDICT steps): these routed weights may be selected soon; read them if there is room. NULL: the
+   * executor skips the predictions, and the compute that makes them. */
+  void (*predict)(el_weight_store* s, const uint32_t* ids, uint32_t n);
   /* Frees everything, including s. */
   void (*close)(el_weight_store* s);
   /* Bytes of weights currently held in memory. */
@@ -98,6 +104,7 @@ typedef struct {
   int io_threads;           /* reader threads (<= 0: 2) */
   int direct_io;            /* 1: O_DIRECT reads; 0: buffered, dropped from the page cache once read */
   int plan_only;            /* compute the layout; read and allocate nothing (acquire fails) */
+  const char* eviction;     /* "experts": the expert cache's eviction policy (routed_cache.h; NULL: freq) */
 } el_store_config;
 
 /* "resident": every weight in memory for the life of the model. Where the kernel offers transparent huge pages,
@@ -113,9 +120,15 @@ EL_HIDDEN el_weight_store* el_store_open_resident(const el_store_config* cfg, ch
  * the layers before it. Identical results to "resident"; peak memory = pinned + ring <= budget. */
 EL_HIDDEN el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, size_t errlen);
 
-/* Opens a store by policy name: "resident", "window", or NULL/""/"auto" (resident when the weights fit the budget,
- * else window); unknown name -> NULL with err set. New policies add their opener here; the executor does not
- * change. */
+/* "experts" (MoE packages): every weight that is not an expert held (row-lookup tables mapped, as the window
+ * does), every expert read from storage into a cache of expert-sized slots when a route selects it or a PREDICT
+ * step guesses it (routed_cache.h), evicted by the chosen policy. The slots take what the budget leaves; without a
+ * budget, one per expert. Identical results to "resident". */
+EL_HIDDEN el_weight_store* el_store_open_experts(const el_store_config* cfg, char* err, size_t errlen);
+
+/* Opens a store by policy name: "resident", "window", "experts", or NULL/""/"auto" (resident when the weights fit
+ * the budget, else window); unknown name -> NULL with err set. New policies add their opener here; the executor
+ * does not change. */
 EL_HIDDEN el_weight_store* el_store_open(const char* policy, const el_store_config* cfg, char* err, size_t errlen);
 
 #endif

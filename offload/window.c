@@ -633,10 +633,9 @@ static void window_counters(el_weight_store* b, el_store_counters* out) {
   out->hits = s->hits, out->misses = s->misses, out->dropped = s->dropped, out->stall_s = s->stall_s;
   pthread_mutex_unlock(&s->mu);
   if (s->rc) {
-    uint64_t hits, misses, dropped;
-    double stall;
-    el_rc_counters(s->rc, &hits, &misses, &dropped, &stall);
-    out->dropped += dropped, out->stall_s += stall;
+    el_rc_counters_t k;
+    el_rc_counters(s->rc, &k);
+    out->dropped += k.dropped, out->stall_s += k.stall_s;
   }
   pthread_mutex_lock(&s->mu);
   out->routed_hits = s->routed_hits, out->routed_misses = s->routed_misses;
@@ -768,7 +767,7 @@ el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, siz
   }
   if (any_routed) {
     uint64_t slot = el_rc_slot_bytes(s->table, s->n, s->routed);
-    if (!(s->rc = el_rc_open(s->table, s->n, s->routed, (uint32_t)(lay->routed_cache_bytes / slot), s->io, err,
+    if (!(s->rc = el_rc_open(s->table, s->n, s->routed, (uint32_t)(lay->routed_cache_bytes / slot), EL_RC_FREQ, s->io, err,
                              errlen)))
       goto fail;
   }

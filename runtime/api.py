@@ -439,13 +439,25 @@ def _npu_options(opts, soc: str | None) -> list:
     return keep
 
 
-def _store_options(opts, memory_budget, weight_policy, storage, io_threads) -> list:
+EXPERT_EVICTIONS = ("freq", "lru", "lfu")   # offload/routed_cache.h
+
+
+def _store_options(opts, memory_budget, weight_policy, storage, io_threads, expert_eviction=None,
+                   expert_predict=True) -> list:
     """Sets the weight-store load options; returns the byte strings that must outlive the load call."""
     keep = []
     if memory_budget is not None:
         opts.memory_budget = parse_bytes(memory_budget)
-    if weight_policy not in (None, "auto", "resident", "window"):
-        raise InputError(f"weight_policy {weight_policy!r}: choose auto, resident or window")
+    if weight_policy not in (None, "auto", "resident", "window", "experts"):
+        raise InputError(f"weight_policy {weight_policy!r}: choose auto, resident, window or experts")
+    if expert_eviction is not None and expert_eviction not in EXPERT_EVICTIONS:
+        raise InputError(f"expert_eviction {expert_eviction!r}: choose one of {', '.join(EXPERT_EVICTIONS)}")
+    if not isinstance(expert_predict, bool):
+        raise InputError(f"expert_predict {expert_predict!r}: True or False")
+    opts.no_expert_predict = 0 if expert_predict else 1
+    if expert_eviction is not None:
+        keep.append(expert_eviction.encode())
+        opts.expert_eviction = keep[-1]
     if storage is not None and storage not in STORAGE_PROFILES:
         raise InputError(f"storage {storage!r}: choose one of {', '.join(STORAGE_PROFILES)}")
     if io_threads is not None and not (isinstance(io_threads, int) and 1 <= io_threads <= 4):
@@ -504,13 +516,18 @@ class Runtime:
              verify: bool = False, digest: str | None = None, huge_pages: bool | None = None,
              prefill_backend: str = "auto", npu_soc: str | None = None, weight_policy: str | None = None,
              storage: str | None = None, io_threads: int | None = None, direct_io: bool = False,
-             ffn_threshold: float | None = None) -> Runtime:
+             ffn_threshold: float | None = None, expert_eviction: str | None = None,
+             expert_predict: bool = True) -> Runtime:
         """Load a package.
 
         threads: default threads of its contexts (None: one per CPU). memory_budget: bytes (or "600MB") the model
         may use: the weights it holds + one context's KV cache and arena; weights beyond it are streamed from the
-        package every token (weight_policy "window"; memory() says how). weight_policy: "resident", "window" or
-        None (resident when everything fits). storage: the storage profile streamed reads are shaped to ("native",
+        package every token (weight_policy "window"; memory() says how). weight_policy: "resident", "window",
+        "experts" (MoE packages: every other weight held, experts read into a cache when selected or guessed) or
+        None (resident when everything fits, else experts for MoE packages whose other weights fit, else window).
+        expert_eviction: the expert cache's eviction policy ("freq", "lru", "lfu"; None: freq). expert_predict:
+        False skips the package's expert guesses (experts are read only once selected).
+        storage: the storage profile streamed reads are shaped to ("native",
         "sd", "emmc", "ufs3", "ufs4"; the last two are modelled). io_threads: reader threads (None: 2). direct_io:
         O_DIRECT reads instead of buffered ones dropped from the page cache behind them. verify: check every
         file against the package's SHA256SUMS. digest: the "sha256:..." that `edgellm compile` printed; every file
@@ -530,7 +547,8 @@ class Runtime:
                 raise InputError(f"ffn_threshold {ffn_threshold!r}: a number >= 0 (0: exact)")
             opts.ffn_threshold = float(ffn_threshold)
         opts.n_threads = _threads(threads)
-        keep_store = _store_options(opts, memory_budget, weight_policy, storage, io_threads)  # noqa: F841
+        keep_store = _store_options(opts, memory_budget, weight_policy, storage, io_threads,  # noqa: F841
+                                    expert_eviction, expert_predict)
         opts.direct_io = 1 if direct_io else 0
         if huge_pages is None and os.environ.get("EDGELLM_HUGEPAGES", "") in ("0", "1"):
             huge_pages = os.environ["EDGELLM_HUGEPAGES"] == "1"
@@ -562,7 +580,7 @@ class Runtime:
 
     @classmethod
     def plan(cls, path: str | os.PathLike, memory_budget: int | str | None = None, weight_policy: str | None = None,
-             storage: str | None = None, direct_io: bool = False) -> dict:
+             storage: str | None = None, direct_io: bool = False, expert_eviction: str | None = None) -> dict:
         """How a package would use memory under a budget, without reading its weights or loading its kernels:
         memory() of the model Runtime.load would make, plus "pinned" (per weight, in manifest order: held or
         streamed)."""
@@ -570,7 +588,7 @@ class Runtime:
         read_manifest(p)
         opts = L.LoadOptions()
         L.lib().el_load_options_init(C.byref(opts))
-        keep = _store_options(opts, memory_budget, weight_policy, storage, None)  # noqa: F841
+        keep = _store_options(opts, memory_budget, weight_policy, storage, None, expert_eviction)  # noqa: F841
         opts.plan_only = 1
         opts.direct_io = 1 if direct_io else 0
         opts.prefill_backend = L.PREFILL_BACKENDS["cpu"]

@@ -62,7 +62,8 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
           reps: int = 3, warmup: int = 1, seed: int = 0, prefill_backend: str = "auto",
           npu_soc: str | None = None, memory_budget=None, weight_policy: str | None = None,
           storage: str | None = None, io_threads: int | None = None, direct_io: bool = False,
-          ffn_threshold: float | None = None) -> dict:
+          ffn_threshold: float | None = None, expert_eviction: str | None = None,
+          expert_predict: bool = True) -> dict:
     """Median prefill/decode tokens per second, time to first token and peak RSS of one package."""
     if prompt_len < 1:
         raise InputError(f"--prompt-len {prompt_len} is invalid: must be >= 1")
@@ -73,7 +74,8 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
     t0 = time.perf_counter()
     with Runtime.load(package, threads=threads, prefill_backend=prefill_backend, npu_soc=npu_soc,
                       memory_budget=memory_budget, weight_policy=weight_policy, storage=storage,
-                      io_threads=io_threads, direct_io=direct_io, ffn_threshold=ffn_threshold) as rt:
+                      io_threads=io_threads, direct_io=direct_io, ffn_threshold=ffn_threshold,
+                      expert_eviction=expert_eviction, expert_predict=expert_predict) as rt:
         load_s = time.perf_counter() - t0
         backend = rt.prefill_backend
         if prompt_len + gen_len > rt.max_context:
@@ -106,7 +108,22 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
         "storage_modelled": bool(mem["storage_modelled"]), "io_bytes_read": stats["io_bytes_read"],
         "io_stall_s": stats["io_stall_seconds"],
         "routed_run_fraction": stats["routed_selected"] / stats["routed_possible"] if stats["routed_possible"] else None,
+        **_expert_counters(stats),
     }
+
+
+def _expert_counters(st: dict) -> dict:
+    """The expert cache over every decode run (policy "experts"): shares of the selections, the guesses' recall,
+    storage bytes per decoded token and wait time; {} where no expert was selected through it."""
+    sel = st["expert_selected"]
+    if not sel:
+        return {}
+    return {"expert_cached": st["expert_cached"] / sel, "expert_read_ahead": st["expert_prefetched"] / sel,
+            "expert_no_stall": 1 - st["expert_stalls"] / sel,
+            "expert_recall": st["expert_predicted"] / st["expert_predict_checked"] if st["expert_predict_checked"]
+            else None,
+            "decode_io_bytes_per_token": st["decode_io_bytes_read"] / max(1, st["decode_tokens"]),
+            "decode_io_stall_s": st["decode_io_stall_seconds"]}
 
 
 def format_bench(r: dict) -> str:
@@ -121,5 +138,10 @@ def format_bench(r: dict) -> str:
             + (f"; {r['streamed_bytes_per_token'] / 1e6:.1f} MB of weights streamed per token from {r['storage']}"
                f"{' (modelled)' if r['storage_modelled'] else ''}, {r['io_stall_s']:.2f} s waiting for reads"
                if r.get("streamed_bytes_per_token") else "")
-            + (f"; {100 * r['routed_run_fraction']:.0f}% of FFN neuron groups run" if r.get("routed_run_fraction")
-               is not None else ""))
+            + (f"; experts: {100 * r['expert_cached']:.0f}% cached, {100 * r['expert_read_ahead']:.0f}% read ahead "
+               f"on a guess, {100 * r['expert_no_stall']:.0f}% served without a stall"
+               + (f", guesses {100 * r['expert_recall']:.0f}% recall" if r["expert_recall"] is not None else "")
+               + f", {r['decode_io_bytes_per_token'] / 1e6:.2f} MB read per decoded token, "
+               f"{r['decode_io_stall_s']:.2f} s waiting" if "expert_cached" in r else
+               (f"; {100 * r['routed_run_fraction']:.0f}% of FFN neuron groups run" if r.get("routed_run_fraction")
+                is not None else "")))

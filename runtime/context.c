@@ -55,7 +55,7 @@ static void profile_report(const el_context* c) {
       int n = 0;
       for (uint32_t j = (uint32_t)best; j < pg->n_steps; j++)
         if (!done[j] && strcmp(pg->steps[j].kernel_name, pg->steps[best].kernel_name) == 0) done[j] = 1, n++;
-      if (pg->steps[best].kind == EL_STEP_CALL)
+      if (pg->steps[best].kind == EL_STEP_CALL) /* ROUTE / PREDICT steps call no kernel */
         fprintf(stderr, "  %6.2f %9.3f %6d  %s\n", 100 * best_t / total, 1e3 * best_t / runs, n,
                 pg->steps[best].kernel_name);
     }
@@ -256,8 +256,22 @@ int el_decode_locked(el_context* c, int32_t id, float* logits) {
   const el_plan_program* p = &m->prog[EL_PROG_DECODE].p;
   *(int32_t*)(c->arena + p->in_offset) = id;
   uint64_t w0 = c->stats.weight_bytes_read;
+  el_weight_store* st = m->store;
+  el_store_counters k0 = {0}, k1 = {0};
+  if (st->counters) st->counters(st, &k0);
   if (run(c, EL_PROG_DECODE, c->pos) != 0) return -1;
   c->stats.decode_weight_bytes_read += c->stats.weight_bytes_read - w0;
+  if (st->counters) { /* the store's counters over this step (shared by contexts: exact when one runs at a time) */
+    st->counters(st, &k1);
+    c->stats.expert_selected += k1.expert_selected - k0.expert_selected;
+    c->stats.expert_cached += k1.expert_cached - k0.expert_cached;
+    c->stats.expert_prefetched += k1.expert_prefetched - k0.expert_prefetched;
+    c->stats.expert_stalls += k1.expert_stalls - k0.expert_stalls;
+    c->stats.expert_predict_reads += k1.predict_reads - k0.predict_reads;
+    c->stats.expert_predict_wasted += k1.predict_wasted - k0.predict_wasted;
+    c->stats.decode_io_bytes_read += k1.bytes_read - k0.bytes_read;
+    c->stats.decode_io_stall_seconds += k1.stall_s - k0.stall_s;
+  }
   if (c->kv_high < c->pos + 1) c->kv_high = c->pos + 1;
   if (logits) memcpy(logits, c->arena + p->out_offset, p->out_row_bytes);
   c->pos += 1;

@@ -10,13 +10,19 @@
  *   el_plan_kernel x n_kernels      kernel symbols (without "__tvm_ffi_"), arity and which args each writes
  *   per program (n_programs):
  *     el_plan_program
- *     per step (n_steps): el_plan_step, then el_plan_arg x n_args (CALL steps; ROUTE steps have none)
+ *     per step (n_steps): el_plan_step, then el_plan_arg x n_args (CALL and PREDICT steps; ROUTE steps have none)
  *
  * A program runs on the backend its tag names (EL_BACKEND_*). A CALL step calls one kernel. A ROUTE step reads
  * n_select int32 expert ids (written by an earlier step, e.g. a router's top-k) from the arena and runs the n_body
  * CALL steps that follow it once per id: in those, EL_FLAG_EXPERT weight args use weight index + e * expert_stride
  * for expert e, and EL_FLAG_SLOT arena args move by i rows for the i-th id. An id of -1 ends the selection early
  * (variable-count routes: the neuron groups a token activates); ids after it are not read.
+ *
+ * A PREDICT step is a guess at a later route's selection (the next MoE layer's router applied early): it runs the
+ * n_body CALL steps that follow it, which write n_select int32 ids at ids_offset (-1 ends them early), then hands
+ * the weight store the guessed experts' weights to read ahead: its n_args el_plan_arg entries (EL_ARG_WEIGHT with
+ * EL_FLAG_EXPERT) name them as index + e * expert_stride. A runtime whose store reads nothing ahead skips the step
+ * and its body; a prediction never changes results.
  */
 #ifndef EDGELLM_CONTRACT_H
 #define EDGELLM_CONTRACT_H
@@ -34,7 +40,8 @@
 #define EL_FILE_RUNNER "bin/edgellm-run"
 
 #define EL_PLAN_MAGIC "EDGEPLAN"
-#define EL_PLAN_VERSION 2
+#define EL_PLAN_VERSION 3     /* the newest plan this runtime reads: 3 adds PREDICT steps */
+#define EL_PLAN_VERSION_MIN 2 /* the oldest (compilers write 2 for plans without PREDICT steps) */
 #define EL_WEIGHT_ALIGN 16384 /* weight regions in weights.bin (Android page size; x86's 4 KiB divides it) */
 #define EL_TENSOR_ALIGN 64    /* every tensor a kernel sees: TVM compiles with this alignment assumption */
 #define EL_MAX_EOS 8
@@ -69,7 +76,7 @@ enum {
   EL_FLAG_SLOT = 8,   /* in a ROUTE body, an arena view moved by i rows for the i-th selected id */
 };
 
-enum { EL_STEP_CALL = 0, EL_STEP_ROUTE = 1 };
+enum { EL_STEP_CALL = 0, EL_STEP_ROUTE = 1, EL_STEP_PREDICT = 2 };
 
 /* Backends, one per program (the tag is the index) */
 enum { EL_BACKEND_TVM_CPU = 0, EL_BACKEND_QNN_ORT = 1, EL_N_BACKENDS = 2 };
@@ -159,11 +166,11 @@ typedef struct {
 typedef struct {
   uint32_t kind;       /* EL_STEP_* */
   uint32_t kernel;     /* CALL: index into the kernel table */
-  uint32_t n_args;     /* CALL: el_plan_arg entries that follow */
-  uint32_t n_body;     /* ROUTE: the next n_body steps (CALL) run once per selected id */
-  uint64_t ids_offset; /* ROUTE: arena byte offset of int32 ids[n_select] */
-  uint32_t n_select;   /* ROUTE: ids to run the body for */
-  uint32_t n_experts;  /* ROUTE: every id must be < n_experts */
+  uint32_t n_args;     /* CALL: el_plan_arg entries that follow; PREDICT: the expert weights it names */
+  uint32_t n_body;     /* ROUTE: the next n_body steps (CALL) run once per selected id; PREDICT: compute the guess */
+  uint64_t ids_offset; /* ROUTE, PREDICT: arena byte offset of int32 ids[n_select] */
+  uint32_t n_select;   /* ROUTE: ids to run the body for; PREDICT: ids guessed */
+  uint32_t n_experts;  /* ROUTE, PREDICT: every id must be < n_experts */
 } el_plan_step;
 
 typedef struct {

@@ -37,7 +37,9 @@ typedef struct {
                                activation arena (0: no limit). Weights that do not fit are streamed from the
                                package every token (policy "window"); el_model_memory says how. */
   const char* weight_policy; /* "resident" (all weights in memory), "window" (stream what the budget cannot hold),
-                                NULL/"auto": resident when everything fits the budget, else window */
+                                "experts" (MoE: every other weight held, experts read into a cache when selected or
+                                guessed), NULL/"auto": resident when everything fits the budget, else experts for
+                                MoE packages whose other weights fit, else window */
   const char* digest;        /* "sha256:<hex>" of the package's SHA256SUMS: every file is checked against it
                                 before anything is loaded or run (NULL: no check) */
   /* NPU prefill (android-npu packages; see README "android-npu"): */
@@ -56,6 +58,10 @@ typedef struct {
   int32_t plan_only;          /* 1: only plan the memory (el_model_memory); reads no weights, makes no contexts */
   float ffn_threshold;        /* neuron-bundled packages (--layout bundled): skip FFN neuron groups whose estimated
                                  output is below this (0: exact, every group runs; < 0: the package's default) */
+  /* Expert cache (policy "experts", MoE packages): */
+  const char* expert_eviction; /* which cached expert makes room: "freq" (selected most lately, counts decaying;
+                                  NULL: this), "lru", "lfu" */
+  int32_t no_expert_predict;   /* 1: skip the package's expert guesses (read experts only once selected) */
 } el_load_options;
 
 /* el_load_options.prefill_backend. AUTO: the NPU when the package has NPU graphs and ONNX Runtime with the QNN EP
@@ -238,6 +244,21 @@ typedef struct {
      the experts / neuron groups a routed step did not select are not read), in all programs and in decode steps */
   uint64_t weight_bytes_read;
   uint64_t decode_weight_bytes_read;
+  /* expert predictions (MoE packages compiled with them, on a store that reads ahead): experts the routes selected
+     where a guess was made for that route, and of those the ones the guess named (recall = predicted / checked) */
+  uint64_t expert_predict_checked;
+  uint64_t expert_predicted;
+  /* the expert cache (policy "experts"), in decode steps: experts the routes selected, and of those the ones found
+     held (cached or pinned), found read or being read because a guess named them, and the ones a kernel had to wait
+     for (stalls); reads the guesses issued and the ones evicted unused; storage bytes and wait time */
+  uint64_t expert_selected;
+  uint64_t expert_cached;
+  uint64_t expert_prefetched;
+  uint64_t expert_stalls;
+  uint64_t expert_predict_reads;
+  uint64_t expert_predict_wasted;
+  uint64_t decode_io_bytes_read;
+  double decode_io_stall_seconds;
 } el_stats;
 void el_get_stats(const el_context* c, el_stats* out);
 void el_reset_stats(el_context* c);

@@ -24,8 +24,9 @@
   "                   [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--seed S]\n"      \
   "                   [--stop STR ...] [--ignore-eos] [--threads N] [--print-ids] [--dump-logits FILE]\n"        \
   "                   [--digest sha256:HEX] [--memory-budget BYTES] [--prefill-backend auto|cpu|npu]\n"         \
-  "                   [--npu-soc SOC] [--weight-policy auto|resident|window] [--storage PROFILE]\n"              \
+  "                   [--npu-soc SOC] [--weight-policy auto|resident|window|experts] [--storage PROFILE]\n"      \
   "                   [--io-threads N] [--direct-io] [--huge-pages auto|on|off] [--ffn-threshold T]\n"         \
+  "                   [--expert-eviction freq|lru|lfu] [--no-expert-predict]\n"                                \
   "  PKG                  package directory (made by `edgellm compile`)\n"                                      \
   "  -p, --prompt TEXT    prompt text (needs PKG/tokenizer.bin)\n"                                              \
   "  --ids LIST           prompt as token ids, comma- or space-separated\n"                                     \
@@ -46,8 +47,11 @@
   "  --digest sha256:HEX  refuse to run unless the package matches this digest (printed by edgellm compile)\n"  \
   "  --memory-budget N    bytes the model may use: weights held + one context's KV cache and arena (suffixes\n" \
   "                       K, M, G); weights beyond it stream from the package every token\n"                      \
-  "  --weight-policy P    resident (all weights in memory), window (stream what the budget cannot hold), auto\n"  \
-  "                       (default: resident when everything fits)\n"                                           \
+  "  --weight-policy P    resident (all weights in memory), window (stream what the budget cannot hold), experts\n" \
+  "                       (MoE: all but the experts held, experts cached in the budget), auto (default: resident\n" \
+  "                       when everything fits, else experts for MoE packages, else window)\n"                   \
+  "  --expert-eviction E  which cached expert makes room: freq (default: selected most lately), lru, lfu\n"       \
+  "  --no-expert-predict  read experts only once selected (skip the package's guesses one layer ahead)\n"        \
   "  --storage PROFILE    shape streamed reads like: native (default), sd, emmc, ufs3, ufs4 (ufs: modelled)\n"   \
   "  --io-threads N       reader threads for streamed weights (1-4, default 2)\n"                               \
   "  --direct-io          O_DIRECT reads for streamed weights (default: buffered, dropped from the page cache)\n" \
@@ -150,7 +154,8 @@ int main(int argc, char** argv) {
   float ffn_threshold = -1;
   float temperature = NAN, top_p = NAN, min_p = NAN, rep = NAN, presence = NAN, frequency = NAN;
   uint64_t seed = 0, budget = 0;
-  const char *policy = NULL, *storage = NULL;
+  const char *policy = NULL, *storage = NULL, *eviction = NULL;
+  int no_predict = 0;
   long io_threads = 0;
   int direct_io = 0, huge_pages = -1;
   int have_seed = 0, ignore_eos = 0;
@@ -225,6 +230,12 @@ int main(int argc, char** argv) {
       NEED_VALUE policy = v;
     } else if (!strcmp(a, "--direct-io")) {
       direct_io = 1;
+    } else if (!strcmp(a, "--expert-eviction")) {
+      NEED_VALUE if (strcmp(v, "freq") && strcmp(v, "lru") && strcmp(v, "lfu"))
+          return usage_error("--expert-eviction takes freq, lru or lfu, got '%s'", v);
+      eviction = v;
+    } else if (!strcmp(a, "--no-expert-predict")) {
+      no_predict = 1;
     } else if (!strcmp(a, "--huge-pages")) {
       NEED_VALUE if (!strcmp(v, "auto")) huge_pages = -1;
       else if (!strcmp(v, "on")) huge_pages = 1;
@@ -266,6 +277,8 @@ int main(int argc, char** argv) {
   opt.direct_io = direct_io;
   opt.huge_pages = huge_pages;
   opt.ffn_threshold = ffn_threshold;
+  opt.expert_eviction = eviction;
+  opt.no_expert_predict = no_predict;
   opt.prefill_backend = prefill;
   opt.npu_soc = npu_soc;
   opt.ort_library = getenv("EDGELLM_ORT_LIB");
@@ -379,6 +392,15 @@ int main(int argc, char** argv) {
             "%llu requests, %.2f s waiting for reads]\n", mp.pinned_bytes / 1e6, mp.window_bytes / 1e6,
             mp.streamed_bytes / 1e6, mp.storage, mp.storage_modelled ? " (modelled)" : "", st.io_bytes_read / 1e6,
             (unsigned long long)st.io_requests, st.io_stall_seconds);
+  if (st.expert_selected) /* the expert cache over decode: what the selections found, how well the guesses did */
+    fprintf(stderr, "[experts: %llu selected in decode: %.1f%% cached, %.1f%% read ahead on a guess, %.1f%% waited "
+            "for (%.3f s); guesses %.1f%% recall, %llu reads, %llu unused; %.2f MB read per decoded token]\n",
+            (unsigned long long)st.expert_selected, 100.0 * st.expert_cached / st.expert_selected,
+            100.0 * st.expert_prefetched / st.expert_selected, 100.0 * st.expert_stalls / st.expert_selected,
+            st.decode_io_stall_seconds,
+            st.expert_predict_checked ? 100.0 * st.expert_predicted / st.expert_predict_checked : 0.0,
+            (unsigned long long)st.expert_predict_reads, (unsigned long long)st.expert_predict_wasted,
+            st.decode_tokens ? st.decode_io_bytes_read / 1e6 / (double)st.decode_tokens : 0.0);
   if (st.routed_possible) /* experts / neuron groups: how many ran, what a decoded token read, what was cached */
     fprintf(stderr, "[routed: %.1f%% of %llu experts or neuron groups run, %.2f MB of weights read per decoded "
             "token; %.1f MB cache of %.1f MB, %llu hits, %llu reads]\n",

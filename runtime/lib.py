@@ -17,7 +17,7 @@ class LoadOptions(C.Structure):
                 ("digest", C.c_char_p), ("npu_soc", C.c_char_p), ("ort_library", C.c_char_p),
                 ("qnn_ep_library", C.c_char_p), ("qnn_backend", C.c_char_p), ("storage", C.c_char_p),
                 ("io_threads", C.c_int32), ("direct_io", C.c_int32), ("plan_only", C.c_int32),
-                ("ffn_threshold", C.c_float)]
+                ("ffn_threshold", C.c_float), ("expert_eviction", C.c_char_p), ("no_expert_predict", C.c_int32)]
 
 
 class MemoryPlan(C.Structure):
@@ -67,7 +67,12 @@ class Stats(C.Structure):
                 ("io_requests", C.c_uint64), ("io_hits", C.c_uint64), ("io_misses", C.c_uint64),
                 ("io_dropped", C.c_uint64), ("io_stall_seconds", C.c_double), ("routed_selected", C.c_uint64),
                 ("routed_possible", C.c_uint64), ("io_routed_hits", C.c_uint64), ("io_routed_misses", C.c_uint64),
-                ("weight_bytes_read", C.c_uint64), ("decode_weight_bytes_read", C.c_uint64)]
+                ("weight_bytes_read", C.c_uint64), ("decode_weight_bytes_read", C.c_uint64),
+                ("expert_predict_checked", C.c_uint64), ("expert_predicted", C.c_uint64),
+                ("expert_selected", C.c_uint64), ("expert_cached", C.c_uint64), ("expert_prefetched", C.c_uint64),
+                ("expert_stalls", C.c_uint64), ("expert_predict_reads", C.c_uint64),
+                ("expert_predict_wasted", C.c_uint64), ("decode_io_bytes_read", C.c_uint64),
+                ("decode_io_stall_seconds", C.c_double)]
 
 
 FINISH = {0: None, 1: "eos", 2: "stop", 3: "length", 4: "context", 5: "cancelled"}

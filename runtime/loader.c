@@ -145,9 +145,9 @@ static int check_header(const el_plan_header* h, size_t file_size) {
   if (memcmp(h->magic, EL_PLAN_MAGIC, 8) != 0)
     return el_error("plan.bin is not an edgellm plan (bad magic); point the runtime at a package directory made by "
                     "`edgellm compile`");
-  if (h->version != EL_PLAN_VERSION)
-    return el_error("package format version %u, this runtime reads %d: recompile the package with this edgellm",
-                    h->version, EL_PLAN_VERSION);
+  if (h->version < EL_PLAN_VERSION_MIN || h->version > EL_PLAN_VERSION)
+    return el_error("package format version %u, this runtime reads %d to %d: recompile the package with this "
+                    "edgellm", h->version, EL_PLAN_VERSION_MIN, EL_PLAN_VERSION);
   if (file_size < sizeof *h)
     return el_error("plan.bin is truncated: %zu bytes, the header alone needs %zu; recompile the package or copy "
                     "it again", file_size, sizeof *h);
@@ -210,6 +210,7 @@ typedef struct {
   uint32_t n_experts;
   int written;        /* the kernel writes this argument */
   int kv_writer;      /* the kernel may write KV views */
+  uint32_t guess_left; /* steps left of an open PREDICT step's body (plain kernel calls) */
 } arg_site;
 
 /* Every arg, checked against the largest position any run can use: a run starts at pos <= max_ctx - 1
@@ -312,7 +313,8 @@ static int check_step(el_model* m, cursor* c, const char* prog, uint32_t si, uin
   const el_plan_step* s = take(c, sizeof *s, 1);
   if (!s) return corrupt("program %s step %u runs past the end of the file", prog, si);
   if (s->kind == EL_STEP_ROUTE) {
-    if (*body_left) return corrupt("program %s step %u: a routed step inside another one's body", prog, si);
+    if (*body_left || route->guess_left)
+      return corrupt("program %s step %u: a routed step inside another step's body", prog, si);
     if (s->n_args || s->kernel) return corrupt("program %s step %u: a routed step calls no kernel", prog, si);
     if (s->n_body == 0 || s->n_body > n_steps - si - 1)
       return corrupt("program %s step %u: routed body of %u steps, %u follow", prog, si, s->n_body, n_steps - si - 1);
@@ -326,7 +328,35 @@ static int check_step(el_model* m, cursor* c, const char* prog, uint32_t si, uin
     route->n_experts = s->n_experts;
     return 0;
   }
+  if (s->kind == EL_STEP_PREDICT) {
+    if (*body_left || route->guess_left)
+      return corrupt("program %s step %u: a predicting step inside another step's body", prog, si);
+    if (s->kernel) return corrupt("program %s step %u: a predicting step calls no kernel", prog, si);
+    if (s->n_body == 0 || s->n_body > n_steps - si - 1)
+      return corrupt("program %s step %u: predicting body of %u steps, %u follow", prog, si, s->n_body,
+                     n_steps - si - 1);
+    if (s->n_select == 0 || s->n_select > (1u << 20) || s->n_experts == 0 || s->n_experts > (1u << 16))
+      return corrupt("program %s step %u: predicts %u ids over %u experts", prog, si, s->n_select, s->n_experts);
+    if (s->ids_offset % 4 || !fits(s->ids_offset, 4ull * s->n_select, h->arena_bytes))
+      return corrupt("program %s step %u: predicted ids at arena byte %llu lie outside the arena", prog, si,
+                     (unsigned long long)s->ids_offset);
+    if (s->n_args == 0 || s->n_args > 64)
+      return corrupt("program %s step %u: a predicting step naming %u expert weights", prog, si, s->n_args);
+    const el_plan_arg* args = take(c, sizeof *args, s->n_args);
+    if (!args) return corrupt("program %s step %u: %u args run past the end of the file", prog, si, s->n_args);
+    arg_site site = {prog, si, 0, 1, s->n_select, s->n_experts, 0, 0, 0};
+    for (uint32_t ai = 0; ai < s->n_args; ai++) {
+      site.arg = ai;
+      if (args[ai].kind != EL_ARG_WEIGHT || !(args[ai].flags & EL_FLAG_EXPERT))
+        return corrupt("program %s step %u arg %u: a predicting step names expert weights only", prog, si, ai);
+      if (check_arg(m, &site, &args[ai]) != 0) return -1;
+    }
+    route->guess_left = s->n_body;
+    *n_args_total += s->n_args;
+    return 0;
+  }
   if (s->kind != EL_STEP_CALL) return corrupt("program %s step %u has unknown kind %u", prog, si, s->kind);
+  if (route->guess_left) route->guess_left--;
   if (s->n_body || s->n_select || s->n_experts || s->ids_offset)
     return corrupt("program %s step %u: a kernel call with routing fields", prog, si);
   if (s->kernel >= h->n_kernels)
@@ -337,7 +367,7 @@ static int check_step(el_model* m, cursor* c, const char* prog, uint32_t si, uin
                    k->n_args);
   const el_plan_arg* args = take(c, sizeof *args, s->n_args);
   if (!args) return corrupt("program %s step %u: %u args run past the end of the file", prog, si, s->n_args);
-  arg_site site = {prog, si, 0, *body_left > 0, route->n_select, route->n_experts, 0, !!(k->flags & EL_KERNEL_WRITES_KV)};
+  arg_site site = {prog, si, 0, *body_left > 0, route->n_select, route->n_experts, 0, !!(k->flags & EL_KERNEL_WRITES_KV), 0};
   for (uint32_t ai = 0; ai < s->n_args; ai++) {
     site.arg = ai;
     site.written = (int)((k->writes >> ai) & 1);
@@ -367,7 +397,8 @@ static int build_program(el_model* m, el_program* pg, const el_plan_program* p, 
     el_step* st = &pg->steps[si];
     st->kind = s->kind;
     st->kernel = s->kernel;
-    st->kernel_name = s->kind == EL_STEP_CALL ? m->kernels[s->kernel].name : "(route)";
+    st->kernel_name = s->kind == EL_STEP_CALL ? m->kernels[s->kernel].name
+                      : s->kind == EL_STEP_ROUTE ? "(route)" : "(predict)";
     st->n_args = s->n_args;
     st->args = args;
     st->n_body = s->n_body, st->n_select = s->n_select, st->n_experts = s->n_experts, st->ids_offset = s->ids_offset;
@@ -552,40 +583,64 @@ static int join(char* out, size_t n, const char* dir, const char* file) {
   return 0;
 }
 
+/* A mixture-of-experts package: its decode routes select some of their experts (a neuron-bundled FFN's routes may
+ * select every group). */
+static int has_experts(const el_model* m) {
+  const el_program* dec = &m->prog[EL_PROG_DECODE];
+  for (uint32_t si = 0; dec->present && si < dec->n_steps; si++)
+    if (dec->steps[si].kind == EL_STEP_ROUTE && dec->steps[si].n_select < dec->steps[si].n_experts) return 1;
+  return 0;
+}
+
 /* The weight store for the memory budget, which counts one context's KV cache and arena besides the weights. */
 static int open_store(el_model* m, const char* weights_path, const el_load_options* opt) {
   el_weight_use use;
   if (el_weight_use_of(m, &use) != 0) return -1;
   el_store_config cfg = {weights_path, m->weights, m->h.n_weights, m->h.weights_bytes, 0, opt->huge_pages,
                          opt->use_mmap, use.seq, use.seq_step, use.n_seq, use.must_pin, m->h.max_ctx,
-                         opt->storage, opt->io_threads, opt->direct_io, opt->plan_only};
+                         opt->storage, opt->io_threads, opt->direct_io, opt->plan_only, opt->expert_eviction};
   uint64_t ctx = el_context_footprint(m), budget = opt->memory_budget;
   const char* policy = opt->weight_policy;
   int resident = policy && !strcmp(policy, "resident");
   int window = policy && !strcmp(policy, "window");
+  int experts = policy && !strcmp(policy, "experts");
+  int moe = has_experts(m);
   uint64_t whole = ctx + m->h.weights_bytes; /* everything resident */
   char err[512];
   int rc = -1;
-  { /* the smallest budget a window over this package runs in (a layout: reads nothing) */
+  { /* the smallest budgets a window / an expert cache over this package runs in (layouts: they read nothing) */
     cfg.plan_only = 1;
     el_weight_store* probe = el_store_open_window(&cfg, err, sizeof err);
-    cfg.plan_only = opt->plan_only;
     if (!probe) {
       el_error("%s", err);
       goto out;
     }
-    uint64_t min_w = probe->layout.minimum_budget;
+    uint64_t min_w = ctx + probe->layout.minimum_budget, min_e = UINT64_MAX;
     probe->close(probe);
-    /* the smallest budget that loads: the window's, or everything resident if that is less (auto takes it) */
-    m->minimum_budget = !window && whole < ctx + min_w ? whole : ctx + min_w;
+    if (moe || experts) {
+      if (!(probe = el_store_open_experts(&cfg, err, sizeof err))) {
+        el_error("%s", err);
+        goto out;
+      }
+      min_e = ctx + probe->layout.minimum_budget;
+      probe->close(probe);
+    }
+    cfg.plan_only = opt->plan_only;
+    /* the smallest budget that loads with this policy (auto: the least of them) */
+    m->minimum_budget = window ? min_w : experts ? min_e : whole < min_w ? whole : min_w;
+    if (!window && !experts && min_e < m->minimum_budget) m->minimum_budget = min_e;
     if (budget && !resident && budget < m->minimum_budget) {
       el_error("the memory budget (%.1f MB) is below this package's minimum of %.1f MB: %.1f MB of weights %s + "
                "%.1f MB for a context's KV cache and activations (%u tokens of context)", budget / 1e6,
                m->minimum_budget / 1e6, (m->minimum_budget - ctx) / 1e6,
-               m->minimum_budget == whole ? "(all of them)" : "held, streamed through a window, and read ahead",
+               m->minimum_budget == whole ? "(all of them)"
+               : m->minimum_budget == min_e ? "(all but the experts, two expert slots, read-ahead)"
+                                            : "held, streamed through a window, and read ahead",
                ctx / 1e6, m->h.max_ctx);
       goto out;
     }
+    if (!policy || !*policy || !strcmp(policy, "auto")) /* resident if it fits, else an expert cache, else a window */
+      policy = !budget || whole <= budget ? "resident" : min_e <= budget ? "experts" : "window";
   }
   if (budget && resident && budget < ctx + m->h.weights_bytes) {
     el_error("the memory budget (%.1f MB) is smaller than the weights (%.1f MB) + a context's KV cache and "
@@ -610,7 +665,8 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   if (!opt) el_load_options_init(&defaults), opt = &defaults;
   if (opt->huge_pages < -1 || opt->huge_pages > 1 || opt->n_threads > 1024 || opt->prefill_backend < EL_PREFILL_AUTO ||
       opt->prefill_backend > EL_PREFILL_NPU || opt->io_threads > 64 || opt->plan_only < 0 || opt->plan_only > 1 ||
-      opt->direct_io < 0 || opt->direct_io > 1 || !(opt->ffn_threshold < 1e30f && opt->ffn_threshold > -1e30f))
+      opt->direct_io < 0 || opt->direct_io > 1 || !(opt->ffn_threshold < 1e30f && opt->ffn_threshold > -1e30f) ||
+      opt->no_expert_predict < 0 || opt->no_expert_predict > 1)
     return el_error("el_model_load: bad options (huge_pages %d, n_threads %d, prefill_backend %d, io_threads %d, "
                     "plan_only %d)", opt->huge_pages, opt->n_threads, opt->prefill_backend, opt->io_threads,
                     opt->plan_only), NULL;
@@ -649,6 +705,7 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   m->plan_only = opt->plan_only;
   for (int i = 0; i < EL_N_SETTINGS; i++) m->settings[i] = -1; /* the package's defaults */
   m->settings[EL_SETTING_FFN_THRESHOLD] = opt->ffn_threshold;
+  m->no_expert_predict = opt->no_expert_predict;
 
   /* weights.bin: a regular file of the exact size, before anything maps it */
   if (join(path, sizeof path, dir, EL_FILE_WEIGHTS) != 0) goto fail;

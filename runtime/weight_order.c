@@ -59,6 +59,7 @@ int el_weight_order(el_model* m) {
     order_fill o = {pg, seen, (uint32_t)k + 1};
     for (uint32_t si = 0; si < pg->n_steps; si++) {
       const el_step* st = &pg->steps[si];
+      if (st->kind == EL_STEP_PREDICT) continue; /* its body is plain steps; its experts are a guess */
       if (st->kind != EL_STEP_CALL) {
         /* every weight the route may select, in expert order: a store reads ahead the ones it predicts (the
          * selection is known only when the route runs) */
@@ -107,6 +108,7 @@ int el_weight_use_of(const el_model* m, el_weight_use* u) {
     uint32_t body_left = 0, route_experts = 0;
     for (uint32_t si = 0; si < pg->n_steps; si++) {
       const el_step* st = &pg->steps[si];
+      if (st->kind == EL_STEP_PREDICT) continue; /* its body is plain steps; its experts are a guess */
       if (st->kind != EL_STEP_CALL) {
         body_left = st->n_body, route_experts = st->n_experts;
         continue;
@@ -139,6 +141,7 @@ int el_weight_use_of(const el_model* m, el_weight_use* u) {
   uint32_t j = 0;
   for (uint32_t si = 0; si < dec->n_steps && dec->present; si++) {
     const el_step* st = &dec->steps[si];
+    if (st->kind == EL_STEP_PREDICT) continue; /* its body is plain steps; its experts are a guess */
     if (st->kind != EL_STEP_CALL) {
       f.j = j;
       route_weights(dec, si, add_to_seq, &f);

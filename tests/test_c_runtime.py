@@ -360,7 +360,7 @@ def test_bad_magic_version_truncation(lib, kernels_so, tmp_path):
     plan = tp.plan_bytes()
     assert "not an edgellm plan" in load_error(lib, variant(kernels_so, tmp_path, b"XDGEPLAN" + plan[8:]))
     assert load_error(lib, variant(kernels_so, tmp_path, version=1)) == (
-        "package format version 1, this runtime reads 2: recompile the package with this edgellm")
+        "package format version 1, this runtime reads 2 to 3: recompile the package with this edgellm")
     assert "plan.bin is truncated: 100 bytes" in load_error(lib, variant(kernels_so, tmp_path, plan[:100]))
     assert "plan.bin is corrupt" in load_error(lib, variant(kernels_so, tmp_path, plan[:-10]))
     assert "unexpected bytes after the last program" in load_error(lib, variant(kernels_so, tmp_path, plan + bytes(8)))

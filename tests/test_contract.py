@@ -20,7 +20,8 @@ CC = shutil.which("gcc") or shutil.which("cc")
 
 # C expression -> the Python value it must equal
 CONSTANTS = {
-    "EL_FORMAT_VERSION": K.FORMAT_VERSION, "EL_PLAN_VERSION": K.PLAN_VERSION, "EL_PLAN_MAGIC": K.PLAN_MAGIC.decode(),
+    "EL_FORMAT_VERSION": K.FORMAT_VERSION, "EL_PLAN_VERSION": K.PLAN_VERSION,
+    "EL_PLAN_VERSION_MIN": K.PLAN_VERSION_MIN, "EL_PLAN_MAGIC": K.PLAN_MAGIC.decode(),
     "EL_FILE_MANIFEST": K.MANIFEST, "EL_FILE_PLAN": K.PLAN, "EL_FILE_WEIGHTS": K.WEIGHTS, "EL_FILE_KERNELS": K.KERNELS,
     "EL_FILE_TOKENIZER": K.TOKENIZER_BIN, "EL_FILE_SUMS": K.SUMS, "EL_DIR_BIN": K.BIN_DIR, "EL_FILE_RUNNER": K.RUNNER,
     "EL_WEIGHT_ALIGN": K.WEIGHT_ALIGN, "EL_TENSOR_ALIGN": K.TENSOR_ALIGN, "EL_MAX_EOS": K.MAX_EOS,
@@ -29,7 +30,8 @@ CONSTANTS = {
     "EL_ARG_ARENA": K.ARG_ARENA, "EL_ARG_WEIGHT": K.ARG_WEIGHT, "EL_ARG_KCACHE": K.ARG_KCACHE,
     "EL_ARG_VCACHE": K.ARG_VCACHE, "EL_FLAG_AT_POS": K.FLAG_AT_POS, "EL_FLAG_PREFIX": K.FLAG_PREFIX,
     "EL_FLAG_EXPERT": K.FLAG_EXPERT, "EL_FLAG_SLOT": K.FLAG_SLOT, "EL_STEP_CALL": K.STEP_CALL,
-    "EL_STEP_ROUTE": K.STEP_ROUTE, "EL_BACKEND_TVM_CPU": K.BACKEND_TVM_CPU, "EL_ARG_SETTINGS": K.ARG_SETTINGS,
+    "EL_STEP_ROUTE": K.STEP_ROUTE,
+    "EL_STEP_PREDICT": K.STEP_PREDICT, "EL_BACKEND_TVM_CPU": K.BACKEND_TVM_CPU, "EL_ARG_SETTINGS": K.ARG_SETTINGS,
     "EL_SETTING_FFN_THRESHOLD": K.SETTING_FFN_THRESHOLD, "EL_N_SETTINGS": K.N_SETTINGS,
     "EL_BACKEND_QNN_ORT": K.BACKEND_QNN_ORT, "EL_N_BACKENDS": len(K.BACKENDS),
     "EL_N_PROGRAMS": len(K.PROGRAMS), "EL_KERNEL_WRITES_KV": K.KERNEL_WRITES_KV,
@@ -128,7 +130,7 @@ def test_plan_writer_round_trip(tmp_path):
                kernels=[("embed", 3, 0, 4)], programs=[prog], sampling={"temperature": 0.7, "top_k": 5})
     b = (tmp_path / "plan.bin").read_bytes()
     h = K.HEADER.unpack(b)
-    assert h["magic"] == K.PLAN_MAGIC and h["version"] == K.PLAN_VERSION and h["eos_ids"][:2] == [2, 3]
+    assert h["magic"] == K.PLAN_MAGIC and h["version"] in (K.PLAN_VERSION_MIN, K.PLAN_VERSION) and h["eos_ids"][:2] == [2, 3]
     assert abs(h["sampling.temperature"] - 0.7) < 1e-6 and h["sampling.top_k"] == 5 and h["sampling.top_p"] == 1.0
     at = K.HEADER.size + K.WEIGHT.size
     k = K.KERNEL.unpack(b, at)
