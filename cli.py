@@ -33,7 +33,8 @@ def cli():
               help="scheme of the embedding table and lm_head: f32, f16, q8, q6, q4g32, q4g64, q4g128 (q6: 6.5 bits, "
                    "llama.cpp's Q6_K output size) [default: the float scheme, q8 for integer ones]")
 @click.option("--gptq", is_flag=True, help="GPTQ (second-order error compensation) instead of round-to-nearest, for q4 schemes")
-@click.option("--calib", type=click.Path(), default=None, help="calibration text file for --gptq [default: built-in sample]")
+@click.option("--calib", type=click.Path(), default=None,
+              help="calibration text file for --gptq and the MoE expert guesser [default: built-in sample]")
 @click.option("--act-order", is_flag=True, help="GPTQ: quantize columns in order of decreasing activation energy")
 @click.option("-o", "--out", type=click.Path(), default=None,
               help="package directory [default: <model>-<quant>-<target>.edgellm]")
@@ -62,13 +63,17 @@ def cli():
 @click.option("--ffn-threshold", type=float, default=None,
               help="--layout bundled: the package's default threshold (0: exact; run time: --ffn-threshold)")
 @click.option("--expert-prefetch-distance", type=int, default=None,
-              help="MoE: decode guesses each MoE layer's experts at the input of the layer this many layers earlier "
-                   "minus one (1: the layer's own input) so the expert cache reads them ahead; 0: no guesses "
-                   "[default: 1]")
+              help="MoE: decode guesses layer L's experts from the residual stream entering layer L-D+1 (1: L's own "
+                   "input, before its attention) so the expert cache reads them ahead; 0: no guesses [default: 1]")
+@click.option("--expert-guesser", type=click.Choice(["fitted", "router"]), default="fitted", show_default=True,
+              help="MoE: the guess is a per-layer map fitted on calibration text (--calib or built in), or the "
+                   "layer's own router")
+@click.option("--expert-guess-width", type=int, default=None,
+              help="MoE: experts each guess names (the most likely ones), top-k .. all [default: top-k]")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune,
                 npu_chunk, npu_quant, soc, npu_outliers, layout, bundle_neurons, ffn_threshold,
-                expert_prefetch_distance, quiet):
+                expert_prefetch_distance, expert_guesser, expert_guess_width, quiet):
     """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
     from .compiler.driver import compile_model
 
@@ -76,7 +81,8 @@ def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, m
                   progress=not quiet, head_quant=head_quant, gptq=gptq, calib=calib, act_order=act_order, tune=tune,
                   npu_chunk=npu_chunk, npu_quant=npu_quant, soc=soc, npu_outliers=npu_outliers == "auto",
                   layout=layout, bundle_neurons=bundle_neurons, ffn_threshold=ffn_threshold,
-                  expert_prefetch_distance=expert_prefetch_distance)
+                  expert_prefetch_distance=expert_prefetch_distance, expert_guesser=expert_guesser,
+                  expert_guess_width=expert_guess_width)
 
 
 @cli.command("tune")
@@ -116,8 +122,13 @@ _store_options = [
                                          "packages, else window"),
     click.option("--expert-eviction", type=click.Choice(["freq", "lru", "lfu"]), default=None,
                  help="--weight-policy experts: which cached expert makes room [default: freq]"),
-    click.option("--no-expert-predict", is_flag=True,
-                 help="--weight-policy experts: read experts only once selected (skip the package's guesses)"),
+    click.option("--expert-predict", is_flag=True,
+                 help="--weight-policy experts: run the package's guesses of the next layers' experts and read the "
+                      "guessed ones ahead [default: off: on this project's hosts they cost more reads than they "
+                      "save; README \"MoE models bigger than RAM\"]"),
+    click.option("--no-expert-warm", is_flag=True,
+                 help="--weight-policy experts: start with an empty expert cache [default: filled at load with the "
+                      "experts calibration selected most]"),
     click.option("--storage", type=click.Choice(["native", "sd", "emmc", "ufs3", "ufs4"]), default="native",
                  show_default=True, help="shape streamed reads like this storage (ufs3/ufs4: modelled from RAM)"),
     click.option("--io-threads", type=click.IntRange(1, 4), default=None, help="reader threads [default: 2]"),
@@ -202,8 +213,8 @@ def describe_sampling(defaults: dict, given: dict) -> str:
 @_sampling_options
 def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
             presence_penalty, frequency_penalty, seed, stop, ignore_eos, threads, digest, memory_budget,
-            weight_policy, expert_eviction, no_expert_predict, storage, io_threads, direct_io, ffn_threshold,
-            prefill_backend, npu_soc):
+            weight_policy, expert_eviction, expert_predict, no_expert_warm, storage, io_threads, direct_io,
+            ffn_threshold, prefill_backend, npu_soc):
     """Generate text from PACKAGE (or --model, default: the bundled demo), streaming it to stdout; a tok/s summary
     goes to stderr. Sampling options not given come from the package (its generation_config.json), as in
     Runtime.generate and bin/edgellm-run: the same arguments and seed give the same tokens everywhere."""
@@ -229,7 +240,8 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
     with Runtime.load(package, threads=threads, digest=digest, memory_budget=memory_budget,
                       weight_policy=weight_policy, storage=storage, io_threads=io_threads, direct_io=direct_io,
                       ffn_threshold=ffn_threshold, prefill_backend=prefill_backend, npu_soc=npu_soc,
-                      expert_eviction=expert_eviction, expert_predict=not no_expert_predict) as rt:
+                      expert_eviction=expert_eviction, expert_predict=expert_predict,
+                      expert_warm=not no_expert_warm) as rt:
         r: dict = {}
         for piece in rt.stream(prompt, max_new_tokens=max_new_tokens, seed=seed, stop=list(stop),
                                ignore_eos=ignore_eos, _result=r, **given):
@@ -318,8 +330,8 @@ def eval_ppl_cmd(packages_or_models, text_file, context, stride, max_tokens, qua
 @_with(_store_options)
 @_with(_npu_options)
 def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, memory_budget, weight_policy,
-              expert_eviction, no_expert_predict, storage, io_threads, direct_io, ffn_threshold, prefill_backend,
-              npu_soc):
+              expert_eviction, expert_predict, no_expert_warm, storage, io_threads, direct_io, ffn_threshold,
+              prefill_backend, npu_soc):
     """Prefill and decode speed of PACKAGE: tok/s, time to first token, peak RSS (one warm-up, median of --reps)."""
     import json
 
@@ -328,7 +340,8 @@ def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, memory
     r = bench(package, prompt_len=prompt_len, gen_len=gen_len, threads=threads, reps=reps, seed=seed,
               prefill_backend=prefill_backend, npu_soc=npu_soc, memory_budget=memory_budget,
               weight_policy=weight_policy, storage=storage, io_threads=io_threads, direct_io=direct_io,
-              ffn_threshold=ffn_threshold, expert_eviction=expert_eviction, expert_predict=not no_expert_predict)
+              ffn_threshold=ffn_threshold, expert_eviction=expert_eviction, expert_predict=expert_predict,
+              expert_warm=not no_expert_warm)
     click.echo(json.dumps(r) if as_json else format_bench(r))
 
 
@@ -435,9 +448,26 @@ def _moe_lines(moe) -> list[str]:
         return [f"{moe['experts']} per layer in {moe['moe_layers']} layers, top-{moe['top_k']}"
                 f"{' (renormalized)' if moe.get('norm_topk_prob') else ''}{shared}",
                 f"{moe['params_active'] / 1e6:.2f} M of {moe['params_total'] / 1e6:.2f} M parameters active per token; "
-                f"{moe['weights_read_per_token'] / 2**20:.2f} MiB of weights read per decoded token"]
-    except (KeyError, TypeError):
+                f"{moe['weights_read_per_token'] / 2**20:.2f} MiB of weights read per decoded token",
+                *_guess_lines(moe)]
+    except (KeyError, TypeError, ValueError):
         return []
+
+
+def _guess_lines(moe: dict) -> list[str]:
+    """How decode guesses the experts ahead (--expert-prefetch-distance, --expert-guesser)."""
+    d = moe.get("prefetch_distance")
+    if not d:
+        return ["no expert guesses (compiled with --expert-prefetch-distance 0)"] if d == 0 else []
+    line = (f"guesses each layer's {moe.get('guess_width') or moe['top_k']} experts {d} layer{'s' if d > 1 else ''} "
+            f"ahead with {'a fitted guesser' if moe.get('guesser') == 'fitted' else 'the routers'}")
+    g = moe.get("guess")
+    if isinstance(g, dict) and g.get("recall_fitted"):
+        fitted = sum(g["recall_fitted"].values()) / len(g["recall_fitted"])
+        router = sum(g["recall_router"].values()) / len(g["recall_router"])
+        line += (f" (recall on {g['calibration_tokens']} calibration tokens, {g['calibration']}: {100 * fitted:.0f}%; "
+                 f"the routers' {100 * router:.0f}%)")
+    return [line]
 
 
 def _quant_line(q: dict) -> str:

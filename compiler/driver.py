@@ -15,7 +15,7 @@ from ..errors import CompileError
 from ..models import load_checkpoint
 from ..models.rope import cos_sin
 from ..quant import SCHEMES, body_schemes, get_scheme, head_schemes
-from ..runtime.contract import FORMAT_VERSION, KERNELS, MANIFEST, PLAN, WEIGHTS
+from ..runtime.contract import FORMAT_VERSION, KERNELS, MANIFEST, PLAN, ROUTING, WEIGHTS
 from ..targets import get_target, short_prefill_chunk
 from .device_binary import BIN_DIR, BINARY, build_edgellm_run
 from .kernels_build import build_kernels
@@ -90,11 +90,16 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                   tune: str | None = None, fuse: bool = True, npu_chunk: int | None = None,
                   npu_quant: str = "w8a16", soc: str | None = None, npu_outliers: bool = True,
                   layout: str = "dense", bundle_neurons: int | None = None, ffn_threshold: float | None = None,
-                  expert_prefetch_distance: int | None = None) -> Path:
+                  expert_prefetch_distance: int | None = None, expert_guesser: str = "fitted",
+                  expert_guess_width: int | None = None) -> Path:
     """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
     body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
     calibrated on calib (a text file) or the built-in sample. tune: off | quick | full (compiler/tune; None: quick
-    for the host target, off for cross targets). fuse: q/k/v and gate/up as one kernel each (off: for A/B runs)."""
+    for the host target, off for cross targets). fuse: q/k/v and gate/up as one kernel each (off: for A/B runs).
+    expert_prefetch_distance (MoE): decode guesses layer L's experts from the residual stream entering layer
+    L - D + 1 (1: layer L's own input; 0: no guesses; None: 1), so an expert cache reads them ahead; expert_guesser:
+    "fitted" (a per-layer map fitted on calib text, compiler/expert_guess.py) or "router" (layer L's own router);
+    expert_guess_width: how many of the most likely experts each guess names (None: top-k)."""
     t_start = time.perf_counter()
     for name, v, lo, hi in (("--max-context", max_context, 1, 1 << 24), ("--prefill-chunk", prefill_chunk, 1, 1024),
                             ("--npu-chunk", npu_chunk, 1, 1024)):
@@ -156,6 +161,16 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             raise CompileError(f"--expert-prefetch-distance {expert_prefetch_distance} is out of range: use "
                                f"0..{spec.n_layers}")
     lookahead = (1 if expert_prefetch_distance is None else expert_prefetch_distance) if spec.n_experts else 0
+    if expert_guesser not in ("fitted", "router"):
+        raise CompileError(f"--expert-guesser {expert_guesser}: choose fitted or router")
+    if expert_guess_width is not None:
+        if not spec.n_experts:
+            raise CompileError("--expert-guess-width applies to mixture-of-experts checkpoints")
+        if isinstance(expert_guess_width, bool) or not isinstance(expert_guess_width, int) or \
+                not spec.n_experts_per_tok <= expert_guess_width <= spec.n_experts:
+            raise CompileError(f"--expert-guess-width {expert_guess_width} is out of range: use "
+                               f"{spec.n_experts_per_tok}..{spec.n_experts} (top-k .. every expert)")
+    width = expert_guess_width or (spec.n_experts_per_tok if spec.n_experts else 0)
     quant = scheme.name
     if gptq and not scheme.gptq:
         raise CompileError(f"--gptq applies to the int4 schemes ({', '.join(n for n, s in SCHEMES.items() if s.gptq)}), "
@@ -206,9 +221,22 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         bundles = plan_layout(spec, raw, model_dir, calib, bundle_neurons, ffn_threshold,
                               lambda msg: _log(progress, msg))
         raw = bundles.raw(raw)
+    guess = None
+    if spec.n_experts:   # routing statistics (routing.bin: hot experts), and the fitted guessers
+        from .expert_guess import fit
+
+        guess = fit(spec, raw, model_dir, calib, lookahead, lambda msg: _log(progress, msg),
+                    guessers=expert_guesser == "fitted")
+        plain_raw = raw
+
+        def raw(name: str) -> np.ndarray:   # noqa: F811 (the checkpoint, plus the fitted guessers)
+            a = guess.raw(name)
+            return plain_raw(name) if a is None else a
+
     low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre, short_chunk=short,
                                 fuse=fuse, npu_chunk=npu_chunk if tgt.npu else None, bundles=bundles,
-                                expert_lookahead=lookahead)
+                                expert_lookahead=lookahead, guessed_layers=guess.weights if guess else (),
+                                guess_width=width)
     if tuner is not None:
         tuner.guarded("decode knobs", lambda: tuner.decode_prefetch(
             low.kernels, next(p for p in programs if p.name == "decode")), None)
@@ -270,13 +298,21 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                          for p in programs},
             "tuning": tuning,
             **({"ffn": bundles.manifest()} if bundles else {}),
-            **({"moe": {**moe_manifest(spec, low, table, n_params), "prefetch_distance": lookahead}}
+            **({"moe": {**moe_manifest(spec, low, table, n_params), "prefetch_distance": lookahead,
+                        "guesser": expert_guesser if lookahead else None, "guess_width": width if lookahead else 0,
+                        **({"guess": guess.manifest()} if guess else {}),
+                        **({"routing": ROUTING} if guess else {})}}
                if spec.n_experts else {}),
             **({"npu": npu} if npu else {}),
             "build": {"seconds": round(time.perf_counter() - t_start, 2), "kernel_seconds": round(t_kernels, 2)},
             "tensors": table,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if guess:   # hot experts for the expert cache
+            import re
+
+            first = {int(re.search(r"layers\.(\d+)\.", key).group(1)): f for key, (f, _, _) in low.experts.items()}
+            (tmp / ROUTING).write_bytes(guess.routing_bin(first, len(table)))
         digest = write_sums(tmp)   # last: it covers every file above
     _log(progress, f"done in {time.perf_counter() - t_start:.1f} s: {out} ({wbytes / 2**20:.1f} MiB of weights, "
                    f"{len(low.kernels.names)} kernels)\npackage digest {digest} (check it with "

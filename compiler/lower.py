@@ -235,6 +235,7 @@ class Lowering:
         self.bundles = bundles              # neuron-bundled FFNs (compiler/bundled_ffn.BundleLayout) or None
         self.experts: dict = {}             # MoE layer's experts prefix -> (first weight, views, gate/up parts)
         self.pending_predictions: list = [] # (Predict step, experts prefix) until that layer's experts are stored
+        self.guessed_layers: set = set()    # MoE layers whose PREDICT steps use a fitted guesser (expert_guess.py)
 
     @property
     def embed_dtype(self) -> str:
@@ -467,21 +468,22 @@ PROGRAMS = (  # name, tokens ("chunk", "short" or a count), body, head
 def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: int,
                 kv_rows: int, quantized=None, short_chunk: int | None = None,
                 fuse: bool = True, npu_chunk: int | None = None, bundles=None,
-                expert_lookahead: int = 0) -> tuple[Lowering, list[Program]]:
+                expert_lookahead: int = 0, guessed_layers=(), guess_width: int = 0) -> tuple[Lowering, list[Program]]:
     """expert_lookahead: decode predicts each MoE layer's experts from the residual stream this many layers
-    earlier (1: at the layer's own input; 0: no predictions). fuse: one kernel per group of linears on one input
-    (q/k/v, gate/up; fuse_linears); off for A/B runs.
-    npu_chunk: also npu_embed (the chunk's embedding rows, on the CPU) and npu_prefill (the chunk on the NPU backend:
-    no steps, its graphs are the package's npu/)."""
+    earlier (1: at the layer's own input; 0: no predictions), naming guess_width experts (0: top-k); the layers in
+    guessed_layers use a fitted guesser (compiler/expert_guess.py). fuse: one kernel per group of linears on one
+    input (q/k/v, gate/up; fuse_linears); off for A/B runs. npu_chunk: also npu_embed (the chunk's embedding rows,
+    on the CPU) and npu_prefill (the chunk on the NPU backend: no steps, its graphs are the package's npu/)."""
     from ..models import family
 
     fam = family(spec)
     low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows, quantized, fuse, bundles)
+    low.guessed_layers = set(guessed_layers)
     progs = []
     for name, tokens, body, head in PROGRAMS:
         if tokens == "short" and not short_chunk:
             continue
-        g = TraceGraph(spec, {"chunk": chunk, "short": short_chunk}.get(tokens, tokens), expert_lookahead)
+        g = TraceGraph(spec, {"chunk": chunk, "short": short_chunk}.get(tokens, tokens), expert_lookahead, guess_width)
         inp = g.input_ids() if body else g.input_hidden()
         x = fam.body(g, inp) if body else inp
         if head:

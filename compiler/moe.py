@@ -108,17 +108,23 @@ def lower_predict(low, n, T: int, act) -> list:
     resolve_predictions once that layer's experts are stored: they come later in the file)."""
     from .lower import Arg, Predict, Step
 
+    from .expert_guess import bias_name, weight_name
+
     norm, router = n.weights
     tb, (E, D) = n.params["table"], low._raw_shape(router)
+    layer = n.params["layer"]
+    fitted = layer in low.guessed_layers   # the compile-time fitted guesser (compiler/expert_guess.py), else the router
+    mat = weight_name(layer) if fitted else router
     f32 = _f32()
-    rargs = low._parts(router, f32, lambda: f32.quantize(np.asarray(low._raw(router), np.float32)))
-    op, params = f32.linear_kernel(T, E, D, False)
+    rargs = low._parts(mat, f32, lambda: f32.quantize(np.asarray(low._raw(mat), np.float32)))
+    bias = [low._weight(bias_name(layer))] if fitted else []
+    op, params = f32.linear_kernel(T, E, D, fitted)
     h, logits, base = act(n.temps["h"]), act(n.temps["logits"]), act(n.temps["table"]).offset
     views = [Arg(ARG_ARENA, 0, "int32", (tb.S,), 0, base), Arg(ARG_ARENA, 0, "int32", (tb.S, CNT), 0, base + tb.cnt_at),
              Arg(ARG_ARENA, 0, "int32", (tb.S, tb.TP), 0, base + tb.tok_at),
              Arg(ARG_ARENA, 0, "float32", (tb.S, tb.TP), 0, base + tb.wt_at)]
     body = [Step(low._kernel("rmsnorm", R=T, D=D, eps=float(low.spec.rms_eps)), [act(n.inputs[0]), low._weight(norm), h]),
-            Step(low._kernel(op, **params), [h, *rargs, logits]),
+            Step(low._kernel(op, **params), [h, *rargs, *bias, logits]),
             Step(low._kernel("moe_route", T=T, E=E, K=tb.k, normalize=False, S=tb.S, TP=tb.TP), [logits, *views])]
     pred = Predict(base, tb.S, E, len(body), [])
     low.pending_predictions.append((pred, expert_weight_name(n.params["experts"][0][0])))

@@ -24,12 +24,13 @@ class Node:
 
 
 class TraceGraph:
-    def __init__(self, spec: ModelSpec, tokens: int, expert_lookahead: int = 0):
+    def __init__(self, spec: ModelSpec, tokens: int, expert_lookahead: int = 0, guess_width: int = 0):
         from ..models import family
 
         self.spec, self.T = spec, tokens
         # decode (T = 1) reads experts ahead: the model asks for predictions this many layers ahead (0: none)
         self.expert_lookahead = expert_lookahead if tokens == 1 else 0
+        self.guess_width = guess_width   # experts a guess names (0: top_k)
         self.wshape = family(spec).weight_shapes(spec)
         self.nodes: list[Node] = []
         self._n = 0
@@ -109,7 +110,7 @@ class TraceGraph:
         from .moe import RoutingTable
 
         E = self.wshape[router][0]
-        table = RoutingTable(self.T, E, top_k)
+        table = RoutingTable(self.T, E, min(E, self.guess_width or top_k))
         temps = {"h": self._val(x.shape), "logits": self._val((self.T, E)), "table": self._val((table.words,), "int32")}
         self.nodes.append(Node("moe_predict", [x], None, [norm, router],
                                {"table": table, "experts": list(experts), "layer": layer}, temps))

@@ -80,9 +80,9 @@ static void experts_prefetch(el_weight_store* b, const uint32_t* ids, uint32_t n
   if (n == 1 && ids[0] < s->n && s->at[ids[0]] == ROUTED) el_rc_prefetch(s->rc, ids[0]);
 }
 
-static void experts_predict(el_weight_store* b, const uint32_t* ids, uint32_t n) {
+static void experts_predict(el_weight_store* b, const uint32_t* ids, uint32_t n, uint32_t route) {
   experts_store* s = (experts_store*)b;
-  el_rc_predict(s->rc, ids, n);
+  el_rc_predict(s->rc, ids, n, route);
 }
 
 static uint64_t experts_bytes(const el_weight_store* b) {
@@ -134,6 +134,35 @@ static int read_held(experts_store* s, char* err, size_t errlen) {
     i = j;
   }
   return 0;
+}
+
+typedef struct {
+  uint32_t count, w;
+} hot;
+static int hotter(const void* a, const void* b) { /* most selected first; between equals the lower id */
+  const hot *x = a, *y = b;
+  return x->count != y->count ? (x->count < y->count ? 1 : -1) : (x->w > y->w) - (x->w < y->w);
+}
+
+/* Reads the up to `most` experts calibration selected most (at least once) into the cache. */
+static int warm(experts_store* s, const uint32_t* routing, uint32_t most, char* err, size_t errlen) {
+  hot* hs = malloc(sizeof *hs * (s->n ? s->n : 1));
+  uint32_t k = 0;
+  if (!hs) return snprintf(err, errlen, "out of memory"), -1;
+  for (uint32_t w = 0; w < s->n; w++)
+    if (s->routed[w] && routing[w]) hs[k++] = (hot){routing[w], w};
+  qsort(hs, k, sizeof *hs, hotter);
+  if (k > most) k = most;
+  uint32_t* ws = malloc(sizeof *ws * (k ? k : 1));
+  int rc = ws ? 0 : -1;
+  if (ws) {
+    for (uint32_t i = 0; i < k; i++) ws[i] = hs[i].w;
+    rc = el_rc_fill(s->rc, ws, k, err, errlen);
+  } else {
+    snprintf(err, errlen, "out of memory");
+  }
+  free(ws), free(hs);
+  return rc;
 }
 
 el_weight_store* el_store_open_experts(const el_store_config* cfg, char* err, size_t errlen) {
@@ -237,6 +266,7 @@ el_weight_store* el_store_open_experts(const el_store_config* cfg, char* err, si
   }
   if (!(s->rc = el_rc_open(s->table, n, s->routed, (uint32_t)n_slots, (el_rc_policy)policy, s->io, err, errlen)))
     goto fail;
+  if (cfg->routing && cfg->warm && warm(s, cfg->routing, (uint32_t)n_slots, err, errlen) != 0) goto fail;
   return b;
 fail:
   experts_close(b);

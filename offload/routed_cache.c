@@ -11,7 +11,6 @@
 
 enum { FREE = 0, QUEUED, READING, READY };
 #define NONE UINT32_MAX
-#define GUESS_ROUNDS 2 /* a guess is safe from later guesses for this many prediction rounds */
 
 typedef struct {
   uint32_t w;      /* the weight it holds (NONE: free) */
@@ -22,7 +21,8 @@ typedef struct {
   int first;       /* selected; its first acquire not yet made (counts a stall if it waits) */
   int prio;        /* read order: 0 selected, 1 guessed */
   uint64_t seq;    /* when it was queued */
-  uint64_t round;  /* prediction round of its last guess */
+  uint32_t group;  /* guessed: the route it was guessed for (its first expert weight) */
+  uint32_t gen;    /* guessed: that route's selections so far when it was guessed */
   uint64_t used;   /* tick of its last use (acquire or selection) */
 } slot;
 
@@ -33,7 +33,9 @@ struct el_routed_cache {
   uint32_t* slot_of; /* per weight: its slot or NONE */
   uint32_t* count;   /* per weight: times selected (FREQ: halved every `age` selections) */
   uint32_t* total;   /* per weight: times selected since open (LFU) */
-  uint64_t selections, age, round, seq;
+  uint32_t* group;   /* per weight: the route a guess named it for (its first expert weight; NONE: never guessed) */
+  uint32_t* gen;     /* per route (by first expert weight): selections so far */
+  uint64_t selections, age, seq;
   slot* slots;
   uint64_t slot_bytes;
   uint8_t* mem;
@@ -54,6 +56,7 @@ static uint64_t as_read(const el_plan_weight* t, uint32_t w) {
 
 int el_rc_policy_find(const char* name) {
   if (!name || !*name || !strcmp(name, "freq")) return EL_RC_FREQ;
+  if (!strcmp(name, "cyclic")) return EL_RC_CYCLIC;
   if (!strcmp(name, "lru")) return EL_RC_LRU;
   if (!strcmp(name, "lfu")) return EL_RC_LFU;
   return -1;
@@ -75,12 +78,22 @@ static int worse(const el_routed_cache* c, uint32_t a, uint32_t b) {
     return ta != tb ? ta < tb : x->used < y->used;
   }
   uint32_t ca = c->count[x->w], cb = c->count[y->w];
-  return ca != cb ? ca < cb : x->used > y->used;
+  if (ca != cb) return ca < cb;
+  return c->policy == EL_RC_CYCLIC ? x->used > y->used : x->used < y->used;
 }
 
-/* A guess still young enough that other guesses leave it alone. */
+/* Whether a guess of w may take slot s (its policy's victim): a frequency policy keeps an expert selected more often
+ * lately (freq) or since load (lfu) than the guessed one, which would only be read back soon (TinyLFU's admission
+ * rule); lru always admits (the guess is the most recent use). */
+static int admit(const el_routed_cache* c, uint32_t w, uint32_t s) {
+  uint32_t v = c->slots[s].w;
+  if (c->slots[s].state == FREE || v == NONE || c->policy == EL_RC_LRU) return 1;
+  return c->policy == EL_RC_LFU ? c->total[v] <= c->total[w] : c->count[v] <= c->count[w];
+}
+
+/* A guess whose route has not run since: other guesses leave it alone. */
 static int fresh_guess(const el_routed_cache* c, const slot* x) {
-  return x->guessed && c->round - x->round < GUESS_ROUNDS;
+  return x->guessed && c->gen[x->group] == x->gen;
 }
 
 /* A slot for a new weight (mu held): a free one, else the worst one nobody holds or waits for (for a guess, not a
@@ -102,6 +115,23 @@ static uint32_t victim(el_routed_cache* c, int force, int for_guess) {
   }
   if (best != NONE) c->k.dropped++;
   return best;
+}
+
+/* A slot for a guess (mu held): a free one, a wrong guess's, else (while live guesses hold fewer than an eighth of
+ * the slots: the rest stay a cache of what was selected) the policy's victim if admitted. NONE: no read. */
+static uint32_t guess_slot(el_routed_cache* c, uint32_t w) {
+  uint32_t live = 0, stale = NONE;
+  for (uint32_t s = 0; s < c->n_slots; s++) {
+    slot* x = &c->slots[s];
+    if (x->state == FREE) return s;
+    if (x->guessed && c->gen[x->group] == x->gen) live++;
+    else if (x->guessed && x->state == READY && !x->refs && !x->wanted && (stale == NONE || worse(c, s, stale)))
+      stale = s;
+  }
+  if (stale != NONE) return stale;
+  if (8 * live >= c->n_slots) return NONE;
+  uint32_t s = victim(c, 0, 1);
+  return s != NONE && admit(c, w, s) ? s : NONE;
 }
 
 static void assign(el_routed_cache* c, uint32_t w, uint32_t s, int prio) {
@@ -167,14 +197,16 @@ el_routed_cache* el_rc_open(const el_plan_weight* table, uint32_t n, const uint8
   c->slot_of = malloc(sizeof *c->slot_of * (n ? n : 1));
   c->count = calloc(n ? n : 1, sizeof *c->count);
   c->total = calloc(n ? n : 1, sizeof *c->total);
+  c->group = malloc(sizeof *c->group * (n ? n : 1));
+  c->gen = calloc(n ? n : 1, sizeof *c->gen);
   for (uint32_t w = 0; w < n; w++) c->age += routed[w] != 0;
   c->age = 16 * (c->age ? c->age : 1); /* about 16 tokens of selections when every group is selected */
   c->slots = calloc(c->n_slots, sizeof *c->slots);
-  if (!c->slot_of || !c->count || !c->total || !c->slots) {
+  if (!c->slot_of || !c->count || !c->total || !c->group || !c->gen || !c->slots) {
     snprintf(err, errlen, "out of memory");
     goto fail;
   }
-  for (uint32_t w = 0; w < n; w++) c->slot_of[w] = NONE;
+  for (uint32_t w = 0; w < n; w++) c->slot_of[w] = NONE, c->group[w] = NONE;
   for (uint32_t s = 0; s < c->n_slots; s++) c->slots[s].w = NONE;
   c->mem = mmap(NULL, c->slot_bytes * c->n_slots, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (c->mem == MAP_FAILED) {
@@ -203,6 +235,7 @@ int el_rc_prefetch(el_routed_cache* c, uint32_t w) {
   if (++c->selections % c->age == 0)
     for (uint32_t v = 0; v < c->n; v++) c->count[v] >>= 1;
   c->count[w]++, c->total[w]++, c->k.selected++;
+  if (c->group[w] != NONE) c->gen[c->group[w]]++; /* its route ran: the guesses made for it are fair game now */
   uint32_t s = c->slot_of[w];
   int cached = s != NONE;
   if (cached) {
@@ -221,19 +254,36 @@ int el_rc_prefetch(el_routed_cache* c, uint32_t w) {
   return cached;
 }
 
-void el_rc_predict(el_routed_cache* c, const uint32_t* ws, uint32_t n) {
+int el_rc_fill(el_routed_cache* c, const uint32_t* ws, uint32_t n, char* err, size_t errlen) {
   pthread_mutex_lock(&c->mu);
-  c->round++;
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t s = ws[i] < c->n && c->slot_of[ws[i]] == NONE ? victim(c, 0, 0) : NONE;
+    if (s == NONE || c->slots[s].state != FREE) break; /* only free slots: filling never evicts */
+    assign(c, ws[i], s, 0);
+  }
+  int rc = 0;
+  for (uint32_t s = 0; s < c->n_slots; s++)
+    while (c->slots[s].state != FREE && c->slots[s].state != READY && !c->failed)
+      pthread_cond_wait(&c->landed, &c->mu);
+  if (c->failed) snprintf(err, errlen, "%s", c->io_err), rc = -1;
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+void el_rc_predict(el_routed_cache* c, const uint32_t* ws, uint32_t n, uint32_t group) {
+  if (group >= c->n) return;
+  pthread_mutex_lock(&c->mu);
   for (uint32_t i = 0; i < n; i++) {
     uint32_t w = ws[i], s;
     if (w >= c->n) continue;
-    if ((s = c->slot_of[w]) != NONE) { /* held or on its way: keep it from other guesses a while longer */
-      if (c->slots[s].guessed) c->slots[s].round = c->round;
+    c->group[w] = group;
+    if ((s = c->slot_of[w]) != NONE) { /* held or on its way: keep it from other guesses until its route runs */
+      if (c->slots[s].guessed) c->slots[s].group = group, c->slots[s].gen = c->gen[group];
       continue;
     }
-    if ((s = victim(c, 0, 1)) == NONE) break; /* nothing evictable: the guess costs nothing */
+    if ((s = guess_slot(c, w)) == NONE) continue; /* no room worth taking: the guess costs nothing */
     assign(c, w, s, 1);
-    c->slots[s].guessed = 1, c->slots[s].round = c->round;
+    c->slots[s].guessed = 1, c->slots[s].group = group, c->slots[s].gen = c->gen[group];
     c->k.predict_reads++;
   }
   pthread_mutex_unlock(&c->mu);
@@ -312,6 +362,6 @@ void el_rc_close(el_routed_cache* c) {
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->work);
   pthread_cond_destroy(&c->landed);
-  free(c->slot_of), free(c->count), free(c->total), free(c->slots);
+  free(c->slot_of), free(c->count), free(c->total), free(c->group), free(c->gen), free(c->slots);
   free(c);
 }

@@ -3,9 +3,10 @@
  * budget. The expert store ("experts") serves every expert from here; the window store serves the routed weights it
  * did not predict.
  *
- *   predict(w)   a guess: w may be selected soon. Read it if a slot is free or holds something evictable (never one
- *                selected-but-unused, never a guess younger than two prediction rounds); reads of selected
- *                weights always go first;
+ *   predict(w)   a guess: w may be selected soon. Read it into a free slot, a wrong guess's (its route ran without
+ *                selecting it), or, while guesses hold fewer than an eighth of the slots, the policy's victim if the
+ *                frequency policies value it no more than w (never a slot selected-but-unused or a guess whose route
+ *                has not run); reads of selected weights always go first;
  *   prefetch(w)  the executor selected w: queue its read if it is not cached (never blocks; skipped when every slot
  *                holds something selected but not yet used);
  *   acquire(w)   its bytes, waiting for the read (or reading it now); release(w) after the kernel ran.
@@ -25,10 +26,11 @@ typedef struct el_routed_cache el_routed_cache;
  *   LRU   the least recently used;
  *   LFU   the least often selected since open (between equals, the least recently used);
  *   FREQ  the least often selected lately (counts halve every ~16 tokens' worth of selections), between equals the
- *         most recently used: when a token selects more than fits in the same order each time (a neuron window at
- *         threshold 0), LRU evicts each weight just before it is needed again, where keeping a fixed set and
- *         cycling one slot hits on everything kept. */
-typedef enum { EL_RC_FREQ = 0, EL_RC_LRU = 1, EL_RC_LFU = 2 } el_rc_policy;
+ *         least recently used;
+ *   CYCLIC FREQ, but between equals the MOST recently used (the neuron window's): when a token selects more than fits
+ *         in the same order each time (a neuron window at threshold 0), LRU evicts each weight just before it is
+ *         needed again, where keeping a fixed set and cycling one slot hits on everything kept. */
+typedef enum { EL_RC_FREQ = 0, EL_RC_LRU = 1, EL_RC_LFU = 2, EL_RC_CYCLIC = 3 } el_rc_policy;
 /* The policy of that name ("freq", "lru", "lfu"; NULL or "": freq); -1 if unknown. */
 EL_HIDDEN int el_rc_policy_find(const char* name);
 
@@ -50,8 +52,11 @@ EL_HIDDEN uint64_t el_rc_slot_bytes(const el_plan_weight* table, uint32_t n, con
 EL_HIDDEN el_routed_cache* el_rc_open(const el_plan_weight* table, uint32_t n, const uint8_t* routed, uint32_t n_slots,
                                       el_rc_policy policy, el_io* io, char* err, size_t errlen);
 EL_HIDDEN int el_rc_prefetch(el_routed_cache* c, uint32_t w); /* 1: it was cached */
-/* A round of guesses (one PREDICT step): w[0, n). */
-EL_HIDDEN void el_rc_predict(el_routed_cache* c, const uint32_t* w, uint32_t n);
+/* Reads ws[0, n) into free slots (a warm start; they are evicted like any other later); waits for the reads.
+ * 0, or -1 with err set. */
+EL_HIDDEN int el_rc_fill(el_routed_cache* c, const uint32_t* ws, uint32_t n, char* err, size_t errlen);
+/* A round of guesses (one PREDICT step) for one route: w[0, n); group names the route (its first expert weight). */
+EL_HIDDEN void el_rc_predict(el_routed_cache* c, const uint32_t* w, uint32_t n, uint32_t group);
 /* NULL with err set on a read failure. */
 EL_HIDDEN const void* el_rc_acquire(el_routed_cache* c, uint32_t w, char* err, size_t errlen);
 EL_HIDDEN int el_rc_release(el_routed_cache* c, uint32_t w); /* 1: it held w acquired */

@@ -65,9 +65,9 @@ struct el_weight_store {
   void (*release)(el_weight_store* s, const uint32_t* ids, uint32_t n);
   /* A hint that these weights are needed soon. NULL: the policy has no use for hints (the executor skips them). */
   void (*prefetch)(el_weight_store* s, const uint32_t* ids, uint32_t n);
-  /* A guess (PREDICT steps): these routed weights may be selected soon; read them if there is room. NULL: the
-   * executor skips the predictions, and the compute that makes them. */
-  void (*predict)(el_weight_store* s, const uint32_t* ids, uint32_t n);
+  /* A guess (PREDICT steps): these routed weights may be selected soon by the route whose first expert weight is
+   * `route`; read them if there is room. NULL: the executor skips the predictions, and the compute behind them. */
+  void (*predict)(el_weight_store* s, const uint32_t* ids, uint32_t n, uint32_t route);
   /* Frees everything, including s. */
   void (*close)(el_weight_store* s);
   /* Bytes of weights currently held in memory. */
@@ -105,6 +105,8 @@ typedef struct {
   int direct_io;            /* 1: O_DIRECT reads; 0: buffered, dropped from the page cache once read */
   int plan_only;            /* compute the layout; read and allocate nothing (acquire fails) */
   const char* eviction;     /* "experts": the expert cache's eviction policy (routed_cache.h; NULL: freq) */
+  const uint32_t* routing;  /* per weight: calibration selections (routing.bin; NULL: none) */
+  int warm;                 /* "experts": fill the cache at open with the experts calibration selected most */
 } el_store_config;
 
 /* "resident": every weight in memory for the life of the model. Where the kernel offers transparent huge pages,
@@ -123,7 +125,8 @@ EL_HIDDEN el_weight_store* el_store_open_window(const el_store_config* cfg, char
 /* "experts" (MoE packages): every weight that is not an expert held (row-lookup tables mapped, as the window
  * does), every expert read from storage into a cache of expert-sized slots when a route selects it or a PREDICT
  * step guesses it (routed_cache.h), evicted by the chosen policy. The slots take what the budget leaves; without a
- * budget, one per expert. Identical results to "resident". */
+ * budget, one per expert. With routing statistics and warm, the experts calibration selected most fill the cache
+ * at open (evicted like any other later). Identical results to "resident". */
 EL_HIDDEN el_weight_store* el_store_open_experts(const el_store_config* cfg, char* err, size_t errlen);
 
 /* Opens a store by policy name: "resident", "window", "experts", or NULL/""/"auto" (resident when the weights fit

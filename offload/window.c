@@ -767,7 +767,7 @@ el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, siz
   }
   if (any_routed) {
     uint64_t slot = el_rc_slot_bytes(s->table, s->n, s->routed);
-    if (!(s->rc = el_rc_open(s->table, s->n, s->routed, (uint32_t)(lay->routed_cache_bytes / slot), EL_RC_FREQ, s->io, err,
+    if (!(s->rc = el_rc_open(s->table, s->n, s->routed, (uint32_t)(lay->routed_cache_bytes / slot), EL_RC_CYCLIC, s->io, err,
                              errlen)))
       goto fail;
   }

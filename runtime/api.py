@@ -443,7 +443,7 @@ EXPERT_EVICTIONS = ("freq", "lru", "lfu")   # offload/routed_cache.h
 
 
 def _store_options(opts, memory_budget, weight_policy, storage, io_threads, expert_eviction=None,
-                   expert_predict=True) -> list:
+                   expert_predict=False, expert_warm=True) -> list:
     """Sets the weight-store load options; returns the byte strings that must outlive the load call."""
     keep = []
     if memory_budget is not None:
@@ -454,7 +454,10 @@ def _store_options(opts, memory_budget, weight_policy, storage, io_threads, expe
         raise InputError(f"expert_eviction {expert_eviction!r}: choose one of {', '.join(EXPERT_EVICTIONS)}")
     if not isinstance(expert_predict, bool):
         raise InputError(f"expert_predict {expert_predict!r}: True or False")
-    opts.no_expert_predict = 0 if expert_predict else 1
+    if not isinstance(expert_warm, bool):
+        raise InputError(f"expert_warm {expert_warm!r}: True or False")
+    opts.expert_predict = 1 if expert_predict else 0
+    opts.no_expert_warm = 0 if expert_warm else 1
     if expert_eviction is not None:
         keep.append(expert_eviction.encode())
         opts.expert_eviction = keep[-1]
@@ -517,7 +520,7 @@ class Runtime:
              prefill_backend: str = "auto", npu_soc: str | None = None, weight_policy: str | None = None,
              storage: str | None = None, io_threads: int | None = None, direct_io: bool = False,
              ffn_threshold: float | None = None, expert_eviction: str | None = None,
-             expert_predict: bool = True) -> Runtime:
+             expert_predict: bool = False, expert_warm: bool = True) -> Runtime:
         """Load a package.
 
         threads: default threads of its contexts (None: one per CPU). memory_budget: bytes (or "600MB") the model
@@ -526,7 +529,9 @@ class Runtime:
         "experts" (MoE packages: every other weight held, experts read into a cache when selected or guessed) or
         None (resident when everything fits, else experts for MoE packages whose other weights fit, else window).
         expert_eviction: the expert cache's eviction policy ("freq", "lru", "lfu"; None: freq). expert_predict:
-        False skips the package's expert guesses (experts are read only once selected).
+        run the package's guesses of later layers' experts and read the guessed ones ahead (default off: experts
+        are read once selected). expert_warm: fill the
+        expert cache at load with the experts calibration selected most (the package's routing.bin).
         storage: the storage profile streamed reads are shaped to ("native",
         "sd", "emmc", "ufs3", "ufs4"; the last two are modelled). io_threads: reader threads (None: 2). direct_io:
         O_DIRECT reads instead of buffered ones dropped from the page cache behind them. verify: check every
@@ -548,7 +553,7 @@ class Runtime:
             opts.ffn_threshold = float(ffn_threshold)
         opts.n_threads = _threads(threads)
         keep_store = _store_options(opts, memory_budget, weight_policy, storage, io_threads,  # noqa: F841
-                                    expert_eviction, expert_predict)
+                                    expert_eviction, expert_predict, expert_warm)
         opts.direct_io = 1 if direct_io else 0
         if huge_pages is None and os.environ.get("EDGELLM_HUGEPAGES", "") in ("0", "1"):
             huge_pages = os.environ["EDGELLM_HUGEPAGES"] == "1"

@@ -460,7 +460,7 @@ static int predict_step(tvm_cpu* b, tvm_ctx* x, el_context* c, const el_program*
                         uint32_t si, int pos) {
   const el_step* st = &pg->steps[si];
   el_weight_store* store = c->m->store;
-  if (!store->predict || c->m->no_expert_predict) return 0;
+  if (!store->predict || !c->m->expert_predict) return 0;
   for (uint32_t j = 1; j <= st->n_body; j++)
     if (call_step(b, c, &pg->steps[si + j], &bd[si + j], pos, -1, -1, prog, si + j) != 0) return -1;
   const int32_t* ids;
@@ -475,11 +475,11 @@ static int predict_step(tvm_cpu* b, tvm_ctx* x, el_context* c, const el_program*
       uint32_t id = st->args[ai].index + (uint32_t)ids[i] * st->args[ai].expert_stride;
       if (ai == 0) x->predicted[id] = x->serial;
       if (nw && w[nw - 1] == id) continue; /* an expert's views name one weight */
-      if (nw == 64) store->predict(store, w, nw), nw = 0;
+      if (nw == 64) store->predict(store, w, nw, st->args[0].index), nw = 0;
       w[nw++] = id;
     }
   if (st->n_args) x->predicted[nw_all + st->args[0].index] = x->serial; /* a guess was made for that route */
-  if (nw) store->predict(store, w, nw);
+  if (nw) store->predict(store, w, nw, st->args[0].index);
   return 0;
 }
 

@@ -63,7 +63,7 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
           npu_soc: str | None = None, memory_budget=None, weight_policy: str | None = None,
           storage: str | None = None, io_threads: int | None = None, direct_io: bool = False,
           ffn_threshold: float | None = None, expert_eviction: str | None = None,
-          expert_predict: bool = True) -> dict:
+          expert_predict: bool = False, expert_warm: bool = True) -> dict:
     """Median prefill/decode tokens per second, time to first token and peak RSS of one package."""
     if prompt_len < 1:
         raise InputError(f"--prompt-len {prompt_len} is invalid: must be >= 1")
@@ -75,7 +75,8 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
     with Runtime.load(package, threads=threads, prefill_backend=prefill_backend, npu_soc=npu_soc,
                       memory_budget=memory_budget, weight_policy=weight_policy, storage=storage,
                       io_threads=io_threads, direct_io=direct_io, ffn_threshold=ffn_threshold,
-                      expert_eviction=expert_eviction, expert_predict=expert_predict) as rt:
+                      expert_eviction=expert_eviction, expert_predict=expert_predict,
+                      expert_warm=expert_warm) as rt:
         load_s = time.perf_counter() - t0
         backend = rt.prefill_backend
         if prompt_len + gen_len > rt.max_context:

@@ -36,6 +36,12 @@
 #define EL_FILE_KERNELS "kernels.so"
 #define EL_FILE_TOKENIZER "tokenizer.bin"
 #define EL_FILE_SUMS "SHA256SUMS" /* "<sha256 hex>  <path>" per file; the package digest is its sha256 */
+/* routing.bin (MoE packages, optional): how often calibration routed to each expert, for stores that hold the hot
+ * ones: EL_ROUTING_MAGIC, uint32 version (EL_ROUTING_VERSION), uint32 n_weights, then uint32 selections per weight
+ * of the plan's table (0 for weights that are not experts). */
+#define EL_FILE_ROUTING "routing.bin"
+#define EL_ROUTING_MAGIC "EDGEROUT"
+#define EL_ROUTING_VERSION 1
 #define EL_DIR_BIN "bin"
 #define EL_FILE_RUNNER "bin/edgellm-run"
 

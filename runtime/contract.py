@@ -15,6 +15,8 @@ FORMAT_VERSION = 2                      # manifest.json "format_version"
 MANIFEST, PLAN, WEIGHTS, KERNELS = "manifest.json", "plan.bin", "weights.bin", "kernels.so"
 TOKENIZER_BIN = "tokenizer.bin"
 SUMS = "SHA256SUMS"                     # "<sha256 hex>  <path>" per file; the package digest is its sha256
+# routing.bin (MoE, optional): magic, uint32 version, uint32 n_weights, uint32 calibration selections per weight
+ROUTING, ROUTING_MAGIC, ROUTING_VERSION = "routing.bin", b"EDGEROUT", 1
 BIN_DIR, RUNNER = "bin", "bin/edgellm-run"
 REQUIRED_FILES = (MANIFEST, PLAN, WEIGHTS, KERNELS)
 

@@ -61,7 +61,10 @@ typedef struct {
   /* Expert cache (policy "experts", MoE packages): */
   const char* expert_eviction; /* which cached expert makes room: "freq" (selected most lately, counts decaying;
                                   NULL: this), "lru", "lfu" */
-  int32_t no_expert_predict;   /* 1: skip the package's expert guesses (read experts only once selected) */
+  int32_t expert_predict;      /* 1: run the package's guesses of later layers' experts (PREDICT steps) and read the
+                                  guessed ones ahead; 0 (default): read experts only once selected */
+  int32_t no_expert_warm;      /* 1: start with an empty expert cache (default: fill it at load with the experts
+                                  calibration selected most, from the package's routing.bin) */
 } el_load_options;
 
 /* el_load_options.prefill_backend. AUTO: the NPU when the package has NPU graphs and ONNX Runtime with the QNN EP

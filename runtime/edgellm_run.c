@@ -26,7 +26,7 @@
   "                   [--digest sha256:HEX] [--memory-budget BYTES] [--prefill-backend auto|cpu|npu]\n"         \
   "                   [--npu-soc SOC] [--weight-policy auto|resident|window|experts] [--storage PROFILE]\n"      \
   "                   [--io-threads N] [--direct-io] [--huge-pages auto|on|off] [--ffn-threshold T]\n"         \
-  "                   [--expert-eviction freq|lru|lfu] [--no-expert-predict]\n"                                \
+  "                   [--expert-eviction freq|lru|lfu] [--expert-predict] [--no-expert-warm]\n"                \
   "  PKG                  package directory (made by `edgellm compile`)\n"                                      \
   "  -p, --prompt TEXT    prompt text (needs PKG/tokenizer.bin)\n"                                              \
   "  --ids LIST           prompt as token ids, comma- or space-separated\n"                                     \
@@ -51,7 +51,9 @@
   "                       (MoE: all but the experts held, experts cached in the budget), auto (default: resident\n" \
   "                       when everything fits, else experts for MoE packages, else window)\n"                   \
   "  --expert-eviction E  which cached expert makes room: freq (default: selected most lately), lru, lfu\n"       \
-  "  --no-expert-predict  read experts only once selected (skip the package's guesses one layer ahead)\n"        \
+  "  --expert-predict     run the package's guesses of later layers' experts and read them ahead (default: off)\n" \
+  "  --no-expert-warm     start with an empty expert cache (default: filled at load with the experts calibration\n" \
+  "                       selected most)\n"                                                                     \
   "  --storage PROFILE    shape streamed reads like: native (default), sd, emmc, ufs3, ufs4 (ufs: modelled)\n"   \
   "  --io-threads N       reader threads for streamed weights (1-4, default 2)\n"                               \
   "  --direct-io          O_DIRECT reads for streamed weights (default: buffered, dropped from the page cache)\n" \
@@ -155,7 +157,7 @@ int main(int argc, char** argv) {
   float temperature = NAN, top_p = NAN, min_p = NAN, rep = NAN, presence = NAN, frequency = NAN;
   uint64_t seed = 0, budget = 0;
   const char *policy = NULL, *storage = NULL, *eviction = NULL;
-  int no_predict = 0;
+  int predict = 0, no_warm = 0;
   long io_threads = 0;
   int direct_io = 0, huge_pages = -1;
   int have_seed = 0, ignore_eos = 0;
@@ -234,8 +236,10 @@ int main(int argc, char** argv) {
       NEED_VALUE if (strcmp(v, "freq") && strcmp(v, "lru") && strcmp(v, "lfu"))
           return usage_error("--expert-eviction takes freq, lru or lfu, got '%s'", v);
       eviction = v;
-    } else if (!strcmp(a, "--no-expert-predict")) {
-      no_predict = 1;
+    } else if (!strcmp(a, "--expert-predict")) {
+      predict = 1;
+    } else if (!strcmp(a, "--no-expert-warm")) {
+      no_warm = 1;
     } else if (!strcmp(a, "--huge-pages")) {
       NEED_VALUE if (!strcmp(v, "auto")) huge_pages = -1;
       else if (!strcmp(v, "on")) huge_pages = 1;
@@ -278,7 +282,8 @@ int main(int argc, char** argv) {
   opt.huge_pages = huge_pages;
   opt.ffn_threshold = ffn_threshold;
   opt.expert_eviction = eviction;
-  opt.no_expert_predict = no_predict;
+  opt.expert_predict = predict;
+  opt.no_expert_warm = no_warm;
   opt.prefill_backend = prefill;
   opt.npu_soc = npu_soc;
   opt.ort_library = getenv("EDGELLM_ORT_LIB");

@@ -111,7 +111,8 @@ struct el_model {
   uint64_t minimum_budget; /* the smallest memory_budget it loads with (weights streamed through a window) */
   int plan_only;          /* loaded to report its memory plan: no backends, no contexts */
   float settings[EL_N_SETTINGS]; /* run-time settings kernels read (EL_ARG_SETTINGS), from the load options */
-  int no_expert_predict;  /* el_load_options.no_expert_predict */
+  int expert_predict;     /* el_load_options.expert_predict */
+  uint32_t* routing;      /* routing.bin: per weight, calibration selections (NULL: none) */
   int n_threads;
   pthread_mutex_t mu; /* guards refs / freed */
   int refs;           /* contexts alive */

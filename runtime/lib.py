@@ -17,7 +17,8 @@ class LoadOptions(C.Structure):
                 ("digest", C.c_char_p), ("npu_soc", C.c_char_p), ("ort_library", C.c_char_p),
                 ("qnn_ep_library", C.c_char_p), ("qnn_backend", C.c_char_p), ("storage", C.c_char_p),
                 ("io_threads", C.c_int32), ("direct_io", C.c_int32), ("plan_only", C.c_int32),
-                ("ffn_threshold", C.c_float), ("expert_eviction", C.c_char_p), ("no_expert_predict", C.c_int32)]
+                ("ffn_threshold", C.c_float), ("expert_eviction", C.c_char_p), ("expert_predict", C.c_int32),
+                ("no_expert_warm", C.c_int32)]
 
 
 class MemoryPlan(C.Structure):

@@ -557,7 +557,7 @@ static void model_destroy(el_model* m) {
   if (m->store) m->store->close(m->store);
   if (m->tok) el_tok_free(m->tok);
   free(m->npu.soc), free(m->npu.ort_library), free(m->npu.qnn_ep_library), free(m->npu.qnn_backend);
-  free(m->plan);
+  free(m->plan), free(m->routing);
   pthread_mutex_destroy(&m->mu);
   free(m);
 }
@@ -593,12 +593,34 @@ static int has_experts(const el_model* m) {
 }
 
 /* The weight store for the memory budget, which counts one context's KV cache and arena besides the weights. */
+/* routing.bin (contract.h), if the package has one: per weight, the selections calibration made. */
+static int load_routing(el_model* m, const char* dir) {
+  char path[4096];
+  struct stat st;
+  if (join(path, sizeof path, dir, EL_FILE_ROUTING) != 0) return -1;
+  if (lstat(path, &st) != 0) return 0; /* optional */
+  size_t size, want = 16 + 4 * (size_t)m->h.n_weights;
+  uint8_t* b = el_read_small_file(path, "routing table", want, &size);
+  if (!b) return -1;
+  uint32_t version, n;
+  memcpy(&version, b + 8, 4), memcpy(&n, b + 12, 4);
+  if (size != want || memcmp(b, EL_ROUTING_MAGIC, 8) != 0 || version != EL_ROUTING_VERSION || n != m->h.n_weights) {
+    free(b);
+    return el_error("%s is corrupt (%zu bytes; expected %zu for %u weights, version %d): recompile the package or "
+                    "copy it again", path, size, want, m->h.n_weights, EL_ROUTING_VERSION);
+  }
+  memmove(b, b + 16, 4 * (size_t)n); /* the counts, aligned at the start of the block */
+  m->routing = (uint32_t*)b;
+  return 0;
+}
+
 static int open_store(el_model* m, const char* weights_path, const el_load_options* opt) {
   el_weight_use use;
   if (el_weight_use_of(m, &use) != 0) return -1;
   el_store_config cfg = {weights_path, m->weights, m->h.n_weights, m->h.weights_bytes, 0, opt->huge_pages,
                          opt->use_mmap, use.seq, use.seq_step, use.n_seq, use.must_pin, m->h.max_ctx,
-                         opt->storage, opt->io_threads, opt->direct_io, opt->plan_only, opt->expert_eviction};
+                         opt->storage, opt->io_threads, opt->direct_io, opt->plan_only, opt->expert_eviction,
+                         m->routing, !opt->no_expert_warm};
   uint64_t ctx = el_context_footprint(m), budget = opt->memory_budget;
   const char* policy = opt->weight_policy;
   int resident = policy && !strcmp(policy, "resident");
@@ -666,7 +688,7 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   if (opt->huge_pages < -1 || opt->huge_pages > 1 || opt->n_threads > 1024 || opt->prefill_backend < EL_PREFILL_AUTO ||
       opt->prefill_backend > EL_PREFILL_NPU || opt->io_threads > 64 || opt->plan_only < 0 || opt->plan_only > 1 ||
       opt->direct_io < 0 || opt->direct_io > 1 || !(opt->ffn_threshold < 1e30f && opt->ffn_threshold > -1e30f) ||
-      opt->no_expert_predict < 0 || opt->no_expert_predict > 1)
+      opt->expert_predict < 0 || opt->expert_predict > 1 || opt->no_expert_warm < 0 || opt->no_expert_warm > 1)
     return el_error("el_model_load: bad options (huge_pages %d, n_threads %d, prefill_backend %d, io_threads %d, "
                     "plan_only %d)", opt->huge_pages, opt->n_threads, opt->prefill_backend, opt->io_threads,
                     opt->plan_only), NULL;
@@ -705,7 +727,7 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   m->plan_only = opt->plan_only;
   for (int i = 0; i < EL_N_SETTINGS; i++) m->settings[i] = -1; /* the package's defaults */
   m->settings[EL_SETTING_FFN_THRESHOLD] = opt->ffn_threshold;
-  m->no_expert_predict = opt->no_expert_predict;
+  m->expert_predict = opt->expert_predict;
 
   /* weights.bin: a regular file of the exact size, before anything maps it */
   if (join(path, sizeof path, dir, EL_FILE_WEIGHTS) != 0) goto fail;
@@ -747,7 +769,7 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   }
   m->use_npu = m->backend_open[EL_BACKEND_QNN_ORT];
 
-  if (open_store(m, path, opt) != 0) goto fail;
+  if (load_routing(m, dir) != 0 || open_store(m, path, opt) != 0) goto fail;
 
   if (join(path, sizeof path, dir, EL_FILE_TOKENIZER) != 0) goto fail;
   if (!m->plan_only && lstat(path, &st) == 0 && !(m->tok = el_tok_load(path))) goto fail;

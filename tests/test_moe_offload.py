@@ -64,7 +64,7 @@ def reference(packages):
 def test_same_tokens_at_every_expert_budget(packages, reference, model, quant, pct):
     pkg = packages[model, quant]
     budget = budget_for(pkg, pct)
-    for eviction, predict in (("freq", True), ("lru", True), ("lfu", True), ("freq", False)):
+    for eviction, predict in (("freq", True), ("lru", True), ("lfu", True), ("freq", False), ("lru", False)):
         with Runtime.load(pkg, threads=2, memory_budget=budget, weight_policy="experts", expert_eviction=eviction,
                           expert_predict=predict) as rt:
             assert greedy(rt) == reference[model, quant], (eviction, predict)
@@ -87,8 +87,8 @@ def test_recall_counter_matches_the_oracle(tmp_path):
     """A float package's guesses are the oracle's: the runtime's recall counts equal the numpy backend's on the
     same tokens (the router and its guess run in f32; ties are measure-zero on a trained model)."""
     pkg = edgellm.compile("demo-moe", quant="f32", out=tmp_path / "p", max_context=128, prefill_chunk=16,
-                          progress=False)
-    with Runtime.load(pkg, threads=2, weight_policy="experts") as rt:
+                          progress=False, expert_guesser="router")
+    with Runtime.load(pkg, threads=2, weight_policy="experts", expert_predict=True) as rt:
         toks = greedy(rt)
         st = rt.stats()
     spec, ck, _ = load_checkpoint("demo-moe")
@@ -106,24 +106,69 @@ def test_recall_counter_matches_the_oracle(tmp_path):
     assert abs(st["expert_predicted"] - hit) <= 1, (st["expert_predicted"], hit)
 
 
+def test_fitted_guesses_recall_more(packages, tmp_path):
+    """The default guesser (fitted on the built-in calibration text) recalls >= 80% of demo-moe's selections one
+    layer ahead on held-out text, more than the layer's own router; the manifest records both on the calibration."""
+    from edgellm.models.demo import HELDOUT
+
+    router = edgellm.compile("demo-moe", quant="q4g32", out=tmp_path / "r", max_context=512, progress=False,
+                             expert_guesser="router")
+    fitted = edgellm.compile("demo-moe", quant="q4g32", out=tmp_path / "f", max_context=512, progress=False)
+    text = HELDOUT.read_text(encoding="utf-8")
+    recall = {}
+    for name, pkg in (("router", router), ("fitted", fitted)):
+        with Runtime.load(pkg, threads=2, weight_policy="experts", expert_predict=True) as rt:
+            for start in (2000, 30000):
+                rt.reset()
+                rt.generate(text[start:start + 400], max_new_tokens=64, ignore_eos=True, temperature=0.0)
+            st = rt.stats()
+        recall[name] = st["expert_predicted"] / st["expert_predict_checked"]
+    assert recall["fitted"] >= 0.8 and recall["fitted"] > recall["router"], recall
+    g = Runtime.load(fitted).manifest["moe"]["guess"]
+    assert g["calibration"] == "built-in text" and set(g["recall_fitted"]) == {"0", "1", "2", "3"}
+    assert sum(g["selections"]["0"]) == 2 * g["calibration_tokens"]
+
+
 def test_no_predictions_compiled(packages, tmp_path, reference):
     pkg = edgellm.compile("demo-moe", quant="q4g32", out=tmp_path / "p", max_context=128, prefill_chunk=16,
                           progress=False, expert_prefetch_distance=0)
-    with Runtime.load(pkg, threads=2, memory_budget=budget_for(pkg, 50), weight_policy="experts") as rt:
+    with Runtime.load(pkg, threads=2, memory_budget=budget_for(pkg, 50), weight_policy="experts", expert_predict=True) as rt:
         assert greedy(rt) == reference["demo-moe", "q4g32"]
         assert rt.stats()["expert_predict_checked"] == 0
     assert rt.manifest["moe"]["prefetch_distance"] == 0
 
 
-@pytest.mark.parametrize("distance", [2, 4])
-def test_guesses_further_ahead(tmp_path, reference, distance):
+@pytest.mark.parametrize("distance,width", [(2, 2), (4, 4)])
+def test_guesses_further_ahead(tmp_path, reference, distance, width):
     pkg = edgellm.compile("demo-moe", quant="q4g32", out=tmp_path / "p", max_context=128, prefill_chunk=16,
-                          progress=False, expert_prefetch_distance=distance)
-    with Runtime.load(pkg, threads=2, memory_budget=budget_for(pkg, 25), weight_policy="experts") as rt:
+                          progress=False, expert_prefetch_distance=distance, expert_guess_width=width)
+    with Runtime.load(pkg, threads=2, memory_budget=budget_for(pkg, 25), weight_policy="experts", expert_predict=True) as rt:
         assert greedy(rt) == reference["demo-moe", "q4g32"]
         st = rt.stats()
     # distance d guesses layers d-1.. from layer 0's input onward: the first d-1 layers get no guess
     assert st["expert_predict_checked"] == 2 * (N_NEW - 1) * (4 - (distance - 1))
+
+
+def test_hot_experts_are_read_at_load(packages, reference):
+    """routing.bin (calibration selections per expert) fills the cache with the hottest experts at load (a warm
+    start); the tokens do not change."""
+    pkg = packages["demo-moe", "q4g32"]
+    raw = (pkg / "routing.bin").read_bytes()
+    assert raw[:8] == b"EDGEROUT" and np.frombuffer(raw[8:16], "<u4").tolist()[0] == 1
+    sel = np.frombuffer(raw[16:], "<u4")
+    with Runtime.load(pkg) as rt:
+        tokens = rt.manifest["moe"]["guess"]["calibration_tokens"]
+    assert (sel > 0).sum() == 32 and sel.sum() == 4 * 2 * tokens   # 4 layers, top-2, every calibration token
+    m = Runtime.plan(pkg, memory_budget=budget_for(pkg, 50), weight_policy="experts")
+    expert = m["routed_bytes"] // 32
+    slots = m["routed_cache_bytes"] // expert
+    read = {}
+    for pin in (True, False):
+        with Runtime.load(pkg, threads=2, memory_budget=budget_for(pkg, 50), weight_policy="experts",
+                          expert_warm=pin) as rt:
+            read[pin] = rt.stats()["io_bytes_read"]
+            assert greedy(rt) == reference["demo-moe", "q4g32"]
+    assert read[True] - read[False] == slots * expert
 
 
 def test_auto_picks_the_expert_cache(packages):
@@ -150,6 +195,10 @@ def test_bad_expert_options_are_one_line(packages, tmp_path):
         edgellm.compile("demo", expert_prefetch_distance=1, out=tmp_path / "x", progress=False)
     with pytest.raises(edgellm.CompileError, match="out of range"):
         edgellm.compile("demo-moe", expert_prefetch_distance=9, out=tmp_path / "y", progress=False)
+    with pytest.raises(edgellm.CompileError, match="out of range"):
+        edgellm.compile("demo-moe", expert_guess_width=1, out=tmp_path / "w", progress=False)
+    with pytest.raises(edgellm.CompileError, match="fitted or router"):
+        edgellm.compile("demo-moe", expert_guesser="oracle", out=tmp_path / "z", progress=False)
     run = packages["demo-moe", "q4g32"] / "bin" / "edgellm-run"
     r = subprocess.run([str(run), str(pkg), "--ids", "1,2", "--expert-eviction", "mru"], capture_output=True, text=True)
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "--expert-eviction" in r.stderr
@@ -164,7 +213,7 @@ def test_peak_memory_stays_under_the_budget(packages, reference, model):
         memlimit.evict(pkg / "weights.bin")   # pages cached by another process would not be charged to the group
         cmd = [str(pkg / "bin" / "edgellm-run"), str(pkg), "--ids", ",".join(map(str, PROMPT)), "-n", str(N_NEW),
                "--ignore-eos", "--print-ids", "--threads", "2", "--temperature", "0", "--memory-budget", str(budget),
-               "--weight-policy", "experts"]
+               "--weight-policy", "experts", "--expert-predict"]
         r = run_in_memory_limit(2 * budget + FIXED_OVERHEAD, cmd)
         assert r["rc"] == 0, r["stderr"]
         assert [int(t) for t in r["stdout"].split()] == reference[model, "q4g32"]
