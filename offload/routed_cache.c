@@ -96,18 +96,21 @@ static int fresh_guess(const el_routed_cache* c, const slot* x) {
   return x->guessed && c->gen[x->group] == x->gen;
 }
 
-/* A slot for a new weight (mu held): a free one, else the worst one nobody holds or waits for (for a guess, not a
- * fresh guess either); with force, else one selected but not yet used (its selection is dropped). NONE if every
+/* A slot for a new weight (mu held): a free one, else a wrong guess's, else the worst one nobody holds or waits for
+ * (for a guess, not a fresh guess either); with force, else one selected but not yet used (its selection is dropped). NONE if every
  * slot is busy. */
 static uint32_t victim(el_routed_cache* c, int force, int for_guess) {
-  uint32_t best = NONE;
+  uint32_t best = NONE, wrong = NONE;
   for (uint32_t s = 0; s < c->n_slots; s++) {
     slot* x = &c->slots[s];
     if (x->state == FREE) return s;
+    if (x->state == READY && x->guessed && !fresh_guess(c, x) && !x->refs && !x->wanted && wrong == NONE)
+      wrong = s; /* a wrong guess (its route ran without it): nobody asked for it, it goes first */
     if (x->state == READY && !x->refs && !x->wanted && !(for_guess && fresh_guess(c, x)) &&
         (best == NONE || worse(c, s, best)))
       best = s;
   }
+  if (wrong != NONE) return wrong;
   if (best != NONE || !force) return best;
   for (uint32_t s = 0; s < c->n_slots; s++) {
     slot* x = &c->slots[s];
@@ -143,17 +146,20 @@ static void assign(el_routed_cache* c, uint32_t w, uint32_t s, int prio) {
   pthread_cond_signal(&c->work);
 }
 
-/* The queued slot to read next: selected ones first, each kind in queue order (mu held). */
+/* The queued slot to read next: selected ones first, each kind in queue order; a guessed one only while no
+ * selected one is being read (a guess must not slow the reads a kernel waits for) (mu held). */
 static uint32_t next_read(const el_routed_cache* c) {
   uint32_t best = NONE;
+  int demand = 0;
   for (uint32_t s = 0; s < c->n_slots; s++) {
     const slot* x = &c->slots[s];
+    demand |= x->state == READING && x->prio == 0;
     if (x->state != QUEUED) continue;
     if (best == NONE || x->prio < c->slots[best].prio ||
         (x->prio == c->slots[best].prio && x->seq < c->slots[best].seq))
       best = s;
   }
-  return best;
+  return best != NONE && c->slots[best].prio && demand ? NONE : best;
 }
 
 static void* reader(void* arg) {
