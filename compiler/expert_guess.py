@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 RIDGE = 0.1      # penalty, relative to the mean feature energy per token
-N_TOKENS = 2048  # calibration tokens (sequences of SEQ_LEN)
-SEQ_LEN = 256
+SEQ_LEN = 256    # calibration sequences of SEQ_LEN tokens: 8 per hidden unit (>= 2 sequences, <= 8)
+
+
+def _n_tokens(spec) -> int:
+    return min(8, max(2, 8 * spec.hidden_size // SEQ_LEN)) * SEQ_LEN
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
@@ -69,12 +72,12 @@ def _calibration(spec, model_dir, calib_file) -> tuple[list[list[int]], str]:
         from ..quant.calibration import calibration_ids
 
         try:
-            return calibration_ids(tok, calib_file, N_TOKENS, SEQ_LEN), calib_file or "built-in text"
+            return calibration_ids(tok, calib_file, _n_tokens(spec), SEQ_LEN), calib_file or "built-in text"
         except CompileError:
             if calib_file is not None:
                 raise
     rng = np.random.default_rng(0)   # no tokenizer (random-weight benchmark models): seeded random ids
-    return [rng.integers(0, spec.vocab_size, SEQ_LEN).tolist() for _ in range(N_TOKENS // SEQ_LEN)], "random ids"
+    return [rng.integers(0, spec.vocab_size, SEQ_LEN).tolist() for _ in range(_n_tokens(spec) // SEQ_LEN)], "random ids"
 
 
 def _top_k(logits: np.ndarray, k: int) -> np.ndarray:

@@ -97,8 +97,8 @@ static int fresh_guess(const el_routed_cache* c, const slot* x) {
 }
 
 /* A slot for a new weight (mu held): a free one, else a wrong guess's, else the worst one nobody holds or waits for
- * (for a guess, not a fresh guess either); with force, else one selected but not yet used (its selection is dropped). NONE if every
- * slot is busy. */
+ * (for a guess, not a fresh guess either); with force, else one selected but not yet used (its selection is
+ * dropped). NONE if every slot is busy. */
 static uint32_t victim(el_routed_cache* c, int force, int for_guess) {
   uint32_t best = NONE, wrong = NONE;
   for (uint32_t s = 0; s < c->n_slots; s++) {

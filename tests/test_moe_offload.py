@@ -34,7 +34,7 @@ def packages(tmp_path_factory):
                               intermediate_size=256, num_hidden_layers=4, num_local_experts=8, num_attention_heads=4,
                               num_key_value_heads=2, head_dim=32)
     src = {"demo-moe": "demo-moe", "mixtral": str(mixtral)}
-    return {(m, q): edgellm.compile(src[m], quant=q, out=root / f"{m}-{q}", max_context=128, prefill_chunk=16,
+    return {(m, q): edgellm.compile(src[m], quant=q, out=root / f"{m}-{q}", max_context=256, prefill_chunk=16,
                                     progress=False)
             for m in MODELS for q in ("f16", "q4g32")}
 
@@ -111,16 +111,16 @@ def test_fitted_guesses_recall_more(packages, tmp_path):
     layer ahead on held-out text, more than the layer's own router; the manifest records both on the calibration."""
     from edgellm.models.demo import HELDOUT
 
-    router = edgellm.compile("demo-moe", quant="q4g32", out=tmp_path / "r", max_context=512, progress=False,
-                             expert_guesser="router")
-    fitted = edgellm.compile("demo-moe", quant="q4g32", out=tmp_path / "f", max_context=512, progress=False)
+    router = edgellm.compile("demo-moe", quant="q4g32", out=tmp_path / "r", max_context=256, prefill_chunk=16,
+                             progress=False, expert_guesser="router")
+    fitted = packages["demo-moe", "q4g32"]   # the default guesser
     text = HELDOUT.read_text(encoding="utf-8")
     recall = {}
     for name, pkg in (("router", router), ("fitted", fitted)):
         with Runtime.load(pkg, threads=2, weight_policy="experts", expert_predict=True) as rt:
             for start in (2000, 30000):
                 rt.reset()
-                rt.generate(text[start:start + 400], max_new_tokens=64, ignore_eos=True, temperature=0.0)
+                rt.generate(text[start:start + 300], max_new_tokens=64, ignore_eos=True, temperature=0.0)
             st = rt.stats()
         recall[name] = st["expert_predicted"] / st["expert_predict_checked"]
     assert recall["fitted"] >= 0.8 and recall["fitted"] > recall["router"], recall
@@ -138,7 +138,7 @@ def test_no_predictions_compiled(packages, tmp_path, reference):
     assert rt.manifest["moe"]["prefetch_distance"] == 0
 
 
-@pytest.mark.parametrize("distance,width", [(2, 2), (4, 4)])
+@pytest.mark.parametrize("distance,width", [(3, 4)])
 def test_guesses_further_ahead(tmp_path, reference, distance, width):
     pkg = edgellm.compile("demo-moe", quant="q4g32", out=tmp_path / "p", max_context=128, prefill_chunk=16,
                           progress=False, expert_prefetch_distance=distance, expert_guess_width=width)
