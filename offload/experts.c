@@ -8,13 +8,10 @@
  *           route selects them, or earlier when a PREDICT step guesses them, selected reads first.
  * Decode reads only the experts it misses; a guess that lands before its layer runs turns a miss into a hit. */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include "io.h"
 #include "routed_cache.h"
@@ -238,20 +235,15 @@ el_weight_store* el_store_open_experts(const el_store_config* cfg, char* err, si
   lay->direct_io = el_io_direct(s->io);
   el_io_random(s->io);
   if (mapped) {
-    int fd = open(cfg->path, O_RDONLY | O_CLOEXEC);
-    void* p = fd >= 0 ? mmap(NULL, s->file_bytes, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-    if (fd >= 0) close(fd);
-    if (p == MAP_FAILED) {
-      snprintf(err, errlen, "cannot map %s: %s", cfg->path, strerror(errno));
+    uint8_t* rows = calloc(n ? n : 1, 1);
+    if (!rows) {
+      snprintf(err, errlen, "out of memory");
       goto fail;
     }
-    s->map = p;
-    long page = sysconf(_SC_PAGESIZE);
-    for (uint32_t w = 0; w < n; w++) /* a fault reads its page, not the device's read-ahead worth */
-      if (s->at[w] == MAPPED) {
-        uint64_t a = s->table[w].offset / (uint64_t)page * (uint64_t)page;
-        madvise(s->map + a, s->table[w].offset + s->table[w].nbytes - a, MADV_RANDOM);
-      }
+    for (uint32_t w = 0; w < n; w++) rows[w] = s->at[w] == MAPPED;
+    s->map = el_io_map_lookups(cfg->path, s->file_bytes, s->table, n, rows, err, errlen);
+    free(rows);
+    if (!s->map) goto fail;
   }
   if (held) {
     s->held = mmap(NULL, held, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

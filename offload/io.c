@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <time.h>
@@ -160,6 +161,24 @@ static uint64_t readahead_bytes(const char* path) {
 uint64_t el_io_cache_reserve(const char* path, const el_storage_profile* p, int direct_io) {
   if (p->modelled || direct_io) return 0;
   return 2 * readahead_bytes(path) + 2 * (uint64_t)EL_IO_DROP_ALIGN;
+}
+
+uint8_t* el_io_map_lookups(const char* path, uint64_t file_bytes, const el_plan_weight* table, uint32_t n,
+                           const uint8_t* mapped, char* err, size_t errlen) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  void* p = fd >= 0 ? mmap(NULL, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+  if (fd >= 0) close(fd);
+  if (p == MAP_FAILED) {
+    snprintf(err, errlen, "cannot map %s: %s", path, strerror(errno));
+    return NULL;
+  }
+  long page = sysconf(_SC_PAGESIZE);
+  for (uint32_t w = 0; w < n; w++)
+    if (mapped[w]) {
+      uint64_t a = table[w].offset / (uint64_t)page * (uint64_t)page;
+      madvise((uint8_t*)p + a, table[w].offset + table[w].nbytes - a, MADV_RANDOM);
+    }
+  return p;
 }
 
 void el_io_random(el_io* io) {

@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../runtime/contract.h"
+
 #ifndef EL_HIDDEN
 #define EL_HIDDEN __attribute__((visibility("hidden")))
 #endif
@@ -55,6 +57,10 @@ EL_HIDDEN void el_io_drop(el_io* io, uint64_t off, uint64_t len);
  * device's read-ahead, twice (the window being read and the next one, read asynchronously), and what lies behind
  * the reads before it is dropped. 0 for O_DIRECT and modelled profiles. */
 EL_HIDDEN uint64_t el_io_cache_reserve(const char* path, const el_storage_profile* p, int direct_io);
+/* The file mapped read-only for weights read by row lookup (embedding tables): mapped[w] != 0 marks them, each range
+ * advised random (a fault reads its page, not the device's read-ahead worth). NULL with err set. */
+EL_HIDDEN uint8_t* el_io_map_lookups(const char* path, uint64_t file_bytes, const el_plan_weight* table, uint32_t n,
+                                     const uint8_t* mapped, char* err, size_t errlen);
 /* Buffered real profiles: no read-ahead on this file (reads are whole regions, in no particular order). */
 EL_HIDDEN void el_io_random(el_io* io);
 EL_HIDDEN void el_io_close(el_io* io);

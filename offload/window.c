@@ -689,25 +689,6 @@ static int read_pinned(window_store* s, char* err, size_t errlen) {
   return rc;
 }
 
-/* The file mapped read-only for the row-lookup weights, each range advised random (a fault reads its page, not the
- * device's read-ahead worth). */
-static uint8_t* map_lookups(window_store* s, const char* path, char* err, size_t errlen) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  void* p = fd >= 0 ? mmap(NULL, s->file_bytes, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-  if (fd >= 0) close(fd);
-  if (p == MAP_FAILED) {
-    snprintf(err, errlen, "cannot map %s: %s", path, strerror(errno));
-    return NULL;
-  }
-  long page = sysconf(_SC_PAGESIZE);
-  for (uint32_t w = 0; w < s->n; w++)
-    if (s->pin_at[w] == MAPPED) {
-      uint64_t a = s->table[w].offset / (uint64_t)page * (uint64_t)page;
-      madvise((uint8_t*)p + a, s->table[w].offset + s->table[w].nbytes - a, MADV_RANDOM);
-    }
-  return p;
-}
-
 el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, size_t errlen) {
   const el_storage_profile* prof = el_storage_profile_find(cfg->storage);
   if (!prof) {
@@ -751,7 +732,17 @@ el_weight_store* el_store_open_window(const el_store_config* cfg, char* err, siz
   if (cfg->plan_only) return b;
 
   if (!(s->io = el_io_open(cfg->path, cfg->file_bytes, prof, cfg->direct_io, err, errlen))) goto fail;
-  if (any_mapped && !(s->map = map_lookups(s, cfg->path, err, errlen))) goto fail;
+  if (any_mapped) {
+    uint8_t* mapped = calloc(s->n ? s->n : 1, 1);
+    if (!mapped) {
+      snprintf(err, errlen, "out of memory");
+      goto fail;
+    }
+    for (uint32_t w = 0; w < s->n; w++) mapped[w] = s->pin_at[w] == MAPPED;
+    s->map = el_io_map_lookups(cfg->path, s->file_bytes, s->table, s->n, mapped, err, errlen);
+    free(mapped);
+    if (!s->map) goto fail;
+  }
   lay->direct_io = el_io_direct(s->io);
   int any_routed = 0; /* streamed routed weights: predicted, the rest read on demand */
   if (lay->routed_bytes) {
