@@ -108,6 +108,8 @@ _npu_options = [
                       "or the NPU when it loads"),
     click.option("--npu-soc", default=None, help="the SoC whose prepared NPU graphs to load (sm8550, sm8650, sm8750; "
                                                 "none: the ONNX graphs) [default: this phone's]"),
+    click.option("--device", default=None, help="android-gpu / opencl packages: the OpenCL device, \"P:D\" or part "
+                                               "of its name [default: $EDGELLM_OPENCL_DEVICE, else the first GPU]"),
 ]
 
 
@@ -214,7 +216,7 @@ def describe_sampling(defaults: dict, given: dict) -> str:
 def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
             presence_penalty, frequency_penalty, seed, stop, ignore_eos, threads, digest, memory_budget,
             weight_policy, expert_eviction, expert_predict, no_expert_warm, storage, io_threads, direct_io,
-            ffn_threshold, prefill_backend, npu_soc):
+            ffn_threshold, prefill_backend, npu_soc, device):
     """Generate text from PACKAGE (or --model, default: the bundled demo), streaming it to stdout; a tok/s summary
     goes to stderr. Sampling options not given come from the package (its generation_config.json), as in
     Runtime.generate and bin/edgellm-run: the same arguments and seed give the same tokens everywhere."""
@@ -239,7 +241,7 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
              "frequency_penalty": frequency_penalty}
     with Runtime.load(package, threads=threads, digest=digest, memory_budget=memory_budget,
                       weight_policy=weight_policy, storage=storage, io_threads=io_threads, direct_io=direct_io,
-                      ffn_threshold=ffn_threshold, prefill_backend=prefill_backend, npu_soc=npu_soc,
+                      ffn_threshold=ffn_threshold, prefill_backend=prefill_backend, npu_soc=npu_soc, device=device,
                       expert_eviction=expert_eviction, expert_predict=expert_predict,
                       expert_warm=not no_expert_warm) as rt:
         r: dict = {}
@@ -331,14 +333,14 @@ def eval_ppl_cmd(packages_or_models, text_file, context, stride, max_tokens, qua
 @_with(_npu_options)
 def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, memory_budget, weight_policy,
               expert_eviction, expert_predict, no_expert_warm, storage, io_threads, direct_io, ffn_threshold,
-              prefill_backend, npu_soc):
+              prefill_backend, npu_soc, device):
     """Prefill and decode speed of PACKAGE: tok/s, time to first token, peak RSS (one warm-up, median of --reps)."""
     import json
 
     from .runtime.bench import bench, format_bench
 
     r = bench(package, prompt_len=prompt_len, gen_len=gen_len, threads=threads, reps=reps, seed=seed,
-              prefill_backend=prefill_backend, npu_soc=npu_soc, memory_budget=memory_budget,
+              prefill_backend=prefill_backend, npu_soc=npu_soc, device=device, memory_budget=memory_budget,
               weight_policy=weight_policy, storage=storage, io_threads=io_threads, direct_io=direct_io,
               ffn_threshold=ffn_threshold, expert_eviction=expert_eviction, expert_predict=expert_predict,
               expert_warm=not no_expert_warm)

@@ -15,7 +15,7 @@ from ..errors import CompileError
 from ..models import load_checkpoint
 from ..models.rope import cos_sin
 from ..quant import SCHEMES, body_schemes, get_scheme, head_schemes
-from ..runtime.contract import FORMAT_VERSION, KERNELS, MANIFEST, PLAN, ROUTING, WEIGHTS
+from ..runtime.contract import FORMAT_VERSION, KERNELS, MANIFEST, OPENCL_SOURCE, OPENCL_TABLE, PLAN, ROUTING, WEIGHTS
 from ..targets import get_target, short_prefill_chunk
 from .device_binary import BIN_DIR, BINARY, build_edgellm_run
 from .kernels_build import build_kernels
@@ -149,6 +149,10 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     check_tokenizer_files(model_dir)
     sampling = generation_defaults(model_dir)
     scheme, head_scheme = choose_schemes(spec, quant, head_quant, progress)
+    if tgt.gpu and (spec.n_experts or layout == "bundled"):
+        raise CompileError(f"--target {tgt.name} runs dense models only for now: "
+                           + ("mixture-of-experts layers" if spec.n_experts else "--layout bundled")
+                           + " need a CPU target (host, rpi5, android-cpu)")
     if spec.n_experts and (tgt.npu or layout == "bundled"):
         raise CompileError(f"{spec.arch} is a mixture-of-experts model: "
                            + (f"--target {tgt.name} does not run MoE layers yet (use android-cpu)" if tgt.npu else
@@ -233,10 +237,23 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             a = guess.raw(name)
             return plain_raw(name) if a is None else a
 
-    low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre, short_chunk=short,
-                                fuse=fuse, npu_chunk=npu_chunk if tgt.npu else None, bundles=bundles,
-                                expert_lookahead=lookahead, guessed_layers=guess.weights if guess else (),
-                                guess_width=width)
+    gpu = {}
+    if tgt.gpu:
+        from ..runtime.contract import BACKEND_OPENCL
+        from .opencl.ops import make_kernel as opencl_kernel
+
+        gpu = {"make_kernel": opencl_kernel, "backend": BACKEND_OPENCL}
+    try:
+        low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre,
+                                    short_chunk=short, fuse=fuse, npu_chunk=npu_chunk if tgt.npu else None,
+                                    bundles=bundles, expert_lookahead=lookahead,
+                                    guessed_layers=guess.weights if guess else (), guess_width=width, **gpu)
+    except ValueError as e:
+        if not tgt.gpu or type(e).__name__ != "UnsupportedOp":
+            raise
+        raise CompileError(f"--target {tgt.name} has no OpenCL {str(e).split(' no ')[-1]} (GPU packages support the "
+                           f"body schemes {', '.join(tgt.quants)} and the heads f32, f16, q8, q4): use another "
+                           "--quant / --head-quant") from None
     if tuner is not None:
         tuner.guarded("decode knobs", lambda: tuner.decode_prefetch(
             low.kernels, next(p for p in programs if p.name == "decode")), None)
@@ -253,7 +270,14 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                    kernels=kernel_table, programs=programs, sampling=sampling)
         t0 = time.perf_counter()
         _log(progress, f"building {len(low.kernels.names)} kernels with TVM for {tgt.name} ...")
-        kobj = build_kernels(low.kernels.funcs, tgt, tmp / KERNELS, keep_object=tgt.static_binary, table=kernel_table)
+        if tgt.gpu:
+            from .opencl.build import build_opencl
+
+            build_opencl(low.kernels.funcs, tmp)
+            kobj = None
+        else:
+            kobj = build_kernels(low.kernels.funcs, tgt, tmp / KERNELS, keep_object=tgt.static_binary,
+                                 table=kernel_table)
         t_kernels = time.perf_counter() - t0
         build_edgellm_run(tgt, tmp / BIN_DIR / BINARY, kernels_obj=kobj, build_id=build_id.hex())   # the device's runner
         if kobj is not None:
@@ -288,7 +312,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                       "method": "gptq" if gptq else ("native" if spec.family == "bitnet" else "rtn"),
                       "n_params": n_params},
             "max_context": max_ctx, "prefill_chunk": chunk, "prefill_short_chunk": short, "kv_rows": kv_rows,
-            "files": {"plan": PLAN, "weights": WEIGHTS, "kernels": KERNELS, "binary": f"{BIN_DIR}/{BINARY}",
+            "files": {"plan": PLAN, "weights": WEIGHTS, "binary": f"{BIN_DIR}/{BINARY}",
+                      **({"opencl": OPENCL_SOURCE, "opencl_table": OPENCL_TABLE} if tgt.gpu else {"kernels": KERNELS}),
                       "tokenizer": "tokenizer.json" if "tokenizer.json" in tok_files else None,
                       "tokenizer_bin": "tokenizer.bin" if (tmp / "tokenizer.bin").is_file() else None},
             "weights_bytes": wbytes,

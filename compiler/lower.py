@@ -222,10 +222,12 @@ class Lowering:
     """Shared state of one package build: the weight table, the kernel table and the weight provider."""
 
     def __init__(self, spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, rope_rows: int, quantized=None,
-                 fuse: bool = True, bundles=None):
-        from .ops import make_kernel
+                 fuse: bool = True, bundles=None, make_kernel=None, backend: int = BACKEND_TVM_CPU):
+        if make_kernel is None:
+            from .ops import make_kernel
 
         self.spec, self.cpu, self.make_kernel = spec, cpu, make_kernel
+        self.backend = backend              # the backend tag of the programs it lowers
         self.weights, self.kernels = WeightTable(), KernelTable()
         self._raw = raw_weight              # name -> numpy array as stored in the checkpoint (or a RoPE table)
         self.scheme, self.head_scheme = scheme, head_scheme
@@ -395,7 +397,7 @@ class Lowering:
 
             resolve_predictions(self)
         self.kernels.note_steps(steps)
-        return Program(name, T, steps, loc[inp.id], loc[out.id], row_bytes, arena.peak)
+        return Program(name, T, steps, loc[inp.id], loc[out.id], row_bytes, arena.peak, self.backend)
 
     def _lower_node(self, n: Node, T: int, act) -> list[Step]:
         s, op = self.spec, n.op
@@ -468,16 +470,18 @@ PROGRAMS = (  # name, tokens ("chunk", "short" or a count), body, head
 def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: int,
                 kv_rows: int, quantized=None, short_chunk: int | None = None,
                 fuse: bool = True, npu_chunk: int | None = None, bundles=None,
-                expert_lookahead: int = 0, guessed_layers=(), guess_width: int = 0) -> tuple[Lowering, list[Program]]:
+                expert_lookahead: int = 0, guessed_layers=(), guess_width: int = 0, make_kernel=None,
+                backend: int = BACKEND_TVM_CPU) -> tuple[Lowering, list[Program]]:
     """expert_lookahead: decode predicts each MoE layer's experts from the residual stream this many layers
     earlier (1: at the layer's own input; 0: no predictions), naming guess_width experts (0: top-k); the layers in
     guessed_layers use a fitted guesser (compiler/expert_guess.py). fuse: one kernel per group of linears on one
     input (q/k/v, gate/up; fuse_linears); off for A/B runs. npu_chunk: also npu_embed (the chunk's embedding rows,
-    on the CPU) and npu_prefill (the chunk on the NPU backend: no steps, its graphs are the package's npu/)."""
+    on the CPU) and npu_prefill (the chunk on the NPU backend: no steps, its graphs are the package's npu/).
+    make_kernel / backend: another kernel library and the backend its programs run on (compiler/opencl: OpenCL)."""
     from ..models import family
 
     fam = family(spec)
-    low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows, quantized, fuse, bundles)
+    low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows, quantized, fuse, bundles, make_kernel, backend)
     low.guessed_layers = set(guessed_layers)
     progs = []
     for name, tokens, body, head in PROGRAMS:

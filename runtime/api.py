@@ -520,7 +520,7 @@ class Runtime:
              prefill_backend: str = "auto", npu_soc: str | None = None, weight_policy: str | None = None,
              storage: str | None = None, io_threads: int | None = None, direct_io: bool = False,
              ffn_threshold: float | None = None, expert_eviction: str | None = None,
-             expert_predict: bool = False, expert_warm: bool = True) -> Runtime:
+             expert_predict: bool = False, expert_warm: bool = True, device: str | None = None) -> Runtime:
         """Load a package.
 
         threads: default threads of its contexts (None: one per CPU). memory_budget: bytes (or "600MB") the model
@@ -542,7 +542,9 @@ class Runtime:
         ONNX Runtime with the QNN EP loads; `prefill_backend` then says which ran). npu_soc: the SoC whose
         EPContext graphs to load ("sm8650", ...; "none": the ONNX graphs; None: this phone's, if the package has
         them). ffn_threshold: packages compiled with --layout bundled skip the FFN neuron groups whose estimated
-        output is below it (0: exact; None: the package's default, manifest "ffn")."""
+        output is below it (0: exact; None: the package's default, manifest "ffn"). device: the OpenCL device of
+        android-gpu / opencl packages ("P:D" platform and device index, or part of the device name; None:
+        $EDGELLM_OPENCL_DEVICE, else the first GPU, else the first OpenCL device); `device` says which ran."""
         p = Path(path)
         opts = L.LoadOptions()
         L.lib().el_load_options_init(C.byref(opts))
@@ -565,6 +567,11 @@ class Runtime:
             raise InputError(f"prefill_backend {prefill_backend!r}: choose one of {', '.join(L.PREFILL_BACKENDS)}")
         opts.prefill_backend = L.PREFILL_BACKENDS[prefill_backend]
         keep = _npu_options(opts, npu_soc) if prefill_backend != "cpu" else []   # noqa: F841 (strings outlive load)
+        if device is not None:
+            if not isinstance(device, str) or not device.strip():
+                raise InputError(f"device {device!r}: give an OpenCL device as \"P:D\" or part of its name")
+            keep.append(device.encode())
+            opts.device = keep[-1]
         manifest = read_manifest(p)
         if digest is not None:
             # the small files Python reads here; libedgellm checks everything before it loads any code
@@ -614,6 +621,14 @@ class Runtime:
     def prefill_backend(self) -> str:
         """"npu" or "cpu": where this package prefills prompts (prefill_backend_note: why not the NPU, with auto)."""
         return "npu" if self._lib.el_model_prefill_backend(self._model, None, 0) == L.PREFILL_BACKENDS["npu"] else "cpu"
+
+    @property
+    def device(self) -> str | None:
+        """The OpenCL device an android-gpu / opencl package runs on (and whether its program came from the binary
+        cache); None for CPU packages."""
+        buf = C.create_string_buffer(1024)
+        n = self._lib.el_model_device(self._model, buf, len(buf))
+        return buf.value.decode(errors="replace") if n > 0 else None
 
     @property
     def prefill_backend_note(self) -> str:

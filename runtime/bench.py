@@ -63,7 +63,7 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
           npu_soc: str | None = None, memory_budget=None, weight_policy: str | None = None,
           storage: str | None = None, io_threads: int | None = None, direct_io: bool = False,
           ffn_threshold: float | None = None, expert_eviction: str | None = None,
-          expert_predict: bool = False, expert_warm: bool = True) -> dict:
+          expert_predict: bool = False, expert_warm: bool = True, device: str | None = None) -> dict:
     """Median prefill/decode tokens per second, time to first token and peak RSS of one package."""
     if prompt_len < 1:
         raise InputError(f"--prompt-len {prompt_len} is invalid: must be >= 1")
@@ -76,9 +76,10 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
                       memory_budget=memory_budget, weight_policy=weight_policy, storage=storage,
                       io_threads=io_threads, direct_io=direct_io, ffn_threshold=ffn_threshold,
                       expert_eviction=expert_eviction, expert_predict=expert_predict,
-                      expert_warm=expert_warm) as rt:
+                      expert_warm=expert_warm, device=device) as rt:
         load_s = time.perf_counter() - t0
         backend = rt.prefill_backend
+        gpu = rt.device
         if prompt_len + gen_len > rt.max_context:
             raise InputError(f"--prompt-len {prompt_len} + --gen-len {gen_len} exceeds the package's context "
                              f"{rt.max_context}: shorten them or recompile with a larger --max-context")
@@ -96,6 +97,7 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return {
         "package": str(package), "quant": m["quant"]["scheme"], "threads": n_threads, "prefill_backend": backend,
+        "device": gpu,
         "npu_emulated": backend == "npu" and platform.machine() != "aarch64",
         "prompt_len": prompt_len, "gen_len": gen_len, "reps": reps, "warmup": warmup,
         "prefill_tok_s": statistics.median(pf), "decode_tok_s": statistics.median(dc),
@@ -131,7 +133,8 @@ def format_bench(r: dict) -> str:
     npu = ""
     if r.get("prefill_backend") == "npu":   # on x86 the QNN HTP backend is Qualcomm's simulator
         npu = " on the NPU" + (" EMULATOR: not a speed number" if r.get("npu_emulated") else "")
-    return (f"{r['package']} ({r['quant']}, {r['threads']} threads, median of {r['reps']}): "
+    where = f"on {r['device']}" if r.get("device") else f"{r['threads']} threads"
+    return (f"{r['package']} ({r['quant']}, {where}, median of {r['reps']}): "
             f"prefill {r['prefill_tok_s']:.1f} tok/s ({r['prompt_len']} tokens{npu}), "
             f"decode {r['decode_tok_s']:.1f} tok/s ({r['decode_tokens']} tokens), ttft {r['ttft_s'] * 1e3:.1f} ms, "
             f"peak RSS {r['peak_rss_mb']:.0f} MB, load {r['load_s']:.2f} s"

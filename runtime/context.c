@@ -25,8 +25,9 @@ uint8_t* el_cache_of(el_context* c, uint32_t kind, uint32_t layer) {
 
 /* Profile (EDGELLM_PROFILE=1) ------------------------------------------------------------------------------------ */
 
-/* At context free, per program a table of its kernels (time summed over the steps that call the same kernel) to
- * stderr, slowest first. Off by default: it costs two clock reads per step. */
+/* At context free, per program a table of its kernels (time summed over the steps that call the same kernel, and
+ * the rate they read their weights at) to stderr, slowest first. Off by default: it costs two clock reads per step
+ * (the OpenCL backend times kernels with the device's own events instead). */
 static void profile_report(const el_context* c) {
   const el_model* m = c->m;
   for (int k = 0; k < EL_N_PROGRAMS; k++) {
@@ -38,7 +39,7 @@ static void profile_report(const el_context* c) {
     if (total <= 0 || !runs) continue;
     fprintf(stderr, "edgellm profile: %s, %llu runs, %.3f ms per run in kernels, %.3f ms per run in all\n",
             PROGRAM_NAMES[k], (unsigned long long)runs, 1e3 * total / runs, 1e3 * c->prof_wall[k] / runs);
-    fprintf(stderr, "  %6s %9s %6s  %s\n", "%", "ms/run", "steps", "kernel");
+    fprintf(stderr, "  %6s %9s %6s %8s  %s\n", "%", "ms/run", "steps", "wGB/s", "kernel");
     char* done = calloc(pg->n_steps ? pg->n_steps : 1, 1); /* aggregate by kernel name: O(n^2) over a few hundred steps */
     if (!done) return;
     for (;;) {
@@ -53,11 +54,13 @@ static void profile_report(const el_context* c) {
       }
       if (best < 0) break;
       int n = 0;
+      double bytes = 0; /* weight bytes of one run of these steps */
       for (uint32_t j = (uint32_t)best; j < pg->n_steps; j++)
-        if (!done[j] && strcmp(pg->steps[j].kernel_name, pg->steps[best].kernel_name) == 0) done[j] = 1, n++;
+        if (!done[j] && strcmp(pg->steps[j].kernel_name, pg->steps[best].kernel_name) == 0)
+          done[j] = 1, n++, bytes += (double)pg->steps[j].weight_bytes;
       if (pg->steps[best].kind == EL_STEP_CALL) /* ROUTE / PREDICT steps call no kernel */
-        fprintf(stderr, "  %6.2f %9.3f %6d  %s\n", 100 * best_t / total, 1e3 * best_t / runs, n,
-                pg->steps[best].kernel_name);
+        fprintf(stderr, "  %6.2f %9.3f %6d %8.2f  %s\n", 100 * best_t / total, 1e3 * best_t / runs, n,
+                best_t > 0 ? bytes * (double)runs / best_t / 1e9 : 0.0, pg->steps[best].kernel_name);
     }
     free(done);
   }

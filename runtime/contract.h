@@ -85,8 +85,13 @@ enum {
 enum { EL_STEP_CALL = 0, EL_STEP_ROUTE = 1, EL_STEP_PREDICT = 2 };
 
 /* Backends, one per program (the tag is the index) */
-enum { EL_BACKEND_TVM_CPU = 0, EL_BACKEND_QNN_ORT = 1, EL_N_BACKENDS = 2 };
-#define EL_BACKEND_NAMES {"tvm_cpu", "qnn_ort"}
+enum { EL_BACKEND_TVM_CPU = 0, EL_BACKEND_QNN_ORT = 1, EL_BACKEND_OPENCL = 2, EL_N_BACKENDS = 3 };
+#define EL_BACKEND_NAMES {"tvm_cpu", "qnn_ort", "opencl"}
+/* The OpenCL backend's files (android-gpu / opencl packages): TVM's OpenCL C, the launch table, and the binaries a
+ * device built from them (written beside the package at first load) */
+#define EL_FILE_OPENCL_SOURCE "kernels.cl"
+#define EL_FILE_OPENCL_TABLE "kernels.cltab"
+#define EL_DIR_OPENCL_CACHE "opencl-cache"
 
 /* Programs. prefill_short is optional (packages with long chunks run a prompt's last piece through it); so are
  * npu_embed + npu_prefill (android-npu: a chunk's embedding rows on the CPU, then the chunk on the NPU; both or

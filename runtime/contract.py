@@ -18,7 +18,7 @@ SUMS = "SHA256SUMS"                     # "<sha256 hex>  <path>" per file; the p
 # routing.bin (MoE, optional): magic, uint32 version, uint32 n_weights, uint32 calibration selections per weight
 ROUTING, ROUTING_MAGIC, ROUTING_VERSION = "routing.bin", b"EDGEROUT", 1
 BIN_DIR, RUNNER = "bin", "bin/edgellm-run"
-REQUIRED_FILES = (MANIFEST, PLAN, WEIGHTS, KERNELS)
+REQUIRED_FILES = (MANIFEST, PLAN, WEIGHTS)   # + the kernels: kernels.so, or kernels.cl and kernels.cltab (GPU)
 
 PLAN_MAGIC, PLAN_VERSION = b"EDGEPLAN", 3
 PLAN_VERSION_MIN = 2                    # plans without PREDICT steps are written as version 2 (older runtimes read them)
@@ -36,8 +36,10 @@ ARG_ARENA, ARG_WEIGHT, ARG_KCACHE, ARG_VCACHE, ARG_SETTINGS = 0, 1, 2, 3, 4
 SETTING_FFN_THRESHOLD, N_SETTINGS = 0, 4   # float32 run-time settings kernels read (ARG_SETTINGS)
 FLAG_AT_POS, FLAG_PREFIX, FLAG_EXPERT, FLAG_SLOT = 1, 2, 4, 8
 STEP_CALL, STEP_ROUTE, STEP_PREDICT = 0, 1, 2
-BACKENDS = ("tvm_cpu", "qnn_ort")       # the tag of a backend is its index
-BACKEND_TVM_CPU, BACKEND_QNN_ORT = 0, 1
+BACKENDS = ("tvm_cpu", "qnn_ort", "opencl")       # the tag of a backend is its index
+BACKEND_TVM_CPU, BACKEND_QNN_ORT, BACKEND_OPENCL = 0, 1, 2
+# android-gpu / opencl (read by runtime/backend_opencl.c; written by compiler/opencl/build.py)
+OPENCL_SOURCE, OPENCL_TABLE, OPENCL_CACHE_DIR = "kernels.cl", "kernels.cltab", "opencl-cache"
 PROGRAMS = ("prefill", "prefill_logits", "decode", "head", "prefill_short", "npu_embed", "npu_prefill")
 OPTIONAL_PROGRAMS = ("prefill_short", "npu_embed", "npu_prefill")
 # android-npu (read by runtime/backend_qnn_ort.c)

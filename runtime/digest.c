@@ -155,7 +155,7 @@ int el_verify_package(const char* dir, const char* digest) {
   }
   /* every line: 64 hex, two spaces, a path */
   static const char* const needed[] = {EL_FILE_MANIFEST, EL_FILE_PLAN, EL_FILE_WEIGHTS, EL_FILE_KERNELS,
-                                       EL_FILE_TOKENIZER};
+                                       EL_FILE_TOKENIZER, EL_FILE_OPENCL_SOURCE, EL_FILE_OPENCL_TABLE};
   int listed[sizeof needed / sizeof *needed] = {0};
   int rc = 0;
   for (char *line = sums, *next; line && *line && rc == 0; line = next) {
@@ -182,12 +182,12 @@ int el_verify_package(const char* dir, const char* digest) {
   }
   free(sums);
   if (rc) return rc;
-  /* files the runtime loads must be covered (tokenizer.bin only when there is one) */
+  /* files the runtime loads must be covered (the kernels and tokenizer.bin when the package has them) */
   for (size_t i = 0; i < sizeof needed / sizeof *needed; i++) {
     struct stat st;
     char file[4096];
     snprintf(file, sizeof file, "%s/%s", dir, needed[i]);
-    if (!listed[i] && (lstat(file, &st) == 0 || i < 4))
+    if (!listed[i] && (lstat(file, &st) == 0 || i < 3))
       return el_error("%s does not cover %s: the package cannot be checked; recompile it", EL_FILE_SUMS, needed[i]);
   }
   return 0;

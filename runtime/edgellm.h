@@ -65,6 +65,9 @@ typedef struct {
                                   guessed ones ahead; 0 (default): read experts only once selected */
   int32_t no_expert_warm;      /* 1: start with an empty expert cache (default: fill it at load with the experts
                                   calibration selected most, from the package's routing.bin) */
+  /* GPU (android-gpu / opencl packages): */
+  const char* device;          /* the OpenCL device: "P:D" (platform and device index) or part of its name; NULL:
+                                  EDGELLM_OPENCL_DEVICE, else the first GPU, else the first OpenCL device */
 } el_load_options;
 
 /* el_load_options.prefill_backend. AUTO: the NPU when the package has NPU graphs and ONNX Runtime with the QNN EP
@@ -115,6 +118,9 @@ int el_has_tokenizer(const el_model* m);                  /* 1: tokenizer.bin lo
 /* EL_PREFILL_NPU or EL_PREFILL_CPU: where this model prefills. With AUTO and an NPU that did not open, note (may be
  * NULL) gets the reason. */
 int el_model_prefill_backend(const el_model* m, char* note, int cap);
+/* The GPU a package's OpenCL programs run on (name, memory, whether the program came from the binary cache);
+ * returns the length, or 0 for packages that run on the CPU. */
+int el_model_device(const el_model* m, char* out, int cap);
 
 /* Text through the package's tokenizer.bin (-1 without one). el_encode is snprintf-like: returns how many ids
  * the text gives, writing at most cap; add_special < 0: the tokenizer's default (HF add_special_tokens=True). */

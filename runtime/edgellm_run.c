@@ -26,7 +26,7 @@
   "                   [--digest sha256:HEX] [--memory-budget BYTES] [--prefill-backend auto|cpu|npu]\n"         \
   "                   [--npu-soc SOC] [--weight-policy auto|resident|window|experts] [--storage PROFILE]\n"      \
   "                   [--io-threads N] [--direct-io] [--huge-pages auto|on|off] [--ffn-threshold T]\n"         \
-  "                   [--expert-eviction freq|lru|lfu] [--expert-predict] [--no-expert-warm]\n"                \
+  "                   [--expert-eviction freq|lru|lfu] [--expert-predict] [--no-expert-warm] [--device D]\n"     \
   "  PKG                  package directory (made by `edgellm compile`)\n"                                      \
   "  -p, --prompt TEXT    prompt text (needs PKG/tokenizer.bin)\n"                                              \
   "  --ids LIST           prompt as token ids, comma- or space-separated\n"                                     \
@@ -66,6 +66,9 @@
   "                       ORT), EDGELLM_QNN_BACKEND (default libQnnHtp.so)\n"                                   \
   "  --npu-soc SOC        sm8550, sm8650, sm8750: that SoC's prepared graphs (default: this phone's); none: the\n" \
   "                       ONNX graphs, prepared at load\n"                                                      \
+  "  --device D           android-gpu / opencl packages: the OpenCL device, P:D (platform:device index) or part\n" \
+  "                       of its name (default: EDGELLM_OPENCL_DEVICE, else the first GPU); the driver is\n"     \
+  "                       libOpenCL.so (EDGELLM_OPENCL_LIBRARY: another path)\n"                                \
   "  --version            print the runtime version\n"
 
 #define MAX_STOPS 64
@@ -149,6 +152,7 @@ static int parse_ids(const char* s, int32_t** out) {
 int main(int argc, char** argv) {
   const char *pkg = NULL, *prompt = NULL, *ids_arg = NULL, *dump_path = NULL, *digest = NULL;
   const char* npu_soc = NULL;
+  const char* device = NULL;
   int prefill = EL_PREFILL_AUTO;
   const char* stops[MAX_STOPS];
   int n_stops = 0, print_ids = 0;
@@ -226,6 +230,8 @@ int main(int argc, char** argv) {
       else return usage_error("--prefill-backend takes auto, cpu or npu, got '%s'", v);
     } else if (!strcmp(a, "--npu-soc")) {
       NEED_VALUE npu_soc = v;
+    } else if (!strcmp(a, "--device")) {
+      NEED_VALUE device = v;
     } else if (!strcmp(a, "--memory-budget")) {
       NEED_VALUE if (parse_bytes(v, &budget)) return usage_error("--memory-budget needs a size like 600M or 2G, got '%s'", v);
     } else if (!strcmp(a, "--weight-policy")) {
@@ -286,6 +292,7 @@ int main(int argc, char** argv) {
   opt.no_expert_warm = no_warm;
   opt.prefill_backend = prefill;
   opt.npu_soc = npu_soc;
+  opt.device = device;
   opt.ort_library = getenv("EDGELLM_ORT_LIB");
   opt.qnn_ep_library = getenv("EDGELLM_QNN_EP_LIB");
   opt.qnn_backend = getenv("EDGELLM_QNN_BACKEND");

@@ -2,6 +2,7 @@
  *
  *   loader.c          el_model: plan.bin parsed and checked, backends opened, weight store, tokenizer
  *   backend_tvm_cpu.c the TVM CPU backend: kernels.so (or linked-in kernels), runs a program's steps
+ *   backend_opencl.c  the OpenCL backend: kernels.cl + kernels.cltab on a dlopened OpenCL driver
  *   context.c         el_context: KV cache, arena, position; prefill / decode over the programs
  *   generate.c        the one generation loop (sampling, stop rules, stop strings, text pieces)
  *   sampler.c         token sampling
@@ -82,6 +83,7 @@ EL_HIDDEN void el_weight_use_free(el_weight_use* u);
 
 EL_HIDDEN extern const el_backend el_backend_tvm_cpu;
 EL_HIDDEN extern const el_backend el_backend_qnn_ort;
+EL_HIDDEN extern const el_backend el_backend_opencl;
 
 /* The NPU backend's load options (copies: el_load_options' strings belong to the caller). */
 typedef struct {
@@ -112,6 +114,9 @@ struct el_model {
   int plan_only;          /* loaded to report its memory plan: no backends, no contexts */
   float settings[EL_N_SETTINGS]; /* run-time settings kernels read (EL_ARG_SETTINGS), from the load options */
   int expert_predict;     /* el_load_options.expert_predict */
+  char* opencl_device;    /* el_load_options.device (a copy; NULL: EDGELLM_OPENCL_DEVICE or the first GPU) */
+  char device_note[512];  /* the device a GPU backend runs on, for el_model_device */
+  int verified;           /* loaded with a digest: run only what SHA256SUMS covers (no cached GPU binaries) */
   uint32_t* routing;      /* routing.bin: per weight, calibration selections (NULL: none) */
   int n_threads;
   pthread_mutex_t mu; /* guards refs / freed */

@@ -18,7 +18,7 @@ class LoadOptions(C.Structure):
                 ("qnn_ep_library", C.c_char_p), ("qnn_backend", C.c_char_p), ("storage", C.c_char_p),
                 ("io_threads", C.c_int32), ("direct_io", C.c_int32), ("plan_only", C.c_int32),
                 ("ffn_threshold", C.c_float), ("expert_eviction", C.c_char_p), ("expert_predict", C.c_int32),
-                ("no_expert_warm", C.c_int32)]
+                ("no_expert_warm", C.c_int32), ("device", C.c_char_p)]
 
 
 class MemoryPlan(C.Structure):
@@ -96,6 +96,7 @@ _SIGS = {
     "el_eos_ids": (C.c_int, [P, I32P, C.c_int]),
     "el_has_tokenizer": (C.c_int, [P]),
     "el_model_prefill_backend": (C.c_int, [P, C.c_char_p, C.c_int]),
+    "el_model_device": (C.c_int, [P, C.c_char_p, C.c_int]),
     "el_model_memory": (C.c_int, [P, C.POINTER(MemoryPlan)]),
     "el_model_weights_pinned": (C.c_int, [P, C.POINTER(C.c_uint8), C.c_int]),
     "el_encode": (C.c_int, [P, C.c_char_p, C.c_int, C.c_int, I32P, C.c_int]),

@@ -536,7 +536,8 @@ static int parse_plan(el_model* m) {
 /* Backends ----------------------------------------------------------------------------------------------------- */
 
 static const el_backend* const BACKENDS[EL_N_BACKENDS] = {[EL_BACKEND_TVM_CPU] = &el_backend_tvm_cpu,
-                                                           [EL_BACKEND_QNN_ORT] = &el_backend_qnn_ort};
+                                                           [EL_BACKEND_QNN_ORT] = &el_backend_qnn_ort,
+                                                           [EL_BACKEND_OPENCL] = &el_backend_opencl};
 
 const el_backend* el_backend_get(uint32_t tag) { return tag < EL_N_BACKENDS ? BACKENDS[tag] : NULL; }
 
@@ -557,6 +558,7 @@ static void model_destroy(el_model* m) {
   if (m->store) m->store->close(m->store);
   if (m->tok) el_tok_free(m->tok);
   free(m->npu.soc), free(m->npu.ort_library), free(m->npu.qnn_ep_library), free(m->npu.qnn_backend);
+  free(m->opencl_device);
   free(m->plan), free(m->routing);
   pthread_mutex_destroy(&m->mu);
   free(m);
@@ -626,10 +628,17 @@ static int open_store(el_model* m, const char* weights_path, const el_load_optio
   int resident = policy && !strcmp(policy, "resident");
   int window = policy && !strcmp(policy, "window");
   int experts = policy && !strcmp(policy, "experts");
-  int moe = has_experts(m);
+  int moe = has_experts(m), gpu = 0;
+  for (int k = 0; k < EL_N_PROGRAMS; k++) gpu |= m->prog[k].present && m->prog[k].p.backend == EL_BACKEND_OPENCL;
   uint64_t whole = ctx + m->h.weights_bytes; /* everything resident */
   char err[512];
   int rc = -1;
+  if (gpu && (window || experts)) {
+    el_error("the OpenCL backend keeps every weight in GPU-visible memory: weight policy \"%s\" applies to CPU "
+             "packages (use \"resident\")", policy);
+    goto out;
+  }
+  if (gpu) policy = "resident", resident = 1;
   { /* the smallest budgets a window / an expert cache over this package runs in (layouts: they read nothing) */
     cfg.plan_only = 1;
     el_weight_store* probe = el_store_open_window(&cfg, err, sizeof err);
@@ -651,6 +660,7 @@ static int open_store(el_model* m, const char* weights_path, const el_load_optio
     /* the smallest budget that loads with this policy (auto: the least of them) */
     m->minimum_budget = window ? min_w : experts ? min_e : whole < min_w ? whole : min_w;
     if (!window && !experts && min_e < m->minimum_budget) m->minimum_budget = min_e;
+    if (gpu) m->minimum_budget = whole; /* the OpenCL backend holds every weight */
     if (budget && !resident && budget < m->minimum_budget) {
       el_error("the memory budget (%.1f MB) is below this package's minimum of %.1f MB: %.1f MB of weights %s + "
                "%.1f MB for a context's KV cache and activations (%u tokens of context)", budget / 1e6,
@@ -703,10 +713,12 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   el_model* m = calloc(1, sizeof *m);
   if (!m) return el_error("out of memory"), NULL;
   pthread_mutex_init(&m->mu, NULL);
+  m->verified = opt->digest != NULL;
   el_plan_header* h = &m->h;
-  const char* npu_strs[4] = {opt->npu_soc, opt->ort_library, opt->qnn_ep_library, opt->qnn_backend};
-  char** npu_copies[4] = {&m->npu.soc, &m->npu.ort_library, &m->npu.qnn_ep_library, &m->npu.qnn_backend};
-  for (int i = 0; i < 4; i++)
+  const char* npu_strs[5] = {opt->npu_soc, opt->ort_library, opt->qnn_ep_library, opt->qnn_backend, opt->device};
+  char** npu_copies[5] = {&m->npu.soc, &m->npu.ort_library, &m->npu.qnn_ep_library, &m->npu.qnn_backend,
+                          &m->opencl_device};
+  for (int i = 0; i < 5; i++)
     if (npu_strs[i] && !(*npu_copies[i] = strdup(npu_strs[i]))) {
       el_error("out of memory");
       goto fail;
@@ -826,6 +838,12 @@ GETTER(el_chunk, m->h.chunk)
 GETTER(el_model_threads, m->n_threads)
 GETTER(el_bos_id, m->h.bos_id)
 GETTER(el_has_tokenizer, m->tok != NULL)
+
+EL_API int el_model_device(const el_model* m, char* out, int cap) {
+  if (!m) return el_error("el_model_device: model is NULL");
+  if (out && cap > 0) snprintf(out, (size_t)cap, "%s", m->device_note);
+  return (int)strlen(m->device_note);
+}
 
 EL_API int el_model_prefill_backend(const el_model* m, char* note, int cap) {
   if (!m) return el_error("el_model_prefill_backend: model is NULL");

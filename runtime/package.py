@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 
 from ..errors import InputError, PackageError
-from .contract import FORMAT_VERSION, MANIFEST, REQUIRED_FILES, SUMS
+from .contract import (FORMAT_VERSION, KERNELS, MANIFEST, OPENCL_CACHE_DIR, OPENCL_SOURCE, OPENCL_TABLE, REQUIRED_FILES,
+                       SUMS)
 
 # What the runtime and `edgellm info` read from manifest.json, with the type each must have.
 _MANIFEST_FIELDS = {
@@ -83,7 +84,9 @@ def read_manifest(path: str | Path) -> dict:
         raise PackageError(f"{p} has package format version {v}, this edgellm reads {FORMAT_VERSION}: recompile the "
                            "package with this edgellm")
     _check_manifest(p, m)
-    for f in REQUIRED_FILES:
+    files = m.get("files") if isinstance(m.get("files"), dict) else {}
+    kernels = (OPENCL_SOURCE, OPENCL_TABLE) if "opencl" in files else (KERNELS,)
+    for f in (*REQUIRED_FILES, *kernels):
         if not (p / f).is_file():
             raise PackageError(f"{p} is incomplete: {f} is missing; recompile or copy the whole package again")
     return m
@@ -135,8 +138,10 @@ def verify_package(path: str | Path, digest: str | None = None, only: list[str] 
         if got != digest:
             raise PackageError(f"package digest mismatch: {p} is {got}, expected {digest}; the package was modified "
                                "or is not the one you pinned: do not run it")
+    # opencl-cache/: program binaries the OpenCL backend writes beside a GPU package at first load (never run by a
+    # digest-pinned load, which builds from the listed source)
     present = sorted(f.relative_to(p).as_posix() for f in p.rglob("*") if f.name != SUMS and
-                     (f.is_file() or not f.is_dir()))
+                     (f.is_file() or not f.is_dir()) and f.relative_to(p).parts[0] != OPENCL_CACHE_DIR)
     unlisted = [f for f in present if f not in sums]
     if unlisted:
         raise PackageError(f"{p} holds {unlisted[0]}, which {SUMS} does not list: the package was modified; "

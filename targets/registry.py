@@ -50,6 +50,7 @@ class Target:
     run_prefix: tuple[str, ...] = ()   # how this machine runs the target's binaries (qemu-user), () natively
     host_cpu: bool = False        # `tvm` lacks mcpu: it is this machine's CPU as LLVM names it (see tvm_dict)
     npu: bool = False             # also prefill graphs for the Hexagon NPU (ONNX Runtime's QNN EP): npu/ in the package
+    gpu: bool = False             # every program on the OpenCL backend: kernels.cl + kernels.cltab instead of kernels.so
 
     def tvm_dict(self) -> dict:
         """The TVM target dict with everything resolved: for the host target, `mcpu` is asked of TVM's LLVM here
@@ -235,9 +236,35 @@ def _npu_targets(arm: dict[str, Target]) -> dict[str, Target]:
                                    "SoC; the phone needs libonnxruntime.so with the QNN EP and the HTP libraries"})}
 
 
+def _gpu_quants() -> tuple[str, ...]:
+    """Body schemes with OpenCL kernels (compiler/opencl/ops.py): all but q6."""
+    return tuple(q for q in _body_schemes() if q != "q6")
+
+
+def _gpu_targets() -> dict[str, Target]:
+    """OpenCL GPUs. The kernels are OpenCL C built by the device's driver at first load, so one package serves every
+    OpenCL 1.2 device; the target picks the architecture of bin/edgellm-run (dynamic: it dlopens libOpenCL.so)."""
+    ndk = _ndk_clang()
+    host = platform.machine() in ("x86_64", "AMD64")
+    out = {"android-gpu": Target(
+        "android-gpu", "Android phones' GPUs through OpenCL (Adreno 6xx-8xx, Mali-G7x/G6xx/Immortalis): every op as "
+        "TVM-generated OpenCL C, run by libedgellm's OpenCL backend on the phone's libOpenCL.so", "aarch64",
+        {"kind": "opencl"}, shlex.quote(ndk) if ndk else _a64_cc(), (), 4, page_size=16384, kernels="opencl",
+        run_prefix=QEMU_A64, gpu=True, quants=_gpu_quants(),
+        notes={"binary": "dynamic (it dlopens the phone's libOpenCL.so)",
+               "toolchain": "NDK clang" if ndk else "aarch64-linux-gnu-gcc (glibc: runs on ARM Linux boards with an "
+               "OpenCL driver; set ANDROID_NDK_HOME for a bionic binary that runs from adb shell)",
+               "runs": "any OpenCL 1.2 GPU; fp32 arithmetic, weights read in their stored format"})}
+    if host:
+        out["opencl"] = Target("opencl", "any OpenCL 1.2 device on this machine (a GPU's driver, or PoCL on the CPU)",
+                               "x86_64", {"kind": "opencl"}, "gcc", (), 8, kernels="opencl", gpu=True,
+                               quants=_gpu_quants(), notes={"binary": "dynamic (it dlopens libOpenCL.so)"})
+    return out
+
+
 def _all_static() -> dict[str, Target]:
     arm = _arm_targets()
-    return {**_STATIC, **arm, **_npu_targets(arm)}
+    return {**_STATIC, **arm, **_npu_targets(arm), **_gpu_targets()}
 
 
 def list_targets() -> list[Target]:

@@ -880,6 +880,35 @@ def t2_lut_kernel(cpu, T_: int, N: int, K: int, bias: bool, nscale: int = 1):
 
 
 # ------------------------------------------------------------------------------------- plain (fallback)
+def packed_code(g: _Geo, q6: bool, Wf, n, k):
+    """The signed integer code of weight (n, k) in a packed layout (quant/packing.py: NR-row panels of 4-byte chunks;
+    q6: per 32-k block, 4 low-nibble chunks then 2 chunks of high bit pairs), read from the flat bytes Wf."""
+    bits, kpc, off, BPR, NBf, R = g.bits, g.kpc, g.off, g.BPR, g.NBf, g.R
+    nb = n // NR
+    rp = T.if_then_else(nb < NBf, NR, R) if R else NR
+    if q6:   # block k // 32: low nibble in chunk kk // 8, high bit pair in chunk 4 + kk // 16
+        base = nb * NR * BPR + 4 * (n % NR) + k % 4 + (k // QA) * Q6_CHUNKS * 4 * rp
+        kk = k % QA
+        lo = (Wf[base + (kk // 8) * 4 * rp] >> T.Cast(U8, 4 * ((kk % 8) // 4))) & T.uint8(15)
+        hi = (Wf[base + (4 + kk // 16) * 4 * rp] >> T.Cast(U8, 2 * ((kk % 16) // 4))) & T.uint8(3)
+        return T.Cast(I32, lo) + T.Cast(I32, hi) * 16 - off
+    w = k % kpc
+    byte = Wf[nb * NR * BPR + (k // kpc) * 4 * rp + 4 * (n % NR) + w % 4]
+    return T.Cast(I32, (byte >> T.Cast(U8, bits * (w // 4))) & T.uint8((1 << bits) - 1)) - off
+
+
+def weight_scale(scheme: str, g: _Geo, segs, Sf, n, group, to_f32):
+    """The f32 scale of row n (q8), of row n's segment (t2) or of row n's group `group` (q4 / q6: panel-interleaved
+    f16 scales, converted by to_f32) in the flat scales Sf."""
+    if scheme == "q8":
+        return Sf[n]
+    if scheme == "t2":   # the segment of row n: the number of segment starts <= n
+        return Sf[sum([T.Cast(I32, n >= o) for o in offsets(segs)[1:-1]], T.int32(0))] if segs else Sf[0]
+    nb = n // NR
+    rp = T.if_then_else(nb < g.NBf, NR, g.R) if g.R else NR
+    return to_f32(Sf[nb * NR * g.KG + group * rp + n % NR])
+
+
 def naive(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool, segs=()):
     """Serial scalar loops over the same packed layout and the same activation quantization: always valid,
     slow. scheme: 'q8', 'q4', 't2' (linear_t2_lut falls back to this t2 version: same math)."""
@@ -887,8 +916,7 @@ def naive(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool, segs=
     g = _Geo("q4" if q6 else scheme, T_, N, K, Q6_GROUP if q6 else G)
     if q6:
         g.BPR, g.off = K * 6 // 8, 32
-    bits, kpc, off = g.bits, g.kpc, g.off
-    BPR, NBf, R, KG = g.BPR, g.NBf, g.R, g.KG
+    BPR, KG = g.BPR, g.KG
     per_token = scheme == "t2"
     QB = K if per_token else QA              # activation block
     NQB = K // QB
@@ -899,29 +927,12 @@ def naive(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool, segs=
     S_len = {"q8": N, "q4": N * KG, "q6": N * KG, "t2": NS}[scheme]
     B_shape = (N,) if bias else (1,)
     eps = EPS_TOKEN if per_token else EPS_BLOCK
-    mask = (1 << bits) - 1
 
     def code(Wf, n, k):
-        nb = n // NR
-        rp = T.if_then_else(nb < NBf, NR, R) if R else NR
-        if q6:   # block k // 32: low nibble in chunk kk // 8, high bit pair in chunk 4 + kk // 16
-            base = nb * NR * BPR + 4 * (n % NR) + k % 4 + (k // QA) * Q6_CHUNKS * 4 * rp
-            kk = k % QA
-            lo = (Wf[base + (kk // 8) * 4 * rp] >> T.Cast(U8, 4 * ((kk % 8) // 4))) & T.uint8(15)
-            hi = (Wf[base + (4 + kk // 16) * 4 * rp] >> T.Cast(U8, 2 * ((kk % 16) // 4))) & T.uint8(3)
-            return T.Cast(I32, lo) + T.Cast(I32, hi) * 16 - off
-        w = k % kpc
-        byte = Wf[nb * NR * BPR + (k // kpc) * 4 * rp + 4 * (n % NR) + w % 4]
-        return T.Cast(I32, (byte >> T.Cast(U8, bits * (w // 4))) & T.uint8(mask)) - off
+        return packed_code(g, q6, Wf, n, k)
 
     def wscale(Sf, n, kb):
-        if scheme == "q8":
-            return Sf[n]
-        if scheme == "t2":   # the segment of row n: the number of segment starts <= n
-            return Sf[sum([T.Cast(I32, n >= o) for o in offsets(segs)[1:-1]], T.int32(0))] if segs else Sf[0]
-        nb = n // NR  # q4 / q6: group scales, panel-interleaved
-        rp = T.if_then_else(nb < NBf, NR, R) if R else NR
-        return T.Cast(F32, Sf[nb * NR * KG + (kb * QB // GB) * rp + n % NR])
+        return weight_scale(scheme, g, segs, Sf, n, kb * QB // GB, lambda v: T.Cast(F32, v))
 
     @T.prim_func
     def plain(x: T.handle, w: T.handle, s: T.handle, b: T.handle, o: T.handle):

@@ -1,0 +1,1 @@
+"""OpenCL backend of the compiler: GPU kernel definitions (ops.py) and the package build (build.py)."""
