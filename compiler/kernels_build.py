@@ -6,11 +6,18 @@ object is linked statically into bin/edgellm-run (it registers its kernels at st
 system-lib adapter, into kernels.so (for programs that dlopen it, e.g. an app built with the NDK).
 
 TVM's code generation runs in a forked child: LLVM reports some failures (a full disk while writing the object,
-say) by printing "LLVM ERROR" and exiting the process, which must not take the compiler and its clean-up with it."""
+say) by printing "LLVM ERROR" and exiting the process, which must not take the compiler and its clean-up with it.
+
+With EDGELLM_KERNEL_CACHE=DIR, built libraries are kept in DIR under a hash of everything that goes into them (the
+module's TVMScript, the target, the C compiler, the kernel table, the shim's source, the TVM and edgellm versions) and
+copied from there when the same kernels are built again (the test session and benchmark recompiles use it)."""
 from __future__ import annotations
 
 import faulthandler
+import hashlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,6 +78,54 @@ def _codegen_in_child(mod, target: Target, obj: Path) -> None:
             raise CompileError(f"TVM failed to compile the kernels for {target.name}: {why.strip()[:300]}")
 
 
+def _cache_dir(mod, target: Target, keep_object: bool, table) -> Path | None:
+    """Where EDGELLM_KERNEL_CACHE keeps these kernels (None: no cache)."""
+    root = os.environ.get("EDGELLM_KERNEL_CACHE")
+    if not root:
+        return None
+    import tvm
+
+    from .. import __version__
+
+    h = hashlib.sha256()
+    for part in (mod.script(), json.dumps(target.tvm_dict(), sort_keys=True), target.cc, str(keep_object),
+                 json.dumps(table), tvm.__version__, __version__):
+        h.update(part.encode())
+        h.update(b"\0")
+    h.update(SHIM.read_bytes())
+    return Path(root) / h.hexdigest()[:40]
+
+
+def _cached_files(out_so: Path, keep_object: bool) -> list[Path]:
+    return [out_so, out_so.with_name(KERNELS_OBJECT), out_so.with_name(TABLE_SOURCE)] if keep_object else [out_so]
+
+
+def _from_cache(cache: Path | None, out_so: Path, keep_object: bool) -> bool:
+    if cache is None or not cache.is_dir():
+        return False
+    try:
+        for f in _cached_files(out_so, keep_object):
+            shutil.copyfile(cache / f.name, f)
+        return True
+    except OSError:   # a partial or removed entry: build instead
+        for f in _cached_files(out_so, keep_object):
+            f.unlink(missing_ok=True)
+        return False
+
+
+def _to_cache(cache: Path | None, out_so: Path, keep_object: bool) -> None:
+    if cache is None:
+        return
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        for f in _cached_files(out_so, keep_object):
+            shutil.copyfile(f, tmp / f.name)
+        tmp.rename(cache)   # atomic; another process may have stored the same entry first
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def build_kernels(funcs: dict, target: Target, out_so: Path, keep_object: bool = False,
                   table: list[tuple[str, int, int, int]] | None = None) -> Path | None:
     """Writes kernels.so with its kernel table (`table`: (name, n_args, flags, writes) per kernel, as plan.bin has
@@ -87,6 +142,9 @@ def build_kernels(funcs: dict, target: Target, out_so: Path, keep_object: bool =
     mod = tvm.IRModule(funcs)
     if keep_object:
         mod = mod.with_attr("system_lib_prefix", "")
+    cache = _cache_dir(mod, target, keep_object, table)
+    if _from_cache(cache, out_so, keep_object):
+        return out_so.with_name(KERNELS_OBJECT) if keep_object else None
     obj = out_so.with_name(KERNELS_OBJECT) if keep_object else out_so.with_suffix(".o")
     table_c = write_kernel_table(table, out_so.with_name(TABLE_SOURCE))
     _codegen_in_child(mod, target, obj)
@@ -99,4 +157,5 @@ def build_kernels(funcs: dict, target: Target, out_so: Path, keep_object: bool =
         table_c.unlink(missing_ok=True)
     if r.returncode != 0:
         raise CompileError(f"linking kernels.so with {target.cc} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    _to_cache(cache, out_so, keep_object)
     return obj if keep_object else None

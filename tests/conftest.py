@@ -27,6 +27,19 @@ TINY = {
 }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def kernel_cache(tmp_path_factory):
+    """Packages with identical kernels (the same model and scheme compiled by several test modules) link their
+    kernels.so once per session (compiler/kernels_build.py); tests of the build's failure paths turn it off."""
+    old = os.environ.get("EDGELLM_KERNEL_CACHE")
+    os.environ["EDGELLM_KERNEL_CACHE"] = str(tmp_path_factory.mktemp("kernel-cache"))
+    yield
+    if old is None:
+        os.environ.pop("EDGELLM_KERNEL_CACHE", None)
+    else:
+        os.environ["EDGELLM_KERNEL_CACHE"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """name -> checkpoint dir, generated once per session."""

@@ -104,6 +104,7 @@ def test_code_generator_death_leaves_nothing(ckpt, tmp_path, monkeypatch):
     fails with the message and removes its temp dir."""
     import tvm
 
+    monkeypatch.delenv("EDGELLM_KERNEL_CACHE", raising=False)   # the code generator must run
     def llvm_error(*a, **k):
         os.write(2, b"LLVM ERROR: IO failure on output stream: No space left on device\n")
         os._exit(1)
@@ -118,6 +119,11 @@ def test_code_generator_death_leaves_nothing(ckpt, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def _no_kernel_cache() -> dict:
+    """The environment without the session's kernel cache (conftest.py): these compiles must run the build."""
+    return {k: v for k, v in os.environ.items() if k != "EDGELLM_KERNEL_CACHE"}
+
+
 def test_full_disk_is_one_line_and_cleans_up(ckpt, tmp_path):
     """Writes that fail (RLIMIT_FSIZE stands in for a full disk: EFBIG instead of ENOSPC) give one line and leave
     no temp dir, whether they hit weights.bin or the code generator's object file."""
@@ -126,14 +132,15 @@ def test_full_disk_is_one_line_and_cleans_up(ckpt, tmp_path):
             "from edgellm.cli import main; sys.exit(main(sys.argv[2:]))")
     for limit in (4096, 600_000):
         r = subprocess.run([sys.executable, "-c", code, str(limit), "compile", str(ckpt), "-o", str(tmp_path / "o"),
-                            "--quiet", "--max-context", "16", "--quant", "f32"], capture_output=True, text=True)
+                            "--quiet", "--max-context", "16", "--quant", "f32"], capture_output=True, text=True,
+                           env=_no_kernel_cache())
         one_line_error(r.returncode, r.stderr.strip())
         assert list(tmp_path.iterdir()) == [], (limit, r.stderr)
 
 
 def test_sigterm_during_compile_leaves_nothing(ckpt, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "edgellm.cli", "compile", str(ckpt), "-o", str(tmp_path / "o"),
-                          "--quiet", "--max-context", "16"], stderr=subprocess.PIPE)
+                          "--quiet", "--max-context", "16"], stderr=subprocess.PIPE, env=_no_kernel_cache())
     deadline = time.time() + 60
     while time.time() < deadline and not list(tmp_path.glob(".o.tmp-*")):
         time.sleep(0.02)
