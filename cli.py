@@ -387,7 +387,9 @@ def info_cmd(package):
         ("shape", f"{c['n_layers']} layers, dim {c['hidden_size']}, {c['n_heads']} heads / {c['n_kv_heads']} kv heads, "
                   f"head_dim {c['head_dim']}, ffn {c['intermediate_size']}, vocab {c['vocab_size']}"),
         ("parameters", f"{n_params / 1e6:.2f} M"),
-        ("target", f"{m['target']['name']} ({m['target']['arch']}; needs {', '.join(m['target']['features']) or '-'})"),
+        ("target", f"{m['target']['name']} (" + ("OpenCL kernels, any OpenCL 1.2 device; runner "
+                                               f"{m['target']['arch']})" if "opencl" in m.get("files", {}) else
+                                               f"{m['target']['arch']}; needs {', '.join(m['target']['features']) or '-'})")),
         ("quant", _quant_line(m["quant"])),
         ("context", f"max {m['max_context']} tokens, prefill chunk {m['prefill_chunk']}"
                     + (f" (prompt tails: {m['prefill_short_chunk']})" if m.get("prefill_short_chunk") else "")),

@@ -239,13 +239,17 @@ static int read_table(opencl* b, const el_model* m, const char* dir) {
     uint32_t ki = UINT32_MAX;
     for (uint32_t j = 0; j < m->h.n_kernels && ki == UINT32_MAX; j++)
       if (!strcmp(m->kernels[j].name, t)) ki = j;
-    uint64_t n_args, nl, ns;
+    uint64_t n_args, writes, nl, ns;
     NUM(n_args, 0, MAX_PARAMS);
+    NUM(writes, 0, UINT64_MAX);
     NUM(nl, 1, 1024);
     NUM(ns, 0, 1024);
-    if (ki != UINT32_MAX && (n_args != m->kernels[ki].n_args || b->kern[ki].launch)) {
-      el_error("plan.bin and kernels.cltab do not belong together (kernel %s takes %u args per the plan, %u per the "
-               "table): recompile the package", t, m->kernels[ki].n_args, (unsigned)n_args);
+    /* the kernels' own word on which arguments they write binds the plan (as kernels.so's table does on the CPU):
+     * a plan that points a written argument at a weight was refused by the loader with the plan's copy */
+    if (ki != UINT32_MAX && (n_args != m->kernels[ki].n_args || writes != m->kernels[ki].writes || b->kern[ki].launch)) {
+      el_error("plan.bin and kernels.cltab do not belong together (kernel %s: %u args writing %#llx per the plan, %u "
+               "writing %#llx per the table): recompile the package", t, m->kernels[ki].n_args,
+               (unsigned long long)m->kernels[ki].writes, (unsigned)n_args, (unsigned long long)writes);
       goto out;
     }
     cl_plan_kernel tmp = {0}, *pk = ki != UINT32_MAX ? &b->kern[ki] : &tmp;
@@ -399,7 +403,6 @@ static int build_program(opencl* b, const char* dir) {
   /* a digest-checked load runs only what SHA256SUMS covers: the source, not a binary cached beside it */
   if (!b->verified && stat(cpath, &sb) == 0 && S_ISREG(sb.st_mode))
     bin = el_read_small_file(cpath, "OpenCL binary", (size_t)1 << 30, &bn);
-  if (!bin) el_error("(no cached binary)"); /* el_read_small_file's message is not an error here */
   if (bin) {
     const unsigned char* bp = bin;
     b->program = b->api.clCreateProgramWithBinary(b->ctx, 1, &b->device, &bn, &bp, &st, &e);

@@ -14,8 +14,8 @@ def read_table(path: Path) -> dict:
     i, kernels = 3, {}
     for _ in range(int(tok[2])):
         assert tok[i] == "kernel"
-        name, nl, ns = tok[i + 1], int(tok[i + 3]), int(tok[i + 4])
-        i += 5
+        name, nl, ns = tok[i + 1], int(tok[i + 4]), int(tok[i + 5])
+        i += 6
         scratch = []
         for _ in range(ns):
             assert tok[i] == "scratch"

@@ -10,7 +10,8 @@ every buffer parameter also takes a byte offset, since the runtime passes views 
 
 kernels.cltab (text, whitespace-separated tokens):
     edgellm-opencl 1 <n_kernels>
-    per kernel:  kernel <plan kernel name> <n_args> <n_launches> <n_scratch>
+    per kernel:  kernel <plan kernel name> <n_args> <writes> <n_launches> <n_scratch>
+                 (writes: bit i set when the kernel writes argument i; the runtime checks it against plan.bin's)
                  scratch <bytes>                        (n_scratch times)
                  launch <cl kernel> <gx> <gy> <gz> <lx> <ly> <lz> <n_params>   (global = grid * local)
                  then per parameter one of:
@@ -24,6 +25,7 @@ import re
 from pathlib import Path
 
 from ...errors import CompileError
+from ..kernel_table import written_args
 
 TABLE_MAGIC = "edgellm-opencl"
 TABLE_VERSION = 1
@@ -204,7 +206,7 @@ def build_opencl(funcs: dict, out_dir: Path) -> tuple[Path, Path]:
         if not launches:
             raise CompileError(f"the OpenCL kernel {name} launches nothing (TVM kept it on the host)")
         args, names = _param_names(func), list(scratch)
-        lines.append(f"kernel {name} {len(func.params)} {len(launches)} {len(scratch)}")
+        lines.append(f"kernel {name} {len(func.params)} {written_args(func, name)} {len(launches)} {len(scratch)}")
         lines += [f"scratch {scratch[s]}" for s in names]
         for cl, grid, local in launches:
             ps = params.get(cl)
