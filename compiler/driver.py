@@ -251,9 +251,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     except ValueError as e:
         if not tgt.gpu or type(e).__name__ != "UnsupportedOp":
             raise
-        raise CompileError(f"--target {tgt.name} has no OpenCL {str(e).split(' no ')[-1]} (GPU packages support the "
-                           f"body schemes {', '.join(tgt.quants)} and the heads f32, f16, q8, q4): use another "
-                           "--quant / --head-quant") from None
+        raise CompileError(f"--target {tgt.name} has no OpenCL {str(e).split(' no ')[-1]}: compile this model for a "
+                           "CPU target") from None
     if tuner is not None:
         tuner.guarded("decode knobs", lambda: tuner.decode_prefetch(
             low.kernels, next(p for p in programs if p.name == "decode")), None)

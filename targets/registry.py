@@ -236,11 +236,6 @@ def _npu_targets(arm: dict[str, Target]) -> dict[str, Target]:
                                    "SoC; the phone needs libonnxruntime.so with the QNN EP and the HTP libraries"})}
 
 
-def _gpu_quants() -> tuple[str, ...]:
-    """Body schemes with OpenCL kernels (compiler/opencl/ops.py): all but q6."""
-    return tuple(q for q in _body_schemes() if q != "q6")
-
-
 def _gpu_targets() -> dict[str, Target]:
     """OpenCL GPUs. The kernels are OpenCL C built by the device's driver at first load, so one package serves every
     OpenCL 1.2 device; the target picks the architecture of bin/edgellm-run (dynamic: it dlopens libOpenCL.so)."""
@@ -250,7 +245,7 @@ def _gpu_targets() -> dict[str, Target]:
         "android-gpu", "Android phones' GPUs through OpenCL (Adreno 6xx-8xx, Mali-G7x/G6xx/Immortalis): every op as "
         "TVM-generated OpenCL C, run by libedgellm's OpenCL backend on the phone's libOpenCL.so", "aarch64",
         {"kind": "opencl"}, shlex.quote(ndk) if ndk else _a64_cc(), (), 4, page_size=16384, kernels="opencl",
-        run_prefix=QEMU_A64, gpu=True, quants=_gpu_quants(),
+        run_prefix=QEMU_A64, gpu=True,
         notes={"binary": "dynamic (it dlopens the phone's libOpenCL.so)",
                "toolchain": "NDK clang" if ndk else "aarch64-linux-gnu-gcc (glibc: runs on ARM Linux boards with an "
                "OpenCL driver; set ANDROID_NDK_HOME for a bionic binary that runs from adb shell)",
@@ -258,7 +253,7 @@ def _gpu_targets() -> dict[str, Target]:
     if host:
         out["opencl"] = Target("opencl", "any OpenCL 1.2 device on this machine (a GPU's driver, or PoCL on the CPU)",
                                "x86_64", {"kind": "opencl"}, "gcc", (), 8, kernels="opencl", gpu=True,
-                               quants=_gpu_quants(), notes={"binary": "dynamic (it dlopens libOpenCL.so)"})
+                               notes={"binary": "dynamic (it dlopens libOpenCL.so)"})
     return out
 
 

@@ -144,8 +144,8 @@ def test_unsupported_models_are_compile_errors(tmp_path):
     moe = DEMO.parent / "demo-moe"
     with pytest.raises(CompileError, match="dense models only"):
         compile_model(moe, target="opencl", quant="f32", out=tmp_path / "x", progress=False)
-    with pytest.raises(CompileError, match="android-gpu has no OpenCL embed_q6 kernel"):
-        compile_model(DEMO, target="android-gpu", quant="q8", head_quant="q6", out=tmp_path / "y", progress=False)
+    with pytest.raises(CompileError, match="dense models only.*--layout bundled"):
+        compile_model(DEMO, target="android-gpu", quant="q8", layout="bundled", out=tmp_path / "y", progress=False)
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 

@@ -31,7 +31,7 @@ RTOL = 1e-5
 # (op, params): decode and prefill shapes, a tail panel (N not a multiple of 16), fused outputs, biases
 CASES = [
     ("embed", dict(T=3, V=50, D=24)), ("embed", dict(T=1, V=50, D=24, wdtype="float16")),
-    ("embed_q8", dict(T=3, V=37, D=64)), ("embed_q4", dict(T=2, V=37, D=64, G=32)),
+    ("embed_q8", dict(T=3, V=37, D=64)), ("embed_q4", dict(T=2, V=37, D=64, G=32)), ("embed_q6", dict(T=2, V=37, D=64)),
     ("rmsnorm", dict(R=3, D=96, eps=1e-5)), ("rmsnorm", dict(R=1, D=2048, eps=1e-6)),
     ("rope", dict(T=4, H=3, D=16)),
     ("add", dict(R=3, N=40)), ("copy", dict(R=2, N=33)), ("swiglu", dict(T=3, F=70)), ("relu2_mul", dict(T=2, F=64)),
@@ -41,6 +41,7 @@ CASES = [
     ("linear_q8", dict(T=1, N=37, K=128)), ("linear_q8", dict(T=16, N=48, K=96, bias=True, segs=(32, 16))),
     ("linear_q4", dict(T=1, N=40, K=128, G=32, bias=True)), ("linear_q4", dict(T=5, N=33, K=256, G=64)),
     ("linear_q4", dict(T=16, N=48, K=128, G=32, segs=(16, 32))),
+    ("linear_q6", dict(T=1, N=37, K=128)), ("linear_q6", dict(T=5, N=20, K=64, bias=True)),
     ("linear_t2", dict(T=1, N=37, K=64)), ("linear_t2", dict(T=8, N=48, K=128, segs=(16, 16, 16))),
     ("linear_t2_lut", dict(T=3, N=20, K=64, bias=True)),
     ("attention", dict(T=1, NH=4, KVH=2, D=16)), ("attention", dict(T=4, NH=4, KVH=4, D=16)),
@@ -67,7 +68,7 @@ def _inputs(op, p, r):
         w = randn(V, D)
         if op == "embed":
             return [ids, w.astype(p.get("wdtype", "float32"))], [(T_, D)]
-        sch = get_scheme("q8" if op == "embed_q8" else f"q4g{p['G']}")
+        sch = get_scheme({"embed_q8": "q8", "embed_q6": "q6"}.get(op) or f"q4g{p['G']}")
         parts = sch.quantize(w)
         return [ids] + [parts[k] for k in sch.part_order], [(T_, D)]
     if op == "rmsnorm":
@@ -89,7 +90,7 @@ def _inputs(op, p, r):
     if op == "linear":
         args = [x, w.astype(p.get("wdtype", "float32"))]
     else:
-        sch = get_scheme({"linear_q8": "q8", "linear_q4": f"q4g{p.get('G')}"}.get(op, "t2"))
+        sch = get_scheme({"linear_q8": "q8", "linear_q4": f"q4g{p.get('G')}", "linear_q6": "q6"}.get(op, "t2"))
         segs = p.get("segs") or (N,)   # stacked matrices as the lowering fuses them (t2: a scale per matrix)
         parts = sch.concat_parts([sch.quantize(m) for m in np.split(w, np.cumsum(segs)[:-1])])
         args = [x] + [parts[k] for k in sch.part_order]

@@ -17,7 +17,7 @@ import math
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from ...quant.packing import EPS_BLOCK, EPS_TOKEN, QA
+from ...quant.packing import EPS_BLOCK, EPS_TOKEN, Q6_GROUP, QA
 from ..ops import kernel_params
 from ..ops import _name as kernel_name
 from ..ops.linear_quant import _Geo, packed_code, weight_scale
@@ -26,8 +26,8 @@ from ..ops.segments import offsets
 F32, I32, U16 = "float32", "int32", "uint16"
 
 # ops with an OpenCL definition here (everything a dense Llama / Qwen / Mistral / BitNet package uses)
-OPS = ("embed", "embed_q8", "embed_q4", "rmsnorm", "linear", "linear_q8", "linear_q4", "linear_t2", "linear_t2_lut",
-       "rope", "attention", "add", "swiglu", "copy", "relu2_mul")
+OPS = ("embed", "embed_q8", "embed_q4", "embed_q6", "rmsnorm", "linear", "linear_q8", "linear_q4", "linear_q6",
+       "linear_t2", "linear_t2_lut", "rope", "attention", "add", "swiglu", "copy", "relu2_mul")
 ATTENTION_CHUNK_MAX = 128  # keys per chunk of the attention kernel: one work-item per key, then per output lane
 
 
@@ -105,6 +105,27 @@ def embed_q4(T_: int, V: int, D: int, G: int):
     return te.create_prim_func([ids, Q, S, te.compute((T_, D), f, name="out")])
 
 
+def _q6_geo(T_: int, N: int, K: int) -> _Geo:
+    """q6's packed geometry (compiler/ops/linear_quant.naive): q4's panels with 6 bits a weight, code = q + 32."""
+    g = _Geo("q4", T_, N, K, Q6_GROUP)
+    g.BPR, g.off = K * 6 // 8, 32
+    return g
+
+
+def embed_q6(T_: int, V: int, D: int):
+    """Rows of a q6 table: the linear's codes (packed_code) times the f16 scale of their 32-k block."""
+    g = _q6_geo(1, V, D)
+    ids = te.placeholder((T_,), I32, "ids")
+    Q = te.placeholder((V * g.BPR,), "uint8", "Q")
+    S = te.placeholder((V * g.KG,), U16, "S")
+
+    def f(t, d):
+        row = _row(ids, t, V)
+        return packed_code(g, True, Q, row, d).astype(F32) * weight_scale("q6", g, (), S, row, d // Q6_GROUP,
+                                                                          half_to_f32)
+    return te.create_prim_func([ids, Q, S, te.compute((T_, D), f, name="out")])
+
+
 def rmsnorm(R: int, D: int, eps: float):
     x = te.placeholder((R, D), F32, "x")
     w = te.placeholder((D,), F32, "w")
@@ -145,18 +166,19 @@ def linear(T_: int, N: int, K: int, wdtype: str, bias: bool, segs=()):
 
 
 def linear_quant(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool, segs=()):
-    """q8 / q4 / t2 over the CPU's packed layouts: activations quantized to int8 per block of 32 (t2: per token),
-    exact integer dot products per block, then f32 sums of block results (linear_quant.naive's math)."""
-    g = _Geo(scheme, T_, N, K, G)
+    """q8 / q4 / q6 / t2 over the CPU's packed layouts: activations quantized to int8 per block of 32 (t2: per
+    token), exact integer dot products per block, then f32 sums of block results (linear_quant.naive's math)."""
+    q6 = scheme == "q6"
+    g = _q6_geo(T_, N, K) if q6 else _Geo(scheme, T_, N, K, G)
     per_token = scheme == "t2"
     QB = K if per_token else QA
     NQB = K // QB
-    GB = g.G if scheme == "q4" else K
+    GB = g.G if scheme in ("q4", "q6") else K
     eps = EPS_TOKEN if per_token else EPS_BLOCK
     x = te.placeholder((T_, K), F32, "x")
     W = te.placeholder((N * g.BPR,), "uint8", "W")
-    S = te.placeholder({"q8": (N,), "q4": (N * g.KG,), "t2": (max(1, len(segs)),)}[scheme],
-                       U16 if scheme == "q4" else F32, "S")
+    S = te.placeholder({"q8": (N,), "q4": (N * g.KG,), "q6": (N * g.KG,), "t2": (max(1, len(segs)),)}[scheme],
+                       U16 if scheme in ("q4", "q6") else F32, "S")
     b = te.placeholder((N,), F32, "b") if bias else None
     r = te.reduce_axis((0, QB), "r")
     amax = te.compute((T_, NQB), lambda t, qb: te.max(tirx.abs(x[t, qb * QB + r]), axis=r), name="amax")
@@ -164,7 +186,7 @@ def linear_quant(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool
         x[t, k] * (tirx.const(127, F32) / tirx.max(amax[t, k // QB], tirx.const(eps, F32)))).astype(I32), name="xq")
     r2 = te.reduce_axis((0, QB), "r2")
     isum = te.compute((T_, N, NQB), lambda t, n, qb: te.sum(
-        packed_code(g, False, W, n, qb * QB + r2) * xq[t, qb * QB + r2], axis=r2), name="isum")
+        packed_code(g, q6, W, n, qb * QB + r2) * xq[t, qb * QB + r2], axis=r2), name="isum")
 
     def block(t, rr, qb):
         dx = tirx.max(amax[t, qb], tirx.const(eps, F32)) / tirx.const(127, F32)
@@ -283,12 +305,14 @@ def _build(op: str, p: dict):
         return embed_q8(p["T"], p["V"], p["D"])
     if op == "embed_q4":
         return embed_q4(p["T"], p["V"], p["D"], p["G"])
+    if op == "embed_q6":
+        return embed_q6(p["T"], p["V"], p["D"])
     if op == "rmsnorm":
         return rmsnorm(p["R"], p["D"], p["eps"])
     if op == "linear":
         return linear(p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
-    if op in ("linear_q8", "linear_q4", "linear_t2", "linear_t2_lut"):
-        scheme = {"linear_q8": "q8", "linear_q4": "q4"}.get(op, "t2")
+    if op in ("linear_q8", "linear_q4", "linear_q6", "linear_t2", "linear_t2_lut"):
+        scheme = {"linear_q8": "q8", "linear_q4": "q4", "linear_q6": "q6"}.get(op, "t2")
         return linear_quant(scheme, p["T"], p["N"], p["K"], p.get("G"), p["bias"], p["segs"])
     if op == "rope":
         return rope(p["T"], p["H"], p["D"])
