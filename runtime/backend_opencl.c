@@ -246,15 +246,19 @@ static int read_table(opencl* b, const el_model* m, const char* dir) {
     NUM(ns, 0, 1024);
     /* the kernels' own word on which arguments they write binds the plan (as kernels.so's table does on the CPU):
      * a plan that points a written argument at a weight was refused by the loader with the plan's copy */
-    if (ki != UINT32_MAX && (n_args != m->kernels[ki].n_args || writes != m->kernels[ki].writes || b->kern[ki].launch)) {
+    if (ki == UINT32_MAX) {
+      el_error("kernels.cltab names a kernel plan.bin does not have (%s): recompile the package", t);
+      goto out;
+    }
+    if (n_args != m->kernels[ki].n_args || writes != m->kernels[ki].writes || b->kern[ki].launch) {
       el_error("plan.bin and kernels.cltab do not belong together (kernel %s: %u args writing %#llx per the plan, %u "
                "writing %#llx per the table): recompile the package", t, m->kernels[ki].n_args,
                (unsigned long long)m->kernels[ki].writes, (unsigned)n_args, (unsigned long long)writes);
       goto out;
     }
-    cl_plan_kernel tmp = {0}, *pk = ki != UINT32_MAX ? &b->kern[ki] : &tmp;
-    pk->n_launch = (uint32_t)nl, pk->n_scratch = (uint32_t)ns;
+    cl_plan_kernel* pk = &b->kern[ki];
     if (!(pk->launch = calloc(nl, sizeof *pk->launch)) || !(pk->scratch_off = calloc(ns + 1, sizeof(uint64_t)))) goto oom;
+    pk->n_launch = (uint32_t)nl, pk->n_scratch = (uint32_t)ns; /* after the allocations: cl_close walks them */
     for (uint64_t s = 0; s < ns; s++) {
       uint64_t bytes;
       if (!(t = TOK()) || strcmp(t, "scratch") != 0) goto bad;
@@ -302,10 +306,6 @@ static int read_table(opencl* b, const el_model* m, const char* dir) {
           goto bad;
         }
       }
-    }
-    if (pk == &tmp) { /* a kernel the plan does not use */
-      for (uint32_t l = 0; l < tmp.n_launch; l++) free(tmp.launch[l].params);
-      free(tmp.launch), free(tmp.scratch_off);
     }
   }
   if (TOK()) goto bad;
