@@ -253,7 +253,8 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
         pf = r["prompt_tokens"] / r["prefill_s"] if r["prefill_s"] else 0.0
         dc = r["n_decoded"] / r["decode_s"] if r["decode_s"] else 0.0
         click.echo(f"[{r['prompt_tokens']} prompt tokens, {len(r['ids'])} generated ({r['finish_reason']}); "
-                   f"prefill {pf:.1f} tok/s, decode {dc:.1f} tok/s, {rt.threads} threads; "
+                   f"prefill {pf:.1f} tok/s, decode {dc:.1f} tok/s, "
+                   f"{rt.device.split(' (')[0] if rt.device else f'{rt.threads} threads'}; "
                    f"{describe_sampling(rt.sampling_defaults(), given)}]", err=True)
         note = _store_note(rt)
         if note:
