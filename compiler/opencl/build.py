@@ -186,12 +186,12 @@ def build_opencl(funcs: dict, out_dir: Path) -> tuple[Path, Path]:
 
     target = opencl_target()
     mod = tvm.IRModule({n: schedule_checked(f, target).with_attr("global_symbol", n) for n, f in funcs.items()})
-    try:
-        ex = tvm.compile(mod, target=target)
-        source = ex.mod.imports[0].inspect_source()
+    try:   # tvm.compile's steps, lowered once: the host half is read here, only the device half is generated
         bound = tirx.transform.BindTarget(target.with_host(target.host))(mod)
-        pipeline, _, _ = tirx.get_default_tir_pipeline(target)
-        host, _ = split_host_device_mods(pipeline(bound))
+        pipeline, _, finalize_device = tirx.get_default_tir_pipeline(target)
+        host, devices = split_host_device_mods(pipeline(bound))
+        (dev_target, dev_mod), = devices.items()
+        source = tvm.get_global_func("target.build.opencl")(finalize_device()(dev_mod), dev_target).inspect_source()
     except Exception as e:  # noqa: BLE001 - TVM's errors are multi-line C++ traces
         msg = (str(e).strip().splitlines() or [type(e).__name__])[-1]
         raise CompileError(f"TVM failed to compile the OpenCL kernels: {msg[:300]}") from None
