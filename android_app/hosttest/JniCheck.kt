@@ -1,0 +1,109 @@
+// Drives the Kotlin API (ai.edgellm) and its JNI bridge on a host JVM for tests/test_android_app.py.
+// Reads one command per line from stdin (tab-separated), prints one or more tab-separated lines per command; text
+// goes out as hex of its UTF-8 bytes so that any character survives.
+package ai.edgellm.hosttest
+
+import ai.edgellm.EdgeLLMException
+import ai.edgellm.GenerateParams
+import ai.edgellm.LoadOptions
+import ai.edgellm.Model
+import java.io.File
+import java.util.concurrent.CountDownLatch
+import java.util.concurrent.atomic.AtomicInteger
+
+// kotlinc 1.3 (Debian's) cannot resolve stdlib's AutoCloseable.use against JDK 17; this is the same thing
+inline fun <T : AutoCloseable, R> T.closing(block: (T) -> R): R = try { block(this) } finally { close() }
+
+fun hex(s: String): String = s.toByteArray(Charsets.UTF_8).joinToString("") { String.format("%02x", it) }
+
+fun rssKb(): Long = File("/proc/self/status").readLines().first { it.startsWith("VmRSS:") }
+    .split(Regex("\\s+"))[1].toLong()
+
+fun params(f: List<String>): GenerateParams {
+    // max, temperature, seed, topK, topP, repetitionPenalty, stop ("-": the default)
+    fun opt(i: Int) = f.getOrNull(i)?.takeIf { it != "-" }
+    return GenerateParams(maxNewTokens = opt(0)?.toInt(), temperature = opt(1)?.toFloat(), seed = opt(2)?.toLong(),
+                          topK = opt(3)?.toInt(), topP = opt(4)?.toFloat(), repetitionPenalty = opt(5)?.toFloat(),
+                          stop = opt(6)?.let { listOf(it) } ?: emptyList())
+}
+
+fun main(args: Array<String>) {
+    val pkg = args[0]
+    val model = Model.load(pkg, LoadOptions(threads = 1))
+    val ctx = model.newContext()
+    println("READY\t${Model.version}\t${model.vocabSize}\t${model.maxContext}\t${model.prefillBackend}")
+    while (true) {
+        val line = readLine() ?: break
+        val f = line.split("\t")
+        try {
+            when (f[0]) {
+                "gen" -> {   // gen PROMPT max temperature seed topK topP rep stop
+                    val r = ctx.generate(f[1], params(f.drop(2))) { t -> println("EVENT\t${t.id}\t${hex(t.text)}") }
+                    println("RESULT\t${r.tokens.joinToString(",")}\t${hex(r.text)}\t${r.finishReason}\t${r.promptTokens}\t" +
+                            "${r.decodeSteps}\t${ctx.position}")
+                }
+                "cancel_in_callback" -> {   // cancel_in_callback PROMPT K: the listener cancels after K tokens
+                    val k = f[2].toInt()
+                    var n = 0
+                    val r = ctx.generate(f[1], GenerateParams(maxNewTokens = 64, temperature = 0f, ignoreEos = true)) { t ->
+                        if (t.id >= 0 && ++n == k) ctx.cancel()
+                    }
+                    println("CANCEL\t$n\t${r.tokens.size}\t${r.finishReason}\t${r.decodeSteps}")
+                }
+                "cancel_from_thread" -> {   // cancel_from_thread PROMPT K: another thread cancels once K tokens arrived
+                    val k = f[2].toInt()
+                    val seen = AtomicInteger(0)
+                    val after = AtomicInteger(-1)
+                    val reached = CountDownLatch(1)
+                    val canceller = Thread {
+                        reached.await()
+                        ctx.cancel()
+                        after.set(seen.get())   // tokens handed on by the time cancel() returned
+                    }
+                    canceller.start()
+                    val r = ctx.generate(f[1], GenerateParams(maxNewTokens = 200, temperature = 0f, ignoreEos = true)) { t ->
+                        if (t.id >= 0 && seen.incrementAndGet() == k) {
+                            reached.countDown()
+                            Thread.sleep(50)   // let cancel() land while this generation is live
+                        }
+                    }
+                    canceller.join()
+                    println("CANCEL\t${after.get()}\t${r.tokens.size}\t${r.finishReason}\t${r.decodeSteps}")
+                }
+                "cycles" -> {   // cycles N: load, generate a few tokens, free; RSS after a warm-up and at the end
+                    val n = f[1].toInt()
+                    val warm = 10
+                    var base = 0L
+                    var perCycle = 0L   // bytes one cycle allocates: what a leak would add per cycle
+                    for (c in 0 until n + warm) {
+                        if (c == warm) { System.gc(); base = rssKb() }
+                        Model.load(pkg, LoadOptions(threads = 1)).closing { m ->
+                            m.newContext().closing { x ->
+                                x.generate("Hello", GenerateParams(maxNewTokens = 4, temperature = 0f))
+                                val s = x.stats()
+                                perCycle = s.contextBytes + s.weightBytes
+                            }
+                        }
+                    }
+                    System.gc()
+                    println("RSS\t$base\t${rssKb()}\t$perCycle")
+                }
+                "load" -> {   // load PATH: a package that should not load
+                    try { Model.load(f[1]).close(); println("LOADED") } catch (e: EdgeLLMException) { println("ERROR\t${e.message}") }
+                }
+                "closed" -> {   // a closed context refuses generate with one line, and a second close is harmless
+                    val m = Model.load(pkg)
+                    val c = m.newContext()
+                    c.close(); c.close(); m.close()
+                    try { c.generate("Hi"); println("GENERATED") } catch (e: EdgeLLMException) { println("ERROR\t${e.message}") }
+                }
+                else -> println("UNKNOWN\t${f[0]}")
+            }
+        } catch (e: EdgeLLMException) {
+            println("ERROR\t${e.message}")
+        }
+        System.out.flush()
+    }
+    ctx.close()
+    model.close()
+}

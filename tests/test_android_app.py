@@ -1,0 +1,140 @@
+"""The Android app's JNI bridge and Kotlin library (android_app/edgellm) on this machine's JVM: the bridge compiled
+against the JDK's jni.h with libedgellm's sources, the Kotlin API driven by hosttest/JniCheck.kt over a host
+package. Tokens through JNI must equal the Python Runtime's (greedy, seeded sampling, stop strings), stream in
+order with the same text pieces, stop within one token of cancel(), and 100 load/free cycles must not grow RSS."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from edgellm.android_app import host_build
+from edgellm.runtime.api import Runtime
+
+pytest.importorskip("tvm")
+
+from edgellm.compiler.driver import compile_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+APP, DEMO = REPO / "android_app", REPO / "models" / "demo" / "demo-llama"
+
+pytestmark = pytest.mark.skipif(bool(host_build.missing_tools()),
+                                reason=f"no {'; '.join(host_build.missing_tools())} for the host JNI test")
+
+# prompt, max new tokens, temperature, seed, top_k, top_p, repetition penalty, stop string ("-": the default)
+GENERATIONS = [
+    ("Once upon a time", 24, 0, None, None, None, None, None),               # greedy
+    ("def read_config(path):", 24, 0.8, 42, None, None, None, None),          # seeded sampling
+    ("def read_config(path):", 24, 1.1, 7, 40, 0.9, 1.15, None),              # top-k, top-p, penalty
+    ("caf\u00e9 \U0001F642 na\u00efve", 16, 0.7, 3, None, None, None, None),  # text beyond ASCII and the BMP
+    ("Once upon a time", 32, 0, None, None, None, None, "self"),              # a stop string
+]
+
+
+class Driver:
+    """One JVM running JniCheck over a package: a command line in, tab-separated lines out."""
+
+    def __init__(self, cmd: list[str], pkg: Path):
+        self.p = subprocess.Popen([*cmd, str(pkg)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, encoding="utf-8")
+        ready = self.p.stdout.readline().rstrip("\n").split("\t")
+        assert ready[0] == "READY", (ready, self.p.stderr.read() if self.p.poll() is not None else "")
+        self.ready = ready
+
+    def ask(self, *fields, until: str) -> list[list[str]]:
+        self.p.stdin.write("\t".join("-" if f is None else str(f) for f in fields) + "\n")
+        self.p.stdin.flush()
+        out = []
+        while True:
+            line = self.p.stdout.readline()
+            assert line, f"the JVM ended: {self.p.stderr.read()[-2000:]}"
+            row = line.rstrip("\n").split("\t")
+            out.append(row)
+            if row[0] in (until, "ERROR", "UNKNOWN"):
+                return out
+
+    def close(self):
+        self.p.stdin.close()
+        assert self.p.wait(timeout=60) == 0, self.p.stderr.read()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("jni")
+    lib, jar = host_build.build_jni_library(out, APP), host_build.build_kotlin(out, APP)
+    pkg = compile_model(DEMO, target="host", quant="q8", out=out / "demo-q8", progress=False)
+    return host_build.driver_command(jar, lib), pkg
+
+
+@pytest.fixture(scope="module")
+def driver(built):
+    d = Driver(*built)
+    yield d
+    d.close()
+
+
+def _unhex(h: str) -> str:
+    return bytes.fromhex(h).decode("utf-8")
+
+
+@pytest.mark.parametrize("case", range(len(GENERATIONS)))
+def test_tokens_and_stream_equal_python_runtime(driver, built, case):
+    prompt, n, temp, seed, top_k, top_p, rep, stop = GENERATIONS[case]
+    rows = driver.ask("gen", prompt, n, temp, seed, top_k, top_p, rep, stop, until="RESULT")
+    assert rows[-1][0] == "RESULT", rows[-1]
+    events, result = rows[:-1], rows[-1]
+    ids = [int(t) for t in result[1].split(",") if t]
+    # the Python Runtime over the same package, the same arguments
+    rt = Runtime.load(built[1], threads=1)
+    pieces = list(rt.stream(prompt, n, temperature=temp, top_k=top_k, top_p=top_p, repetition_penalty=rep,
+                            seed=seed, stop=stop))
+    ref = rt.generate(prompt, n, temperature=temp, top_k=top_k, top_p=top_p, repetition_penalty=rep, seed=seed,
+                      stop=stop)
+    assert ids == ref.token_ids and len(ids) > 0
+    assert _unhex(result[2]) == ref.text
+    assert result[3].lower() == ref.finish_reason
+    assert int(result[4]) == ref.prompt_tokens
+    if stop is not None:
+        assert result[3] == "STOP" and stop not in ref.text
+    # streaming: the token events come in generation order and their pieces make the text, piece for piece
+    assert [int(e[1]) for e in events if e[0] == "EVENT" and int(e[1]) >= 0] == ids
+    streamed = [_unhex(e[2]) for e in events if e[0] == "EVENT" and e[2]]
+    assert "".join(streamed) == ref.text
+    assert streamed == [p for p in pieces if p]
+
+
+def test_cancel_from_the_callback_stops_at_once(driver):
+    row = driver.ask("cancel_in_callback", "Once upon a time", 3, until="CANCEL")[-1]
+    assert row[0] == "CANCEL" and row[1:4] == ["3", "3", "CANCELLED"], row
+    assert int(row[4]) <= 3, row   # decode steps: the third token's step was the last one run
+
+
+def test_cancel_from_another_thread_stops_within_one_token(driver):
+    # the generating thread pauses in its 5th token's callback while another thread calls cancel(): no token is
+    # handed on after cancel() returns and the generation ends at its next step (it would run to 200 otherwise)
+    row = driver.ask("cancel_from_thread", "Once upon a time", 5, until="CANCEL")[-1]
+    assert row[0] == "CANCEL", row
+    after_cancel, total, finish, steps = int(row[1]), int(row[2]), row[3], int(row[4])
+    assert finish == "CANCELLED" and after_cancel == 5 and total == after_cancel, row
+    assert steps <= after_cancel + 1, row   # at most the one token in flight was computed after cancel()
+
+
+def test_bad_package_and_closed_context_are_one_line_errors(driver, tmp_path):
+    row = driver.ask("load", tmp_path, until="LOADED")[-1]
+    assert row[0] == "ERROR" and "plan.bin" in row[1] and "\n" not in row[1], row
+    row = driver.ask("load", tmp_path / "missing", until="LOADED")[-1]
+    assert row[0] == "ERROR" and "not a package directory" in row[1], row
+    row = driver.ask("closed", until="GENERATED")[-1]
+    assert row == ["ERROR", "the context is closed"], row
+
+
+def test_load_free_cycles_do_not_leak(driver):
+    # 100 cycles of load -> context -> generate -> free after 10 warm-up cycles; a leak of either the model or the
+    # context would add per_cycle bytes each time (100x that in all), far above the bound
+    row = driver.ask("cycles", 100, until="RSS")[-1]
+    assert row[0] == "RSS", row
+    base_kb, end_kb, per_cycle = int(row[1]), int(row[2]), int(row[3])
+    bound_kb = 8 * 1024
+    assert per_cycle * 100 // 1024 > 10 * bound_kb, row   # the bound would catch a leak of one cycle's memory
+    assert end_kb - base_kb < bound_kb, row
