@@ -2,8 +2,8 @@
 
 The bridge (edgellm/src/main/cpp/edgellm_jni.c) is compiled with libedgellm's C sources into one host
 libedgellm_jni.so against the JDK's jni.h, exactly as the app's CMakeLists.txt does with the NDK; the library's
-Kotlin sources (edgellm/src/main/java/ai/edgellm) and the test driver (hosttest/JniCheck.kt) are compiled with
-kotlinc into a jar. `python -m edgellm.android_app.host_build OUT_DIR` (from a source checkout) does both."""
+Kotlin sources (edgellm/src/main/java/ai/edgellm), the app's conversation logic (ChatFormat, ChatSession, Settings)
+and the test driver (hosttest/JniCheck.kt) are compiled with kotlinc into a jar. `python -m edgellm.android_app.host_build OUT_DIR` (from a source checkout) does both."""
 from __future__ import annotations
 
 import os
@@ -21,6 +21,10 @@ APP = Path(__file__).resolve().parent
 JNI_SOURCE = Path("edgellm/src/main/cpp/edgellm_jni.c")
 KOTLIN_LIBRARY = Path("edgellm/src/main/java/ai/edgellm")
 HOST_DRIVER = Path("hosttest/JniCheck.kt")
+# the app's conversation logic (no android.* imports) is tested on the host too; it reads chat_format.json with
+# Android's org.json, which Debian packages for the JVM (libandroid-json-java)
+APP_SOURCES = tuple(Path("app/src/main/java/ai/edgellm/chat") / f for f in ("ChatFormat.kt", "ChatSession.kt", "Settings.kt"))
+ORG_JSON_JARS = (Path("/usr/share/java/com.android.json.jar"),)
 DRIVER_MAIN = "ai.edgellm.hosttest.JniCheckKt"
 JNI_LIBRARY = "libedgellm_jni.so"
 
@@ -43,7 +47,13 @@ def missing_tools() -> list[str]:
         out.append("kotlinc (apt-get install kotlin)")
     if not shutil.which("gcc"):
         out.append("gcc")
+    if org_json_jar() is None:
+        out.append("Android's org.json for the JVM (apt-get install libandroid-json-java)")
     return out
+
+
+def org_json_jar() -> Path | None:
+    return next((j for j in ORG_JSON_JARS if j.is_file()), None)
 
 
 def build_jni_library(out_dir: Path, app_dir: Path = APP) -> Path:
@@ -78,8 +88,13 @@ def build_kotlin(out_dir: Path, app_dir: Path = APP) -> Path:
         raise CompileError("kotlinc not found (apt-get install kotlin)")
     out_dir.mkdir(parents=True, exist_ok=True)
     jar = out_dir / "edgellm-hosttest.jar"
-    srcs = sorted(str(p) for p in (app_dir / KOTLIN_LIBRARY).glob("*.kt")) + [str(app_dir / HOST_DRIVER)]
-    r = subprocess.run(["kotlinc", *srcs, "-include-runtime", "-d", str(jar)], capture_output=True, text=True)
+    srcs = sorted(str(p) for p in (app_dir / KOTLIN_LIBRARY).glob("*.kt")) + [str(app_dir / p) for p in APP_SOURCES] \
+        + [str(app_dir / HOST_DRIVER)]
+    cp = org_json_jar()
+    if cp is None:
+        raise CompileError("Android's org.json is missing (apt-get install libandroid-json-java)")
+    r = subprocess.run(["kotlinc", "-cp", str(cp), *srcs, "-include-runtime", "-d", str(jar)],
+                       capture_output=True, text=True)
     if r.returncode != 0 or not jar.is_file():
         errs = [ln for ln in r.stderr.splitlines() if "error:" in ln] or r.stderr.strip().splitlines()[-1:] or ["?"]
         raise CompileError(f"kotlinc failed: {errs[0]}")
@@ -88,7 +103,7 @@ def build_kotlin(out_dir: Path, app_dir: Path = APP) -> Path:
 
 def driver_command(jar: Path, library: Path) -> list[str]:
     """The java command line that runs the host driver over the bridge."""
-    return ["java", "-Xss4m", f"-Dedgellm.jni.library={library}", "-cp", str(jar), DRIVER_MAIN]
+    return ["java", "-Xss4m", f"-Dedgellm.jni.library={library}", "-cp", f"{jar}:{org_json_jar()}", DRIVER_MAIN]
 
 
 def main(argv: list[str]) -> int:

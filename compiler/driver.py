@@ -24,6 +24,7 @@ from .moe import manifest as moe_manifest
 from .package_writer import check_destination, staged_package, write_sums, write_weights
 from .plan_writer import write_plan
 from .tune import Tuner, resolve_mode
+from .chat_format import write_chat_format
 from .tokenizer_pack import maybe_write_tokenizer_bin
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
@@ -286,6 +287,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         for f in tok_files:
             shutil.copyfile(model_dir / f, tmp / f)
         maybe_write_tokenizer_bin(tmp, lambda msg: _log(progress, msg))   # for edgellm-run (C tokenizer)
+        write_chat_format(tmp)   # the chat template as strings, for the Android app
         if "tokenizer.json" not in tok_files:
             _log(progress, "warning: no tokenizer.json in the checkpoint: the package accepts token ids only")
         npu = None

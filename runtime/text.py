@@ -88,7 +88,7 @@ class TextCodec:
         v = self.config.get(key)
         return v.get("content", "") if isinstance(v, dict) else (v if isinstance(v, str) else "")
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """messages rendered with the package's chat template in jinja2's ImmutableSandboxedEnvironment (as
         transformers renders them): a template is data from the checkpoint, so it cannot reach Python objects,
         files or the OS."""
@@ -98,7 +98,7 @@ class TextCodec:
             tmpl = next((t["template"] for t in named if t.get("name") == "default"), named[0]["template"] if named else None)
         if not tmpl:
             # no template: a plain transcript that still works for base models
-            return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+            return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + ("assistant:" if add_generation_prompt else "")
         if not isinstance(tmpl, str):
             raise PackageError("tokenizer_config.json: chat_template is not a string: recompile the package")
         import jinja2
@@ -116,7 +116,7 @@ class TextCodec:
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
-            return env.from_string(tmpl).render(messages=messages, add_generation_prompt=True, tools=None,
+            return env.from_string(tmpl).render(messages=messages, add_generation_prompt=add_generation_prompt, tools=None,
                                                 documents=None, bos_token=self.token_str("bos_token"),
                                                 eos_token=self.token_str("eos_token"),
                                                 pad_token=self.token_str("pad_token"),

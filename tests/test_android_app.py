@@ -4,6 +4,7 @@ package. Tokens through JNI must equal the Python Runtime's (greedy, seeded samp
 order with the same text pieces, stop within one token of cancel(), and 100 load/free cycles must not grow RSS."""
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -102,6 +103,24 @@ def test_tokens_and_stream_equal_python_runtime(driver, built, case):
     streamed = [_unhex(e[2]) for e in events if e[0] == "EVENT" and e[2]]
     assert "".join(streamed) == ref.text
     assert streamed == [p for p in pieces if p]
+
+
+def test_chat_turns_equal_python_runtime(driver, built):
+    # the app's ChatSession: turns cut from the package's chat_format.json, each later turn appended to the KV cache
+    users = ["Write a function that adds two numbers", "Now make it multiply", "Thanks \U0001F642"]
+    rows = driver.ask("chat", 24, *users, until="CHAT")
+    turns = [r for r in rows if r[0] == "TURN"]
+    assert len(turns) == len(users), rows
+    fmt = json.loads((built[1] / "chat_format.json").read_text())
+    rt = Runtime.load(built[1], threads=1)
+    first = rt.chat([{"role": "user", "content": users[0]}], max_new_tokens=24, temperature=0)
+    assert [int(t) for t in turns[0][1].split(",")] == first.token_ids
+    for i, (user, row) in enumerate(zip(users, turns)):
+        head, tail = fmt["first"] if i == 0 else fmt["next"]
+        ids = rt.encode(head + user + tail, add_special_tokens=False)
+        ref = rt.generate(ids, 24, temperature=0, stop_ids=fmt["stop_ids"], keep_context=i > 0)
+        assert [int(t) for t in row[1].split(",") if t] == ref.token_ids, (i, row)
+        assert _unhex(row[2]) == ref.text and int(row[4]) == len(ids), (i, row)
 
 
 def test_cancel_from_the_callback_stops_at_once(driver):

@@ -7,6 +7,8 @@ import ai.edgellm.EdgeLLMException
 import ai.edgellm.GenerateParams
 import ai.edgellm.LoadOptions
 import ai.edgellm.Model
+import ai.edgellm.chat.ChatSession
+import ai.edgellm.chat.Settings
 import java.io.File
 import java.util.concurrent.CountDownLatch
 import java.util.concurrent.atomic.AtomicInteger
@@ -41,6 +43,16 @@ fun main(args: Array<String>) {
                     val r = ctx.generate(f[1], params(f.drop(2))) { t -> println("EVENT\t${t.id}\t${hex(t.text)}") }
                     println("RESULT\t${r.tokens.joinToString(",")}\t${hex(r.text)}\t${r.finishReason}\t${r.promptTokens}\t" +
                             "${r.decodeSteps}\t${ctx.position}")
+                }
+                "chat" -> {   // chat MAX USER1 USER2 ...: the app's ChatSession, greedy, one TURN line per message
+                    val settings = Settings(temperature = 0f, maxTokens = f[1].toInt())
+                    ChatSession(File(pkg), settings.copy(threads = 1)).closing { s ->
+                        for (user in f.drop(2)) {
+                            val r = s.send(user, settings) { }
+                            println("TURN\t${r.tokens.joinToString(",")}\t${hex(r.text)}\t${r.finishReason}\t${r.promptTokens}")
+                        }
+                    }
+                    println("CHAT")
                 }
                 "cancel_in_callback" -> {   // cancel_in_callback PROMPT K: the listener cancels after K tokens
                     val k = f[2].toInt()

@@ -1,0 +1,26 @@
+package ai.edgellm.chat
+
+import ai.edgellm.GenerateParams
+import ai.edgellm.LoadOptions
+import ai.edgellm.PrefillBackend
+
+/** What the settings dialog edits, kept in SharedPreferences. Null sampling fields: the package's defaults. */
+data class Settings(
+    val systemPrompt: String = "",
+    val temperature: Float? = null,
+    val topP: Float? = null,
+    val topK: Int? = null,
+    val maxTokens: Int = 512,
+    val seed: Long? = null,
+    val threads: Int = 0,
+    val memoryBudgetMiB: Long = 0,
+    val prefill: PrefillBackend = PrefillBackend.AUTO,
+    val gpuDevice: String = ""
+) {
+    fun loadOptions() = LoadOptions(threads = threads, memoryBudget = memoryBudgetMiB shl 20, prefill = prefill,
+                                    device = gpuDevice.ifBlank { null })
+
+    fun generateParams(keepContext: Boolean, stop: List<String>, stopIds: IntArray) = GenerateParams(
+        maxNewTokens = maxTokens, temperature = temperature, topP = topP, topK = topK, seed = seed,
+        keepContext = keepContext, stop = stop, stopIds = stopIds)
+}
