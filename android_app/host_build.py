@@ -3,7 +3,8 @@
 The bridge (edgellm/src/main/cpp/edgellm_jni.c) is compiled with libedgellm's C sources into one host
 libedgellm_jni.so against the JDK's jni.h, exactly as the app's CMakeLists.txt does with the NDK; the library's
 Kotlin sources (edgellm/src/main/java/ai/edgellm), the app's conversation logic (ChatFormat, ChatSession, Settings)
-and the test driver (hosttest/JniCheck.kt) are compiled with kotlinc into a jar. `python -m edgellm.android_app.host_build OUT_DIR` (from a source checkout) does both."""
+and the test driver (hosttest/JniCheck.kt) are compiled with kotlinc into a jar.
+`python -m edgellm.android_app.host_build OUT_DIR` does both."""
 from __future__ import annotations
 
 import os
@@ -56,8 +57,8 @@ def org_json_jar() -> Path | None:
     return next((j for j in ORG_JSON_JARS if j.is_file()), None)
 
 
-def build_jni_library(out_dir: Path, app_dir: Path = APP) -> Path:
-    """libedgellm_jni.so for this machine: the bridge + libedgellm's sources (objects cached like edgellm-run's)."""
+def build_jni_library(out_dir: Path, app_dir: Path = APP, cc: str = "gcc", link_flags: tuple[str, ...] = ()) -> Path:
+    """libedgellm_jni.so: the bridge + libedgellm's sources, compiled with cc (objects cached like edgellm-run's)."""
     jdk = java_home()
     if jdk is None:
         raise CompileError("no JDK found (set JAVA_HOME or install openjdk-17-jdk-headless)")
@@ -67,19 +68,19 @@ def build_jni_library(out_dir: Path, app_dir: Path = APP) -> Path:
     sources = [app_dir / JNI_SOURCE, *LIB_SOURCES]
     with tempfile.TemporaryDirectory(prefix="edgellm-jni-") as tmp:
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            objs = [str(o) for o in pool.map(lambda s: _compile_in(s, flags, Path(tmp)), sources)]
+            objs = [str(o) for o in pool.map(lambda s: _compile_in(cc, s, flags, Path(tmp)), sources)]
         out = out_dir / JNI_LIBRARY
-        r = subprocess.run(["gcc", "-shared", "-o", str(out), *objs, "-lpthread", "-ldl", "-lm"],
+        r = subprocess.run([cc, "-shared", *link_flags, "-o", str(out), *objs, "-lpthread", "-ldl", "-lm"],
                            capture_output=True, text=True)
     if r.returncode != 0:
         raise CompileError(f"linking {JNI_LIBRARY} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
     return out
 
 
-def _compile_in(src: Path, flags: list[str], tmp: Path) -> Path:
+def _compile_in(cc: str, src: Path, flags: list[str], tmp: Path) -> Path:
     work = tmp / src.stem   # one work dir per source: the cache publishes from it
     work.mkdir(exist_ok=True)
-    return _compile(["gcc"], src, flags, work)
+    return _compile([cc], src, flags, work)
 
 
 def build_kotlin(out_dir: Path, app_dir: Path = APP) -> Path:

@@ -68,6 +68,15 @@ def built(tmp_path_factory):
     return host_build.driver_command(jar, lib), pkg
 
 
+def test_info_calls_every_native_function(driver):
+    # the functions the other tests do not reach (an unbound external would throw UnsatisfiedLinkError here)
+    row = driver.ask("info", until="INFO")[-1]
+    assert row[0] == "INFO", row
+    vocab, max_ctx, chunk, threads, eos, device, note, weights, ctx_threads, kv, eos_text = row[1:]
+    assert int(vocab) == 4096 and int(max_ctx) == 1024 and int(chunk) > 0 and int(threads) == 1
+    assert eos and device == "" and note == "" and int(weights) > 0 and int(ctx_threads) == 1 and int(kv) > 0
+
+
 @pytest.fixture(scope="module")
 def driver(built):
     d = Driver(*built)

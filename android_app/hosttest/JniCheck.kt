@@ -44,6 +44,12 @@ fun main(args: Array<String>) {
                     println("RESULT\t${r.tokens.joinToString(",")}\t${hex(r.text)}\t${r.finishReason}\t${r.promptTokens}\t" +
                             "${r.decodeSteps}\t${ctx.position}")
                 }
+                "info" -> {   // the model's and the context's facts
+                    val st = ctx.stats()
+                    println("INFO\t${model.vocabSize}\t${model.maxContext}\t${model.prefillChunk}\t${model.threads}\t" +
+                            "${model.eosIds.joinToString(",")}\t${model.device ?: ""}\t${model.prefillNote ?: ""}\t" +
+                            "${model.memory[0]}\t${ctx.threads}\t${st.kvBytes}\t${model.tokenText(model.eosIds[0]).length}")
+                }
                 "chat" -> {   // chat MAX USER1 USER2 ...: the app's ChatSession, greedy, one TURN line per message
                     val settings = Settings(temperature = 0f, maxTokens = f[1].toInt())
                     ChatSession(File(pkg), settings.copy(threads = 1)).closing { s ->
