@@ -33,7 +33,7 @@ class MainActivity : Activity() {
     private val ui = Handler(Looper.getMainLooper())
     private lateinit var store: PackageStore
     private lateinit var settings: Settings
-    private var session: ChatSession? = null   // touched on the worker thread only
+    @Volatile private var session: ChatSession? = null   // set on the worker thread; the UI thread only cancels
     @Volatile private var generating = false
 
     private lateinit var packages: Spinner
@@ -125,7 +125,7 @@ class MainActivity : Activity() {
         worker.execute {
             for (src in todo) {
                 try {
-                    store.import(src) { done, total -> progress("importing ${src.name}", done, total) }
+                    store.importPackage(src) { done, total -> progress("importing ${src.name}", done, total) }
                 } catch (e: Exception) {
                     ui.post { toast("${src.name}: ${e.message}") }
                 }

@@ -28,7 +28,7 @@ class PackageStore(private val context: Context) {
         .filter { File(it, "plan.bin").isFile && !File(internal, it.name).exists() }
 
     /** Copies a pushed package inside; progress(bytes done, bytes in all). */
-    fun import(src: File, progress: (Long, Long) -> Unit): File {
+    fun importPackage(src: File, progress: (Long, Long) -> Unit): File {
         val files = src.walkTopDown().filter { it.isFile }.toList()
         val total = files.sumOf { it.length() }
         var done = 0L
