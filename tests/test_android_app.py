@@ -157,6 +157,22 @@ def test_bad_package_and_closed_context_are_one_line_errors(driver, tmp_path):
     assert row == ["ERROR", "the context is closed"], row
 
 
+def test_bad_sampling_arguments_are_the_runtimes_errors(driver, built):
+    rt = Runtime.load(built[1], threads=1)
+    for temp, top_p in ((-1, None), (0.5, 2.0)):
+        row = driver.ask("gen", "Once upon a time", 8, temp, 1, None, top_p, until="RESULT")[-1]
+        with pytest.raises(Exception) as e:
+            rt.generate("Once upon a time", 8, temperature=temp, top_p=top_p, seed=1)
+        assert row == ["ERROR", str(e.value)], row
+
+
+def test_a_throwing_listener_reaches_the_caller_and_the_context_goes_on(driver, built):
+    row = driver.ask("listener_throws", "Once upon a time", until="THREW")[-1]
+    assert row[:2] == ["THREW", "boom"], row
+    ref = Runtime.load(built[1], threads=1).generate("Once upon a time", 8, temperature=0)
+    assert [int(t) for t in row[2].split(",")] == ref.token_ids
+
+
 def test_load_free_cycles_do_not_leak(driver):
     # 100 cycles of load -> context -> generate -> free after 10 warm-up cycles; a leak of either the model or the
     # context would add per_cycle bytes each time (100x that in all), far above the bound

@@ -60,6 +60,17 @@ fun main(args: Array<String>) {
                     }
                     println("CHAT")
                 }
+                "listener_throws" -> {   // the listener's exception reaches the caller; the context stays usable
+                    try {
+                        ctx.generate(f[1], GenerateParams(maxNewTokens = 8, temperature = 0f)) { t ->
+                            if (t.id >= 0) throw IllegalStateException("boom")
+                        }
+                        println("NOTHROW")
+                    } catch (e: IllegalStateException) {
+                        val r = ctx.generate(f[1], GenerateParams(maxNewTokens = 8, temperature = 0f))
+                        println("THREW\t${e.message}\t${r.tokens.joinToString(",")}")
+                    }
+                }
                 "cancel_in_callback" -> {   // cancel_in_callback PROMPT K: the listener cancels after K tokens
                     val k = f[2].toInt()
                     var n = 0
