@@ -261,6 +261,71 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
             click.echo(note, err=True)
 
 
+def _package_arg(package_or_model: str | None, quant: str | None) -> str:
+    """A package directory as given, else a model (checkpoint dir, hub id, demo name) compiled into the cache."""
+    from pathlib import Path
+
+    if package_or_model and (Path(package_or_model) / "plan.bin").is_file():
+        return package_or_model
+    from .compiler.cache import package_or_model as resolve
+
+    return str(resolve(package_or_model or "demo", quant=quant))
+
+
+@cli.command("serve")
+@click.argument("package_or_model", required=False)
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on (other than loopback: "
+              "needs --api-key)")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="0: any free port")
+@click.option("--parallel", "-np", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="slots: conversations generated at once (each its own KV cache); more requests queue")
+@click.option("--api-key", default=None, envvar="EDGELLM_API_KEY",
+              help="require 'Authorization: Bearer KEY' on the API [$EDGELLM_API_KEY]")
+@click.option("--name", default=None, help="model id the API reports [default: the model's name]")
+@click.option("--quant", "-q", default=None, help="scheme when compiling a model [default: f16; t2 for BitNet]")
+@click.option("--threads", type=click.IntRange(1, 256), default=None, help="threads [default: one per CPU]")
+@click.option("--memory-budget", default=None, help="bytes the model may use (e.g. 2G); see `edgellm run --help`")
+@click.option("--device", default=None, help="GPU packages: the OpenCL device")
+@click.option("--digest", default=None, help="refuse to serve unless the package matches this sha256:... digest")
+def serve_cmd(package_or_model, host, port, parallel, api_key, name, quant, threads, memory_budget, device, digest):
+    """Serve PACKAGE_OR_MODEL (default: the demo) over an OpenAI-compatible HTTP API with a chat page at /:
+    /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics. Bound to 127.0.0.1 unless told otherwise."""
+    from .runtime.serve.server import serve
+
+    pkg = _package_arg(package_or_model, quant)
+    serve(pkg, host=host, port=port, parallel=parallel, api_key=api_key, threads=threads, model_id=name,
+          load={"memory_budget": memory_budget, "device": device, "digest": digest})
+
+
+@cli.command("chat")
+@click.argument("package_or_model", required=False)
+@click.option("--system", default=None, help="system prompt")
+@click.option("--quant", "-q", default=None, help="scheme when compiling a model [default: f16; t2 for BitNet]")
+@click.option("-n", "--max-new-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="longest reply")
+@click.option("--temperature", type=float, default=None, help="0 = greedy [default: the package's]")
+@click.option("--top-k", type=click.IntRange(min=0), default=None, help="[default: the package's]")
+@click.option("--top-p", type=float, default=None, help="[default: the package's]")
+@click.option("--repetition-penalty", type=float, default=None, help="[default: the package's]")
+@click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=None, help="sampling seed")
+@click.option("--threads", type=click.IntRange(1, 256), default=None, help="threads [default: one per CPU]")
+@click.option("--memory-budget", default=None, help="bytes the model may use (e.g. 2G)")
+@click.option("--device", default=None, help="GPU packages: the OpenCL device")
+def chat_cmd(package_or_model, system, quant, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed,
+             threads, memory_budget, device):
+    """Chat with PACKAGE_OR_MODEL (default: the demo) in the terminal: the package's chat template, streamed replies,
+    the conversation kept in the KV cache (each turn prefills only its new tokens). /reset, /system TEXT, /quit.
+    Reads one message per line from stdin when it is not a terminal."""
+    from .runtime import Runtime
+    from .runtime.chat_repl import chat_repl
+
+    pkg = _package_arg(package_or_model, quant)
+    sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+                "repetition_penalty": repetition_penalty, "seed": seed}
+    with Runtime.load(pkg, threads=threads, memory_budget=memory_budget, device=device) as rt:
+        chat_repl(rt, system=system, sampling=sampling)
+
+
 @cli.group("eval")
 def eval_group():
     """Evaluate a package (or a model, compiled on first use)."""

@@ -44,6 +44,7 @@ class GenerationResult:
     decode_tokens_per_s: float
     ttft_s: float = 0.0                  # prompt submitted -> first new token sampled
     extra: dict = field(default_factory=dict)
+    cached_tokens: int = 0               # prompt tokens the context already held (reuse_prefix): not prefilled again
 
 
 SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
@@ -105,6 +106,8 @@ class Context:
         self._lock = _Lock()              # held across a generation
         self._life = threading.Lock()     # held by quick calls (threads, pos, stats) and by the free: never a freed handle
         self._closing = False
+        self._cancel = threading.Event()  # cancel(): the generation in progress stops at its next token
+        self._kv: list[int] | None = []   # the token ids the KV cache holds, in order (None: not known)
         self._h = self._lib.el_context_new(runtime._model, _threads(threads))
         if not self._h:
             raise RuntimeLoadError(L.last_error())
@@ -169,6 +172,17 @@ class Context:
     def reset(self) -> None:
         with self._lock.hold():
             self._lib.el_reset(self._handle())
+            self._kv = []
+
+    def cancel(self) -> None:
+        """Stops the generation in progress (from any thread) at its next token: it finishes with "cancelled" and
+        that token is not handed on. No-op when none runs."""
+        self._cancel.set()
+
+    @property
+    def cached(self) -> list[int]:
+        """The token ids this context's KV cache holds (what a reuse_prefix generation can skip)."""
+        return list(self._kv or [])
 
     def _ids(self, token_ids) -> np.ndarray:
         try:
@@ -202,7 +216,9 @@ class Context:
         with self._lock.hold():
             h = self._handle()
             self._lib.el_reset(h)
+            self._kv = None
             self._call(self._lib.el_prefill(h, ids.ctypes.data_as(L.I32P), ids.size, out.ctypes.data_as(L.F32P), 1))
+            self._kv = ids.tolist()
         return out
 
     def prefill(self, token_ids) -> np.ndarray:
@@ -210,8 +226,10 @@ class Context:
         ids = self._ids(token_ids)
         out = np.empty(self.runtime.vocab, np.float32)
         with self._lock.hold():
+            kv, self._kv = self._kv, None
             self._call(self._lib.el_prefill(self._handle(), ids.ctypes.data_as(L.I32P), ids.size,
                                             out.ctypes.data_as(L.F32P), 0))
+            self._kv = None if kv is None else kv + ids.tolist()
         return out
 
     def decode_step(self, token: int) -> np.ndarray:
@@ -220,7 +238,9 @@ class Context:
             raise InputError(f"token {token!r} is not a token id in [0, {self.runtime.vocab})")
         out = np.empty(self.runtime.vocab, np.float32)
         with self._lock.hold():
+            kv, self._kv = self._kv, None
             self._call(self._lib.el_decode(self._handle(), int(token), out.ctypes.data_as(L.F32P)))
+            self._kv = None if kv is None else kv + [int(token)]
         return out
 
     # ---- generation -----------------------------------------------------------------------------------------------
@@ -279,25 +299,41 @@ class Context:
                seed: int | None = None, stop: str | list[str] | None = None, ignore_eos: bool = False, *,
                min_p: float | None = None, presence_penalty: float | None = None,
                frequency_penalty: float | None = None, stop_ids: list[int] | None = None, keep_context: bool = False,
-               _result: dict | None = None) -> Iterator[str]:
+               reuse_prefix: bool = False, _result: dict | None = None) -> Iterator[str]:
         """Yields text pieces as they are generated (never half a UTF-8 character, never part of a stop string).
         Arguments as generate()."""
         sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
                     "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty,
                     "frequency_penalty": frequency_penalty}
+        if reuse_prefix and keep_context:
+            raise InputError("reuse_prefix and keep_context exclude each other: reuse_prefix takes the whole "
+                             "conversation as the prompt, keep_context only what follows it")
         params, keep = self._params(max_new_tokens, sampling, seed, stop, stop_ids, ignore_eos, keep_context)
         ids = self._prompt_ids(prompt)
         arr = np.ascontiguousarray(ids, dtype=np.int32)
         fallback = _FallbackText(self.runtime) if not self.runtime.c_text and self.runtime.text.available else None
-        return self._run(arr, params, keep, fallback, _result)
+        self._cancel.clear()   # here, not when the stream starts: a cancel() after this call is never lost
+        return self._run(arr, params, keep, fallback, _result, reuse_prefix)
 
-    def _run(self, arr, params, keep, fallback, result):
+    def _run(self, arr, params, keep, fallback, result, reuse=False):
         tokens: list[int] = []
         pieces: list[bytes] = []
         finish = None
         with self._lock.hold():
             try:
                 h = self._handle()
+                ids = arr.tolist()
+                before = self._kv if params.keep_context else []   # what stays in the cache ahead of the prompt
+                cached = 0
+                if reuse and self._kv:
+                    # the longest prefix the cache already holds, short of the prompt's last token (its logits are
+                    # needed): rewind to it and prefill only the rest
+                    limit = min(len(self._kv), len(ids) - 1)
+                    cached = next((i for i in range(limit) if self._kv[i] != ids[i]), limit)
+                    if cached:
+                        self._call(self._lib.el_rewind(h, cached))
+                        params.keep_context, params.n_cached = 1, cached
+                self._kv = None   # unknown until the run ends
                 if self._lib.el_generate_start(h, arr.ctypes.data_as(L.I32P), arr.size, C.byref(params)) != 0:
                     raise InputError(L.last_error())
                 ev = L.Event()
@@ -316,7 +352,7 @@ class Context:
                     if r == 0 or ev.finish:
                         finish = L.FINISH[ev.finish]
                         break
-                    if self._closing:
+                    if self._closing or self._cancel.is_set():
                         finish = "cancelled"
                         break
                 if fallback is not None and (tail := fallback.flush()):
@@ -324,8 +360,10 @@ class Context:
                     yield tail.decode("utf-8", "replace")
                 res = L.GenResult()
                 self._lib.el_generate_result(h, C.byref(res))
+                if before is not None:
+                    self._kv = (before + ids + tokens)[:self._lib.el_pos(h)]
                 if result is not None:
-                    result.update(ids=tokens, text=b"".join(pieces).decode("utf-8", "replace"),
+                    result.update(ids=tokens, text=b"".join(pieces).decode("utf-8", "replace"), cached_tokens=cached,
                                   prompt_tokens=res.prompt_tokens, finish_reason=finish or L.FINISH[res.finish] or
                                   "cancelled", prefill_s=res.prefill_seconds, decode_s=res.decode_seconds,
                                   ttft_s=res.ttft_seconds, n_decoded=res.decoded_tokens)
@@ -339,32 +377,40 @@ class Context:
                  seed: int | None = None, stop: str | list[str] | None = None, ignore_eos: bool = False, *,
                  min_p: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, stop_ids: list[int] | None = None,
-                 keep_context: bool = False) -> GenerationResult:
+                 keep_context: bool = False, reuse_prefix: bool = False) -> GenerationResult:
         """Generate from a str prompt (tokenized with the package's tokenizer) or a list of token ids (used as is).
 
         Sampling arguments left None take the package's defaults (its generation_config.json: sampled where it says
         do_sample, else greedy); temperature 0 is greedy decoding, with the penalties still applied. seed None: a
         random seed. stop: strings that end the generation (not part of the text); stop_ids: token ids that do.
-        keep_context: append the prompt to the conversation so far instead of starting from an empty context."""
+        keep_context: append the prompt to the conversation so far instead of starting from an empty context.
+        reuse_prefix: the prompt is the whole conversation; what of it this context's cache already holds (the longest
+        common prefix with its earlier prompts and replies) is kept and not prefilled again (result.cached_tokens).
+        Prefill-computed cache rows are bit-identical to a fresh prefill's, so the tokens are the same as without it
+        (rows of earlier replies came from decode steps: the same up to float rounding in f16/f32 packages)."""
         r: dict = {}
         for _ in self.stream(prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop,
                              ignore_eos, min_p=min_p, presence_penalty=presence_penalty,
                              frequency_penalty=frequency_penalty, stop_ids=stop_ids, keep_context=keep_context,
-                             _result=r):
+                             reuse_prefix=reuse_prefix, _result=r):
             pass
         return GenerationResult(
             text=r["text"], token_ids=r["ids"], prompt_tokens=r["prompt_tokens"], finish_reason=r["finish_reason"],
             prefill_tokens_per_s=r["prompt_tokens"] / r["prefill_s"] if r["prefill_s"] > 0 else 0.0,
             decode_tokens_per_s=r["n_decoded"] / r["decode_s"] if r["decode_s"] > 0 else 0.0,
-            ttft_s=r["ttft_s"])
+            ttft_s=r["ttft_s"], cached_tokens=r["cached_tokens"])
 
     def chat(self, messages: list[dict], **kwargs) -> GenerationResult:
-        """messages: [{"role": "user", "content": "..."}, ...], rendered with the package's chat template."""
+        """messages: [{"role": "user", "content": "..."}, ...], rendered with the package's chat template. The
+        conversation so far stays in this context's cache: a call that extends the previous one (its messages, the
+        reply, a new message) prefills only the new part (result.cached_tokens says how much was reused)."""
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in messages):
             raise InputError("chat needs a non-empty list of {'role': str, 'content': str} messages")
         prompt = self.runtime.text.apply_chat_template(messages)
+        # a conversation grows by appending: what the cache holds of it is not prefilled again
+        kwargs.setdefault("reuse_prefix", not kwargs.get("keep_context", False))
         return self.generate(self.runtime.encode(prompt, add_special_tokens=False), **kwargs)
 
 

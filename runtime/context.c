@@ -310,6 +310,20 @@ EL_API int el_reset(el_context* c) {
   return 0;
 }
 
+EL_API int el_rewind(el_context* c, int n) {
+  if (!c) return el_error("el_rewind: context is NULL");
+  pthread_mutex_lock(&c->mu);
+  int pos = c->pos;
+  if (n < 0 || n > pos) {
+    pthread_mutex_unlock(&c->mu);
+    return el_error("el_rewind: %d is outside the conversation's %d tokens", n, pos);
+  }
+  c->pos = n; /* rows n.. become stale, as after el_reset */
+  if (c->gen.active && !c->gen.finish) c->gen.finish = EL_FINISH_CANCELLED;
+  pthread_mutex_unlock(&c->mu);
+  return 0;
+}
+
 EL_API int el_pos(const el_context* c) {
   if (!c) return el_error("el_pos: context is NULL");
   el_context* w = (el_context*)c;

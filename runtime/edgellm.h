@@ -137,6 +137,9 @@ el_model* el_context_model(const el_context* c);
 int el_context_threads(const el_context* c);
 int el_pos(const el_context* c); /* tokens in the KV cache */
 int el_reset(el_context* c);     /* forget the conversation (position 0); cancels a generation in progress */
+/* Keep only the first n tokens of the conversation (0 <= n <= el_pos): the next prefill continues from there, so a
+ * prompt that shares a prefix with what the cache holds prefills only the rest. Cancels a generation in progress. */
+int el_rewind(el_context* c, int n);
 
 /* Appends n tokens (chunks of el_chunk(), the last padded and masked). logits may be NULL; all_logits: [n, vocab]
  * floats, else the last row [vocab]. Fails and changes nothing if pos + n > max context or n <= 0. */
@@ -162,6 +165,9 @@ typedef struct {
   const int32_t* stop_ids;
   int32_t n_stop_strings;   /* UTF-8 strings that end the generation; the text never contains any part of them */
   const char* const* stop_strings;
+  int32_t n_cached;         /* with keep_context: the first n_cached prompt ids are the context's last n_cached tokens
+                               (el_rewind to where they end): they count as prompt (penalties, prompt_tokens) but are
+                               not prefilled again. 0 <= n_cached < n (the last prompt token is always run) */
 } el_gen_params;
 
 /* The package's defaults (from its generation_config.json: sampled where it says do_sample, else greedy;

@@ -131,7 +131,13 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   g->p = *p;
   g->p.stop_ids = stop_ids, g->p.stop_strings = stop_strings;
   int max = (int)m->h.max_ctx;
-  int start = p->keep_context ? c->pos : 0;
+  int cached = p->n_cached;
+  int start = p->keep_context ? c->pos - cached : 0; /* where the prompt's first id sits */
+  if (cached < 0 || cached >= n || (cached && !p->keep_context) || start < 0) {
+    el_error("n_cached %d is invalid: it must be in [0, %d) and at most the %d tokens the context holds, with "
+             "keep_context", cached, n, p->keep_context ? c->pos : 0);
+    goto out;
+  }
   if (n > max - start) {
     el_error("prompt of %d tokens does not fit: the context holds %d of %d tokens; shorten the prompt%s", n, start,
              max, start ? " or start a new conversation" : " or recompile with a larger --max-context");
@@ -158,8 +164,8 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   g->text_len = g->emitted = 0;
   g->decode_s = g->ttft_s = 0;
   g->t_start = el_now();
-  c->pos = start;
-  if (el_prefill_locked(c, prompt, n, g->logits, 0) != 0) goto out;
+  c->pos = start + cached;
+  if (el_prefill_locked(c, prompt + cached, n - cached, g->logits, 0) != 0) goto out;
   g->prefill_s = el_now() - g->t_start;
   if (p->max_new_tokens == 0) g->finish = EL_FINISH_LENGTH;
   g->active = 1;

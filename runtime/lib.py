@@ -40,7 +40,7 @@ class GenParams(C.Structure):
                 ("min_p", C.c_float), ("repetition_penalty", C.c_float), ("presence_penalty", C.c_float),
                 ("frequency_penalty", C.c_float), ("seed", C.c_uint64), ("ignore_eos", C.c_int32),
                 ("keep_context", C.c_int32), ("n_stop_ids", C.c_int32), ("stop_ids", C.POINTER(C.c_int32)),
-                ("n_stop_strings", C.c_int32), ("stop_strings", C.POINTER(C.c_char_p))]
+                ("n_stop_strings", C.c_int32), ("stop_strings", C.POINTER(C.c_char_p)), ("n_cached", C.c_int32)]
 
 
 class Event(C.Structure):
@@ -106,6 +106,7 @@ _SIGS = {
     "el_context_threads": (C.c_int, [P]),
     "el_pos": (C.c_int, [P]),
     "el_reset": (C.c_int, [P]),
+    "el_rewind": (C.c_int, [P, C.c_int]),
     "el_prefill": (C.c_int, [P, I32P, C.c_int, F32P, C.c_int]),
     "el_decode": (C.c_int, [P, C.c_int32, F32P]),
     "el_gen_params_default": (None, [P, C.POINTER(GenParams)]),

@@ -1,0 +1,153 @@
+"""The OpenAI API subset `edgellm serve` speaks: request models (pydantic; a field outside the subset is refused
+with 400, not silently ignored) and the response objects, shaped as the official `openai` client parses them."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: dict | None = None          # {"include_usage": true}
+    max_tokens: int | None = Field(default=None, ge=0)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = 1
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    user: str | None = None                     # accepted (OpenAI clients send it), unused
+    # llama.cpp-server extensions
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    ignore_eos: bool = False
+    # refused unless left at their defaults (see unsupported())
+    logprobs: bool | int | None = None
+    logit_bias: dict | None = None
+
+    def unsupported(self) -> str | None:
+        if self.n != 1:
+            return "n must be 1: one completion per request (send several requests)"
+        if self.logprobs:
+            return "logprobs are not supported"
+        if self.logit_bias:
+            return "logit_bias is not supported"
+        return None
+
+    def stops(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > 16 or any(not s for s in stops):
+            raise ValueError("stop: at most 16 non-empty strings")
+        return stops
+
+    def sampling(self) -> dict:
+        """Keyword arguments of Context.stream (None: the package's default)."""
+        return {"max_new_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "top_k": self.top_k, "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
+                "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+                "seed": None if self.seed is None else self.seed & (2**64 - 1), "stop": self.stops(),
+                "ignore_eos": self.ignore_eos}
+
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[dict]
+    name: str | None = None
+
+    def text(self) -> str:
+        """String content, or the text parts of a content list (images and audio are refused)."""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for p in self.content:
+            if p.get("type") != "text" or not isinstance(p.get("text"), str):
+                raise ValueError(f"message content part of type {p.get('type')!r} is not supported: text only")
+            parts.append(p["text"])
+        return "".join(parts)
+
+
+class ChatRequest(_Request):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+
+    def sampling(self) -> dict:
+        out = super().sampling()
+        if self.max_completion_tokens is not None:
+            out["max_new_tokens"] = self.max_completion_tokens
+        return out
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int]
+    echo: bool = False
+
+    def unsupported(self) -> str | None:
+        return "echo is not supported" if self.echo else super().unsupported()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(r: dict) -> dict:
+    return {"prompt_tokens": r["prompt_tokens"], "completion_tokens": len(r["ids"]),
+            "total_tokens": r["prompt_tokens"] + len(r["ids"]),
+            "prompt_tokens_details": {"cached_tokens": r["cached_tokens"]}}
+
+
+def timings(r: dict) -> dict:
+    """llama.cpp-style timings (extension): what the prefill and decode took."""
+    new = r["prompt_tokens"] - r["cached_tokens"]
+    return {"prompt_n": new, "prompt_ms": 1e3 * r["prefill_s"], "cached_n": r["cached_tokens"],
+            "predicted_n": r["n_decoded"], "predicted_ms": 1e3 * r["decode_s"], "ttft_ms": 1e3 * r["ttft_s"],
+            "prompt_per_second": new / r["prefill_s"] if r["prefill_s"] > 0 else 0.0,
+            "predicted_per_second": r["n_decoded"] / r["decode_s"] if r["decode_s"] > 0 else 0.0}
+
+
+def chat_response(rid: str, model: str, r: dict) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": r["text"]},
+                         "finish_reason": FINISH[r["finish_reason"]], "logprobs": None}],
+            "usage": usage(r), "timings": timings(r)}
+
+
+def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+
+def completion_response(rid: str, model: str, r: dict) -> dict:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": r["text"], "finish_reason": FINISH[r["finish_reason"]],
+                         "logprobs": None}],
+            "usage": usage(r), "timings": timings(r)}
+
+
+def completion_chunk(rid: str, model: str, text: str, finish: str | None = None) -> dict:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+
+
+def usage_chunk(rid: str, model: str, obj: str, r: dict) -> dict:
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [],
+            "usage": usage(r), "timings": timings(r)}
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -1,0 +1,67 @@
+"""Start `edgellm serve`: bind the socket (errors are one line, before anything loads), load the package, run uvicorn
+until Ctrl-C. Binding to anything but loopback needs an API key: the server would otherwise be open to the network."""
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+
+from ...errors import InputError
+
+LOOPBACK = ("localhost",)
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise InputError(f"--host {host}: {e.strerror}") from None
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        why = "it is in use (another server?)" if e.errno in (98, 48) else e.strerror
+        raise InputError(f"cannot listen on {host}:{port}: {why}; pick another --port") from None
+    sock.listen(128)
+    return sock
+
+
+def serve(package, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1, api_key: str | None = None,
+          threads: int | None = None, model_id: str | None = None, load: dict | None = None) -> None:
+    import uvicorn
+
+    from ..api import Runtime
+    from .app import create_app
+
+    if not is_loopback(host) and not api_key:
+        raise InputError(f"--host {host} opens the server to the network: give --api-key KEY too (clients then send "
+                         "'Authorization: Bearer KEY')")
+    if not 1 <= parallel <= 64:
+        raise InputError(f"--parallel {parallel} is invalid: give 1..64 slots")
+    sock = bind(host, port)
+    with Runtime.load(package, threads=threads, **(load or {})) as rt:
+        name = model_id or rt.manifest.get("model", {}).get("source", str(package)).rstrip("/").split("/")[-1]
+        app = create_app(rt, name, parallel, api_key, threads)
+        url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
+        print(f"edgellm serve: {name} on {url} ({parallel} slot{'s' if parallel > 1 else ''}, context "
+              f"{rt.max_context} tokens{', API key required' if api_key else ''})\n"
+              f"  chat page {url}/ · OpenAI base_url {url}/v1 · Ctrl-C stops", flush=True)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+        try:
+            server.run(sockets=[sock])
+        finally:
+            app.state.pool.close()
+            sock.close()
+    sys.stdout.flush()
