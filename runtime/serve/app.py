@@ -274,7 +274,7 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
         if r is None:   # the client went away
             return PlainTextResponse("", 499)
         build = oa.chat_response if chat else oa.completion_response
-        return JSONResponse(build(oa.new_id("chatcmpl" if chat else "cmpl"), model_id, r))
+        return JSONResponse(build(oa.new_id("chatcmpl" if chat else "cmpl"), model_id, r, req.return_tokens))
 
     # ---- routes --------------------------------------------------------------------------------------------------
     @app.post("/v1/chat/completions")

@@ -31,6 +31,7 @@ class _Request(BaseModel):
     min_p: float | None = Field(default=None, ge=0, le=1)
     repetition_penalty: float | None = Field(default=None, gt=0)
     ignore_eos: bool = False
+    return_tokens: bool = False                 # the generated token ids in each choice ("tokens"), not streamed
     # refused unless left at their defaults (see unsupported())
     logprobs: bool | int | None = None
     logit_bias: dict | None = None
@@ -119,11 +120,11 @@ def timings(r: dict) -> dict:
             "predicted_per_second": r["n_decoded"] / r["decode_s"] if r["decode_s"] > 0 else 0.0}
 
 
-def chat_response(rid: str, model: str, r: dict) -> dict:
+def chat_response(rid: str, model: str, r: dict, tokens: bool = False) -> dict:
+    choice = {"index": 0, "message": {"role": "assistant", "content": r["text"]},
+              "finish_reason": FINISH[r["finish_reason"]], "logprobs": None}
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": r["text"]},
-                         "finish_reason": FINISH[r["finish_reason"]], "logprobs": None}],
-            "usage": usage(r), "timings": timings(r)}
+            "choices": [{**choice, "tokens": r["ids"]} if tokens else choice], "usage": usage(r), "timings": timings(r)}
 
 
 def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None) -> dict:
@@ -131,11 +132,10 @@ def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None) -> 
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
 
 
-def completion_response(rid: str, model: str, r: dict) -> dict:
+def completion_response(rid: str, model: str, r: dict, tokens: bool = False) -> dict:
+    choice = {"index": 0, "text": r["text"], "finish_reason": FINISH[r["finish_reason"]], "logprobs": None}
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": r["text"], "finish_reason": FINISH[r["finish_reason"]],
-                         "logprobs": None}],
-            "usage": usage(r), "timings": timings(r)}
+            "choices": [{**choice, "tokens": r["ids"]} if tokens else choice], "usage": usage(r), "timings": timings(r)}
 
 
 def completion_chunk(rid: str, model: str, text: str, finish: str | None = None) -> dict:
