@@ -47,6 +47,19 @@ def tiny_models(tmp_path_factory):
     return {name: make_checkpoint(root / name, arch, seed=i, **cfg) for i, (name, (arch, cfg)) in enumerate(TINY.items())}
 
 
+@pytest.fixture(scope="session")
+def demo_q8(tmp_path_factory):
+    """The demo model compiled for this CPU in q8, once per session, for the front-end tests (JNI, serve, chat) that
+    only read it."""
+    from pathlib import Path
+
+    from edgellm.compiler.driver import compile_model
+
+    demo = Path(__file__).resolve().parents[1] / "models" / "demo" / "demo-llama"
+    return compile_model(demo, target="host", quant="q8", out=tmp_path_factory.mktemp("demo-q8") / "demo-q8",
+                         progress=False)
+
+
 @pytest.fixture(params=sorted(TINY))
 def tiny_model(request, tiny_models):
     return tiny_models[request.param]

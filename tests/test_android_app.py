@@ -15,10 +15,8 @@ from edgellm.runtime.api import Runtime
 
 pytest.importorskip("tvm")
 
-from edgellm.compiler.driver import compile_model  # noqa: E402
-
 REPO = Path(__file__).resolve().parents[1]
-APP, DEMO = REPO / "android_app", REPO / "models" / "demo" / "demo-llama"
+APP = REPO / "android_app"
 
 pytestmark = pytest.mark.skipif(bool(host_build.missing_tools()),
                                 reason=f"no {'; '.join(host_build.missing_tools())} for the host JNI test")
@@ -61,11 +59,10 @@ class Driver:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(tmp_path_factory, demo_q8):
     out = tmp_path_factory.mktemp("jni")
     lib, jar = host_build.build_jni_library(out, APP), host_build.build_kotlin(out, APP)
-    pkg = compile_model(DEMO, target="host", quant="q8", out=out / "demo-q8", progress=False)
-    return host_build.driver_command(jar, lib), pkg
+    return host_build.driver_command(jar, lib), demo_q8
 
 
 def test_info_calls_every_native_function(driver):

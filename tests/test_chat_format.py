@@ -94,12 +94,10 @@ def test_no_template_writes_no_file(tmp_path):
     assert write_chat_format(tmp_path) is False   # a corrupt file is the Runtime's to report, not the compiler's
 
 
-def test_compiled_package_carries_it(tmp_path):
-    pytest.importorskip("tvm")
-    from edgellm.compiler.driver import compile_model
+def test_compiled_package_carries_it(demo_q8):
     from edgellm.runtime.package import verify_package
 
-    pkg = compile_model(DEMO, target="host", quant="q8", out=tmp_path / "p", progress=False)
+    pkg = demo_q8
     fmt = json.loads((pkg / FILE).read_text())
     assert fmt == derive(TextCodec(DEMO))
     verify_package(pkg)   # listed in SHA256SUMS like every other file

@@ -7,26 +7,22 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 pexpect = pytest.importorskip("pexpect")
 pytest.importorskip("tvm")
 
-from edgellm.compiler.driver import compile_model  # noqa: E402
 from edgellm.runtime.api import Runtime  # noqa: E402
 
-DEMO = Path(__file__).resolve().parents[1] / "models" / "demo" / "demo-llama"
 U1, U2 = "Write a function that adds two numbers", "Now make it multiply"
 STATS = r"\[prefill (\d+) new tokens \((\d+) cached\)"
 ARGS = ["--temperature", "0", "-n", "16", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
-def pkg(tmp_path_factory):
-    return compile_model(DEMO, target="host", quant="q8", out=tmp_path_factory.mktemp("chat") / "demo-q8",
-                         progress=False)
+def pkg(demo_q8):
+    return demo_q8
 
 
 def expected(pkg):

@@ -21,9 +21,9 @@ DEMO = Path(__file__).resolve().parents[1] / "models" / "demo" / "demo-llama"
 
 
 @pytest.fixture(scope="module", params=["q8", "f16"])
-def rt(request, tmp_path_factory):
-    pkg = compile_model(DEMO, target="host", quant=request.param, out=tmp_path_factory.mktemp("reuse") / request.param,
-                        progress=False)
+def rt(request, tmp_path_factory, demo_q8):
+    pkg = demo_q8 if request.param == "q8" else compile_model(
+        DEMO, target="host", quant=request.param, out=tmp_path_factory.mktemp("reuse") / request.param, progress=False)
     with Runtime.load(pkg, threads=1) as r:
         yield r
 

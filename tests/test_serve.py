@@ -19,7 +19,6 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("tvm")
 pytest.importorskip("fastapi")
 
-from edgellm.compiler.driver import compile_model  # noqa: E402
 from edgellm.runtime.api import Runtime  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "models" / "demo" / "demo-llama"
@@ -47,9 +46,8 @@ def stop_server(p: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def pkg(tmp_path_factory):
-    return compile_model(DEMO, target="host", quant="q8", out=tmp_path_factory.mktemp("serve") / "demo-q8",
-                         progress=False)
+def pkg(demo_q8):
+    return demo_q8
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,9 @@ pytest.importorskip("tvm")
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-from edgellm.compiler.driver import compile_model  # noqa: E402
 from edgellm.runtime.api import Runtime  # noqa: E402
 
-from test_serve import DEMO, start_server, stop_server  # noqa: E402
+from test_serve import start_server, stop_server  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -42,8 +41,8 @@ def browser():
     d.quit()
 
 
-def test_page_sends_and_streams(browser, tmp_path):
-    pkg = compile_model(DEMO, target="host", quant="q8", out=tmp_path / "demo-q8", progress=False)
+def test_page_sends_and_streams(browser, tmp_path, demo_q8):
+    pkg = demo_q8
     p, url = start_server(pkg, "--parallel", "2", "--name", "demo")
     try:
         browser.get(url + "/")

@@ -214,7 +214,7 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
 
     async def whole(request: Request, ids: list[int], kwargs: dict) -> dict | None:
         """Runs a generation to its end; None if the client went away first (the generation is then cancelled)."""
-        result = None
+        result, failed = None, None
         async with anyio.create_task_group() as tg:
             async def watch():
                 while not await request.is_disconnected():
@@ -228,10 +228,11 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
                     async for item in gen:
                         if isinstance(item, Finished):
                             result = item.result
-            except EdgeLLMError as e:
-                tg.cancel_scope.cancel()
-                raise BadRequest(str(e)) from None
+            except EdgeLLMError as e:   # raised below, outside the task group (which would wrap it in a group)
+                failed = str(e)
             tg.cancel_scope.cancel()
+        if failed:
+            raise BadRequest(failed)
         if result is not None:
             metrics.finished(result)
         return result
