@@ -74,7 +74,7 @@ def test_demo_numpy_matches_transformers(name, heldout_ids):
 
 
 def test_eval_ppl_matches_transformers_and_beats_unigram(tmp_path, heldout_ids, unigram_logp):
-    n, ctx, stride = 3000, 256, 128
+    n, ctx, stride = 2000, 256, 128
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     r = subprocess.run([sys.executable, "-m", "edgellm.cli", "eval", "ppl", "demo", "--max-tokens", str(n),
                         "--context", str(ctx), "--stride", str(stride), "--json", "--quiet"],

@@ -20,12 +20,26 @@ from edgellm.runtime.api import Runtime  # noqa: E402
 DEMO = Path(__file__).resolve().parents[1] / "models" / "demo" / "demo-llama"
 
 
-@pytest.fixture(scope="module", params=["q8", "f16"])
-def rt(request, tmp_path_factory, demo_q8):
-    pkg = demo_q8 if request.param == "q8" else compile_model(
-        DEMO, target="host", quant=request.param, out=tmp_path_factory.mktemp("reuse") / request.param, progress=False)
-    with Runtime.load(pkg, threads=1) as r:
+@pytest.fixture(scope="module")
+def rt(demo_q8):
+    with Runtime.load(demo_q8, threads=1) as r:
         yield r
+
+
+def test_float_package_reuse_is_exact(tiny_models, tmp_path):
+    """f16 (float GEMMs): a prompt continued from a cached prefix gives a fresh run's tokens under sampling with a
+    repetition penalty, over prefixes ending inside and at the end of a prefill chunk."""
+    pkg = compile_model(tiny_models["llama-gqa"], target="host", quant="f16", out=tmp_path / "f16", max_context=128,
+                        prefill_chunk=16, progress=False)
+    prompt = [(7 * i + 3) % 500 for i in range(40)]
+    kw = dict(max_new_tokens=12, temperature=0.9, seed=2, repetition_penalty=1.3)
+    with Runtime.load(pkg, threads=1) as rt:
+        want = fresh(rt, prompt, **kw).token_ids
+        for k in (5, 16, 23, 39):
+            ctx = rt.new_context()
+            ctx.prefill(prompt[:k])
+            r = ctx.generate(prompt, reuse_prefix=True, **kw)
+            assert r.cached_tokens == min(k, len(prompt) - 1) and r.token_ids == want, k
 
 
 def fresh(rt, ids, **kw):
