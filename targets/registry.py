@@ -17,10 +17,12 @@ from pathlib import Path
 
 from ..errors import CompileError
 
-# /proc/cpuinfo flag -> the name libedgellm checks with __builtin_cpu_supports
+# /proc/cpuinfo flag -> the name libedgellm checks with __builtin_cpu_supports: the features whose instructions the
+# kernels may contain (LLVM emits AVX512-FP16 conversions for f16 weights where the CPU has them). bf16 is not
+# listed: no kernel has bf16 values, so LLVM never emits its instructions. The names, comma-joined, must fit
+# plan.bin's 63-character features field (a Sapphire Rapids host with bf16 listed made 73: every compile failed).
 _X86_FEATURES = {"avx2": "avx2", "fma": "fma", "f16c": "f16c", "avx512f": "avx512f", "avx512bw": "avx512bw",
-                 "avx512vl": "avx512vl", "avx512_vnni": "avx512vnni", "avx512_bf16": "avx512bf16",
-                 "avx512_fp16": "avx512fp16"}
+                 "avx512vl": "avx512vl", "avx512_vnni": "avx512vnni", "avx512_fp16": "avx512fp16"}
 
 
 def _body_schemes() -> tuple[str, ...]:

@@ -20,3 +20,12 @@ def test_decode_prefetch_distance_follows_the_cpu(monkeypatch, intel, flags, exp
     for name, pf in (("x86-avx2", (1024, 1024)), ("x86-avx512", (4096, 8192))):
         t = get_target(name)
         assert (t.prefetch_bytes, t.float_prefetch_bytes) == pf
+
+
+def test_every_host_feature_list_fits_the_plan_header():
+    """A CPU with every feature the host target lists (Sapphire Rapids and later) must still compile: the list goes
+    into plan.bin's fixed-size features field."""
+    from edgellm.runtime import contract as K
+
+    size = int(dict(K.HEADER.fields)["features"][:-1])
+    assert len(",".join(registry._X86_FEATURES.values()).encode()) < size   # a NUL ends it
