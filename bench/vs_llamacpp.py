@@ -133,9 +133,18 @@ def compile_package(work: Path, model: Path, scheme: str, max_context: int, tune
 
 
 # ---- 3. llama.cpp ---------------------------------------------------------------------------------------------
-def build_llamacpp(work: Path, jobs: int) -> tuple[Path, Path]:
-    """llama-bench and llama-quantize built from the llama-cpp-python sdist; cached under work/llama-build."""
-    build = work / "llama-build"
+# llama.cpp's AMX code at 0c1e57098 (its AMX weight buffer, used by default where -march=native has AMX-INT8:
+# Sapphire Rapids and later) crashes llama-bench on Q8_0 and Q4_0 models (SIGSEGV / SIGILL, seen on a 2-vCPU Xeon
+# VM whose AMX tiles work). Such a host gets a second build with AMX turned off (everything else -march=native,
+# weight repacking on): the strongest llama.cpp that runs there. GCC lets -mno-* win over a later -march=native.
+NO_AMX = ["-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+          "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"]
+
+
+def build_llamacpp(work: Path, jobs: int, amx: bool = True) -> tuple[Path, Path]:
+    """llama-bench and llama-quantize built from the llama-cpp-python sdist; cached under work/llama-build
+    (amx=False: work/llama-build-noamx, built with NO_AMX)."""
+    build = work / ("llama-build" if amx else "llama-build-noamx")
     bench, quant = build / "bin" / "llama-bench", build / "bin" / "llama-quantize"
     if bench.is_file() and quant.is_file():
         return bench, quant
@@ -153,7 +162,8 @@ def build_llamacpp(work: Path, jobs: int) -> tuple[Path, Path]:
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     nice = ["nice", "-n", "19"] if shutil.which("nice") else []
     subprocess.run([*nice, "cmake", "-S", str(src), "-B", str(build), *gen, "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-                    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF"], check=True, stdout=subprocess.DEVNULL)
+                    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF", *([] if amx else NO_AMX)], check=True,
+                   stdout=subprocess.DEVNULL)
     subprocess.run([*nice, "cmake", "--build", str(build), "--target", "llama-bench", "llama-quantize", f"-j{jobs}"],
                    check=True, stdout=subprocess.DEVNULL)
     (build / "edgellm-build.json").write_text(json.dumps({"seconds": time.perf_counter() - t0, "jobs": jobs}))
@@ -351,6 +361,24 @@ def run_edgellm(pkg: Path, a) -> dict:
     r = json.loads(out)
     return {"prefill": r["prefill_tok_s"], "decode": r["decode_tok_s"], "ttft_s": r["ttft_s"], "rss_mb": rss,
             "read_per_token": r["weights_read_per_token"]}
+
+
+def llamacpp_crashes(bench: Path, ggufs: list[Path], threads: int) -> bool:
+    """Whether llama-bench dies of a signal on any of these models (a short prefill and decode each)."""
+    for g in ggufs:
+        p = subprocess.run([str(bench), "-m", str(g), "-t", str(threads), "-p", "16", "-n", "2", "-r", "1"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if p.returncode < 0:
+            log(f"llama-bench died of signal {-p.returncode} on {g.name}")
+            return True
+    return False
+
+
+def host_has_amx() -> bool:
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def run_llamacpp(bench: Path, gguf_path: Path, a) -> dict:
@@ -554,6 +582,10 @@ def main(argv=None):
             result["schemes"][s]["error"] = f"llama.cpp: {why2}" if gg is None else f"edgellm: {why}"
         if gg is not None:
             todo[s] = (pkgs, gg)
+    if not a.llama_bench and host_has_amx() and llamacpp_crashes(lbench, [gg for _, gg in todo.values()], a.threads):
+        lbench, _ = build_llamacpp(work, a.jobs, amx=False)
+        version += "; AMX off (the AMX build crashed on this host's Q8_0/Q4_0 models)"
+        result["meta"]["llamacpp"] = version
     read_lc = {s: gguf_read_per_token(gg) for s, (_, gg) in todo.items()}
     for s, (pkgs, gg) in todo.items():
         rounds = []

@@ -28,11 +28,13 @@ from dataclasses import dataclass, field, replace
 from ...errors import CompileError, first_line
 
 MODES = ("off", "quick", "full")
+# rounds: of the memory-bound decode GEMV sweeps; prefill_rounds: of the compute-bound GEMM sweeps (calls of tens of
+# milliseconds, which differ by 15% and more: three rounds settle them, and seven took half of a 1B f16 tune)
 SPACE = {
     "quick": {"prefetch": (0, 1024, 2048, 4096, 8192, 16384), "chunk": (32, 64, 128), "rows": (1, 2, 4), "rounds": 7,
-              "blocking": False},
+              "prefill_rounds": 3, "blocking": False},
     "full": {"prefetch": (0, 256, 512, 1024, 2048, 4096, 8192, 12288, 16384, 32768), "chunk": (16, 32, 64, 128, 256),
-             "rows": (1, 2, 4, 6), "rounds": 15, "blocking": True},
+             "rows": (1, 2, 4, 6), "rounds": 15, "prefill_rounds": 7, "blocking": True},
 }
 CHUNK_TIE = 0.02   # a longer chunk must be this much faster per token to be chosen
 ROWS_TIE = 0.03    # more rows per GEMV task must be this much faster (one row is one stream per thread)
@@ -119,7 +121,7 @@ class Tuner:
             print(f"warning: tuning the {what} failed ({why}): keeping the target's defaults", file=sys.stderr)
             return fallback
 
-    def _timings(self, requests: dict) -> dict:
+    def _timings(self, requests: dict, rounds: int | None = None) -> dict:
         """requests: cache key -> (variants, make) with make(variant) -> (function name, PrimFunc); returns key ->
         {variant: seconds}, measuring (all missing keys' variants built in one module) only what the cache lacks.
         Nothing is made for a key the cache holds: a cached tune costs milliseconds."""
@@ -146,7 +148,7 @@ class Tuner:
                         made[sig] = fake_args(f, self.stream)
                     args[str(v)] = made[sig]
                 t = time_variants(mod, {str(v): name for v, (name, _) in variants.items()}, args,
-                                  self.space["rounds"])
+                                  rounds or self.space["rounds"])
                 del args, made
                 self.cache.put(key, t)
                 out[key] = t
@@ -182,7 +184,7 @@ class Tuner:
 
             requests = {_key("prefill", op, params): (self.space["chunk"], maker(op, params))
                         for op, params, _ in shapes}
-            timings = self._timings(requests)
+            timings = self._timings(requests, self.space["prefill_rounds"])
             costs = {c: sum(uses * timings[_key("prefill", op, params)][str(c)] / c
                             for op, params, uses in shapes) for c in self.space["chunk"]}
             chunk = self.result.chunk = self._choose("prefill_chunk", costs, CHUNK_TIE)
@@ -208,7 +210,7 @@ class Tuner:
             return make
 
         requests = {_key("blocking", op, {**params, "T": T}): (cands, maker(op, params)) for op, params, _ in shapes}
-        timings = self._timings(requests)
+        timings = self._timings(requests, self.space["prefill_rounds"])
         costs = {b: sum(uses * timings[_key("blocking", op, {**params, "T": T})][b] for op, params, uses in shapes)
                  for b in cands}
         best = self._choose(f"blocking T={T}", costs)
