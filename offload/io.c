@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <time.h>
@@ -50,6 +51,9 @@ double el_io_now(void) {
 }
 
 static void sleep_until(double t) {
+  static __thread int precise;
+  if (!precise) precise = 1, prctl(PR_SET_TIMERSLACK, 1UL); /* the default 50 us slack would add to every modelled
+                                                              * request's latency */
   struct timespec ts;
   ts.tv_sec = (time_t)t;
   ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
