@@ -33,9 +33,9 @@ status 1 otherwise).
 Under the table, per model, the two numbers that bound what guesses can do: one layer's decode compute (the in-RAM
 token time / layers: the time a guess made one layer ahead has to land) against the mean wait of a stalled expert
 read per storage; and for demo-moe, the share of selections an oracle cache of the same slots would hold (Belady's
-rule: evict, or do not admit, what is selected furthest in the future, knowing every selection of the run, warm
-from the start): no eviction policy can cache more, so what lies between it and a goal can only be served by reads
-that land before their layer runs."""
+rule: evict what is selected furthest in the future, knowing every selection of the run, warm from the start): no
+eviction policy can cache more, so what lies between it and a goal can only be served by reads that land before
+their layer runs."""
 from __future__ import annotations
 
 import argparse
@@ -164,7 +164,7 @@ def oracle_hit_rate(trace: list[tuple[int, int]], slots: int) -> float:
     for i in range(len(trace) - 1, -1, -1):
         nxt[i], seen[trace[i]] = seen.get(trace[i], 1 << 60), i
     cache: dict = {}   # expert -> its next selection
-    for i, x in enumerate(trace):
+    for x in trace:   # the best warm start: the first experts selected
         if len(cache) < slots and x not in cache:
             cache[x] = None
     hits = 0

@@ -51,9 +51,9 @@ double el_io_now(void) {
 }
 
 static void sleep_until(double t) {
+  /* Linux's default timer slack (50 us) would add up to that to every modelled request's latency */
   static __thread int precise;
-  if (!precise) precise = 1, prctl(PR_SET_TIMERSLACK, 1UL); /* the default 50 us slack would add to every modelled
-                                                              * request's latency */
+  if (!precise) precise = 1, prctl(PR_SET_TIMERSLACK, 1UL);
   struct timespec ts;
   ts.tv_sec = (time_t)t;
   ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
