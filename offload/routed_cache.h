@@ -25,8 +25,8 @@ typedef struct el_routed_cache el_routed_cache;
 /* Which cached weight makes room:
  *   LRU   the least recently used;
  *   LFU   the least often selected since open (between equals, the least recently used);
- *   FREQ  the least often selected lately (counts halve every ~16 tokens' worth of selections), between equals the
- *         least recently used;
+ *   FREQ  the least often selected lately (counts halve every 16 x n_routed selections: 16 tokens when a token selects
+ *         every routed weight, 64 for 8 experts top-2), between equals the least recently used;
  *   CYCLIC FREQ, but between equals the MOST recently used (the neuron window's): when a token selects more than fits
  *         in the same order each time (a neuron window at threshold 0), LRU evicts each weight just before it is
  *         needed again, where keeping a fixed set and cycling one slot hits on everything kept. */
