@@ -82,12 +82,13 @@ static int worse(const el_routed_cache* c, uint32_t a, uint32_t b) {
   return c->policy == EL_RC_CYCLIC ? x->used > y->used : x->used < y->used;
 }
 
-/* Whether a guess of w may take slot s (its policy's victim): a frequency policy keeps an expert selected more often
- * lately (freq) or since load (lfu) than the guessed one, which would only be read back soon (TinyLFU's admission
- * rule); lru always admits (the guess is the most recent use). */
+/* Whether a guess of w may take slot s (its policy's victim): the victim stays if it was selected more often than
+ * the guessed one (it would only be read back soon: TinyLFU's admission rule), counted since load under lfu and lately
+ * under freq and lru. lru admitting every guess pushed a cache at the edge of the working set over LRU's cliff
+ * (demo-moe at 25%: 68% of selections cached without guesses, 24% with them; 63% with this rule). */
 static int admit(const el_routed_cache* c, uint32_t w, uint32_t s) {
   uint32_t v = c->slots[s].w;
-  if (c->slots[s].state == FREE || v == NONE || c->policy == EL_RC_LRU) return 1;
+  if (c->slots[s].state == FREE || v == NONE) return 1;
   return c->policy == EL_RC_LFU ? c->total[v] <= c->total[w] : c->count[v] <= c->count[w];
 }
 

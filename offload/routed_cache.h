@@ -4,9 +4,9 @@
  * did not predict.
  *
  *   predict(w)   a guess: w may be selected soon. Read it into a free slot, a wrong guess's (its route ran without
- *                selecting it), or, while guesses hold fewer than an eighth of the slots, the policy's victim if the
- *                frequency policies value it no more than w (never a slot selected-but-unused or a guess whose route
- *                has not run); reads of selected weights always go first;
+ *                selecting it), or, while guesses hold fewer than an eighth of the slots, the policy's victim if it
+ *                was selected no more often than w (since open under lfu, lately under freq and lru; never a slot
+ *                selected-but-unused or a guess whose route has not run); reads of selected weights always go first;
  *   prefetch(w)  the executor selected w: queue its read if it is not cached (never blocks; skipped when every slot
  *                holds something selected but not yet used);
  *   acquire(w)   its bytes, waiting for the read (or reading it now); release(w) after the kernel ran.

@@ -83,6 +83,24 @@ def test_same_tokens_at_every_expert_budget(packages, reference, model, quant, p
                 assert st["expert_cached"] + st["expert_prefetched"] >= k - 2 * 4 * 8
 
 
+def test_guesses_keep_lru_off_its_cliff(packages):
+    """At 25%, demo-moe's LRU cache sits at the edge of its working set. A guess takes a slot only from an expert
+    selected no more often than the guessed one, so guesses add few reads to what LRU reads without them: 1.2x the
+    bytes per decoded token (when every guess was admitted, LRU evicted what the next tokens selected again: 2.6x)."""
+    pkg = packages["demo-moe", "q4g32"]
+    p = Runtime.plan(pkg, weight_policy="experts", storage="ufs4")
+    budget = p["pinned_bytes"] + p["routed_bytes"] // 4 + p["context_bytes"]
+    read = {}
+    for predict in (False, True):
+        with Runtime.load(pkg, threads=2, memory_budget=budget, weight_policy="experts", expert_eviction="lru",
+                          expert_predict=predict, storage="ufs4") as rt:
+            rt.generate([1, 450, 496, 1735, 1701, 2991, 432, 975], max_new_tokens=240, ignore_eos=True,
+                        temperature=0.0)
+            st = rt.stats()
+        read[predict] = st["decode_io_bytes_read"] / st["decode_tokens"]
+    assert read[False] > 0 and read[True] <= 1.6 * read[False], read
+
+
 @pytest.fixture(scope="module")
 def router_f32(tmp_path_factory):
     """demo-moe in f32 guessing with the routers themselves (what the numpy oracle guesses)."""
