@@ -39,9 +39,9 @@ def packages(tmp_path_factory):
             for m in MODELS for q in ("f16", "q4g32")}
 
 
-def budget_for(pkg: Path, pct: int) -> int:
+def budget_for(pkg: Path, pct: int, storage: str = "native") -> int:
     """Every weight but the experts, pct % of the experts, a context and the page cache the reads may hold."""
-    p = Runtime.plan(pkg, weight_policy="experts")
+    p = Runtime.plan(pkg, weight_policy="experts", storage=storage)
     return p["pinned_bytes"] + p["routed_bytes"] * pct // 100 + p["context_bytes"] + p["cache_bytes"]
 
 
@@ -88,8 +88,7 @@ def test_guesses_keep_lru_off_its_cliff(packages):
     selected no more often than the guessed one, so guesses add few reads to what LRU reads without them: 1.2x the
     bytes per decoded token (when every guess was admitted, LRU evicted what the next tokens selected again: 2.6x)."""
     pkg = packages["demo-moe", "q4g32"]
-    p = Runtime.plan(pkg, weight_policy="experts", storage="ufs4")
-    budget = p["pinned_bytes"] + p["routed_bytes"] // 4 + p["context_bytes"]
+    budget = budget_for(pkg, 25, "ufs4")
     read = {}
     for predict in (False, True):
         with Runtime.load(pkg, threads=2, memory_budget=budget, weight_policy="experts", expert_eviction="lru",
