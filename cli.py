@@ -51,9 +51,12 @@ def cli():
               help="android-npu: weight bits of the NPU graphs (activations 16-bit)")
 @click.option("--soc", default=None, help="android-npu: SoCs to prepare EPContext binaries for, comma-separated "
               "(sm8550, sm8650, sm8750, or none) [default: all three]")
-@click.option("--npu-outliers", type=click.Choice(["auto", "off"]), default="auto", show_default=True,
+@click.option("--npu-weights", type=click.Choice(["rtn", "gptq"]), default="rtn", show_default=True,
+              help="android-npu w8a16: int8 weights rounded to nearest, or by GPTQ on the calibration text (lower "
+                   "error, minutes longer)")
+@click.option("--npu-outliers", type=click.Choice(["auto", "off"]), default="off", show_default=True,
               help="android-npu: compute outlier activation channels on the CPU in float (llm.npu's shadow "
-                   "execution) where calibration finds them")
+                   "execution) where calibration finds them; each such layer ends its graph")
 @click.option("--layout", type=click.Choice(["dense", "bundled"]), default="dense", show_default=True,
               help="bundled: FFN neurons stored in groups (up rows + down columns together) so a token under a "
                    "memory budget reads only the groups it uses (README \"Neuron window\")")
@@ -72,7 +75,7 @@ def cli():
               help="MoE: experts each guess names (the most likely ones), top-k .. all [default: top-k]")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune,
-                npu_chunk, npu_quant, soc, npu_outliers, layout, bundle_neurons, ffn_threshold,
+                npu_chunk, npu_quant, soc, npu_weights, npu_outliers, layout, bundle_neurons, ffn_threshold,
                 expert_prefetch_distance, expert_guesser, expert_guess_width, quiet):
     """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
     from .compiler.driver import compile_model
@@ -82,7 +85,7 @@ def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, m
                   npu_chunk=npu_chunk, npu_quant=npu_quant, soc=soc, npu_outliers=npu_outliers == "auto",
                   layout=layout, bundle_neurons=bundle_neurons, ffn_threshold=ffn_threshold,
                   expert_prefetch_distance=expert_prefetch_distance, expert_guesser=expert_guesser,
-                  expert_guess_width=expert_guess_width)
+                  expert_guess_width=expert_guess_width, npu_weights=npu_weights)
 
 
 @cli.command("tune")

@@ -89,10 +89,10 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                   prefill_chunk: int | None = None, progress: bool = True, head_quant: str | None = None,
                   gptq: bool = False, calib: str | None = None, act_order: bool = False,
                   tune: str | None = None, fuse: bool = True, npu_chunk: int | None = None,
-                  npu_quant: str = "w8a16", soc: str | None = None, npu_outliers: bool = True,
+                  npu_quant: str = "w8a16", soc: str | None = None, npu_outliers: bool = False,
                   layout: str = "dense", bundle_neurons: int | None = None, ffn_threshold: float | None = None,
                   expert_prefetch_distance: int | None = None, expert_guesser: str = "fitted",
-                  expert_guess_width: int | None = None) -> Path:
+                  expert_guess_width: int | None = None, npu_weights: str = "rtn") -> Path:
     """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
     body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
     calibrated on calib (a text file) or the built-in sample. tune: off | quick | full (compiler/tune; None: quick
@@ -108,17 +108,21 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             raise CompileError(f"{name} {v} is out of range: use {lo}..{hi}")
     tgt = get_target(target)
     tune_mode = resolve_mode(tune, tgt)
-    if not tgt.npu and (npu_chunk is not None or soc is not None or npu_quant != "w8a16" or not npu_outliers):
-        raise CompileError(f"--npu-chunk, --npu-quant, --npu-outliers and --soc apply to --target android-npu, not "
-                           f"{tgt.name}")
+    if not tgt.npu and (npu_chunk is not None or soc is not None or npu_quant != "w8a16" or npu_outliers or
+                        npu_weights != "rtn"):
+        raise CompileError(f"--npu-chunk, --npu-quant, --npu-weights, --npu-outliers and --soc apply to --target "
+                           f"android-npu, not {tgt.name}")
     socs = []
     if tgt.npu:
-        from .onnx_qnn.package import parse_socs
+        from .onnx_qnn.package import NPU_WEIGHTS, parse_socs
         from .onnx_qnn.quantize import NPU_QUANTS
 
         socs = parse_socs(soc)
         if npu_quant not in NPU_QUANTS:
             raise CompileError(f"--npu-quant {npu_quant} is not supported (choose one of {', '.join(NPU_QUANTS)})")
+        if npu_weights not in NPU_WEIGHTS or (npu_weights != "rtn" and npu_quant != "w8a16"):
+            raise CompileError(f"--npu-weights {npu_weights}: choose {' or '.join(NPU_WEIGHTS)} (gptq applies to "
+                               "--npu-quant w8a16; w4a16 takes the CPU package's GPTQ codes with --quant q4gG --gptq)")
         npu_chunk = npu_chunk or NPU_CHUNK
     if layout not in ("dense", "bundled"):
         raise CompileError(f"--layout {layout}: choose dense or bundled")
@@ -297,7 +301,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             if "tokenizer.json" not in tok_files:
                 raise CompileError("--target android-npu calibrates on text: the checkpoint needs a tokenizer.json")
             npu = write_npu(tmp, spec, raw, model_dir / "tokenizer.json", chunk=npu_chunk, kv_rows=kv_rows,
-                            quant=npu_quant, socs=socs, calib=calib, gptq=pre, outliers=npu_outliers,
+                            quant=npu_quant, socs=socs, calib=calib, gptq=pre, outliers=npu_outliers, weights=npu_weights,
                             progress=progress)
         manifest = {
             "format_version": FORMAT_VERSION,

@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import CompileError
 from ..models.numpy_backend import NumpyGraph
 from ..models.spec import ModelSpec
-from .gptq import gptq_quantize, prepare_hessian
+from .gptq import Q4_GRID, gptq_quantize, prepare_hessian
 from .q4 import pack_q4
 
 DEFAULT_TOKENS = 4096
@@ -283,8 +283,8 @@ class _Capture:
     the same array share one sum), lets earlier stages run on their quantized weights, and stops the layer at
     the first linear of a later stage."""
 
-    def __init__(self, stage_of: dict[str, int], stage: int):
-        self.stage_of, self.stage = stage_of, stage
+    def __init__(self, stage_of: dict[str, int], stage: int, skip: int = 0):
+        self.stage_of, self.stage, self.skip = stage_of, stage, skip   # skip: leading rows left out of X^T X
         self.xtx: dict[str, np.ndarray] = {}
         self.n: dict[str, int] = {}
         self.key: dict[str, str] = {}
@@ -299,7 +299,7 @@ class _Capture:
                 key = self._last[1]
             else:
                 key = name
-                x64 = np.asarray(x, np.float64)
+                x64 = np.asarray(x[self.skip:], np.float64)
                 if key not in self.xtx:
                     self.xtx[key], self.n[key] = np.zeros((x64.shape[1],) * 2), 0
                 self.xtx[key] += x64.T @ x64
@@ -386,14 +386,16 @@ def check_memory(spec: ModelSpec, n_tokens: int, seq_len: int) -> None:
 # ------------------------------------------------------------------------------------------- whole model
 def gptq_model(spec: ModelSpec, get_weight: Callable[[str], np.ndarray], scheme, seqs: Sequence[Sequence[int]],
                act_order: bool = False, progress=None, *, true_sequential: bool = True, block: int = 128,
-               percdamp: float = 0.01, dtype=np.float32) -> dict[str, dict[str, np.ndarray]]:
+               percdamp: float = 0.01, dtype=np.float32, skip: int = 0) -> dict[str, dict[str, np.ndarray]]:
     """GPTQ of every linear weight of the transformer body, sequentially layer by layer.
 
     get_weight(name) -> f32 checkpoint tensor (the compiler's raw()); scheme: a q4 Scheme; seqs: calibration
     token ids (calibration_ids). progress: None, True (tqdm bar over layers on stderr) or a callable
     progress(layers_done, n_layers). Returns {name: {"qweight", "scales"}} in exactly the layout of
     scheme.quantize(get_weight(name)). A linear that saw no calibration token (an MoE expert never routed to)
-    falls back to RTN (scheme.quantize)."""
+    falls back to RTN (scheme.quantize). skip: each sequence's first `skip` positions stay out of the Hessians
+    (dense models: the NPU graphs never see position 0, the attention sink, whose massive activations would
+    dominate X^T X)."""
     from ..models import family
 
     if not getattr(scheme, "gptq", False):
@@ -438,7 +440,7 @@ def gptq_model(spec: ModelSpec, get_weight: Callable[[str], np.ndarray], scheme,
             stages = _stages(names, true_sequential)
             stage_of = {n: k for k, group in enumerate(stages) for n in group}
             for k, group in enumerate(stages):
-                cap = _Capture(stage_of, k)
+                cap = _Capture(stage_of, k, skip)
                 for ids, x in zip(seqs, xs):
                     _run(fwd, spec, weights, dtype, layer, x, ids, cap)
                 prepared = {}
@@ -450,7 +452,10 @@ def gptq_model(spec: ModelSpec, get_weight: Callable[[str], np.ndarray], scheme,
                     else:
                         if key not in prepared:
                             prepared[key] = prepare_hessian(H, act_order, percdamp)
-                        parts = pack_q4(*gptq_quantize(w, prepared[key], scheme.group, block=block))
+                        grid = getattr(scheme, "gptq_grid", Q4_GRID)   # q4, or the NPU graphs' int8
+                        pack = getattr(scheme, "gptq_pack", pack_q4)
+                        parts = pack(*gptq_quantize(w, prepared[key], scheme.group or w.shape[1], block=block,
+                                                    grid=grid))
                     out[name] = parts
                     weights.arrays[name] = scheme.dequantize(parts)
                 del cap, prepared

@@ -25,10 +25,35 @@ scales (quantize_q4); tests/test_gptq.py checks that.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 
 import numpy as np
 
 from .q4 import pack_q4, q4_codes, q4_scales
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A symmetric integer grid GPTQ rounds onto: scales(groups f32 [..., G]) -> one scale per group (exactly the
+    stored value), codes(w, d) -> the integer codes of w against d (0 where d == 0)."""
+    scales: Callable[[np.ndarray], np.ndarray]
+    codes: Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+Q4_GRID = Grid(q4_scales, q4_codes)
+
+
+def _int8_scales(wg: np.ndarray) -> np.ndarray:
+    return (np.abs(np.asarray(wg, np.float32)).max(axis=-1) / np.float32(127)).astype(np.float32)
+
+
+def _int8_codes(w: np.ndarray, d: np.ndarray) -> np.ndarray:
+    w, d = np.asarray(w, np.float32), np.asarray(d, np.float32)
+    q = np.clip(np.rint(w / np.where(d != 0, d, np.float32(1))), -127, 127)
+    return np.where(d != 0, q, 0).astype(np.int8)
+
+
+INT8_GRID = Grid(_int8_scales, _int8_codes)   # symmetric int8 (-127..127), f32 scales: the NPU graphs' weights
 
 
 def _hinv_upper(H: np.ndarray, percdamp: float) -> np.ndarray:
@@ -75,8 +100,8 @@ def prepare_hessian(H: np.ndarray, act_order: bool = False, percdamp: float = 0.
 
 
 def gptq_quantize(w: np.ndarray, H: np.ndarray | PreparedHessian, group: int, act_order: bool = False,
-                  block: int = 128, percdamp: float = 0.01) -> tuple[np.ndarray, np.ndarray]:
-    """GPTQ of one weight matrix for q4 with group size `group`.
+                  block: int = 128, percdamp: float = 0.01, grid: Grid = Q4_GRID) -> tuple[np.ndarray, np.ndarray]:
+    """GPTQ of one weight matrix for q4 (or another `grid`) with group size `group` (K: one scale per row).
 
     w f32 [N, K]; H [K, K] the Hessian 2 X^T X / n of the layer inputs (a positive multiple is fine), or a
     PreparedHessian (then act_order and percdamp are the ones it was prepared with).
@@ -95,9 +120,11 @@ def gptq_quantize(w: np.ndarray, H: np.ndarray | PreparedHessian, group: int, ac
 
     Q = np.zeros((N, K), np.int8)
     S = np.zeros((N, K // G), np.float32)
-    if perm is not None:
-        S[:] = q4_scales(W.reshape(N, K // G, G)).astype(np.float32)   # static groups, original order
-        W = W[:, perm]
+    static = perm is not None or G > int(block)   # a group wider than a block (per-row scales): scales up front
+    if static:
+        S[:] = grid.scales(W.reshape(N, K // G, G)).astype(np.float32)   # static groups, original order
+        if perm is not None:
+            W = W[:, perm]
         bs = max(1, int(block))
     else:
         bs = max(G, int(block) // G * G)                   # whole groups per block: scales come from the block
@@ -110,13 +137,13 @@ def gptq_quantize(w: np.ndarray, H: np.ndarray | PreparedHessian, group: int, ac
         Hinv1 = Hinv[i1:i2, i1:i2]
         for i in range(i2 - i1):
             col = i1 + i
-            if perm is not None:
-                d = S[:, perm[col] // G]
+            if static:
+                d = S[:, (perm[col] if perm is not None else col) // G]
             elif col % G == 0:
-                d = q4_scales(W1[:, i:i + G]).astype(np.float32)
+                d = grid.scales(W1[:, i:i + G]).astype(np.float32)
                 S[:, col // G] = d
             w_col = W1[:, i]
-            q = q4_codes(w_col, d)
+            q = grid.codes(w_col, d)
             Q[:, col] = q
             err = (w_col - q.astype(np.float32) * d) / Hinv1[i, i]
             W1[:, i:] -= err[:, None] * Hinv1[i, i:][None, :]

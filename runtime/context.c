@@ -205,7 +205,20 @@ int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, i
   double t0 = el_now();
   int start = c->pos, valid = 0;
   if (m->use_npu) {
-    if (prefill_npu(c, ids, n, logits, all_logits) != 0) goto fail;
+    /* Position 0 runs on the CPU (the decode program): trained LLMs put massive activations (10^3-10^4 x the
+     * median) on the first token, the attention sink, and the NPU graphs' 16-bit ranges leave them out (the
+     * compiler calibrates without it: compiler/onnx_qnn/calibrate.py). */
+    int first = 0;
+    if (c->pos == 0) {
+      const el_plan_program* dp = &m->prog[EL_PROG_DECODE].p;
+      *(int32_t*)(c->arena + dp->in_offset) = ids[0];
+      if (run(c, EL_PROG_DECODE, 0) != 0) goto fail;
+      if (c->kv_high < 1) c->kv_high = 1;
+      if (logits && (all_logits || n == 1)) memcpy(logits, c->arena + dp->out_offset, dp->out_row_bytes);
+      c->pos = first = 1;
+    }
+    float* rest = logits && all_logits ? logits + (size_t)first * m->h.vocab : logits;
+    if (n > first && prefill_npu(c, ids + first, n - first, rest, all_logits) != 0) goto fail;
     c->stats.prefill_seconds += el_now() - t0;
     c->stats.prefill_tokens += (uint64_t)n;
     return 0;

@@ -60,18 +60,25 @@ class Group:
 
 class ChunkRunner:
     """Prefill in chunks of C tokens through the group sessions, over one KV cache (numpy, or views of the C
-    context's cache). `observe(group_index, feeds)`, when given, sees every group's feeds (calibration)."""
+    context's cache). `observe(group_index, feeds)`, when given, sees every group's feeds (calibration).
 
-    def __init__(self, spec, groups: list[Group], chunk: int, kv_rows: int, cache_k=None, cache_v=None):
-        self.spec, self.groups, self.C, self.L = spec, groups, chunk, kv_rows
+    first: the groups position 0 runs through instead (the float graphs: the stand-in for the CPU, which runs the
+    first token of every prompt in the runtime, runtime/context.c). Trained LLMs park massive activations (10^3-10^4
+    x the median, in a few residual channels) on the first token, the attention sink; a 16-bit range wide enough for
+    them leaves every other token's residual stream, and the squares inside its RMSNorms, no resolution. Taking
+    position 0 off the NPU takes them out of every graph's ranges (see the README, "Android NPU")."""
+
+    def __init__(self, spec, groups: list[Group], chunk: int, kv_rows: int, cache_k=None, cache_v=None,
+                 first: list[Group] | None = None):
+        self.spec, self.groups, self.C, self.L, self.first = spec, groups, chunk, kv_rows, first
         shape = (spec.n_layers, kv_rows, spec.n_kv_heads, spec.head_dim)
         self.k = cache_k if cache_k is not None else np.zeros(shape, np.float32)
         self.v = cache_v if cache_v is not None else np.zeros(shape, np.float32)
         self.pos = 0
 
-    def chunk(self, x: np.ndarray, observe=None, observe_out=None) -> np.ndarray:
+    def chunk(self, x: np.ndarray, observe=None, observe_out=None, groups: list[Group] | None = None) -> np.ndarray:
         """x [n <= C, hidden]: the embedded rows of the next n tokens. Returns the hidden states [n, hidden] leaving
-        the last group; the cache gains n rows."""
+        the last group; the cache gains n rows. groups: run these instead of self.groups."""
         n, C, pos = x.shape[0], self.C, self.pos
         if not 0 < n <= C:
             raise ValueError(f"a chunk holds 1..{C} tokens, got {n}")
@@ -81,7 +88,7 @@ class ChunkRunner:
         h[:n] = x
         cos, sin = rope_rows(self.spec, pos, C)
         masks = {}
-        for gi, g in enumerate(self.groups):
+        for gi, g in enumerate(groups or self.groups):
             feeds = {"x": h, "cos": cos, "sin": sin}
             for name in g.inputs:
                 if name.startswith("mask"):
@@ -97,14 +104,22 @@ class ChunkRunner:
             if observe_out is not None:
                 observe_out(gi, outs)
             for layer in range(*g.layers):
-                self.k[layer, pos:pos + C] = outs[f"new_k{layer}"]
-                self.v[layer, pos:pos + C] = outs[f"new_v{layer}"]
+                self.k[layer, pos:pos + C] = outs[f"new_k{layer}"][:C]
+                self.v[layer, pos:pos + C] = outs[f"new_v{layer}"][:C]
             h = outs["y"]
             for o in g.outliers:
                 h = h + o.correction(outs[f"outl{o.layer}"])
+        self.k[:, pos + n:pos + C] = 0   # padding rows: the runtime zeroes rows past the prompt before a chunk reads them
+        self.v[:, pos + n:pos + C] = 0
         self.pos += n
         return h[:n]
 
     def prefill(self, x: np.ndarray, observe=None, observe_out=None) -> np.ndarray:
-        """All rows of x in chunks; the hidden states of every token [T, hidden]."""
-        return np.concatenate([self.chunk(x[i:i + self.C], observe, observe_out) for i in range(0, len(x), self.C)])
+        """All rows of x in chunks; the hidden states of every token [T, hidden]. Position 0 runs through `first`
+        when given (unobserved: calibration never sees it)."""
+        out = []
+        if self.pos == 0 and self.first is not None and len(x):
+            out.append(self.chunk(x[:1], groups=self.first))
+            x = x[1:]
+        out += [self.chunk(x[i:i + self.C], observe, observe_out) for i in range(0, len(x), self.C)]
+        return np.concatenate(out) if out else np.zeros((0, self.spec.hidden_size), np.float32)

@@ -110,8 +110,14 @@ def test_package_layout(npu_pkg):
     for f in npu["socs"]["sm8650"]["files"]:
         assert (npu_pkg / f).is_file() and f in sums
     assert not (npu_pkg / "npu.float").exists()           # the float work graphs are not shipped
+    assert not list(npu_pkg.rglob("*.probe.onnx")) and not list(npu_pkg.rglob("*.ranges.json"))
+    assert npu["cpu_positions"] == 1 and npu["weights"] == "int8 per channel, rtn"
     e = npu["error_vs_f32"]
     assert len(e["layers"]) == 6 and max(max(x["k"], x["v"]) for x in e["layers"]) < 0.05 and e["hidden_out"] < 0.05
+    assert 0 < e["hidden_out_token_median"] < 0.05
+    m = onnx.load(str(npu_pkg / npu["groups"][0]["graph"]), load_external_data=False)
+    ops = {n.op_type for n in m.graph.node}
+    assert "RMSNormalization" in ops and "ReduceMean" not in ops and "Sqrt" not in ops   # one op per norm
 
 
 @needs_qnn
@@ -149,6 +155,25 @@ def runtimes(host_npu):
     yield npu, cpu
     npu.close()
     cpu.close()
+
+
+@needs_qnn
+def test_position_0_runs_on_the_cpu(runtimes, heldout):
+    """The first token of an empty context (the attention sink, where trained models park their massive activations)
+    is prefilled by the CPU's f32 decode program (the CPU path's prefill program, up to float rounding: 1e-6, where
+    the NPU's 16-bit graphs are ~1e-3 off), and the NPU chunks start at position 1; a prompt that continues a context
+    (position > 0) runs wholly on the NPU."""
+    npu, cpu = runtimes
+    ids = heldout[40:40 + CHUNK + 5]
+    one_n, one_c = npu.logits(ids[:1]), cpu.logits(ids[:1])
+    assert rel(one_n, one_c) < 1e-5
+    got, want = npu.logits(ids), cpu.logits(ids)
+    assert rel(got[0], want[0]) < 1e-5 and rel(got[1:], want[1:]) < 0.03 and rel(got[1:], want[1:]) > 1e-4
+    assert npu.stats()["prefill_tokens"] >= len(ids) and npu.context.pos == len(ids)
+    npu.reset()
+    cpu.reset()
+    assert rel(npu.prefill(ids[:3]), cpu.prefill(ids[:3])) < 0.03     # position 0 on the CPU, 1-2 on the NPU
+    assert rel(npu.prefill(ids[3:20]), cpu.prefill(ids[3:20])) < 0.03   # a continuation: all on the NPU
 
 
 @needs_qnn
@@ -364,3 +389,85 @@ def test_outliers_on_the_cpu(outlier_pkgs, heldout):
             err[o] = float(np.median([rel(n.logits(heldout[s:s + 100]), c.logits(heldout[s:s + 100]))
                                       for s in range(0, 1200, 150)]))
     assert err["auto"] < 0.8 * err["off"], err
+
+
+# ------------------------------------------------------------------------------------- calibration and weights
+def test_streamed_ranges_and_probe(tmp_path):
+    """The probe graph exposes every node output over the float graph's own weight file; Ranges keeps the running
+    (min, max) of every float tensor it is shown, and nothing else."""
+    from edgellm.compiler.onnx_qnn.calibrate import Ranges, probe_graph
+
+    spec, ck, _ = load_checkpoint(demo_path("demo"))
+    p = tmp_path / "g.onnx"
+    onnx.save(trace_group(spec, ck.get, 8, 16, 0, 1), str(p), save_as_external_data=True, location="g.onnx.data",
+              size_threshold=1024)
+    probe = probe_graph(p)
+    m = onnx.load(str(probe), load_external_data=False)
+    outs = {o.name for o in m.graph.output}
+    assert all(n.output[0] in outs for n in m.graph.node) and not list(tmp_path.glob("*.probe.onnx.data"))
+    s = qnn_ort.session(probe, backend="cpu")
+    r = ChunkRunner(spec, [Group((0, 1), s, tuple(i.name for i in s.get_inputs()))], 8, 16)
+    seen = Ranges()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((11, spec.hidden_size)).astype(np.float32)
+    r.prefill(x, observe=seen.see, observe_out=seen.see)
+    got = seen.ranges()
+    assert outs <= set(got) and {"x", "cos", "sin", "mask", "past_k0", "past_v0"} <= set(got)
+    assert got["x"][0] <= x.min() and got["x"][1] >= x.max()
+    a = Ranges()
+    a.see(0, {"t": np.array([1.0, -2.0]), "ids": np.array([5, 9])})
+    a.see(0, {"t": np.array([3.0])})
+    assert a.ranges() == {"t": (-2.0, 3.0)}
+
+
+def test_gptq_int8_grid():
+    """GPTQ on the NPU's int8 grid (one scale per output channel) with H = I is round-to-nearest (NpuInt8.quantize);
+    on correlated inputs it lowers the output error below round-to-nearest's; the Hessian can leave each sequence's
+    first positions out (the NPU never sees position 0)."""
+    from edgellm.compiler.onnx_qnn.weights import NpuInt8
+    from edgellm.quant.calibration import _Capture
+    from edgellm.quant.gptq import INT8_GRID, gptq_quantize
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((48, 256)).astype(np.float32)
+    rtn = NpuInt8().quantize(w)
+    q, d = gptq_quantize(w, np.eye(256), 256, grid=INT8_GRID)
+    assert np.array_equal(q, rtn["q"]) and np.array_equal(d, rtn["scales"]) and np.abs(q).max() <= 127
+    x = rng.standard_normal((512, 256)) @ rng.standard_normal((256, 256)) * 0.1   # correlated inputs
+    q2, d2 = gptq_quantize(w, 2 * x.T @ x / len(x), 256, grid=INT8_GRID)
+    err = lambda wq: np.linalg.norm(x @ (wq - w).T)   # noqa: E731
+    assert err(NpuInt8.dequantize({"q": q2, "scales": d2})) < 0.8 * err(NpuInt8.dequantize(rtn))
+    blk = NpuInt8(32).quantize(w)
+    assert blk["scales"].shape == (48, 8) and np.abs(NpuInt8.dequantize(blk) - w).max() <= blk["scales"].max() / 2 + 1e-6
+
+    class G:
+        def base_linear(self, x, name, b):
+            return x
+
+    cap = _Capture({"a": 0}, 0, skip=1)
+    xs = np.arange(12, dtype=np.float64).reshape(3, 4)
+    cap(G(), xs, "a", None)
+    assert np.allclose(cap.hessian("a")[1], 2 * xs[1:].T @ xs[1:] / 2)
+
+
+@needs_qnn
+def test_gptq_int8_weights_on_the_htp(host_npu, tmp_path):
+    """--npu-weights gptq: the graphs carry GPTQ's signed int8 codes and per-channel scales (explicit zero points),
+    every node still runs on the HTP, and the compile's hidden-state error is no worse than round-to-nearest's."""
+    pkg = edgellm.compile("demo", target="host-npu", quant="f32", out=tmp_path / "g", max_context=256, npu_chunk=CHUNK,
+                          soc="none", npu_weights="gptq", progress=False)
+    man = json.loads((pkg / "manifest.json").read_text())["npu"]
+    base = json.loads((host_npu / "manifest.json").read_text())["npu"]
+    assert man["weights"] == "int8 per channel, gptq"
+    assert man["error_vs_f32"]["hidden_out"] <= 1.05 * base["error_vs_f32"]["hidden_out"]
+    spec = ModelSpec.from_dict(json.loads((pkg / "manifest.json").read_text())["model"]["config"])
+    g = man["groups"][0]
+    s = qnn_ort.session(pkg / g["graph"], backend="qnn", soc="sm8650", profile=str(tmp_path / "prof"))
+    grp = Group(tuple(g["layers"]), s, tuple(i.name for i in s.get_inputs()))
+    seen = []
+    ChunkRunner(spec, [grp], man["chunk"], man["kv_rows"]).chunk(
+        np.random.default_rng(0).standard_normal((5, spec.hidden_size)).astype(np.float32), observe=lambda gi, f: seen.append(f))
+    assert set(qnn_ort.placement(s, seen[0])) == {"QNNExecutionProvider"}
+    with pytest.raises(CompileError, match="gptq applies to"):
+        edgellm.compile("demo", target="host-npu", out=tmp_path / "w4", npu_quant="w4a16", npu_weights="gptq",
+                        progress=False)

@@ -139,7 +139,7 @@ def _per_channel(src, dst) -> None:
 
 
 def error_tables(pkg, demo, tmp_path) -> tuple[dict, dict]:
-    """package._error_table (what the compile records) for the package's graphs and their per-channel twins, against
+    """package.error_table (what the compile records) for the package's graphs and their per-channel twins, against
     the float graphs, on the compile's own held-out calibration sequence."""
     from edgellm.quant.calibration import calibration_ids
 
@@ -161,7 +161,7 @@ def error_tables(pkg, demo, tmp_path) -> tuple[dict, dict]:
         floats.append(group((l0, l1), fpath))
         blocks.append(group((l0, l1), path))
         channels.append(group((l0, l1), cpath))
-    return tuple(npu_package._error_table(spec, floats, q, x, CHUNK, kv_rows) for q in (blocks, channels))
+    return tuple(npu_package.error_table(spec, floats, q, x, CHUNK, kv_rows) for q in (blocks, channels))
 
 
 def test_error_table_beats_per_channel(rtn_pkg, demo, tmp_path):

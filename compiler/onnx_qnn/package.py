@@ -15,16 +15,19 @@ from ...runtime import qnn_ort
 from ...runtime.contract import NPU_DESCRIPTOR, NPU_OUTLIERS, NPU_ROPE
 from ...runtime.npu_chunks import MASK_VALUE, ChunkRunner, Group
 from ..driver import _log
+from .calibrate import Ranges, probe_graph
 from .graph import trace_group
 from .outliers import choose as choose_outliers
 from .outliers import specs as outlier_specs
 from .outliers import split_groups
-from .quantize import NPU_QUANTS, quantize_group, widened_ranges
+from .quantize import NPU_QUANTS, quantize_group
 
 # Weights per group graph. The HTP's context limit is 4 GB (ExecuTorch and llama.cpp's Hexagon backend split there);
 # 256 M float weights is 256 MB as int8: a 1B model in 4-5 graphs, a 7B in ~26, each prepared in reasonable memory.
 GROUP_PARAMS = 256 * 2**20
 CALIB_TOKENS, CALIB_SEQ = 1024, 256
+NPU_WEIGHTS = ("rtn", "gptq")
+CHAT_SEQS = 2   # built-in calibration: conversations in the model's chat template, besides the plain text
 
 
 def plan_groups(spec, max_params: int = GROUP_PARAMS) -> list[tuple[int, int]]:
@@ -51,29 +54,42 @@ def _rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def _sessions(paths, groups, backend, soc=None, cpu_parts=None):
+def _session(path: Path, layers: tuple[int, int], backend: str, cpu_parts=None, soc=None) -> Group:
+    s = qnn_ort.session(path, backend=backend, soc=soc)
+    parts = tuple(cpu_parts[x] for x in range(*layers) if x in (cpu_parts or {}))
+    return Group(layers, s, tuple(i.name for i in s.get_inputs()), parts)
+
+
+def _float_graph(work: Path, i: int, spec, weight, chunk, kv_rows, layers, chosen=None, expose_act=False) -> Path:
+    l0, l1 = layers
+    p = work / f"group{i}.onnx"
+    m = trace_group(spec, weight, chunk, kv_rows, l0, l1, {x: chosen[x] for x in chosen or {} if l0 <= x < l1},
+                    expose_act)
+    onnx.save(m, str(p), save_as_external_data=True, location=p.name + ".data", size_threshold=1024)
+    return p
+
+
+def _drop(path: Path) -> None:
+    for f in path.parent.glob(path.name + "*"):
+        f.unlink()
+
+
+def _through(spec, group: Group, xs: list[np.ndarray], chunk, kv_rows, first: Group | None = None,
+             observe=None, observe_out=None, runners: list | None = None) -> list[np.ndarray]:
+    """Group-major: every sequence's hidden states [T, hidden] through one group (its own KV cache per sequence);
+    position 0 through `first` (the CPU's stand-in). runners, when given, collects each sequence's ChunkRunner."""
     out = []
-    for p, (l0, l1) in zip(paths, groups):
-        s = qnn_ort.session(p, backend=backend, soc=soc)
-        parts = tuple((cpu_parts or {})[x] for x in range(l0, l1) if x in (cpu_parts or {}))
-        out.append(Group((l0, l1), s, tuple(i.name for i in s.get_inputs()), parts))
+    for x in xs:
+        r = ChunkRunner(spec, [group], chunk, kv_rows, first=[first or group])
+        out.append(r.prefill(x, observe, observe_out))
+        if runners is not None:
+            runners.append(r)
     return out
 
 
-def _float_graphs(work: Path, spec, weight, chunk, kv_rows, groups, chosen=None, expose_act=False) -> list[Path]:
-    paths = []
-    for i, (l0, l1) in enumerate(groups):
-        p = work / f"group{i}.onnx"
-        m = trace_group(spec, weight, chunk, kv_rows, l0, l1, {x: chosen[x] for x in chosen or {} if l0 <= x < l1},
-                        expose_act)
-        onnx.save(m, str(p), save_as_external_data=True, location=p.name + ".data", size_threshold=1024)
-        paths.append(p)
-    return paths
-
-
-def _activation_maxima(work: Path, spec, weight, chunk, kv_rows, groups, embed, seqs) -> dict[int, np.ndarray]:
-    """Per layer, the largest |value| of every FFN down-projection input channel over the calibration text."""
-    sessions = _sessions(_float_graphs(work, spec, weight, chunk, kv_rows, groups, expose_act=True), groups, "cpu")
+def _activation_maxima(work: Path, spec, weight, chunk, kv_rows, groups, xs) -> dict[int, np.ndarray]:
+    """Per layer, the largest |value| of every FFN down-projection input channel over the calibration text
+    (position 0, which the CPU runs, excluded)."""
     mx: dict[int, np.ndarray] = {}
 
     def see(gi, outs):
@@ -82,9 +98,38 @@ def _activation_maxima(work: Path, spec, weight, chunk, kv_rows, groups, embed, 
                 layer, m = int(name[3:]), np.abs(v).max(0)
                 mx[layer] = np.maximum(mx.get(layer, m), m)
 
-    for s in seqs:
-        ChunkRunner(spec, sessions, chunk, kv_rows).prefill(embed[s], observe_out=see)
+    for i, layers in enumerate(groups):
+        p = _float_graph(work, i, spec, weight, chunk, kv_rows, layers, expose_act=True)
+        xs = _through(spec, _session(p, layers, "cpu"), xs, chunk, kv_rows, observe_out=see)
+        _drop(p)
     return mx
+
+
+def calibration_sequences(pkg: Path, tokenizer_json: Path, calib: str | None) -> tuple[list[list[int]], list[int]]:
+    """(calibration sequences, a held-out one). --calib FILE: windows of that text. Built-in: the built-in sample
+    (Python source and English prose) plus, when the package has a chat template, conversations of that prose in
+    the model's own template (a chat model is prompted that way: its special tokens set ranges too)."""
+    from ...quant.calibration import builtin_calibration_docs, calibration_ids
+    from ...runtime.text import TextCodec
+
+    seqs = calibration_ids(tokenizer_json, calib, n_tokens=CALIB_TOKENS + CALIB_SEQ, seq_len=CALIB_SEQ)
+    held, seqs = (seqs[-1], seqs[:-1]) if len(seqs) > 1 else (seqs[0], seqs)
+    codec = TextCodec(pkg)
+    if calib is None and codec.available and codec.config.get("chat_template"):
+        prose = [t for n, t in builtin_calibration_docs() if n.startswith("pydoc_data/")]
+        for k in range(CHAT_SEQS):
+            parts = [" ".join(t.split()[:60]) for t in prose[3 * k:3 * k + 3]]
+            if len(parts) < 3:
+                break
+            msgs = [{"role": "system", "content": parts[0]}, {"role": "user", "content": parts[1]},
+                    {"role": "assistant", "content": parts[2]}]
+            try:
+                ids = codec.encode(codec.apply_chat_template(msgs, add_generation_prompt=False),
+                                   add_special_tokens=False)
+            except Exception:   # noqa: BLE001 - a template that cannot render these messages: prose only
+                break
+            seqs.append(ids[:CALIB_SEQ])
+    return seqs, held
 
 
 def _write_outliers(pkg: Path, cpu_parts: dict) -> list[str]:
@@ -100,14 +145,20 @@ def _write_outliers(pkg: Path, cpu_parts: dict) -> list[str]:
 
 
 def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_rows: int, quant: str = "w8a16",
-              socs: list[str] = (), calib: str | None = None, gptq: dict | None = None, outliers: bool = True,
-              progress: bool = True) -> dict:
+              socs: list[str] = (), calib: str | None = None, gptq: dict | None = None, outliers: bool = False,
+              weights: str = "rtn", progress: bool = True) -> dict:
     """Writes pkg/npu/ and returns the manifest's "npu" section. gptq: the CPU package's GPTQ q4 parts by weight
-    name (compile --gptq), whose codes and scales w4a16 reuses (None: round-to-nearest)."""
-    from ...quant.calibration import calibration_ids
+    name (compile --gptq), whose codes and scales w4a16 reuses (None: round-to-nearest). weights (w8a16): "rtn"
+    (ONNX Runtime's round-to-nearest per channel) or "gptq" (GPTQ on the same int8 grid, calibrated on the text).
 
+    Group by group, so that peak memory is one group's graphs, not the model's: trace the float graph, stream every
+    tensor's range over the calibration text (calibrate.py), quantize, measure its error against float on a
+    held-out sequence, and hand the group's outputs (float and quantized chains) to the next group."""
     if quant not in NPU_QUANTS:
         raise CompileError(f"--npu-quant {quant} is not supported (choose one of {', '.join(NPU_QUANTS)})")
+    if weights not in NPU_WEIGHTS or (weights != "rtn" and quant != "w8a16"):
+        raise CompileError(f"--npu-weights {weights}: choose {' or '.join(NPU_WEIGHTS)} (gptq applies to w8a16; "
+                           "w4a16 takes the CPU package's GPTQ codes with --quant q4gG --gptq)")
     try:
         import onnxruntime.quantization  # noqa: F401
     except ImportError as e:
@@ -119,43 +170,54 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
     out, work = pkg / "npu", pkg / "npu.float"
     out.mkdir()
     work.mkdir()
-    seqs = calibration_ids(tokenizer_json, calib, n_tokens=CALIB_TOKENS + CALIB_SEQ, seq_len=CALIB_SEQ)
-    held, seqs = (seqs[-1], seqs[:-1]) if len(seqs) > 1 else (seqs[0], seqs)
+    seqs, held = calibration_sequences(pkg, tokenizer_json, calib)
     embed = np.asarray(weight("model.embed_tokens.weight"), np.float32)
+    xs, x_held = [embed[s] for s in seqs], embed[held]
+    del embed
     groups = plan_groups(spec)
     chosen = {}
     if outliers:   # shadow outlier execution: which layers, channels and thresholds (a float pass over the text)
-        chosen = choose_outliers(_activation_maxima(work, spec, weight, chunk, kv_rows, groups, embed, seqs))
+        chosen = choose_outliers(_activation_maxima(work, spec, weight, chunk, kv_rows, groups, xs))
         groups = split_groups(groups, chosen)
         _log(progress, f"NPU: outlier channels on the CPU for {len(chosen)} layer(s): " + ", ".join(
             f"L{x} {len(c)} ch > {t:.3g}" for x, (t, c) in sorted(chosen.items())) if chosen else
             "NPU: no layer has outlier activation channels")
     cpu_parts = outlier_specs(chosen, weight)
-    _log(progress, f"NPU: {len(groups)} graph(s) of layers {', '.join(f'{a}-{b - 1}' for a, b in groups)}, chunk {chunk}, "
-                   f"{quant}")
-    fpaths = _float_graphs(work, spec, weight, chunk, kv_rows, groups, chosen)
-    float_groups = _sessions(fpaths, groups, "cpu", cpu_parts=cpu_parts)
+    int8 = None
+    if weights == "gptq":   # GPTQ on the int8 grid, Hessians without position 0 (the CPU's): quant/calibration.py
+        from ...quant.calibration import gptq_model
+        from .weights import NpuInt8
 
-    # calibration: the float graphs on the CPU EP over text, every group's feeds and outputs recorded
-    feeds: list[list[dict]] = [[] for _ in groups]
-    for s in seqs:
-        r = ChunkRunner(spec, float_groups, chunk, kv_rows)
-        r.prefill(embed[s], observe=lambda gi, f: feeds[gi].append(f))
-    outs = [[dict(zip([o.name for o in g.session.get_outputs()], g.session.run(None, f))) for f in fs]
-            for g, fs in zip(float_groups, feeds)]
-    qpaths, formats = [], set()
-    for i, p in enumerate(fpaths):
-        q = out / p.name
+        t = time.perf_counter()
+        int8 = gptq_model(spec, weight, NpuInt8(), seqs, skip=1, progress=progress or None)
+        _log(progress, f"NPU: GPTQ int8 weights in {time.perf_counter() - t:.0f} s")
+    _log(progress, f"NPU: {len(groups)} graph(s) of layers {', '.join(f'{a}-{b - 1}' for a, b in groups)}, chunk {chunk}, "
+                   f"{quant}, calibrated on {sum(map(len, seqs))} tokens")
+    qpaths, formats, infos, table = [], set(), [], _ErrorTable(spec, len(held))
+    hf, hq = x_held, x_held
+    for i, layers in enumerate(groups):
+        fpath = _float_graph(work, i, spec, weight, chunk, kv_rows, layers, chosen)
+        probe = _session(probe_graph(fpath), layers, "cpu", cpu_parts)   # the float graph, every tensor exposed
+        ranges = Ranges()
+        xs = _through(spec, probe, xs, chunk, kv_rows, observe=ranges.see, observe_out=ranges.see)
+        q = out / fpath.name
         try:
-            formats.add(quantize_group(p, q, feeds[i], widened_ranges(feeds[i], outs[i]), quant, gptq))
+            formats.add(quantize_group(fpath, q, ranges.ranges(), quant, gptq, int8))
         except CompileError:
             raise
         except Exception as e:   # the quantization tool's own errors
             raise CompileError(f"NPU quantization of graph {i} failed: {first_line(e)}") from e
+        quant_group = _session(q, layers, "cpu", cpu_parts)
+        infos.append({"layers": list(layers), "graph": str(q.relative_to(pkg)),
+                      "bytes": sum(f.stat().st_size for f in out.glob(q.name + "*")),
+                      "inputs": list(quant_group.inputs)})
+        hf, hq = table.step(probe, quant_group, hf, hq, chunk, kv_rows, last=i == len(groups) - 1)
+        del probe, quant_group, ranges
+        _drop(fpath)
         qpaths.append(q)
-        _log(progress, f"NPU: graph {i} quantized ({sum(f.stat().st_size for f in out.glob(q.name + '*')) / 2**20:.1f} MiB)")
-    error = _error_table(spec, float_groups, _sessions(qpaths, groups, "cpu", cpu_parts=cpu_parts), embed[held], chunk,
-                         kv_rows)
+        _log(progress, f"NPU: graph {i + 1}/{len(groups)} (layers {layers[0]}-{layers[1] - 1}) quantized, "
+                       f"{infos[-1]['bytes'] / 2**20:.1f} MiB, hidden error {table.hidden[-1]:.2%} "
+                       f"({time.perf_counter() - t0:.0f} s)")
     shutil.rmtree(work)
 
     soc_files: dict[str, dict] = {}
@@ -183,14 +245,14 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
         "chunk": chunk, "kv_rows": kv_rows, "quant": quant, "weights": "; ".join(sorted(formats)),
         "mask_value": MASK_VALUE,
         "descriptor": NPU_DESCRIPTOR,
+        "cpu_positions": 1,   # position 0 (the attention sink) runs on the CPU: runtime/context.c
         "outliers": {str(x): {"threshold": t, "channels": c} for x, (t, c) in sorted(chosen.items())},
-        "groups": [{"layers": [l0, l1], "graph": str(q.relative_to(pkg)),
-                    "bytes": sum(f.stat().st_size for f in out.glob(q.name + "*")),
-                    "inputs": [i.name for i in g.session.get_inputs()]}
-                   for q, (l0, l1), g in zip(qpaths, groups, float_groups)],
+        "groups": infos,
         "socs": soc_files,
-        "calibration": {"source": calib or "built-in sample", "sequences": len(seqs), "tokens": sum(map(len, seqs))},
-        "error_vs_f32": error,
+        "calibration": {"source": calib or "built-in sample" + (" + chat template" if len(seqs) > CALIB_TOKENS // CALIB_SEQ
+                                                                  else ""),
+                        "sequences": len(seqs), "tokens": sum(map(len, seqs))},
+        "error_vs_f32": table.result(),
         "seconds": round(time.perf_counter() - t0, 2),
     }
 
@@ -209,21 +271,43 @@ def _write_descriptor(pkg: Path, spec, chunk, kv_rows, qpaths, groups, soc_files
     (pkg / NPU_DESCRIPTOR).write_text("\n".join(lines) + "\n")
 
 
-def _error_table(spec, float_groups, quant_groups, x, chunk, kv_rows) -> dict:
-    """Relative L2 error against the float graphs over a held-out calibration sequence: K and V per layer, the
-    residual stream entering each later graph and leaving the last. Measured with the QDQ graphs on the CPU EP (the
-    same arithmetic the HTP does: the scheme's error, not the emulator's; tests check the HTP itself)."""
-    f = ChunkRunner(spec, float_groups, chunk, kv_rows)
-    q = ChunkRunner(spec, quant_groups, chunk, kv_rows)
-    hf, hq = [], []
-    yf = f.prefill(x, observe=lambda gi, feeds: hf.append((gi, feeds["x"])))
-    yq = q.prefill(x, observe=lambda gi, feeds: hq.append((gi, feeds["x"])))
-    n = len(x)
-    layers = [{"layer": layer, "k": round(_rel(q.k[layer, :n], f.k[layer, :n]), 5),
-               "v": round(_rel(q.v[layer, :n], f.v[layer, :n]), 5)} for layer in range(spec.n_layers)]
-    hidden = {}
-    for (gi, a), (_, b) in zip(hq, hf):
-        hidden.setdefault(gi, []).append((a, b))
-    groups = [round(_rel(np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v])), 5)
-              for gi, v in sorted(hidden.items()) if gi > 0]
-    return {"tokens": n, "layers": layers, "hidden_into_group": groups, "hidden_out": round(_rel(yq, yf), 5)}
+class _ErrorTable:
+    """Relative L2 error against the float graphs over a held-out sequence, positions 1.. (position 0 runs on the CPU
+    in both): K and V per layer, the residual stream entering each later graph and leaving the last (whole, and the
+    median over tokens). Measured with the QDQ graphs on the CPU EP (the same arithmetic the HTP does: the scheme's
+    error, not the emulator's; tests check the HTP itself)."""
+
+    def __init__(self, spec, n: int):
+        self.spec, self.n, self.layers, self.hidden, self.out = spec, n, [], [], {}
+
+    def step(self, float_group: Group, quant_group: Group, hf, hq, chunk, kv_rows, last: bool):
+        """One group: the float chain's hidden states hf and the quantized chain's hq through it (position 0 through
+        the float graph in both); returns the next (hf, hq)."""
+        fr, qr = [], []
+        hf = _through(self.spec, float_group, [hf], chunk, kv_rows, runners=fr)[0]
+        hq = _through(self.spec, quant_group, [hq], chunk, kv_rows, first=float_group, runners=qr)[0]
+        self._add(float_group.layers, fr[0], qr[0], hf, hq, last)
+        return hf, hq
+
+    def _add(self, layers, fr, qr, hf, hq, last: bool) -> None:
+        n = self.n
+        self.layers += [{"layer": x, "k": round(_rel(qr.k[x, 1:n], fr.k[x, 1:n]), 5),
+                         "v": round(_rel(qr.v[x, 1:n], fr.v[x, 1:n]), 5)} for x in range(*layers)]
+        self.hidden.append(_rel(hq[1:], hf[1:]))
+        if last:
+            per_token = np.linalg.norm(hq[1:] - hf[1:], axis=-1) / np.maximum(np.linalg.norm(hf[1:], axis=-1), 1e-30)
+            self.out = {"hidden_out": round(self.hidden[-1], 5),
+                        "hidden_out_token_median": round(float(np.median(per_token)), 5)}
+
+    def result(self) -> dict:
+        return {"tokens": self.n, "layers": self.layers,
+                "hidden_into_group": [round(h, 5) for h in self.hidden[:-1]], **self.out}
+
+
+def error_table(spec, float_groups: list[Group], quant_groups: list[Group], x, chunk: int, kv_rows: int) -> dict:
+    """The compile's error table (manifest npu.error_vs_f32) of quantized graphs against their float graphs, over
+    the embedded rows x of a held-out sequence."""
+    t, hf, hq = _ErrorTable(spec, len(x)), x, x
+    for i, (f, q) in enumerate(zip(float_groups, quant_groups)):
+        hf, hq = t.step(f, q, hf, hq, chunk, kv_rows, last=i == len(float_groups) - 1)
+    return t.result()

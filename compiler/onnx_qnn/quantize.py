@@ -27,61 +27,71 @@ W4_BLOCK = 32       # w4a16 RTN: inputs per scale (the toolchain probes' block; 
 RANGE_MARGIN = 1.5
 
 
-class _Reader:
-    """onnxruntime CalibrationDataReader over recorded feeds."""
-
-    def __init__(self, feeds: list[dict]):
-        self._it = iter(feeds)
-
-    def get_next(self):
-        return next(self._it, None)
-
-
 def _matmul_weights(m: onnx.ModelProto) -> dict[str, str]:
     """{MatMul node name: its weight initializer's name} (the checkpoint name, graph.py)."""
     inits = {i.name for i in m.graph.initializer}
     return {n.name: n.input[1] for n in m.graph.node if n.op_type == "MatMul" and n.input[1] in inits}
 
 
-def widened_ranges(feeds: list[dict], outputs: list[dict]) -> dict[str, tuple[float, float]]:
-    """Symmetric ranges RANGE_MARGIN x the largest magnitude seen, for the residual stream and the K/V tensors."""
-    out: dict[str, float] = {}
-    for rec in list(feeds) + list(outputs):
-        for k, v in rec.items():
-            if k in ("x", "y") or k.startswith(("past_", "new_")):
-                out[k] = max(out.get(k, 0.0), float(np.abs(v).max()))
-    return {k: (-RANGE_MARGIN * a, RANGE_MARGIN * a) for k, a in out.items() if a > 0}
+def widened(ranges: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+    """The calibrated ranges, with the residual stream and the K/V tensors made symmetric and RANGE_MARGIN x the
+    largest magnitude seen (positions and prompts calibration never saw); every range holds 0."""
+    out = {}
+    for k, (lo, hi) in ranges.items():
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+        if k in ("x", "y") or k.startswith(("past_", "new_")):
+            a = RANGE_MARGIN * max(-lo, hi)
+            lo, hi = -a, a
+        out[k] = (lo, hi)
+    return out
 
 
-def quantize_group(float_path: Path, out_path: Path, feeds: list[dict], ranges: dict, scheme: str = "w8a16",
-                   gptq: dict | None = None) -> str:
+def _write_ranges(path: Path, ranges: dict[str, tuple[float, float]]) -> None:
+    """The ranges as ONNX Runtime's calibration cache (quantize_static then runs no calibration of its own)."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData, save_tensors_data
+
+    data = {k: TensorData(lowest=np.float32(lo), highest=np.float32(hi)) for k, (lo, hi) in ranges.items()}
+    save_tensors_data(TensorsData(CalibrationMethod.MinMax, data), path)
+
+
+def quantize_group(float_path: Path, out_path: Path, ranges: dict[str, tuple[float, float]], scheme: str = "w8a16",
+                   gptq: dict | None = None, int8: dict | None = None) -> str:
     """Quantizes one float group graph to out_path (+ its external data); returns the weight format (manifest).
-    gptq: the CPU package's GPTQ q4 parts by checkpoint name (w4a16 takes its codes; None: RTN; w8a16 ignores them:
-    its int8 grid is finer than GPTQ's int4 one, so it quantizes the float weights)."""
-    from onnxruntime.quantization import QuantType, quantize
+    ranges: every float tensor's calibrated (min, max) (calibrate.py; widened here). gptq: the CPU package's GPTQ q4
+    parts by checkpoint name (w4a16 takes its codes; None: RTN; w8a16 ignores them: its int8 grid is finer than
+    GPTQ's int4 one). int8: w8a16's own codes by checkpoint name (weights.NpuInt8 parts, GPTQ on the NPU's int8
+    grid; None: ONNX Runtime's round-to-nearest per channel)."""
+    import inspect
+
+    from onnxruntime.quantization import CalibrationMethod, QuantType, quantize_static
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     if scheme not in NPU_QUANTS:
         raise CompileError(f"--npu-quant {scheme} is not supported (choose one of {', '.join(NPU_QUANTS)})")
+    if "calibration_cache_path" not in inspect.signature(quantize_static).parameters:
+        raise CompileError("--target android-npu needs onnxruntime >= 1.23 (its quantizer takes precomputed ranges): "
+                           "pip install -U onnxruntime onnxruntime-qnn")
     m = onnx.load(str(float_path), load_external_data=False)
     # int8 per output channel; w4a16 replaces these DequantizeLinear nodes afterwards (int4_blocks)
     over: dict[str, list[dict]] = {w: [{"quant_type": QuantType.QUInt8, "symmetric": True, "axis": 1}]
                                    for w in _matmul_weights(m).values()}
-    names = {i.name for i in m.graph.input} | {o.name for o in m.graph.output}
-    for k, (lo, hi) in ranges.items():
-        if k in names:
-            over[k] = [{"rmin": np.float32(lo), "rmax": np.float32(hi)}]
-    cfg = get_qnn_qdq_config(str(float_path), _Reader(feeds), activation_type=QuantType.QUInt16,
+    cfg = get_qnn_qdq_config(str(float_path), None, activation_type=QuantType.QUInt16,
                              weight_type=QuantType.QUInt8, init_overrides=over)
-    cfg.use_external_data_format = True
+    cache = out_path.with_name(out_path.name + ".ranges.json")
+    _write_ranges(cache, widened(ranges))
     root = logging.getLogger()
     level, root.level = root.level, logging.ERROR   # the tool logs advice about pre-processing on the root logger
     try:
-        quantize(str(float_path), str(out_path), cfg)
+        quantize_static(str(float_path), str(out_path), calibration_data_reader=None, calibration_cache_path=str(cache),
+                        calibrate_method=CalibrationMethod.MinMax, quant_format=cfg.quant_format,
+                        activation_type=cfg.activation_type, weight_type=cfg.weight_type,
+                        op_types_to_quantize=cfg.op_types_to_quantize, nodes_to_exclude=cfg.nodes_to_exclude,
+                        per_channel=cfg.per_channel, use_external_data_format=True, extra_options=cfg.extra_options)
     finally:
         root.setLevel(level)
+        cache.unlink(missing_ok=True)
     if scheme == "w8a16":
-        return NPU_QUANTS[scheme]
+        return int8_weights(out_path, float_path, int8) if int8 else "int8 per channel, rtn"
     return int4_blocks(out_path, float_path, gptq)
 
 
@@ -122,6 +132,30 @@ def int4_blocks(path: Path, float_path: Path, gptq: dict | None = None) -> str:
     Returns the weight format for the manifest. The zero points are explicit although 0 is the default: the QNN EP
     mis-converts an int4 DequantizeLinear without them in the per-channel case (the HTP's output was garbage while the
     CPU EP's was right); block-wise it gave the same results either way, so we keep the form that is right for both."""
+    def pick(name, float_weight):
+        if gptq is not None and name in gptq:
+            return (*gptq_int4(gptq[name]), "gptq")
+        return (*rtn_int4(float_weight(), W4_BLOCK), "rtn")
+
+    return rewrite_weights(path, float_path, pick, bits=4)
+
+
+def int8_weights(path: Path, float_path: Path, parts: dict) -> str:
+    """Rewrites the quantized graph at path: each MatMul weight becomes the int8 codes and scales of parts
+    (weights.NpuInt8: {"q" [out, in], "scales" [out, in/G]} by checkpoint name, e.g. GPTQ's): one scale per output
+    channel when G = in, else blocks of G inputs."""
+    def pick(name, _float_weight):
+        p = parts[name]
+        return np.ascontiguousarray(p["q"].T), np.ascontiguousarray(p["scales"].T), p.get("source", "gptq")
+
+    return rewrite_weights(path, float_path, pick, bits=8, only=set(parts))
+
+
+def rewrite_weights(path: Path, float_path: Path, pick, bits: int, only: set | None = None) -> str:
+    """Replaces the weight DequantizeLinear of every MatMul (of the names in `only`, or all) with
+    pick(name, float_weight) = (codes int8 [in, out], scales f32 [in/B, out], source): int4 or int8 codes, symmetric
+    (explicit zero points 0); one scale row: per output channel (axis 1), else blocks of B inputs (axis 0). Returns
+    the weight formats for the manifest."""
     fm = onnx.load(str(float_path), load_external_data=False)
     finits = {i.name: i for i in fm.graph.initializer}
     weight_of = _matmul_weights(fm)
@@ -129,30 +163,29 @@ def int4_blocks(path: Path, float_path: Path, gptq: dict | None = None) -> str:
     inits = {i.name: i for i in m.graph.initializer}
     prod = {o: n for n in m.graph.node for o in n.output}
     formats = set()
+    tensor = _int4_tensor if bits == 4 else (lambda name, q: numpy_helper.from_array(np.asarray(q, np.int8), name))
     for node in m.graph.node:
         name = weight_of.get(node.name) if node.op_type == "MatMul" else None
-        dq = prod.get(node.input[1]) if name else None
+        dq = prod.get(node.input[1]) if name and (only is None or name in only) else None
         if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
             continue
-        if gptq is not None and name in gptq:
-            q, d = gptq_int4(gptq[name])
-            src = "gptq"
-        else:
-            q, d = rtn_int4(numpy_helper.to_array(finits[name], base_dir=str(float_path.parent)), W4_BLOCK)
-            src = "rtn"
+        q, d, src = pick(name, lambda name=name: numpy_helper.to_array(finits[name], base_dir=str(float_path.parent)))
         block = q.shape[0] // d.shape[0]
-        formats.add(f"int4 block {block}, {src}")
+        per_channel = bits == 8 and d.shape[0] == 1
+        formats.add(f"int{bits} " + ("per channel" if per_channel else f"block {block}") + f", {src}")
         for x in dq.input:
             if x in inits:
                 m.graph.initializer.remove(inits.pop(x))
         zp = dq.input[2] if len(dq.input) > 2 else dq.input[0] + "_zero_point"
-        m.graph.initializer.extend([_int4_tensor(dq.input[0], q), numpy_helper.from_array(d, dq.input[1]),
-                                    _int4_tensor(zp, np.zeros(d.shape, np.int8))])
+        scales = d[0] if per_channel else d
+        m.graph.initializer.extend([tensor(dq.input[0], q), numpy_helper.from_array(scales.astype(np.float32), dq.input[1]),
+                                    tensor(zp, np.zeros(scales.shape, np.int8))])
         dq.input[2:] = [zp]
         del dq.attribute[:]
-        dq.attribute.extend([helper.make_attribute("axis", 0), helper.make_attribute("block_size", block)])
+        dq.attribute.extend([helper.make_attribute("axis", 1)] if per_channel else
+                            [helper.make_attribute("axis", 0), helper.make_attribute("block_size", block)])
     if not formats:
-        raise CompileError(f"--npu-quant w4a16: no MatMul weight found to quantize in {path.name}")
+        raise CompileError(f"NPU weights: no MatMul weight found to quantize in {path.name}")
     for f in path.parent.glob(path.name + ".*"):
         f.unlink()   # the int8 weights' external data (onnx.save would append to it)
     onnx.save(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=path.name + ".data",

@@ -1,0 +1,49 @@
+"""Activation ranges of the NPU group graphs, streamed: every float tensor's (min, max) over the calibration text,
+kept as two numbers per tensor while the text runs chunk by chunk, instead of ONNX Runtime's calibrator, which holds
+every intermediate tensor of every calibration feed at once (a 135M model at 4k context needed 12.5 GB).
+
+A probe graph is the float graph with every node output exposed (sharing its weight file); package.py runs it group
+by group over the text. Position 0 is never observed: the runtime runs it on the CPU (runtime/npu_chunks.py), so the
+attention sink's massive activations never set a range."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+
+def probe_graph(float_path: Path) -> Path:
+    """float_path's graph with every node output also a graph output, saved beside it (its external weights are the
+    float graph's file: the probe adds outputs, no data)."""
+    m = onnx.load(str(float_path), load_external_data=False)
+    have = {o.name for o in m.graph.output}
+    for n in m.graph.node:
+        for o in n.output:
+            if o and o not in have:
+                m.graph.output.append(helper.make_tensor_value_info(o, TensorProto.FLOAT, None))
+                have.add(o)
+    p = float_path.with_name(float_path.name + ".probe.onnx")   # package.py's _drop(float_path) removes it too
+    onnx.save(m, str(p))
+    return p
+
+
+class Ranges:
+    """Running (min, max) per tensor name; see(group_index, {name: array}) is a ChunkRunner observer."""
+
+    def __init__(self):
+        self._r: dict[str, list[float]] = {}
+
+    def see(self, _gi: int, tensors: dict) -> None:
+        for k, v in tensors.items():
+            if v.size == 0 or v.dtype.kind != "f":
+                continue
+            lo, hi = float(v.min()), float(v.max())
+            r = self._r.get(k)
+            if r is None:
+                self._r[k] = [lo, hi]
+            else:
+                r[0], r[1] = min(r[0], lo), max(r[1], hi)
+
+    def ranges(self) -> dict[str, tuple[float, float]]:
+        return {k: (lo, hi) for k, (lo, hi) in self._r.items()}
