@@ -393,9 +393,13 @@ def test_outliers_on_the_cpu(outlier_pkgs, heldout):
 
 # ------------------------------------------------------------------------------------- calibration and weights
 def test_streamed_ranges_and_probe(tmp_path):
-    """The probe graph exposes every node output over the float graph's own weight file; Ranges keeps the running
-    (min, max) of every float tensor it is shown, and nothing else."""
-    from edgellm.compiler.onnx_qnn.calibrate import Ranges, probe_graph
+    """The probe graph exposes every node output but those whose range follows from their inputs' (data movement,
+    softmax, the mask's add: most of the attention's memory), over the float graph's own weight file; Ranges keeps
+    the running (min, max) of every float tensor it is shown; derive() completes the table, and every derived range
+    holds what the full graph computes (equal for data movement)."""
+    from onnx import TensorProto, helper
+
+    from edgellm.compiler.onnx_qnn.calibrate import Ranges, derive, probe_graph
 
     spec, ck, _ = load_checkpoint(demo_path("demo"))
     p = tmp_path / "g.onnx"
@@ -404,16 +408,26 @@ def test_streamed_ranges_and_probe(tmp_path):
     probe = probe_graph(p)
     m = onnx.load(str(probe), load_external_data=False)
     outs = {o.name for o in m.graph.output}
-    assert all(n.output[0] in outs for n in m.graph.node) and not list(tmp_path.glob("*.probe.onnx.data"))
-    s = qnn_ort.session(probe, backend="cpu")
-    r = ChunkRunner(spec, [Group((0, 1), s, tuple(i.name for i in s.get_inputs()))], 8, 16)
-    seen = Ranges()
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((11, spec.hidden_size)).astype(np.float32)
-    r.prefill(x, observe=seen.see, observe_out=seen.see)
-    got = seen.ranges()
-    assert outs <= set(got) and {"x", "cos", "sin", "mask", "past_k0", "past_v0"} <= set(got)
-    assert got["x"][0] <= x.min() and got["x"][1] >= x.max()
+    assert not any(n.output[0] in outs for n in m.graph.node if n.op_type in ("Softmax", "Transpose"))
+    assert all(n.output[0] in outs for n in m.graph.node if n.op_type in ("MatMul", "RMSNormalization"))
+    full = onnx.load(str(p), load_external_data=False)
+    full.graph.output.extend(helper.make_tensor_value_info(n.output[0], TensorProto.FLOAT, None)
+                             for n in full.graph.node if n.output[0] not in {o.name for o in full.graph.output})
+    onnx.save(full, str(tmp_path / "full.onnx"))
+    x = np.random.default_rng(0).standard_normal((11, spec.hidden_size)).astype(np.float32)
+    got, want = Ranges(), Ranges()
+    for path, r in ((probe, got), (tmp_path / "full.onnx", want)):
+        s = qnn_ort.session(path, backend="cpu")
+        ChunkRunner(spec, [Group((0, 1), s, tuple(i.name for i in s.get_inputs()))], 8, 16).prefill(
+            x, observe=r.see, observe_out=r.see)
+    done, ref = derive(got.ranges(), p), want.ranges()
+    assert {"x", "cos", "sin", "mask", "past_k0", "past_v0"} <= set(done)
+    for n in m.graph.node:
+        lo, hi = done[n.output[0]]
+        assert lo <= ref[n.output[0]][0] + 1e-6 and hi >= ref[n.output[0]][1] - 1e-6, n.op_type
+        if n.op_type in ("Reshape", "Transpose", "Identity") and n.input[0] in got.ranges():
+            assert (lo, hi) == ref[n.output[0]]
+    assert done["x"][0] <= x.min() and done["x"][1] >= x.max()
     a = Ranges()
     a.see(0, {"t": np.array([1.0, -2.0]), "ids": np.array([5, 9])})
     a.see(0, {"t": np.array([3.0])})

@@ -13,12 +13,25 @@ import onnx
 from onnx import TensorProto, helper
 
 
+# Outputs whose range follows from their inputs' (derive()), so the probe need not hold them: the attention's
+# [heads, C, kv_rows + C] tensors are most of a probe's memory (one of five is kept, the scores).
+_MOVES = {"Reshape", "Transpose", "Identity", "Squeeze", "Unsqueeze"}
+
+
+def _derived(n: onnx.NodeProto, graph_inputs: set[str]) -> bool:
+    return (n.op_type in _MOVES or n.op_type == "Softmax" or
+            (n.op_type == "Add" and any(i.startswith("mask") and i in graph_inputs for i in n.input)))
+
+
 def probe_graph(float_path: Path) -> Path:
-    """float_path's graph with every node output also a graph output, saved beside it (its external weights are the
-    float graph's file: the probe adds outputs, no data)."""
+    """float_path's graph with every node output also a graph output, but those derive() computes, saved beside it
+    (its external weights are the float graph's file: the probe adds outputs, no data)."""
     m = onnx.load(str(float_path), load_external_data=False)
     have = {o.name for o in m.graph.output}
+    inputs = {i.name for i in m.graph.input}
     for n in m.graph.node:
+        if _derived(n, inputs):
+            continue
         for o in n.output:
             if o and o not in have:
                 m.graph.output.append(helper.make_tensor_value_info(o, TensorProto.FLOAT, None))
@@ -47,3 +60,23 @@ class Ranges:
 
     def ranges(self) -> dict[str, tuple[float, float]]:
         return {k: (lo, hi) for k, (lo, hi) in self._r.items()}
+
+
+def derive(ranges: dict[str, tuple[float, float]], float_path: Path) -> dict[str, tuple[float, float]]:
+    """The ranges of the outputs the probe left out, from their inputs', in graph order: data movement keeps its
+    input's range, a softmax is [0, 1], adding the mask adds the intervals (the mask holds 0 and its hidden value)."""
+    m = onnx.load(str(float_path), load_external_data=False)
+    inputs = {i.name for i in m.graph.input}
+    out = dict(ranges)
+    for n in m.graph.node:
+        if not _derived(n, inputs) or n.output[0] in out:
+            continue
+        if n.op_type == "Softmax":
+            out[n.output[0]] = (0.0, 1.0)
+        elif n.op_type == "Add":
+            a, b = (out.get(i) for i in n.input[:2])
+            if a is not None and b is not None:
+                out[n.output[0]] = (a[0] + b[0], a[1] + b[1])
+        elif n.input[0] in out:
+            out[n.output[0]] = out[n.input[0]]
+    return out

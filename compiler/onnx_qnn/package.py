@@ -15,7 +15,7 @@ from ...runtime import qnn_ort
 from ...runtime.contract import NPU_DESCRIPTOR, NPU_OUTLIERS, NPU_ROPE
 from ...runtime.npu_chunks import MASK_VALUE, ChunkRunner, Group
 from ..driver import _log
-from .calibrate import Ranges, probe_graph
+from .calibrate import Ranges, derive, probe_graph
 from .graph import trace_group
 from .outliers import choose as choose_outliers
 from .outliers import specs as outlier_specs
@@ -202,7 +202,7 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
         xs = _through(spec, probe, xs, chunk, kv_rows, observe=ranges.see, observe_out=ranges.see)
         q = out / fpath.name
         try:
-            formats.add(quantize_group(fpath, q, ranges.ranges(), quant, gptq, int8))
+            formats.add(quantize_group(fpath, q, derive(ranges.ranges(), fpath), quant, gptq, int8))
         except CompileError:
             raise
         except Exception as e:   # the quantization tool's own errors
