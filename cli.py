@@ -492,8 +492,12 @@ def _npu_lines(npu) -> list[str]:
     line = f"{len(g)} prefill graph(s) of {npu['chunk']} tokens ({spans}), {npu.get('quant')}, "
     line += f"{sum(x['bytes'] for x in g) / 2**20:.1f} MiB"
     if isinstance(err, float):
-        line += f", hidden-state error vs f32 {err:.2%}"
+        med = (npu.get("error_vs_f32") or {}).get("hidden_out_token_median")
+        line += f", hidden-state error vs f32 {err:.2%}" + (f" (median token {med:.2%})" if isinstance(med, float) else "")
     out = [line]
+    if npu.get("cpu_positions"):
+        out.append(f"position 0 (the attention sink) prefills on the CPU; calibrated on "
+                   f"{(npu.get('calibration') or {}).get('source', '?')}; weights {npu.get('weights', '?')}")
     for soc, v in sorted((npu.get("socs") or {}).items()):
         out.append(f"{soc} (Hexagon v{v.get('htp_arch')}): prepared, {v.get('bytes', 0) / 2**20:.1f} MiB")
     if not npu.get("socs"):

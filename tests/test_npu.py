@@ -305,6 +305,7 @@ def test_cli_npu(host_npu, capsys):
     info = capsys.readouterr().out
     assert "prefill graph(s) of 32 tokens (layers 0-" in info and "w8a16" in info
     assert "sm8650 (Hexagon v75): prepared" in info
+    assert "position 0 (the attention sink) prefills on the CPU" in info and "median token" in info
     assert main(["run", str(host_npu), "-p", "x", "--prefill-backend", "gpu"]) != 0
 
 
