@@ -105,8 +105,8 @@ def _activation_maxima(work: Path, spec, weight, chunk, kv_rows, groups, xs) -> 
     return mx
 
 
-def calibration_sequences(pkg: Path, tokenizer_json: Path, calib: str | None) -> tuple[list[list[int]], list[int]]:
-    """(calibration sequences, a held-out one). --calib FILE: windows of that text. Built-in: the built-in sample
+def calibration_sequences(pkg: Path, tokenizer_json: Path, calib: str | None) -> tuple[list[list[int]], list[int], str]:
+    """(calibration sequences, a held-out one, what they are). --calib FILE: windows of that text. Built-in: the built-in sample
     (Python source and English prose) plus, when the package has a chat template, conversations of that prose in
     the model's own template (a chat model is prompted that way: its special tokens set ranges too)."""
     from ...quant.calibration import builtin_calibration_docs, calibration_ids
@@ -114,6 +114,7 @@ def calibration_sequences(pkg: Path, tokenizer_json: Path, calib: str | None) ->
 
     seqs = calibration_ids(tokenizer_json, calib, n_tokens=CALIB_TOKENS + CALIB_SEQ, seq_len=CALIB_SEQ)
     held, seqs = (seqs[-1], seqs[:-1]) if len(seqs) > 1 else (seqs[0], seqs)
+    source = calib or "built-in sample"
     codec = TextCodec(pkg)
     if calib is None and codec.available and codec.config.get("chat_template"):
         prose = [t for n, t in builtin_calibration_docs() if n.startswith("pydoc_data/")]
@@ -129,7 +130,8 @@ def calibration_sequences(pkg: Path, tokenizer_json: Path, calib: str | None) ->
             except Exception:   # noqa: BLE001 - a template that cannot render these messages: prose only
                 break
             seqs.append(ids[:CALIB_SEQ])
-    return seqs, held
+            source = "built-in sample + chat template"
+    return seqs, held, source
 
 
 def _write_outliers(pkg: Path, cpu_parts: dict) -> list[str]:
@@ -170,7 +172,7 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
     out, work = pkg / "npu", pkg / "npu.float"
     out.mkdir()
     work.mkdir()
-    seqs, held = calibration_sequences(pkg, tokenizer_json, calib)
+    seqs, held, source = calibration_sequences(pkg, tokenizer_json, calib)
     embed = np.asarray(weight("model.embed_tokens.weight"), np.float32)
     xs, x_held = [embed[s] for s in seqs], embed[held]
     del embed
@@ -197,7 +199,7 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
     hf, hq = x_held, x_held
     for i, layers in enumerate(groups):
         fpath = _float_graph(work, i, spec, weight, chunk, kv_rows, layers, chosen)
-        probe = _session(probe_graph(fpath), layers, "cpu", cpu_parts)   # the float graph, every tensor exposed
+        probe = _session(probe_graph(fpath), layers, "cpu", cpu_parts)   # the float graph, its tensors exposed
         ranges = Ranges()
         xs = _through(spec, probe, xs, chunk, kv_rows, observe=ranges.see, observe_out=ranges.see)
         q = out / fpath.name
@@ -249,9 +251,7 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
         "outliers": {str(x): {"threshold": t, "channels": c} for x, (t, c) in sorted(chosen.items())},
         "groups": infos,
         "socs": soc_files,
-        "calibration": {"source": calib or "built-in sample" + (" + chat template" if len(seqs) > CALIB_TOKENS // CALIB_SEQ
-                                                                  else ""),
-                        "sequences": len(seqs), "tokens": sum(map(len, seqs))},
+        "calibration": {"source": source, "sequences": len(seqs), "tokens": sum(map(len, seqs))},
         "error_vs_f32": table.result(),
         "seconds": round(time.perf_counter() - t0, 2),
     }

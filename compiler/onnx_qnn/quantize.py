@@ -69,8 +69,9 @@ def quantize_group(float_path: Path, out_path: Path, ranges: dict[str, tuple[flo
     if scheme not in NPU_QUANTS:
         raise CompileError(f"--npu-quant {scheme} is not supported (choose one of {', '.join(NPU_QUANTS)})")
     if "calibration_cache_path" not in inspect.signature(quantize_static).parameters:
-        raise CompileError("--target android-npu needs onnxruntime >= 1.23 (its quantizer takes precomputed ranges): "
-                           "pip install -U onnxruntime onnxruntime-qnn")
+        raise CompileError("--target android-npu needs a newer onnxruntime (its quantizer must take precomputed ranges, "
+                           "quantize_static(calibration_cache_path=...); 1.32 does): pip install -U onnxruntime "
+                           "onnxruntime-qnn")
     m = onnx.load(str(float_path), load_external_data=False)
     # int8 per output channel; w4a16 replaces these DequantizeLinear nodes afterwards (int4_blocks)
     over: dict[str, list[dict]] = {w: [{"quant_type": QuantType.QUInt8, "symmetric": True, "axis": 1}]
