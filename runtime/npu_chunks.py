@@ -62,8 +62,8 @@ class ChunkRunner:
     """Prefill in chunks of C tokens through the group sessions, over one KV cache (numpy, or views of the C
     context's cache). `observe(group_index, feeds)`, when given, sees every group's feeds (calibration).
 
-    first: the groups position 0 runs through instead (the float graphs: the stand-in for the CPU, which runs the
-    first token of every prompt in the runtime, runtime/context.c). Trained LLMs park massive activations (10^3-10^4
+    first: the groups position 0 runs through instead (the float graphs: the stand-in for the CPU, which runs
+    position 0 of every context in the runtime, runtime/context.c). Trained LLMs park massive activations (10^3-10^4
     x the median, in a few residual channels) on the first token, the attention sink; a 16-bit range wide enough for
     them leaves every other token's residual stream, and the squares inside its RMSNorms, no resolution. Taking
     position 0 off the NPU takes them out of every graph's ranges (see the README, "Android NPU")."""
@@ -104,8 +104,8 @@ class ChunkRunner:
             if observe_out is not None:
                 observe_out(gi, outs)
             for layer in range(*g.layers):
-                self.k[layer, pos:pos + C] = outs[f"new_k{layer}"][:C]
-                self.v[layer, pos:pos + C] = outs[f"new_v{layer}"][:C]
+                self.k[layer, pos:pos + C] = outs[f"new_k{layer}"]
+                self.v[layer, pos:pos + C] = outs[f"new_v{layer}"]
             h = outs["y"]
             for o in g.outliers:
                 h = h + o.correction(outs[f"outl{o.layer}"])
