@@ -54,6 +54,9 @@ def cli():
 @click.option("--npu-weights", type=click.Choice(["rtn", "gptq"]), default="rtn", show_default=True,
               help="android-npu w8a16: int8 weights rounded to nearest, or by GPTQ on the calibration text (lower "
                    "error, minutes longer)")
+@click.option("--npu-residual", type=click.Choice(["int8", "off"]), default=None,
+              help="android-npu w8a16: each projection also carries an int8 plane of what its int8 codes miss "
+                   "(~15-bit weights, 2x the NPU weight bytes and MACs; off: int8 only) [default: int8 for w8a16]")
 @click.option("--npu-outliers", type=click.Choice(["auto", "off"]), default="off", show_default=True,
               help="android-npu: compute outlier activation channels on the CPU in float (llm.npu's shadow "
                    "execution) where calibration finds them; each such layer ends its graph")
@@ -75,7 +78,7 @@ def cli():
               help="MoE: experts each guess names (the most likely ones), top-k .. all [default: top-k]")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune,
-                npu_chunk, npu_quant, soc, npu_weights, npu_outliers, layout, bundle_neurons, ffn_threshold,
+                npu_chunk, npu_quant, soc, npu_weights, npu_residual, npu_outliers, layout, bundle_neurons, ffn_threshold,
                 expert_prefetch_distance, expert_guesser, expert_guess_width, quiet):
     """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
     from .compiler.driver import compile_model
@@ -85,7 +88,7 @@ def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, m
                   npu_chunk=npu_chunk, npu_quant=npu_quant, soc=soc, npu_outliers=npu_outliers == "auto",
                   layout=layout, bundle_neurons=bundle_neurons, ffn_threshold=ffn_threshold,
                   expert_prefetch_distance=expert_prefetch_distance, expert_guesser=expert_guesser,
-                  expert_guess_width=expert_guess_width, npu_weights=npu_weights)
+                  expert_guess_width=expert_guess_width, npu_weights=npu_weights, npu_residual=npu_residual)
 
 
 @cli.command("tune")

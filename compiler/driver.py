@@ -92,7 +92,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                   npu_quant: str = "w8a16", soc: str | None = None, npu_outliers: bool = False,
                   layout: str = "dense", bundle_neurons: int | None = None, ffn_threshold: float | None = None,
                   expert_prefetch_distance: int | None = None, expert_guesser: str = "fitted",
-                  expert_guess_width: int | None = None, npu_weights: str = "rtn") -> Path:
+                  expert_guess_width: int | None = None, npu_weights: str = "rtn",
+                  npu_residual: str | None = None) -> Path:
     """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
     body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
     calibrated on calib (a text file) or the built-in sample. tune: off | quick | full (compiler/tune; None: quick
@@ -109,9 +110,9 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     tgt = get_target(target)
     tune_mode = resolve_mode(tune, tgt)
     if not tgt.npu and (npu_chunk is not None or soc is not None or npu_quant != "w8a16" or npu_outliers or
-                        npu_weights != "rtn"):
-        raise CompileError(f"--npu-chunk, --npu-quant, --npu-weights, --npu-outliers and --soc apply to --target "
-                           f"android-npu, not {tgt.name}")
+                        npu_weights != "rtn" or npu_residual is not None):
+        raise CompileError(f"--npu-chunk, --npu-quant, --npu-weights, --npu-residual, --npu-outliers and --soc apply "
+                           f"to --target android-npu, not {tgt.name}")
     socs = []
     if tgt.npu:
         from .onnx_qnn.package import NPU_WEIGHTS, parse_socs
@@ -123,6 +124,9 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         if npu_weights not in NPU_WEIGHTS or (npu_weights != "rtn" and npu_quant != "w8a16"):
             raise CompileError(f"--npu-weights {npu_weights}: choose {' or '.join(NPU_WEIGHTS)} (gptq applies to "
                                "--npu-quant w8a16; w4a16 takes the CPU package's GPTQ codes with --quant q4gG --gptq)")
+        if npu_residual not in (None, "int8", "off") or (npu_residual == "int8" and npu_quant != "w8a16"):
+            raise CompileError(f"--npu-residual {npu_residual}: choose int8 or off (int8 applies to --npu-quant w8a16)")
+        npu_residual = npu_residual or ("int8" if npu_quant == "w8a16" else "off")
         npu_chunk = npu_chunk or NPU_CHUNK
     if layout not in ("dense", "bundled"):
         raise CompileError(f"--layout {layout}: choose dense or bundled")
@@ -302,7 +306,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                 raise CompileError("--target android-npu calibrates on text: the checkpoint needs a tokenizer.json")
             npu = write_npu(tmp, spec, raw, model_dir / "tokenizer.json", chunk=npu_chunk, kv_rows=kv_rows,
                             quant=npu_quant, socs=socs, calib=calib, gptq=pre, outliers=npu_outliers, weights=npu_weights,
-                            progress=progress)
+                            residual=npu_residual == "int8", progress=progress)
         manifest = {
             "format_version": FORMAT_VERSION,
             "edgellm_version": _version(),

@@ -111,7 +111,7 @@ def test_package_layout(npu_pkg):
         assert (npu_pkg / f).is_file() and f in sums
     assert not (npu_pkg / "npu.float").exists()           # the float work graphs are not shipped
     assert not list(npu_pkg.rglob("*.probe.onnx")) and not list(npu_pkg.rglob("*.ranges.json"))
-    assert npu["cpu_positions"] == 1 and npu["weights"] == "int8 per channel, rtn"
+    assert npu["cpu_positions"] == 1 and npu["weights"].startswith("int8 + int8 residual plane, rtn (blocks of")
     e = npu["error_vs_f32"]
     assert len(e["layers"]) == 6 and max(max(x["k"], x["v"]) for x in e["layers"]) < 0.05 and e["hidden_out"] < 0.05
     assert 0 < e["hidden_out_token_median"] < 0.05
@@ -473,7 +473,7 @@ def test_gptq_int8_weights_on_the_htp(host_npu, tmp_path):
                           soc="none", npu_weights="gptq", progress=False)
     man = json.loads((pkg / "manifest.json").read_text())["npu"]
     base = json.loads((host_npu / "manifest.json").read_text())["npu"]
-    assert man["weights"] == "int8 per channel, gptq"
+    assert man["weights"].startswith("int8 + int8 residual plane, gptq")
     assert man["error_vs_f32"]["hidden_out"] <= 1.05 * base["error_vs_f32"]["hidden_out"]
     spec = ModelSpec.from_dict(json.loads((pkg / "manifest.json").read_text())["model"]["config"])
     g = man["groups"][0]
@@ -486,3 +486,90 @@ def test_gptq_int8_weights_on_the_htp(host_npu, tmp_path):
     with pytest.raises(CompileError, match="gptq applies to"):
         edgellm.compile("demo", target="host-npu", out=tmp_path / "w4", npu_quant="w4a16", npu_weights="gptq",
                         progress=False)
+
+
+def test_weight_planes(tmp_path):
+    """--npu-residual int8 (the w8a16 default): a projection is [x, x] @ [main; residual], one MatMul whose float
+    graph computes what the unsplit one does; quantized, main is its int8 codes and the residual its own int8 codes
+    in blocks (a ~127x finer scale), so the graph's weights carry the checkpoint's to ~15 bits where int8 per channel
+    leaves ~1/250 of each row's range."""
+    from onnx import numpy_helper
+
+    from edgellm.compiler.onnx_qnn.calibrate import Ranges, derive, probe_graph
+    from edgellm.compiler.onnx_qnn.package import weight_planes
+    from edgellm.compiler.onnx_qnn.quantize import plane_block, quantize_group
+
+    spec, ck, _ = load_checkpoint(demo_path("demo"))
+    C, L = 8, 32
+    x = np.random.default_rng(0).standard_normal((13, spec.hidden_size)).astype(np.float32)
+    outs, paths = {}, {}
+    for tag, planes in (("one", None), ("split", weight_planes(ck.get))):
+        p = tmp_path / f"{tag}.onnx"
+        onnx.save(trace_group(spec, ck.get, C, L, 0, spec.n_layers, planes=planes), str(p),
+                  save_as_external_data=True, location=p.name + ".data", size_threshold=1024)
+        s = qnn_ort.session(p, backend="cpu")
+        outs[tag] = ChunkRunner(spec, [Group((0, spec.n_layers), s, tuple(i.name for i in s.get_inputs()))], C,
+                                L).prefill(x)
+        paths[tag] = p
+    assert rel(outs["split"], outs["one"]) < 1e-5
+    m = onnx.load(str(paths["split"]), load_external_data=False)
+    assert sum(n.op_type == "Concat" and n.input[0] == n.input[1] for n in m.graph.node) == 4 * spec.n_layers   # qkv, o, gate+up, down
+    # quantize: ranges of the float graph over x, then the two planes' codes
+    r = Ranges()
+    s = qnn_ort.session(probe_graph(paths["split"]), backend="cpu")
+    ChunkRunner(spec, [Group((0, spec.n_layers), s, tuple(i.name for i in s.get_inputs()))], C, L).prefill(
+        x, observe=r.see, observe_out=r.see)
+    q = tmp_path / "q.onnx"
+    fmt = quantize_group(paths["split"], q, derive(r.ranges(), paths["split"]), "w8a16", planes=True)
+    assert fmt.startswith("int8 + int8 residual plane, rtn (blocks of")
+    qm = onnx.load(str(q))
+    inits = {i.name: numpy_helper.to_array(i) for i in qm.graph.initializer}
+    name = "model.layers.1.mlp.down_proj.weight"
+    w = np.asarray(ck.get(name), np.float32)
+    codes, scales = inits[name + "_quantized"], inits[name + "_scale"]
+    b = plane_block(w.shape[1])
+    assert codes.dtype == np.int8 and codes.shape == (2 * w.shape[1], w.shape[0]) and scales.shape[0] == 2 * w.shape[1] // b
+    deq = codes.astype(np.float32) * np.repeat(scales, b, axis=0)
+    k = w.shape[1]
+    int8_only = rel((np.round(w / (np.abs(w).max(1, keepdims=True) / 127)) * (np.abs(w).max(1, keepdims=True) / 127)), w)
+    assert rel((deq[:k] + deq[k:]).T, w) < int8_only / 50
+    s = qnn_ort.session(q, backend="cpu")
+    got = ChunkRunner(spec, [Group((0, spec.n_layers), s, tuple(i.name for i in s.get_inputs()))], C, L).prefill(x)
+    assert rel(got, outs["one"]) < 0.02
+    with pytest.raises(CompileError, match="npu-residual"):
+        edgellm.compile("demo", target="host-npu", out=tmp_path / "w4", npu_quant="w4a16", npu_residual="int8",
+                        progress=False)
+    with pytest.raises(CompileError, match="npu-residual"):
+        edgellm.compile("demo", target="host", out=tmp_path / "h", npu_residual="off", progress=False)
+
+
+def test_cpu_ep_block_matmul_is_float():
+    """The CPU EP's QDQ simulation (error tables, tests) keeps a block-wise DequantizeLinear -> MatMul in float: by
+    default ONNX Runtime fuses the pair into MatMulNBits and rounds the activations to int8 (accuracy level 4), which
+    tripled a real model's measured error; qnn_ort.session sets level 0."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    K, N, B = 256, 64, 32
+    q = rng.integers(-127, 128, (K, N)).astype(np.int8)
+    d = (rng.random((K // B, N)) * 0.01 + 1e-3).astype(np.float32)
+    x = (rng.standard_normal((16, K)) * np.exp(rng.standard_normal(K) * 2)).astype(np.float32)   # outlier channels
+    g = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["q", "d", "z"], ["w"], axis=0, block_size=B),
+         helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, N])],
+        [numpy_helper.from_array(q, "q"), numpy_helper.from_array(d, "d"),
+         numpy_helper.from_array(np.zeros((K // B, N), np.int8), "z")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    want = x.astype(np.float64) @ (q * np.repeat(d, B, axis=0))
+    import tempfile
+    with tempfile.TemporaryDirectory() as td:
+        p = os.path.join(td, "m.onnx")
+        onnx.save(m, p)
+        ours = qnn_ort.session(p, backend="cpu").run(None, {"x": x})[0]
+        fused = qnn_ort.session(p, backend="cpu", config={"session.qdq_matmulnbits_accuracy_level": "4"}).run(
+            None, {"x": x})[0]
+    assert rel(ours, want) < 1e-5
+    assert rel(fused, want) > 1e-4   # what the default would have measured

@@ -55,12 +55,14 @@ def _write_ranges(path: Path, ranges: dict[str, tuple[float, float]]) -> None:
 
 
 def quantize_group(float_path: Path, out_path: Path, ranges: dict[str, tuple[float, float]], scheme: str = "w8a16",
-                   gptq: dict | None = None, int8: dict | None = None) -> str:
+                   gptq: dict | None = None, int8: dict | None = None, planes: bool = False) -> str:
     """Quantizes one float group graph to out_path (+ its external data); returns the weight format (manifest).
     ranges: every float tensor's calibrated (min, max) (calibrate.py; widened here). gptq: the CPU package's GPTQ q4
     parts by checkpoint name (w4a16 takes its codes; None: RTN; w8a16 ignores them: its int8 grid is finer than
     GPTQ's int4 one). int8: w8a16's own codes by checkpoint name (weights.NpuInt8 parts, GPTQ on the NPU's int8
-    grid; None: ONNX Runtime's round-to-nearest per channel)."""
+    grid; None: ONNX Runtime's round-to-nearest per channel). planes: the graph's projections are split in two weight
+    planes (graph.py; w8a16 only): each projection is two int8 weight planes, its codes (int8's, else
+    round-to-nearest) and the rounding residual's (weight_planes)."""
     import inspect
 
     from onnxruntime.quantization import CalibrationMethod, QuantType, quantize_static
@@ -91,6 +93,8 @@ def quantize_group(float_path: Path, out_path: Path, ranges: dict[str, tuple[flo
     finally:
         root.setLevel(level)
         cache.unlink(missing_ok=True)
+    if scheme == "w8a16" and planes:
+        return weight_planes(out_path, float_path, int8)
     if scheme == "w8a16":
         return int8_weights(out_path, float_path, int8) if int8 else "int8 per channel, rtn"
     return int4_blocks(out_path, float_path, gptq)
@@ -135,10 +139,10 @@ def int4_blocks(path: Path, float_path: Path, gptq: dict | None = None) -> str:
     CPU EP's was right); block-wise it gave the same results either way, so we keep the form that is right for both."""
     def pick(name, float_weight):
         if gptq is not None and name in gptq:
-            return (*gptq_int4(gptq[name]), "gptq")
-        return (*rtn_int4(float_weight(), W4_BLOCK), "rtn")
+            return (*gptq_int4(gptq[name]), "gptq", 4)
+        return (*rtn_int4(float_weight(), W4_BLOCK), "rtn", 4)
 
-    return rewrite_weights(path, float_path, pick, bits=4)
+    return rewrite_weights(path, float_path, pick)
 
 
 def int8_weights(path: Path, float_path: Path, parts: dict) -> str:
@@ -147,16 +151,60 @@ def int8_weights(path: Path, float_path: Path, parts: dict) -> str:
     channel when G = in, else blocks of G inputs."""
     def pick(name, _float_weight):
         p = parts[name]
-        return np.ascontiguousarray(p["q"].T), np.ascontiguousarray(p["scales"].T), p.get("source", "gptq")
+        return np.ascontiguousarray(p["q"].T), np.ascontiguousarray(p["scales"].T), p.get("source", "gptq"), 8
 
-    return rewrite_weights(path, float_path, pick, bits=8, only=set(parts))
+    return rewrite_weights(path, float_path, pick, only=set(parts))
 
 
-def rewrite_weights(path: Path, float_path: Path, pick, bits: int, only: set | None = None) -> str:
+PLANE_BLOCKS = (128, 64, 32)   # int8 block sizes the HTP runs block-wise (toolchain probes), largest first
+
+
+def plane_block(k: int) -> int | None:
+    """The block of a split projection with k inputs: the largest PLANE_BLOCKS size dividing k (None: not split)."""
+    return next((b for b in PLANE_BLOCKS if k % b == 0), None)
+
+
+def weight_planes(path: Path, float_path: Path, int8: dict | None = None) -> str:
+    """Rewrites the quantized graph of a float graph whose projections are split in two planes (graph.py planes:
+    [x, x] @ [main; residual], [2K, N]): int8 codes in blocks of plane_block(K) inputs, each block its own scale, so
+    the residual half (main's rounding error, ~1/254 of the weight) gets a scale ~127x finer than main's. The sum
+    carries ~15 bits of the weight: int8 alone costs a real 135M model 2.4% of its logits (outlier input channels
+    multiply the rounding error) where 16-bit activations cost 0.3%. Main's codes: int8's (e.g. GPTQ's, per channel
+    or per group, spread over the blocks), else round-to-nearest per block (what package.weight_planes put in the
+    float graph: the codes come back exactly)."""
+    from .weights import NpuInt8
+
+    seen: set[tuple[str, int]] = set()
+
+    def pick(name, float_weight):
+        fw = float_weight()                      # [2K, N]: main rows, then residual rows
+        k = fw.shape[0] // 2
+        b = plane_block(k)
+        rtn = NpuInt8(b)
+        if int8 and name in int8:
+            p = int8[name]
+            qm, dm = p["q"].T, p["scales"].T                       # [K, N], [K/G, N]
+            dm = np.repeat(dm, (k // dm.shape[0]) // b, axis=0)     # the main plane's scale per block of b
+            src = p.get("source", "gptq")
+        else:
+            p = rtn.quantize(fw[:k].T)
+            qm, dm, src = p["q"].T, p["scales"].T, "rtn"
+        r = rtn.quantize(fw[k:].T)
+        q = np.concatenate([qm, r["q"].T]).astype(np.int8)
+        d = np.concatenate([dm, r["scales"].T]).astype(np.float32)
+        seen.add((src, b))
+        return np.ascontiguousarray(q), np.ascontiguousarray(d), src, 8
+
+    rewrite_weights(path, float_path, pick)
+    return "; ".join(f"int8 + int8 residual plane, {src} (blocks of {', '.join(str(b) for s, b in sorted(seen) if s == src)})"
+                     for src in sorted({s for s, _ in seen}))
+
+
+def rewrite_weights(path: Path, float_path: Path, pick, only: set | None = None) -> str:
     """Replaces the weight DequantizeLinear of every MatMul (of the names in `only`, or all) with
-    pick(name, float_weight) = (codes int8 [in, out], scales f32 [in/B, out], source): int4 or int8 codes, symmetric
-    (explicit zero points 0); one scale row: per output channel (axis 1), else blocks of B inputs (axis 0). Returns
-    the weight formats for the manifest."""
+    pick(name, float_weight) = (codes int8 [in, out], scales f32 [in/B, out], source, bits): int4 or int8 codes,
+    symmetric (explicit zero points 0); one scale row: per output channel (axis 1), else blocks of B inputs (axis 0).
+    Returns the weight formats for the manifest."""
     fm = onnx.load(str(float_path), load_external_data=False)
     finits = {i.name: i for i in fm.graph.initializer}
     weight_of = _matmul_weights(fm)
@@ -164,15 +212,17 @@ def rewrite_weights(path: Path, float_path: Path, pick, bits: int, only: set | N
     inits = {i.name: i for i in m.graph.initializer}
     prod = {o: n for n in m.graph.node for o in n.output}
     formats = set()
-    tensor = _int4_tensor if bits == 4 else (lambda name, q: numpy_helper.from_array(np.asarray(q, np.int8), name))
+    int8_tensor = lambda name, q: numpy_helper.from_array(np.asarray(q, np.int8), name)   # noqa: E731
     for node in m.graph.node:
         name = weight_of.get(node.name) if node.op_type == "MatMul" else None
         dq = prod.get(node.input[1]) if name and (only is None or name in only) else None
         if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
             continue
-        q, d, src = pick(name, lambda name=name: numpy_helper.to_array(finits[name], base_dir=str(float_path.parent)))
+        q, d, src, bits = pick(name, lambda name=name: numpy_helper.to_array(finits[name],
+                                                                             base_dir=str(float_path.parent)))
+        tensor = _int4_tensor if bits == 4 else int8_tensor
         block = q.shape[0] // d.shape[0]
-        per_channel = bits == 8 and d.shape[0] == 1
+        per_channel = d.shape[0] == 1
         formats.add(f"int{bits} " + ("per channel" if per_channel else f"block {block}") + f", {src}")
         for x in dq.input:
             if x in inits:
