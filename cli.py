@@ -54,9 +54,10 @@ def cli():
 @click.option("--npu-weights", type=click.Choice(["rtn", "gptq"]), default="rtn", show_default=True,
               help="android-npu w8a16: int8 weights rounded to nearest, or by GPTQ on the calibration text (lower "
                    "error, minutes longer)")
-@click.option("--npu-residual", type=click.Choice(["int8", "off"]), default=None,
-              help="android-npu w8a16: each projection also carries an int8 plane of what its int8 codes miss "
-                   "(~15-bit weights, 2x the NPU weight bytes and MACs; off: int8 only) [default: int8 for w8a16]")
+@click.option("--npu-residual", type=click.Choice(["int4", "off"]), default=None,
+              help="android-npu w8a16: each projection also carries an int4 plane of what its int8 codes miss "
+                   "(~11-bit weights for 1.5x the NPU weight bytes and a second MatMul; off: int8 only) "
+                   "[default: int4 for w8a16]")
 @click.option("--npu-outliers", type=click.Choice(["auto", "off"]), default="off", show_default=True,
               help="android-npu: compute outlier activation channels on the CPU in float (llm.npu's shadow "
                    "execution) where calibration finds them; each such layer ends its graph")

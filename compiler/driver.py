@@ -124,9 +124,9 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         if npu_weights not in NPU_WEIGHTS or (npu_weights != "rtn" and npu_quant != "w8a16"):
             raise CompileError(f"--npu-weights {npu_weights}: choose {' or '.join(NPU_WEIGHTS)} (gptq applies to "
                                "--npu-quant w8a16; w4a16 takes the CPU package's GPTQ codes with --quant q4gG --gptq)")
-        if npu_residual not in (None, "int8", "off") or (npu_residual == "int8" and npu_quant != "w8a16"):
-            raise CompileError(f"--npu-residual {npu_residual}: choose int8 or off (int8 applies to --npu-quant w8a16)")
-        npu_residual = npu_residual or ("int8" if npu_quant == "w8a16" else "off")
+        if npu_residual not in (None, "int4", "off") or (npu_residual == "int4" and npu_quant != "w8a16"):
+            raise CompileError(f"--npu-residual {npu_residual}: choose int4 or off (int4 applies to --npu-quant w8a16)")
+        npu_residual = npu_residual or ("int4" if npu_quant == "w8a16" else "off")
         npu_chunk = npu_chunk or NPU_CHUNK
     if layout not in ("dense", "bundled"):
         raise CompileError(f"--layout {layout}: choose dense or bundled")
@@ -306,7 +306,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                 raise CompileError("--target android-npu calibrates on text: the checkpoint needs a tokenizer.json")
             npu = write_npu(tmp, spec, raw, model_dir / "tokenizer.json", chunk=npu_chunk, kv_rows=kv_rows,
                             quant=npu_quant, socs=socs, calib=calib, gptq=pre, outliers=npu_outliers, weights=npu_weights,
-                            residual=npu_residual == "int8", progress=progress)
+                            residual=npu_residual == "int4", progress=progress)
         manifest = {
             "format_version": FORMAT_VERSION,
             "edgellm_version": _version(),

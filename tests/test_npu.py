@@ -111,7 +111,7 @@ def test_package_layout(npu_pkg):
         assert (npu_pkg / f).is_file() and f in sums
     assert not (npu_pkg / "npu.float").exists()           # the float work graphs are not shipped
     assert not list(npu_pkg.rglob("*.probe.onnx")) and not list(npu_pkg.rglob("*.ranges.json"))
-    assert npu["cpu_positions"] == 1 and npu["weights"].startswith("int8 + int8 residual plane, rtn (blocks of")
+    assert npu["cpu_positions"] == 1 and npu["weights"] == "int8 per channel, rtn + int4 residual plane per channel"
     e = npu["error_vs_f32"]
     assert len(e["layers"]) == 6 and max(max(x["k"], x["v"]) for x in e["layers"]) < 0.05 and e["hidden_out"] < 0.05
     assert 0 < e["hidden_out_token_median"] < 0.05
@@ -473,7 +473,7 @@ def test_gptq_int8_weights_on_the_htp(host_npu, tmp_path):
                           soc="none", npu_weights="gptq", progress=False)
     man = json.loads((pkg / "manifest.json").read_text())["npu"]
     base = json.loads((host_npu / "manifest.json").read_text())["npu"]
-    assert man["weights"].startswith("int8 + int8 residual plane, gptq")
+    assert man["weights"] == "int8 per channel, gptq + int4 residual plane per channel"
     assert man["error_vs_f32"]["hidden_out"] <= 1.05 * base["error_vs_f32"]["hidden_out"]
     spec = ModelSpec.from_dict(json.loads((pkg / "manifest.json").read_text())["model"]["config"])
     g = man["groups"][0]
@@ -489,55 +489,62 @@ def test_gptq_int8_weights_on_the_htp(host_npu, tmp_path):
 
 
 def test_weight_planes(tmp_path):
-    """--npu-residual int8 (the w8a16 default): a projection is [x, x] @ [main; residual], one MatMul whose float
-    graph computes what the unsplit one does; quantized, main is its int8 codes and the residual its own int8 codes
-    in blocks (a ~127x finer scale), so the graph's weights carry the checkpoint's to ~15 bits where int8 per channel
-    leaves ~1/250 of each row's range."""
+    """--npu-residual int4 (the w8a16 default): each projection of the quantized graph is x @ main + x @ residual,
+    main the weight's int8 codes per channel and residual the int4 codes of what main misses, so the graph's weights
+    carry the checkpoint's to ~11 bits where int8 leaves ~1/250 of each row's range; the graph computes closer to
+    the float one than int8 alone, and no residual output reaches the edge of its range."""
     from onnx import numpy_helper
 
     from edgellm.compiler.onnx_qnn.calibrate import Ranges, derive, probe_graph
-    from edgellm.compiler.onnx_qnn.package import weight_planes
-    from edgellm.compiler.onnx_qnn.quantize import plane_block, quantize_group
+    from edgellm.compiler.onnx_qnn.quantize import quantize_group
 
     spec, ck, _ = load_checkpoint(demo_path("demo"))
     C, L = 8, 32
     x = np.random.default_rng(0).standard_normal((13, spec.hidden_size)).astype(np.float32)
-    outs, paths = {}, {}
-    for tag, planes in (("one", None), ("split", weight_planes(ck.get))):
-        p = tmp_path / f"{tag}.onnx"
-        onnx.save(trace_group(spec, ck.get, C, L, 0, spec.n_layers, planes=planes), str(p),
-                  save_as_external_data=True, location=p.name + ".data", size_threshold=1024)
-        s = qnn_ort.session(p, backend="cpu")
-        outs[tag] = ChunkRunner(spec, [Group((0, spec.n_layers), s, tuple(i.name for i in s.get_inputs()))], C,
-                                L).prefill(x)
-        paths[tag] = p
-    assert rel(outs["split"], outs["one"]) < 1e-5
-    m = onnx.load(str(paths["split"]), load_external_data=False)
-    assert sum(n.op_type == "Concat" and n.input[0] == n.input[1] for n in m.graph.node) == 4 * spec.n_layers   # qkv, o, gate+up, down
-    # quantize: ranges of the float graph over x, then the two planes' codes
+    p = tmp_path / "f.onnx"
+    onnx.save(trace_group(spec, ck.get, C, L, 0, spec.n_layers), str(p), save_as_external_data=True,
+              location=p.name + ".data", size_threshold=1024)
+
+    def run(path, **kw):
+        s = qnn_ort.session(path, backend="cpu")
+        return ChunkRunner(spec, [Group((0, spec.n_layers), s, tuple(i.name for i in s.get_inputs()))], C,
+                           L).prefill(x, **kw)
+
     r = Ranges()
-    s = qnn_ort.session(probe_graph(paths["split"]), backend="cpu")
-    ChunkRunner(spec, [Group((0, spec.n_layers), s, tuple(i.name for i in s.get_inputs()))], C, L).prefill(
-        x, observe=r.see, observe_out=r.see)
-    q = tmp_path / "q.onnx"
-    fmt = quantize_group(paths["split"], q, derive(r.ranges(), paths["split"]), "w8a16", planes=True)
-    assert fmt.startswith("int8 + int8 residual plane, rtn (blocks of")
+    want = run(probe_graph(p), observe=r.see, observe_out=r.see)
+    out = {}
+    for planes in (False, True):
+        q = tmp_path / f"q{int(planes)}.onnx"
+        out[planes] = (quantize_group(p, q, derive(r.ranges(), p), "w8a16", planes=planes), q, rel(run(q), want))
+    fmt, q, err = out[True]
+    assert fmt == "int8 per channel, rtn + int4 residual plane per channel" and out[False][0] == "int8 per channel, rtn"
+    assert err < 0.01 and err < out[False][2]
     qm = onnx.load(str(q))
+    res = [n for n in qm.graph.node if n.op_type == "MatMul" and n.name.endswith("_residual")]
+    assert len(res) == 7 * spec.n_layers
     inits = {i.name: numpy_helper.to_array(i) for i in qm.graph.initializer}
+    node = next(n for n in qm.graph.node if n.op_type == "MatMul" and not n.name.endswith("_residual")
+                and n.input[1].startswith("model.layers.1.mlp.down_proj.weight"))
     name = "model.layers.1.mlp.down_proj.weight"
     w = np.asarray(ck.get(name), np.float32)
-    codes, scales = inits[name + "_quantized"], inits[name + "_scale"]
-    b = plane_block(w.shape[1])
-    assert codes.dtype == np.int8 and codes.shape == (2 * w.shape[1], w.shape[0]) and scales.shape[0] == 2 * w.shape[1] // b
-    deq = codes.astype(np.float32) * np.repeat(scales, b, axis=0)
-    k = w.shape[1]
-    int8_only = rel((np.round(w / (np.abs(w).max(1, keepdims=True) / 127)) * (np.abs(w).max(1, keepdims=True) / 127)), w)
-    assert rel((deq[:k] + deq[k:]).T, w) < int8_only / 50
-    s = qnn_ort.session(q, backend="cpu")
-    got = ChunkRunner(spec, [Group((0, spec.n_layers), s, tuple(i.name for i in s.get_inputs()))], C, L).prefill(x)
-    assert rel(got, outs["one"]) < 0.02
+    main = inits[name + "_quantized"].astype(np.float32) * inits[name + "_scale"]
+    rq = inits[node.name + "_residual_w"].astype(np.float32)
+    assert rq.min() >= -7 and rq.max() <= 7
+    eff = (main + rq * inits[node.name + "_residual_w_scale"]).T
+    s8 = np.abs(w).max(1, keepdims=True) / 127
+    assert rel(eff, w) < rel(np.round(w / s8) * s8, w) / 5
+    # residual outputs stay well inside their 16-bit range (RESIDUAL_RANGE x finer than the projection's)
+    probe = onnx.load(str(q), load_external_data=False)
+    probe.graph.output.extend(onnx.helper.make_tensor_value_info(n.name + "_y", onnx.TensorProto.FLOAT, None) for n in res)
+    onnx.save(probe, str(tmp_path / "probe.onnx"))
+    seen = Ranges()
+    run(tmp_path / "probe.onnx", observe_out=seen.see)
+    scales = {n.name: float(inits[n.name + "_scale"]) for n in res}
+    for n in res:
+        lo, hi = seen.ranges()[n.name + "_y"]
+        assert max(-lo, hi) < 0.5 * 32768 * scales[n.name], n.name
     with pytest.raises(CompileError, match="npu-residual"):
-        edgellm.compile("demo", target="host-npu", out=tmp_path / "w4", npu_quant="w4a16", npu_residual="int8",
+        edgellm.compile("demo", target="host-npu", out=tmp_path / "w4", npu_quant="w4a16", npu_residual="int4",
                         progress=False)
     with pytest.raises(CompileError, match="npu-residual"):
         edgellm.compile("demo", target="host", out=tmp_path / "h", npu_residual="off", progress=False)

@@ -39,10 +39,8 @@ class OnnxGraph:
     """Graph backend emitting ONNX nodes for layers [l0, l1) of a prefill chunk of C tokens."""
 
     def __init__(self, spec: ModelSpec, weight, chunk: int, kv_rows: int, l0: int, l1: int,
-                 outliers: dict | None = None, expose_act: bool = False, planes=None):
+                 outliers: dict | None = None, expose_act: bool = False):
         self.spec, self.C, self.L, self.l0, self.l1 = spec, chunk, kv_rows, l0, l1
-        self.planes = planes                       # name -> (main, residual) [out, in] or None: see linear()
-        self._doubled: dict[str, str] = {}         # x -> Concat(x, x), shared by the projections reading x
         self.outliers = outliers or {}             # layer -> (threshold, channels): see linear()
         self.expose_act = expose_act               # also output every FFN down-projection input (calibration)
         self._weight = weight                      # checkpoint name -> float array
@@ -132,15 +130,7 @@ class OnnxGraph:
         x = self._in(x)
         if w.endswith(DOWN_PROJ):
             x = self._outlier_split(x, layer, in_f)
-        split = self.planes(w) if self.planes else None
-        if split is None:
-            y = self._op("MatMul", [x, self._w(w, (in_f, out_f), transpose=True)])   # x @ W.T
-        else:   # x @ W.T as [x, x] @ [main.T; residual.T]: one MatMul, one output rounding (two MatMuls and an Add
-            # round the output three times); quantize.py gives each plane's blocks their own int8 scales
-            self.inits[w] = np.ascontiguousarray(np.concatenate([np.asarray(a, np.float32).T for a in split]))
-            if x not in self._doubled:
-                self._doubled[x] = self._op("Concat", [x, x], axis=-1)
-            y = self._op("MatMul", [self._doubled[x], w])
+        y = self._op("MatMul", [x, self._w(w, (in_f, out_f), transpose=True)])   # x @ W.T
         return self._op("Add", [y, self._w(b, (out_f,))]) if b is not None else y
 
     def _outlier_split(self, a: str, layer: int, n: int) -> str:
@@ -245,18 +235,16 @@ class OnnxGraph:
 
 
 def trace_group(spec: ModelSpec, weight, chunk: int, kv_rows: int, l0: int, l1: int, outliers: dict | None = None,
-                expose_act: bool = False, planes=None) -> onnx.ModelProto:
+                expose_act: bool = False) -> onnx.ModelProto:
     """The float prefill-chunk graph of layers [l0, l1). outliers: layer -> (threshold, channels) of the FFN down
     projection inputs split off for the CPU (one layer per graph then: the CPU's part must be added before the next
-    layer runs); expose_act: output every down-projection input as act<layer> (calibration); planes: name ->
-    (main, residual) float weights [out, in] whose sum is the weight, or None (one MatMul): quantize.py rounds each
-    to its own grid (weight planes)."""
+    layer runs); expose_act: output every down-projection input as act<layer> (calibration)."""
     from ...models import family
 
     if spec.family != "llama" or spec.n_experts:
         OnnxGraph(spec, weight, chunk, kv_rows, l0, l1)._unsupported(
             "a mixture-of-experts model" if spec.n_experts else f"the {spec.family} family")
-    g = OnnxGraph(spec, weight, chunk, kv_rows, l0, l1, outliers, expose_act, planes)
+    g = OnnxGraph(spec, weight, chunk, kv_rows, l0, l1, outliers, expose_act)
     x = family(spec).body(g, list(range(chunk)))
     if g.y is None:
         g.y = x

@@ -60,31 +60,13 @@ def _session(path: Path, layers: tuple[int, int], backend: str, cpu_parts=None, 
     return Group(layers, s, tuple(i.name for i in s.get_inputs()), parts)
 
 
-def _float_graph(work: Path, i: int, spec, weight, chunk, kv_rows, layers, chosen=None, expose_act=False,
-                 planes=None) -> Path:
+def _float_graph(work: Path, i: int, spec, weight, chunk, kv_rows, layers, chosen=None, expose_act=False) -> Path:
     l0, l1 = layers
     p = work / f"group{i}.onnx"
     m = trace_group(spec, weight, chunk, kv_rows, l0, l1, {x: chosen[x] for x in chosen or {} if l0 <= x < l1},
-                    expose_act, planes)
+                    expose_act)
     onnx.save(m, str(p), save_as_external_data=True, location=p.name + ".data", size_threshold=1024)
     return p
-
-
-def weight_planes(weight, int8: dict | None = None):
-    """graph.py's planes: a projection W as (main, W - main), main the value of its int8 codes (int8's, e.g. GPTQ,
-    else round-to-nearest in blocks of quantize.plane_block inputs); quantize.weight_planes rounds both halves."""
-    from .quantize import plane_block
-    from .weights import NpuInt8
-
-    def split(name: str):
-        w = np.asarray(weight(name), np.float32)
-        b = plane_block(w.shape[1]) if w.ndim == 2 else None
-        if b is None or (int8 and name in int8 and (w.shape[1] // int8[name]["scales"].shape[1]) % b):
-            return None   # no block size divides its inputs (or GPTQ's groups): one plane
-        main = NpuInt8.dequantize(int8[name] if int8 and name in int8 else NpuInt8(b).quantize(w))
-        return main, w - main
-
-    return split
 
 
 def _drop(path: Path) -> None:
@@ -170,7 +152,7 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
     """Writes pkg/npu/ and returns the manifest's "npu" section. gptq: the CPU package's GPTQ q4 parts by weight
     name (compile --gptq), whose codes and scales w4a16 reuses (None: round-to-nearest). weights (w8a16): "rtn"
     (round-to-nearest per channel) or "gptq" (GPTQ on the same int8 grid, calibrated on the text). residual
-    (w8a16): every projection also gets an int8 plane of what its codes miss (quantize.weight_planes).
+    (w8a16): every projection also gets an int4 plane of what its int8 codes miss (quantize.weight_planes).
 
     Group by group, so that peak memory is one group's graphs, not the model's: trace the float graph, stream every
     tensor's range over the calibration text (calibrate.py), quantize, measure its error against float on a
@@ -212,19 +194,18 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
         t = time.perf_counter()
         int8 = gptq_model(spec, weight, NpuInt8(), seqs, skip=1, progress=progress or None)
         _log(progress, f"NPU: GPTQ int8 weights in {time.perf_counter() - t:.0f} s")
-    planes = weight_planes(weight, int8) if residual else None
     _log(progress, f"NPU: {len(groups)} graph(s) of layers {', '.join(f'{a}-{b - 1}' for a, b in groups)}, chunk {chunk}, "
                    f"{quant}, calibrated on {sum(map(len, seqs))} tokens")
     qpaths, formats, infos, table = [], set(), [], _ErrorTable(spec, len(held))
     hf, hq = x_held, x_held
     for i, layers in enumerate(groups):
-        fpath = _float_graph(work, i, spec, weight, chunk, kv_rows, layers, chosen, planes=planes)
+        fpath = _float_graph(work, i, spec, weight, chunk, kv_rows, layers, chosen)
         probe = _session(probe_graph(fpath), layers, "cpu", cpu_parts)   # the float graph, its tensors exposed
         ranges = Ranges()
         xs = _through(spec, probe, xs, chunk, kv_rows, observe=ranges.see, observe_out=ranges.see)
         q = out / fpath.name
         try:
-            formats.add(quantize_group(fpath, q, derive(ranges.ranges(), fpath), quant, gptq, int8, planes is not None))
+            formats.add(quantize_group(fpath, q, derive(ranges.ranges(), fpath), quant, gptq, int8, residual))
         except CompileError:
             raise
         except Exception as e:   # the quantization tool's own errors

@@ -60,9 +60,8 @@ def quantize_group(float_path: Path, out_path: Path, ranges: dict[str, tuple[flo
     ranges: every float tensor's calibrated (min, max) (calibrate.py; widened here). gptq: the CPU package's GPTQ q4
     parts by checkpoint name (w4a16 takes its codes; None: RTN; w8a16 ignores them: its int8 grid is finer than
     GPTQ's int4 one). int8: w8a16's own codes by checkpoint name (weights.NpuInt8 parts, GPTQ on the NPU's int8
-    grid; None: ONNX Runtime's round-to-nearest per channel). planes: the graph's projections are split in two weight
-    planes (graph.py; w8a16 only): each projection is two int8 weight planes, its codes (int8's, else
-    round-to-nearest) and the rounding residual's (weight_planes)."""
+    grid; None: ONNX Runtime's round-to-nearest per channel). planes (w8a16 only): each projection also gets an int4
+    plane of what its int8 codes (int8's, else round-to-nearest) miss (weight_planes)."""
     import inspect
 
     from onnxruntime.quantization import CalibrationMethod, QuantType, quantize_static
@@ -156,55 +155,92 @@ def int8_weights(path: Path, float_path: Path, parts: dict) -> str:
     return rewrite_weights(path, float_path, pick, only=set(parts))
 
 
-PLANE_BLOCKS = (128, 64, 32)   # int8 block sizes the HTP runs block-wise (toolchain probes), largest first
+RESIDUAL_RANGE = 4   # a residual plane's output gets 1/4 of its projection's output step (its values are ~1/100)
 
 
-def plane_block(k: int) -> int | None:
-    """The block of a split projection with k inputs: the largest PLANE_BLOCKS size dividing k (None: not split)."""
-    return next((b for b in PLANE_BLOCKS if k % b == 0), None)
+def int4_channels(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w f32 [in, out] -> (codes int8 [in, out] in -7..7, scales f32 [1, out]): symmetric round-to-nearest, one f32
+    scale per output column (a residual's values are ~1/254 of the weight's: an f16 scale would be subnormal)."""
+    d = np.abs(np.asarray(w, np.float32)).max(0, keepdims=True) / 7
+    d[d == 0] = 1.0
+    return np.clip(np.round(w / d), -7, 7).astype(np.int8), d.astype(np.float32)
 
 
 def weight_planes(path: Path, float_path: Path, int8: dict | None = None) -> str:
-    """Rewrites the quantized graph of a float graph whose projections are split in two planes (graph.py planes:
-    [x, x] @ [main; residual], [2K, N]): int8 codes in blocks of plane_block(K) inputs, each block its own scale, so
-    the residual half (main's rounding error, ~1/254 of the weight) gets a scale ~127x finer than main's. The sum
-    carries ~15 bits of the weight: int8 alone costs a real 135M model 2.4% of its logits (outlier input channels
-    multiply the rounding error) where 16-bit activations cost 0.3%. Main's codes: int8's (e.g. GPTQ's, per channel
-    or per group, spread over the blocks), else round-to-nearest per block (what package.weight_planes put in the
-    float graph: the codes come back exactly)."""
+    """Rewrites the quantized graph at path: every projection y = x @ W becomes x @ main + x @ residual, main W's
+    int8 codes per output channel (int8's, e.g. GPTQ's, else round-to-nearest) and residual the int4 codes (per
+    output channel) of what main misses, so the weights carry ~11 bits for 1.5x the bytes. Per-channel int8 alone
+    cost a real 135M model 3.1% hidden-state error where 16-bit activations cost 1.3% (the inputs' outlier channels
+    multiply the rounding error); with the residual plane, 1.3%. The HTP runs neither int16 weights nor int8 blocks
+    (its MatMul takes int8/int4 per channel and int4 blocks: toolchain probes), hence two MatMuls on the same
+    quantized input and an Add; the residual's output range is RESIDUAL_RANGE x finer than the projection's (it
+    needs no calibration of its own: its values are ~1% of the output's)."""
     from .weights import NpuInt8
 
-    seen: set[tuple[str, int]] = set()
+    residual: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def pick(name, float_weight):
-        fw = float_weight()                      # [2K, N]: main rows, then residual rows
-        k = fw.shape[0] // 2
-        b = plane_block(k)
-        rtn = NpuInt8(b)
-        if int8 and name in int8:
-            p = int8[name]
-            qm, dm = p["q"].T, p["scales"].T                       # [K, N], [K/G, N]
-            dm = np.repeat(dm, (k // dm.shape[0]) // b, axis=0)     # the main plane's scale per block of b
-            src = p.get("source", "gptq")
-        else:
-            p = rtn.quantize(fw[:k].T)
-            qm, dm, src = p["q"].T, p["scales"].T, "rtn"
-        r = rtn.quantize(fw[k:].T)
-        q = np.concatenate([qm, r["q"].T]).astype(np.int8)
-        d = np.concatenate([dm, r["scales"].T]).astype(np.float32)
-        seen.add((src, b))
-        return np.ascontiguousarray(q), np.ascontiguousarray(d), src, 8
+        w = float_weight()                       # [K, N]
+        p = (int8 or {}).get(name) or dict(NpuInt8().quantize(w.T), source="rtn")
+        residual[name] = int4_channels(w - NpuInt8.dequantize(p).T)
+        return np.ascontiguousarray(p["q"].T), np.ascontiguousarray(p["scales"].T), p.get("source", "gptq"), 8
 
-    rewrite_weights(path, float_path, pick)
-    return "; ".join(f"int8 + int8 residual plane, {src} (blocks of {', '.join(str(b) for s, b in sorted(seen) if s == src)})"
-                     for src in sorted({s for s, _ in seen}))
+    fmt = rewrite_weights(path, float_path, pick, edit=lambda m, weight_of: _add_residuals(
+        m, {node: residual[w] for node, w in weight_of.items() if w in residual}))
+    return fmt + " + int4 residual plane per channel"
 
 
-def rewrite_weights(path: Path, float_path: Path, pick, only: set | None = None) -> str:
+def _add_residuals(m: onnx.ModelProto, residual: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    """For each MatMul named in residual: its output y becomes Add(QDQ(MatMul(x, main)), QDQ(MatMul(x, DQ(r)))),
+    the first rounded on y's own grid, the second on a RESIDUAL_RANGE x finer one (zero point mid-range)."""
+    inits = {i.name: i for i in m.graph.initializer}
+    readers: dict[str, list] = {}
+    for n in m.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    after: dict[str, list] = {}
+    for node in m.graph.node:
+        if node.op_type != "MatMul" or node.name not in residual:
+            continue
+        y = node.output[0]
+        q = next((c for c in readers.get(y, []) if c.op_type == "QuantizeLinear"), None)
+        if q is None or len(q.input) < 3 or q.input[1] not in inits or q.input[2] not in inits:
+            raise CompileError(f"NPU weight planes: the output of {node.name} is not quantized")
+        codes, d = residual[node.name]
+        b = node.name + "_residual"
+        s_y = float(numpy_helper.to_array(inits[q.input[1]]))
+        zero = numpy_helper.to_array(inits[q.input[2]])
+        mid = (int(np.iinfo(zero.dtype).max) + 1) // 2 if zero.dtype.kind == "u" else 0
+        m.graph.initializer.extend([
+            _int4_tensor(b + "_w", codes), numpy_helper.from_array(d[0].astype(np.float32), b + "_w_scale"),
+            _int4_tensor(b + "_w_zero_point", np.zeros(d.shape[1], np.int8)),
+            numpy_helper.from_array(np.array(s_y / RESIDUAL_RANGE, np.float32), b + "_scale"),
+            numpy_helper.from_array(np.array(mid, zero.dtype), b + "_zero_point")])
+        ys, yq = [b + "_scale", b + "_zero_point"], list(q.input[1:3])
+        node.output[0] = y + "_main"
+        after[node.name] = [
+            helper.make_node("QuantizeLinear", [y + "_main", *yq], [y + "_main_q"], name=y + "_main_q"),
+            helper.make_node("DequantizeLinear", [y + "_main_q", *yq], [y + "_main_dq"], name=y + "_main_dq"),
+            helper.make_node("DequantizeLinear", [b + "_w", b + "_w_scale", b + "_w_zero_point"], [b + "_wdq"],
+                             name=b + "_wdq", axis=1),
+            helper.make_node("MatMul", [node.input[0], b + "_wdq"], [b + "_y"], name=b),
+            helper.make_node("QuantizeLinear", [b + "_y", *ys], [b + "_y_q"], name=b + "_y_q"),
+            helper.make_node("DequantizeLinear", [b + "_y_q", *ys], [b + "_y_dq"], name=b + "_y_dq"),
+            helper.make_node("Add", [y + "_main_dq", b + "_y_dq"], [y], name=b + "_add")]
+    order = []
+    for n in m.graph.node:
+        order.append(n)
+        order.extend(after.get(n.name, []))
+    del m.graph.node[:]
+    m.graph.node.extend(order)
+
+
+def rewrite_weights(path: Path, float_path: Path, pick, only: set | None = None, edit=None) -> str:
     """Replaces the weight DequantizeLinear of every MatMul (of the names in `only`, or all) with
     pick(name, float_weight) = (codes int8 [in, out], scales f32 [in/B, out], source, bits): int4 or int8 codes,
     symmetric (explicit zero points 0); one scale row: per output channel (axis 1), else blocks of B inputs (axis 0).
-    Returns the weight formats for the manifest."""
+    edit(model, {MatMul node name: weight name}), when given, edits the graph before it is saved. Returns the weight
+    formats for the manifest."""
     fm = onnx.load(str(float_path), load_external_data=False)
     finits = {i.name: i for i in fm.graph.initializer}
     weight_of = _matmul_weights(fm)
@@ -237,6 +273,8 @@ def rewrite_weights(path: Path, float_path: Path, pick, only: set | None = None)
                             [helper.make_attribute("axis", 0), helper.make_attribute("block_size", block)])
     if not formats:
         raise CompileError(f"NPU weights: no MatMul weight found to quantize in {path.name}")
+    if edit is not None:
+        edit(m, weight_of)
     for f in path.parent.glob(path.name + ".*"):
         f.unlink()   # the int8 weights' external data (onnx.save would append to it)
     onnx.save(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=path.name + ".data",
