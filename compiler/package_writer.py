@@ -110,6 +110,37 @@ def check_destination(out: Path) -> Path:
     return resolved
 
 
+def user_files(pkg: Path) -> list[str]:
+    """Paths (relative, POSIX) under an existing package that edgellm did not write: not in its SHA256SUMS, which
+    lists every file a compile writes but itself."""
+    sums = pkg / "SHA256SUMS"
+    if not sums.is_file():
+        raise CompileError(f"{pkg} has no SHA256SUMS, so its files cannot be told from yours: choose another -o")
+    ours = {line.split(None, 1)[1].lstrip("*").strip() for line in sums.read_text(errors="replace").splitlines()
+            if len(line.split(None, 1)) == 2} | {"SHA256SUMS"}
+    out = []
+    for root, dirs, files in os.walk(pkg):
+        for name in files + [d for d in dirs if (Path(root) / d).is_symlink()]:
+            rel = (Path(root) / name).relative_to(pkg).as_posix()
+            if rel not in ours:
+                out.append(rel)
+    return sorted(out)
+
+
+def keep_user_files(old: Path, new: Path) -> None:
+    """Copies the files of the package being replaced that are not edgellm's (user_files) into the new one, so a
+    recompile replaces only what edgellm writes; refuses when the new package writes a file of the same name."""
+    mine = user_files(old)
+    clash = [r for r in mine if (new / r).exists() or (new / r).is_symlink()]
+    if clash:
+        raise CompileError(f"{old / clash[0]} is not an edgellm file and the new package writes one of that name: "
+                           "move it away or choose another -o")
+    for r in mine:
+        dst = new / r
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(old / r, dst, follow_symlinks=False)
+
+
 class _Terminated(BaseException):
     """SIGTERM during a compile: unwinds like an interrupt, so the temp dir is removed."""
 
@@ -141,6 +172,7 @@ def staged_package(out: Path):
         if out.exists() and not is_package(out) and any(out.iterdir()):   # appeared while we compiled
             raise CompileError(f"{out} was filled with other files during the compile: refusing to overwrite it")
         if out.exists():
+            keep_user_files(out, tmp)
             old = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
             os.rename(out, old)
         os.rename(tmp, out)

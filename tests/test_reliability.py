@@ -88,6 +88,31 @@ def test_package_is_replaced_and_stale_temps_removed(ckpt, tmp_path):
     assert not stale.exists() and alive.exists()
 
 
+def test_recompile_keeps_the_users_files(ckpt, tmp_path):
+    """Compiling into an existing package replaces only edgellm's files: a user's notes (and a folder of them) beside
+    them survive with their bytes; a user file where the new package writes one of the same name is refused, and
+    the old package stays as it was."""
+    out = tmp_path / "pkg"
+    edgellm.compile(str(ckpt), quant="f32", out=out, max_context=16, prefill_chunk=8, progress=False)
+    (out / "notes").write_text("n")
+    (out / "mine").mkdir()
+    (out / "mine" / "eval.csv").write_text("a,b\n1,2\n")
+    first = (out / "plan.bin").read_bytes()
+    edgellm.compile(str(ckpt), quant="q8", out=out, max_context=16, prefill_chunk=8, progress=False)
+    assert (out / "plan.bin").read_bytes() != first
+    assert (out / "notes").read_text() == "n" and (out / "mine" / "eval.csv").read_text() == "a,b\n1,2\n"
+    assert "notes" not in (out / "SHA256SUMS").read_text()
+    edgellm.Runtime.load(out, digest=None).close()   # still a valid package with the extra files
+    (out / "SHA256SUMS").write_text("\n".join(l for l in (out / "SHA256SUMS").read_text().splitlines()
+                                             if not l.endswith("tokenizer.json")) + "\n")
+    (out / "tokenizer.json").write_text("my own tokenizer notes")   # now a user file the compile would overwrite
+    plan = (out / "plan.bin").read_bytes()
+    with pytest.raises(CompileError, match="is not an edgellm file"):
+        edgellm.compile(str(ckpt), quant="f32", out=out, max_context=16, prefill_chunk=8, progress=False)
+    assert (out / "tokenizer.json").read_text() == "my own tokenizer notes" and (out / "plan.bin").read_bytes() == plan
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
+
+
 @pytest.mark.parametrize("how", ["file-parent", "dot", "cwd-parent", "file"])
 def test_bad_output_places(ckpt, tmp_path, monkeypatch, how):
     monkeypatch.chdir(tmp_path)

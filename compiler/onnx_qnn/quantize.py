@@ -73,18 +73,17 @@ def quantize_group(float_path: Path, out_path: Path, ranges: dict[str, tuple[flo
         raise CompileError("--target android-npu needs a newer onnxruntime (its quantizer must take precomputed ranges, "
                            "quantize_static(calibration_cache_path=...); 1.32 does): pip install -U onnxruntime "
                            "onnxruntime-qnn")
-    m = onnx.load(str(float_path), load_external_data=False)
-    # int8 per output channel; w4a16 replaces these DequantizeLinear nodes afterwards (int4_blocks)
-    over: dict[str, list[dict]] = {w: [{"quant_type": QuantType.QUInt8, "symmetric": True, "axis": 1}]
-                                   for w in _matmul_weights(m).values()}
-    cfg = get_qnn_qdq_config(str(float_path), None, activation_type=QuantType.QUInt16,
-                             weight_type=QuantType.QUInt8, init_overrides=over)
+    lean = _weights_as_inputs(float_path)
+    cfg = get_qnn_qdq_config(str(lean), None, activation_type=QuantType.QUInt16, weight_type=QuantType.QUInt8)
     cache = out_path.with_name(out_path.name + ".ranges.json")
-    _write_ranges(cache, widened(ranges))
+    m = onnx.load(str(lean), load_external_data=False)
+    weights = set(_matmul_weights(onnx.load(str(float_path), load_external_data=False)).values())
+    _write_ranges(cache, {**widened(ranges), **{w: (-1.0, 1.0) for w in weights}})   # placeholders: replaced below
+    del m
     root = logging.getLogger()
     level, root.level = root.level, logging.ERROR   # the tool logs advice about pre-processing on the root logger
     try:
-        quantize_static(str(float_path), str(out_path), calibration_data_reader=None, calibration_cache_path=str(cache),
+        quantize_static(str(lean), str(out_path), calibration_data_reader=None, calibration_cache_path=str(cache),
                         calibrate_method=CalibrationMethod.MinMax, quant_format=cfg.quant_format,
                         activation_type=cfg.activation_type, weight_type=cfg.weight_type,
                         op_types_to_quantize=cfg.op_types_to_quantize, nodes_to_exclude=cfg.nodes_to_exclude,
@@ -92,11 +91,28 @@ def quantize_group(float_path: Path, out_path: Path, ranges: dict[str, tuple[flo
     finally:
         root.setLevel(level)
         cache.unlink(missing_ok=True)
+        lean.unlink(missing_ok=True)
     if scheme == "w8a16" and planes:
         return weight_planes(out_path, float_path, int8)
     if scheme == "w8a16":
-        return int8_weights(out_path, float_path, int8) if int8 else "int8 per channel, rtn"
+        return int8_weights(out_path, float_path, int8)
     return int4_blocks(out_path, float_path, gptq)
+
+
+def _weights_as_inputs(float_path: Path) -> Path:
+    """The float graph with every MatMul weight turned into a graph input of its shape (no data), for ONNX Runtime's
+    quantizer: it then inserts only the activations' Q/DQ and never holds the group's float weights (its copies of
+    a 1B model's 1 GB group were the compile's peak memory); rewrite_weights puts each weight in as int8/int4 codes."""
+    m = onnx.load(str(float_path), load_external_data=False)
+    weights = set(_matmul_weights(m).values())
+    keep = [i for i in m.graph.initializer if i.name not in weights]
+    gone = [i for i in m.graph.initializer if i.name in weights]
+    m.graph.input.extend(helper.make_tensor_value_info(i.name, TensorProto.FLOAT, list(i.dims)) for i in gone)
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(keep)
+    p = float_path.with_name(float_path.name + ".lean.onnx")   # beside it: what stays reads its data file
+    onnx.save(m, str(p))
+    return p
 
 
 def rtn_int4(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -144,15 +160,17 @@ def int4_blocks(path: Path, float_path: Path, gptq: dict | None = None) -> str:
     return rewrite_weights(path, float_path, pick)
 
 
-def int8_weights(path: Path, float_path: Path, parts: dict) -> str:
-    """Rewrites the quantized graph at path: each MatMul weight becomes the int8 codes and scales of parts
-    (weights.NpuInt8: {"q" [out, in], "scales" [out, in/G]} by checkpoint name, e.g. GPTQ's): one scale per output
-    channel when G = in, else blocks of G inputs."""
-    def pick(name, _float_weight):
-        p = parts[name]
+def int8_weights(path: Path, float_path: Path, parts: dict | None = None) -> str:
+    """Rewrites the quantized graph at path: each MatMul weight becomes int8 codes and scales: parts' (weights.NpuInt8:
+    {"q" [out, in], "scales" [out, in/G]} by checkpoint name, e.g. GPTQ's: one scale per output channel when G = in,
+    else blocks of G inputs), else round-to-nearest per output channel."""
+    from .weights import NpuInt8
+
+    def pick(name, float_weight):
+        p = (parts or {}).get(name) or dict(NpuInt8().quantize(float_weight().T), source="rtn")
         return np.ascontiguousarray(p["q"].T), np.ascontiguousarray(p["scales"].T), p.get("source", "gptq"), 8
 
-    return rewrite_weights(path, float_path, pick, only=set(parts))
+    return rewrite_weights(path, float_path, pick)
 
 
 RESIDUAL_RANGE = 4   # a residual plane's output gets 1/4 of its projection's output step (its values are ~1/100)
@@ -247,12 +265,25 @@ def rewrite_weights(path: Path, float_path: Path, pick, only: set | None = None,
     m = onnx.load(str(path))
     inits = {i.name: i for i in m.graph.initializer}
     prod = {o: n for n in m.graph.node for o in n.output}
+    inputs = {i.name: i for i in m.graph.input}
     formats = set()
     int8_tensor = lambda name, q: numpy_helper.from_array(np.asarray(q, np.int8), name)   # noqa: E731
-    for node in m.graph.node:
+    for node in list(m.graph.node):   # a copy: Q nodes of weight inputs are removed on the way
         name = weight_of.get(node.name) if node.op_type == "MatMul" else None
         dq = prod.get(node.input[1]) if name and (only is None or name in only) else None
-        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
+        if dq is None or dq.op_type != "DequantizeLinear":
+            continue
+        qn = prod.get(dq.input[0])
+        if qn is not None and qn.op_type == "QuantizeLinear" and qn.input[0] == name and name in inputs:
+            # the weight came in as a graph input (_weights_as_inputs): drop it and its Q node, name its codes
+            m.graph.input.remove(inputs.pop(name))
+            m.graph.node.remove(qn)
+            for x in qn.input[1:]:   # its activation scale and zero point (read by the Q and this DQ only)
+                if x in inits:
+                    m.graph.initializer.remove(inits.pop(x))
+            dq.input[0], dq.input[1] = name + "_quantized", name + "_scale"
+            dq.input[2:] = [name + "_zero_point"]
+        elif dq.input[0] not in inits:
             continue
         q, d, src, bits = pick(name, lambda name=name: numpy_helper.to_array(finits[name],
                                                                              base_dir=str(float_path.parent)))
