@@ -232,6 +232,9 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
 
     if any(s == "" for s in stop):
         raise InputError("--stop '' is invalid: a stop string needs at least one character")
+    if package == "" or model == "":
+        raise InputError("an empty package or model name: give a package directory, a checkpoint, or leave it out "
+                         "for the demo")
     if package and model:
         raise click.UsageError("give a PACKAGE or --model, not both")
     if not package:
@@ -272,6 +275,11 @@ def _package_arg(package_or_model: str | None, quant: str | None) -> str:
     """A package directory as given, else a model (checkpoint dir, hub id, demo name) compiled into the cache."""
     from pathlib import Path
 
+    from .errors import InputError
+
+    if package_or_model == "":
+        raise InputError("an empty package or model name: give a package directory, a checkpoint, or leave it out "
+                         "for the demo")
     if package_or_model and (Path(package_or_model) / "plan.bin").is_file():
         return package_or_model
     from .compiler.cache import package_or_model as resolve
@@ -400,7 +408,8 @@ def eval_ppl_cmd(packages_or_models, text_file, context, stride, max_tokens, qua
 @click.option("--gen-len", type=int, default=64, show_default=True, help="tokens decoded (end-of-sequence ignored)")
 @click.option("--threads", type=click.IntRange(1, 256), default=None, help="threads [default: one per CPU]")
 @click.option("--reps", type=int, default=3, show_default=True, help="timed repetitions (the median is reported)")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the random prompt ids")
+@click.option("--seed", type=click.IntRange(min=0, max=2**32 - 1), default=0, show_default=True,
+              help="seed of the random prompt ids")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @_with(_store_options)
 @_with(_npu_options)

@@ -146,7 +146,9 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     if quant is not None and quant not in tgt.quants:
         raise CompileError(f"--quant {quant} is not supported on target {tgt.name} (supported: {', '.join(tgt.quants)})")
     if calib is not None and not Path(calib).is_file():
-        raise CompileError(f"calibration file {calib} does not exist: pass a text file to --calib (or drop it to use "
+        what = "is a directory" if Path(calib).is_dir() else ("is not a regular file" if Path(calib).exists() else
+                                                                "does not exist")
+        raise CompileError(f"calibration file {calib} {what}: pass a text file to --calib (or drop it to use "
                            "the built-in sample)")
     if out is not None:
         check_destination(out)   # fail before any work when the output place is wrong

@@ -32,6 +32,9 @@ def chat_repl(rt, system: str | None = None, sampling: dict | None = None, stdin
             line = input("> ") if tty else stdin.readline()
         except EOFError:
             break
+        except UnicodeDecodeError:   # a line that is not UTF-8: say so, keep the conversation
+            print("[error: the line is not valid UTF-8 text]", file=err)
+            continue
         if not tty and line == "":
             break
         line = line.strip()
@@ -52,10 +55,15 @@ def chat_repl(rt, system: str | None = None, sampling: dict | None = None, stdin
             print(HELP, file=err)
             continue
         messages.append({"role": "user", "content": line})
-        ids = rt.encode(rt.text.apply_chat_template(messages), add_special_tokens=False)
-        while len(ids) >= rt.max_context and len(messages) > 2:   # drop the oldest exchange that is not the system
-            del messages[1 if messages[0]["role"] == "system" else 0]
+        try:
             ids = rt.encode(rt.text.apply_chat_template(messages), add_special_tokens=False)
+            while len(ids) >= rt.max_context and len(messages) > 2:   # drop the oldest exchange but the system's
+                del messages[1 if messages[0]["role"] == "system" else 0]
+                ids = rt.encode(rt.text.apply_chat_template(messages), add_special_tokens=False)
+        except EdgeLLMError as e:   # e.g. a line that is not UTF-8 text: the conversation goes on without it
+            messages.pop()
+            print(f"[error: {e}]", file=err)
+            continue
         if len(ids) >= rt.max_context:
             messages.pop()
             print(f"[the message is {len(ids)} tokens: more than the context of {rt.max_context}]", file=err)

@@ -176,6 +176,8 @@ def parse_bytes(v, what: str = "memory_budget") -> int:
         n = int(float(mt.group(1)) * _UNITS[mt.group(2).lower()])
     else:
         raise InputError(f"{what}={v!r} is not a size: give bytes or a string like '600MB' or '2GiB'")
-    if n <= 0 or n > 2**62:
+    if n <= 0:
         raise InputError(f"{what}={v!r} is out of range: it must be more than 0 bytes")
+    if n > 2**62:
+        raise InputError(f"{what}={v!r} is out of range: at most 4 EiB (2^62 bytes)")
     return n

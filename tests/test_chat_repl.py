@@ -87,3 +87,17 @@ def test_piped_turns_reset_and_system(pkg):
     assert "[system prompt set; new conversation]" in r.stderr
     assert r.stdout.startswith(first.text) and r.stdout.count("\n") >= 4
     assert "> " not in r.stdout   # no prompt when stdin is not a terminal
+
+
+def test_a_bad_line_keeps_the_conversation(pkg):
+    """A line that is not UTF-8 gets a one-line error and the conversation goes on: the next turn's prompt comes
+    from the cache the first turn left (issue 40: the REPL used to exit, losing it)."""
+    stdin = U1.encode() + b"\n\xff\xfe not text\n" + U2.encode() + b"\n/quit\n"
+    r = subprocess.run([sys.executable, "-m", "edgellm.cli", "chat", str(pkg), *ARGS], input=stdin,
+                       capture_output=True, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert "[error: " in err and "UTF-8" in err
+    stats = [(int(a), int(b)) for a, b in re.findall(STATS, err)]
+    p1, first, p2, kv1, second = expected(pkg)
+    assert len(stats) == 2 and stats[0] == (len(p1), 0) and stats[1][1] >= len(p1)
