@@ -302,14 +302,22 @@ def _package_arg(package_or_model: str | None, quant: str | None) -> str:
 @click.option("--memory-budget", default=None, help="bytes the model may use (e.g. 2G); see `edgellm run --help`")
 @click.option("--device", default=None, help="GPU packages: the OpenCL device")
 @click.option("--digest", default=None, help="refuse to serve unless the package matches this sha256:... digest")
-def serve_cmd(package_or_model, host, port, parallel, api_key, name, quant, threads, memory_budget, device, digest):
+@click.option("--allowed-hosts", default="", help="Host names the server answers to besides IP addresses, localhost "
+              "and this machine's name, comma-separated ('*': any; DNS-rebinding protection)")
+@click.option("--allowed-origins", default="", help="web origins whose pages may call the API (CORS), "
+              "comma-separated, e.g. http://localhost:3000 ('*': any) [default: none but the server's own page]")
+@click.option("--max-body", default="4MiB", show_default=True, help="largest request body (413 beyond it)")
+def serve_cmd(package_or_model, host, port, parallel, api_key, name, quant, threads, memory_budget, device, digest,
+              allowed_hosts, allowed_origins, max_body):
     """Serve PACKAGE_OR_MODEL (default: the demo) over an OpenAI-compatible HTTP API with a chat page at /:
     /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics. Bound to 127.0.0.1 unless told otherwise."""
     from .runtime.serve.server import serve
 
     pkg = _package_arg(package_or_model, quant)
     serve(pkg, host=host, port=port, parallel=parallel, api_key=api_key, threads=threads, model_id=name,
-          load={"memory_budget": memory_budget, "device": device, "digest": digest})
+          load={"memory_budget": memory_budget, "device": device, "digest": digest},
+          allowed_hosts=[h for h in allowed_hosts.split(",") if h.strip()],
+          allowed_origins=[o for o in allowed_origins.split(",") if o.strip()], max_body=max_body)
 
 
 @cli.command("chat")

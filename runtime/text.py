@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..errors import InputError, PackageError, first_line
+from .template_env import TemplateLimit, bounded_render, template_env
 
 
 _stderr_lock = threading.Lock()
@@ -102,7 +103,6 @@ class TextCodec:
         if not isinstance(tmpl, str):
             raise PackageError("tokenizer_config.json: chat_template is not a string: recompile the package")
         import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(msg):
             raise InputError(f"chat template: {msg}")
@@ -110,18 +110,18 @@ class TextCodec:
         def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
             return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-        # the environment transformers renders chat templates in: sandboxed, loop controls, its tojson and helpers
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        # the environment transformers renders chat templates in: sandboxed, loop controls, its tojson and helpers;
+        # bounded here in time and size (template_env.py): a template is the package's data, run inside a server
+        env = template_env()
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
-            return env.from_string(tmpl).render(messages=messages, add_generation_prompt=add_generation_prompt, tools=None,
-                                                documents=None, bos_token=self.token_str("bos_token"),
-                                                eos_token=self.token_str("eos_token"),
-                                                pad_token=self.token_str("pad_token"),
-                                                unk_token=self.token_str("unk_token"))
-        except InputError:
+            return bounded_render(env.from_string(tmpl), messages=messages, add_generation_prompt=add_generation_prompt,
+                                  tools=None, documents=None, bos_token=self.token_str("bos_token"),
+                                  eos_token=self.token_str("eos_token"), pad_token=self.token_str("pad_token"),
+                                  unk_token=self.token_str("unk_token"))
+        except (InputError, TemplateLimit):
             raise
         except jinja2.exceptions.SecurityError as e:
             raise InputError("the package's chat template tried an unsafe operation and was stopped "

@@ -12,6 +12,7 @@ from importlib import resources
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 from pydantic import ValidationError
@@ -21,7 +22,12 @@ from ...errors import EdgeLLMError
 from .. import lib as L
 from ..api import SAMPLING_ARGS, Runtime
 from . import openai_api as oa
+from .guard import MAX_BODY, BodyTooLarge, Guard
 from .slots import Finished, SlotPool
+
+# the chat page: its own inline script and style, requests to this server only, no frames, forms or plugins
+PAGE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+            "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
 class BadRequest(Exception):
@@ -122,7 +128,7 @@ class Metrics:
 
 
 def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str | None = None,
-               threads: int | None = None) -> FastAPI:
+               threads: int | None = None, allowed_hosts=(), allowed_origins=(), max_body: int = MAX_BODY) -> FastAPI:
     pool = SlotPool(runtime, parallel, threads)
     metrics = Metrics(pool)
     app = FastAPI(title="edgellm", docs_url=None, redoc_url=None, openapi_url=None)
@@ -151,6 +157,10 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
     async def http_error(request: Request, e: StarletteHTTPException):
         return error(e.status_code, str(e.detail), kind="not_found_error" if e.status_code == 404 else "invalid_request_error")
 
+    app.add_middleware(Guard, allowed_hosts=allowed_hosts, allowed_origins=allowed_origins, max_body=max_body)
+    if allowed_origins:   # CORS only for the origins the user opened it to (the preflight's answer too)
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(AuthAndCount, api_key=api_key, metrics=metrics)
 
     # ---- helpers -------------------------------------------------------------------------------------------------
@@ -187,7 +197,10 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
     async def body(request: Request, model):
         try:
             raw = await request.body()
-            return model.model_validate_json(raw or b"{}")
+        except BodyTooLarge:
+            raise BadRequest(f"the request body is larger than {max_body} bytes (--max-body)", 413) from None
+        try:   # parsing a few MB of JSON is CPU work: off the event loop, which serves everyone else
+            return await anyio.to_thread.run_sync(model.model_validate_json, raw or b"{}")
         except ValidationError as e:
             raise RequestValidationError(e.errors()) from None
 
@@ -265,10 +278,15 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
             raise
         yield "data: [DONE]\n\n"
 
+    def prepare(req, chat: bool):
+        ids = chat_ids(req) if chat else completion_ids(req)
+        return ids, check(req, ids)
+
     async def complete(request: Request, chat: bool):
         req = await body(request, oa.ChatRequest if chat else oa.CompletionRequest)
-        ids = chat_ids(req) if chat else completion_ids(req)
-        kwargs = check(req, ids)
+        # the chat template, the tokenizer and the checks run in a worker thread (the template bounded in time and
+        # size: runtime/template_env.py): one heavy request must not stall /health or other clients' streams
+        ids, kwargs = await anyio.to_thread.run_sync(prepare, req, chat)
         if req.stream:
             return SSEResponse(streamed(ids, kwargs, chat, req.include_usage()))
         r = await whole(request, ids, kwargs)
@@ -307,9 +325,14 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
 
     page = resources.files(__package__).joinpath("static", "index.html").read_text(encoding="utf-8")
 
+    # the model id goes into a <script>: JSON with <, > and & escaped cannot end it or open a tag
+    safe_id = json.dumps(model_id).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    html = page.replace("{{MODEL}}", safe_id).replace("{{CTX}}", str(max_ctx))
+
     @app.get("/", response_class=HTMLResponse)
     async def index():
-        return HTMLResponse(page.replace("{{MODEL}}", json.dumps(model_id)).replace("{{CTX}}", str(max_ctx)))
+        return HTMLResponse(html, headers={"Content-Security-Policy": PAGE_CSP, "X-Content-Type-Options": "nosniff",
+                                           "Referrer-Policy": "no-referrer"})
 
     app.state.started = time.time()
     return app

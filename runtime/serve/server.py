@@ -39,7 +39,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(package, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1, api_key: str | None = None,
-          threads: int | None = None, model_id: str | None = None, load: dict | None = None) -> None:
+          threads: int | None = None, model_id: str | None = None, load: dict | None = None,
+          allowed_hosts=(), allowed_origins=(), max_body: int | str | None = None) -> None:
     import uvicorn
 
     from ..api import Runtime
@@ -50,10 +51,15 @@ def serve(package, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1,
                          "'Authorization: Bearer KEY')")
     if not 1 <= parallel <= 64:
         raise InputError(f"--parallel {parallel} is invalid: give 1..64 slots")
+    from ..package import parse_bytes
+    from .guard import MAX_BODY
+
+    limit = MAX_BODY if max_body is None else parse_bytes(max_body, "--max-body")
     sock = bind(host, port)
     with Runtime.load(package, threads=threads, **(load or {})) as rt:
         name = model_id or rt.manifest.get("model", {}).get("source", str(package)).rstrip("/").split("/")[-1]
-        app = create_app(rt, name, parallel, api_key, threads)
+        app = create_app(rt, name, parallel, api_key, threads, allowed_hosts=tuple(allowed_hosts),
+                         allowed_origins=tuple(allowed_origins), max_body=limit)
         url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
         print(f"edgellm serve: {name} on {url} ({parallel} slot{'s' if parallel > 1 else ''}, context "
               f"{rt.max_context} tokens{', API key required' if api_key else ''})\n"
