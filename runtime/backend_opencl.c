@@ -211,6 +211,7 @@ static int next_num(char** save, uint64_t lo, uint64_t hi, uint64_t* out) {
 static int read_table(opencl* b, const el_model* m, const char* dir) {
   char path[4096];
   snprintf(path, sizeof path, "%s/" EL_FILE_OPENCL_TABLE, dir);
+  if (el_check_listed(dir, EL_FILE_OPENCL_TABLE) || el_check_listed(dir, EL_FILE_OPENCL_SOURCE)) return -1;
   size_t size;
   char* text = el_read_small_file(path, "OpenCL launch table", (size_t)64 << 20, &size);
   if (!text) return -1;

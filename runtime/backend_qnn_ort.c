@@ -21,6 +21,7 @@
 #include <dlfcn.h>
 #endif
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +105,7 @@ static char* trim(char* s) {
 static int read_descriptor(qnn* q, const char* dir, const char* soc) {
   char path[4096];
   snprintf(path, sizeof path, "%s/npu/npu.txt", dir);
+  if (el_check_listed(dir, "npu/npu.txt")) return -1;
   size_t size;
   char* text = el_read_small_file(path, "npu/npu.txt", 1 << 20, &size);
   if (!text) return -1;
@@ -127,14 +129,14 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
       if (q->n_groups >= NPU_MAX_GROUPS) goto bad;
       npu_group* g = &q->g[q->n_groups++];
       g->l0 = x, g->l1 = y;
-      snprintf(g->graph, sizeof g->graph, "%s/%s", dir, a);
+      if (el_package_path(dir, a, "npu/npu.txt", g->graph, sizeof g->graph)) return free(text), -1;
       continue;
     }
     /* outliers <layer> <threshold> <n> <byte offset in outliers file> */
     unsigned long long off;
     float t;
     if (sscanf(line, "outliers %d %f %d %llu", &x, &t, &y, &off) == 4) {
-      if (q->n_outl >= NPU_MAX_GROUPS || y <= 0 || !(t > 0) || off % 4) goto bad;
+      if (q->n_outl >= NPU_MAX_GROUPS || y <= 0 || !(t > 0) || !isfinite(t) || off % 4) goto bad;
       q->outl[q->n_outl++] = (npu_outliers){x, y, t, (const float*)(uintptr_t)off}; /* offset until the file is read */
       continue;
     }
@@ -143,7 +145,7 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
     if (sscanf(line, "soc %31s %d %511s", b, &x, a) == 3) {
       if (!soc || strcmp(b, soc) != 0 || !use_ctx) continue;
       if (x < 0 || x >= q->n_groups) goto bad;
-      snprintf(q->g[x].graph, sizeof q->g[x].graph, "%s/%s", dir, a);
+      if (el_package_path(dir, a, "npu/npu.txt", q->g[x].graph, sizeof q->g[x].graph)) return free(text), -1;
       soc_found++;
       continue;
     }
@@ -153,11 +155,14 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
   if (version != 1) return el_error("npu/npu.txt has version %d, this runtime reads 1: recompile the package", version);
   if (q->chunk <= 0 || q->kv_rows <= 0 || q->n_groups == 0 || !rope[0])
     return el_error("npu/npu.txt is incomplete: recompile the package");
+  if (!isfinite(q->mask_value) || !(q->mask_value < 0))
+    return el_error("npu/npu.txt has mask_value %g: a finite negative number is needed; recompile the package",
+                    (double)q->mask_value);
   if (soc && *soc && use_ctx && soc_found != q->n_groups)
     return el_error("the package has no EPContext graphs for SoC %s: compile it with --soc %s, or run without "
                     "one (the ONNX graphs are prepared at load)", soc, soc);
   if (soc && *soc) snprintf(q->soc, sizeof q->soc, "%s", soc);
-  snprintf(path, sizeof path, "%s/%s", dir, rope);
+  if (el_package_path(dir, rope, "npu/npu.txt", path, sizeof path) || el_check_listed(dir, rope)) return -1;
   float* r = el_read_small_file(path, "npu rope table", (size_t)1 << 30, &size);
   if (!r) return -1;
   if (size != (size_t)2 * q->kv_rows * q->hd * sizeof(float)) {
@@ -165,11 +170,16 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
     return el_error("%s has %zu bytes, expected %zu: recompile the package", rope, size,
                     (size_t)2 * q->kv_rows * q->hd * sizeof(float));
   }
+  for (size_t i = 0; i < size / sizeof(float); i++)
+    if (!isfinite(r[i]) || fabsf(r[i]) > 16.0f) { /* cos/sin, at most scaled (YaRN-style attention factors) */
+      free(r);
+      return el_error("%s holds a value no RoPE table has (%g at %zu): recompile the package", rope, (double)r[i], i);
+    }
   q->rope = r;
   q->rope_rows = (size_t)q->kv_rows;
   if (q->n_outl) {
     if (!outl_file[0]) return el_error("npu/npu.txt lists outliers but no outliers_file: recompile the package");
-    snprintf(path, sizeof path, "%s/%s", dir, outl_file);
+    if (el_package_path(dir, outl_file, "npu/npu.txt", path, sizeof path) || el_check_listed(dir, outl_file)) return -1;
     if (!(q->outl_data = el_read_small_file(path, "npu outliers", (size_t)1 << 30, &size))) return -1;
     for (int i = 0; i < q->n_outl; i++) {
       npu_outliers* o = &q->outl[i];
@@ -177,6 +187,8 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
       if (off > size || size - off < need)
         return el_error("%s is shorter than npu/npu.txt says: recompile the package", outl_file);
       o->cols = (const float*)((const uint8_t*)q->outl_data + off) + o->n; /* after the n int32 channel ids */
+      for (size_t k = 0; k < (size_t)o->n * (size_t)q->dim; k++)
+        if (!isfinite(o->cols[k])) return el_error("%s holds a non-finite weight: recompile the package", outl_file);
     }
   }
   return 0;

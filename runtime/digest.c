@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -119,7 +120,7 @@ static int hash_file(const char* path, char out[65]) {
 }
 
 /* A listed path must stay inside the package: relative, no "..", no empty component. */
-static int safe_relpath(const char* p) {
+int el_safe_relpath(const char* p) {
   if (!*p || *p == '/') return 0;
   for (const char* c = p; *c;) {
     const char* e = strchr(c, '/');
@@ -128,6 +129,20 @@ static int safe_relpath(const char* p) {
     c += n + (e != NULL);
   }
   return 1;
+}
+
+int el_package_path(const char* dir, const char* rel, const char* file, char* out, size_t out_size) {
+  if (!el_safe_relpath(rel))
+    return el_error("%s names the path '%.200s', which leaves the package (absolute, '..' or empty): refusing it; "
+                    "recompile the package", file, rel);
+  if ((size_t)snprintf(out, out_size, "%s/%s", dir, rel) >= out_size) return el_error("package path too long: %s", dir);
+  char root[PATH_MAX], real[PATH_MAX];
+  if (!realpath(dir, root)) return el_error("cannot resolve the package directory %s", dir);
+  if (!realpath(out, real)) return 0; /* absent: the open that follows says so */
+  size_t n = strlen(root);
+  if (strncmp(real, root, n) != 0 || (real[n] != '/' && real[n] != 0))
+    return el_error("%s names '%.200s', a link to %.200s outside the package: refusing it", file, rel, real);
+  return 0;
 }
 
 int el_verify_package(const char* dir, const char* digest) {
@@ -162,7 +177,7 @@ int el_verify_package(const char* dir, const char* digest) {
     next = strchr(line, '\n');
     if (next) *next++ = 0;
     if (strlen(line) < 67 || strspn(line, "0123456789abcdef") != 64 || line[64] != ' ' || line[65] != ' ' ||
-        !safe_relpath(line + 66)) {
+        !el_safe_relpath(line + 66)) {
       rc = el_error("%s has a malformed line: '%.100s'", EL_FILE_SUMS, line);
       break;
     }
@@ -191,4 +206,31 @@ int el_verify_package(const char* dir, const char* digest) {
       return el_error("%s does not cover %s: the package cannot be checked; recompile it", EL_FILE_SUMS, needed[i]);
   }
   return 0;
+}
+
+int el_check_listed(const char* dir, const char* rel) {
+  char path[4096], have[65];
+  if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, EL_FILE_SUMS) >= sizeof path)
+    return el_error("package path too long: %s", dir);
+  struct stat st;
+  if (lstat(path, &st) != 0) return 0; /* a package without SHA256SUMS (hand-made): nothing to check against */
+  size_t n;
+  char* sums = el_read_small_file(path, "SHA256SUMS", 1u << 20, &n);
+  if (!sums) return -1;
+  int rc = 1; /* not found yet */
+  size_t len = strlen(rel);
+  for (char *line = sums, *next; line && *line && rc == 1; line = next) {
+    next = strchr(line, '\n');
+    if (next) *next++ = 0;
+    if (strlen(line) != 66 + len || strspn(line, "0123456789abcdef") != 64 || strcmp(line + 66, rel) != 0) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, rel);
+    if (hash_file(path, have) != 0) rc = -1;
+    else if (strncmp(have, line, 64) != 0)
+      rc = el_error("%s does not match SHA256SUMS: the package is corrupt or was modified; recompile it or copy it "
+                    "again", rel);
+    else rc = 0;
+  }
+  free(sums);
+  if (rc == 1) rc = el_error("%s is not listed in SHA256SUMS: the package is corrupt or was modified; recompile it", rel);
+  return rc;
 }

@@ -187,6 +187,14 @@ EL_HIDDEN int el_verify_package(const char* dir, const char* digest);
 
 /* Reads a whole small regular file (refuses FIFOs and devices without blocking); NULL with el_error set. */
 EL_HIDDEN void* el_read_small_file(const char* path, const char* what, size_t max_bytes, size_t* size);
+/* dir/rel into out when rel stays inside the package (relative, no "..", not a link out of it); else -1 with an
+ * error naming `file`, the package file that listed it (digest.c) */
+EL_HIDDEN int el_safe_relpath(const char* rel);
+EL_HIDDEN int el_package_path(const char* dir, const char* rel, const char* file, char* out, size_t out_size);
+/* rel (a small package file a backend parses: launch tables, NPU descriptors and tables) against its line in
+ * SHA256SUMS, with or without a pinned digest: corruption and edits are refused before the file is parsed. A
+ * package without SHA256SUMS passes (nothing to check against); one that does not list rel fails (digest.c). */
+EL_HIDDEN int el_check_listed(const char* dir, const char* rel);
 
 #include "threadpool.h"
 

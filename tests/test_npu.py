@@ -31,6 +31,18 @@ needs_qnn = pytest.mark.skipif(not qnn_ort.qnn_available(), reason="needs onnxru
 CHUNK = 32
 
 
+def resum(pkg) -> None:
+    """Rewrites pkg's SHA256SUMS for its current files (a tamperer's move), so the checks behind it are reached."""
+    import hashlib
+
+    lines = []
+    for line in (pkg / "SHA256SUMS").read_text().splitlines():
+        rel_path = line[66:]
+        if (pkg / rel_path).is_file():
+            lines.append(hashlib.sha256((pkg / rel_path).read_bytes()).hexdigest() + "  " + rel_path)
+    (pkg / "SHA256SUMS").write_text("\n".join(lines) + "\n")
+
+
 def rel(a, b) -> float:
     return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
 
@@ -250,16 +262,37 @@ def test_runtime_npu_errors(host_npu, tmp_path, monkeypatch):
     with edgellm.Runtime.load(host_npu) as rt:
         assert rt.prefill_backend == "cpu" and "cannot load" in rt.prefill_backend_note
     monkeypatch.delenv("EDGELLM_ORT_LIB")
-    # a damaged descriptor is refused, never guessed around
+    # a damaged descriptor is refused, never guessed around: first by SHA256SUMS (no digest needed), then, for
+    # one whose SHA256SUMS line was rewritten too, by its own checks
     bad = tmp_path / "bad"
     shutil.copytree(host_npu, bad)
     desc = (host_npu / "npu" / "npu.txt").read_text()
-    (bad / "npu" / "npu.txt").write_text("edgellm-npu 1\nchunk 32\ngroup 0 3 npu/group0.onnx\n")
-    with pytest.raises(RuntimeLoadError, match="npu"):
-        edgellm.Runtime.load(bad, prefill_backend="npu")
-    # a chunk that is not the plan's would read and write past the chunk's rows: refused at load
     (bad / "npu" / "npu.txt").write_text(desc.replace(f"chunk {CHUNK}\n", f"chunk {2 * CHUNK}\n"))
+    with pytest.raises(RuntimeLoadError, match="npu/npu.txt does not match SHA256SUMS"):
+        edgellm.Runtime.load(bad, prefill_backend="npu")
+    resum(bad)
+    # a chunk that is not the plan's would read and write past the chunk's rows: refused at load
     with pytest.raises(RuntimeLoadError, match="chunks of 64 tokens, the plan 32"):
+        edgellm.Runtime.load(bad, prefill_backend="npu")
+    for text, why in (("edgellm-npu 1\nchunk 32\ngroup 0 3 npu/group0.onnx\n", "npu"),
+                      (desc.replace("npu/group0.onnx", "../../../../etc/passwd"), "leaves the package"),
+                      (desc.replace("npu/group0.onnx", "/etc/passwd"), "leaves the package"),
+                      (desc.replace("npu/group0.onnx", "npu/escape.onnx"), "outside the package"),
+                      (desc.replace("mask_value -50.0", "mask_value nan"), "mask_value nan"),
+                      (desc.replace("mask_value -50.0", "mask_value 50"), "finite negative")):
+        (bad / "npu" / "npu.txt").write_text(text)
+        (bad / "npu" / "escape.onnx").unlink(missing_ok=True)
+        (bad / "npu" / "escape.onnx").symlink_to(host_npu.parent)   # a link out of the package
+        resum(bad)
+        with pytest.raises(RuntimeLoadError, match=why):
+            edgellm.Runtime.load(bad, prefill_backend="npu")
+    (bad / "npu" / "escape.onnx").unlink()
+    (bad / "npu" / "npu.txt").write_text(desc)
+    rope = np.fromfile(host_npu / "npu" / "rope.bin", np.float32)
+    rope[7] = np.nan
+    rope.tofile(bad / "npu" / "rope.bin")
+    resum(bad)
+    with pytest.raises(RuntimeLoadError, match="no RoPE table has"):
         edgellm.Runtime.load(bad, prefill_backend="npu")
     # a package without NPU graphs
     cpu_only = edgellm.compile("demo", out=tmp_path / "cpu", max_context=64, progress=False)

@@ -177,8 +177,22 @@ def test_tampered_launch_table_is_refused(packages, tmp_path):
            + lines[k + 1:],
            "truncated": lines[:len(lines) // 2],
            "argument": [ln if not ln.startswith("arg ") else f"arg {int(n_args) + 5}" for ln in lines]}
-    for what, text in bad.items():
+    launch = next(i for i, ln in enumerate(lines) if ln.startswith("launch "))
+    parts = lines[launch].split()
+    parts[2] = str(int(parts[2]) * 64)   # a raised global size: would run past the buffers (SIGSEGV on PoCL)
+    raised = lines[:launch] + [" ".join(parts)] + lines[launch + 1:]
+    # without a digest, SHA256SUMS already refuses every edit of the table, before it is parsed
+    for what, text in {**bad, "raised global size": raised}.items():
         (pkg / "kernels.cltab").write_text("\n".join(text) + "\n")
-        with pytest.raises(EdgeLLMError, match="kernels.cltab") as e:
+        with pytest.raises(EdgeLLMError, match="kernels.cltab does not match SHA256SUMS") as e:
             Runtime.load(pkg)
         assert "\n" not in str(e.value), what
+    # and with SHA256SUMS rewritten to match (a deliberate edit), the table's own checks still hold
+    from test_npu import resum
+
+    for what, text in bad.items():
+        (pkg / "kernels.cltab").write_text("\n".join(text) + "\n")
+        resum(pkg)
+        with pytest.raises(EdgeLLMError, match="kernels.cltab") as e:
+            Runtime.load(pkg)
+        assert "\n" not in str(e.value) and "SHA256SUMS" not in str(e.value), what
