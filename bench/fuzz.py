@@ -33,6 +33,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("plan.bin", "manifest.json", "weights.bin", "tokenizer.bin", "tokenizer.json")
+# the files each package kind adds to FILES (--kind)
+KIND_FILES = {"host": (), "opencl": ("kernels.cltab", "kernels.cl"), "host-npu": ("npu/npu.txt", "npu/rope.bin")}
+# what a text table's token may become: numbers at and past every limit, and paths out of the package
+TOKENS = ["0", "-1", "1", "2", "7", "64", "65536", "2147483648", "18446744073709551615", "99999999999999999999", "nan",
+          "inf", "-inf", "1e30", "-50", "../../../etc/passwd", "/etc/passwd", "npu/../../x", "", "kernel", "launch"]
 BAD = ("crash", "hang", "traceback")
 PROMPT_IDS = [5, 17, 33, 2, 9]
 PROMPT_TEXT = "def read_config(path):"
@@ -141,6 +146,36 @@ def _json(b: bytearray, rng: random.Random) -> bytearray:
     return bytearray(json.dumps(doc).encode())
 
 
+def _text_tokens(b: bytearray, rng: random.Random) -> bytearray:
+    """A whitespace-separated table (kernels.cltab, npu/npu.txt) with tokens replaced, duplicated or dropped."""
+    lines = b.decode("utf-8", "replace").split("\n")
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        i = rng.randrange(len(lines))
+        toks = lines[i].split(" ")
+        j = rng.randrange(len(toks))
+        op = rng.random()
+        if op < 0.6:
+            toks[j] = rng.choice(TOKENS + [str(rng.randrange(1 << rng.choice([4, 16, 32, 64])))])
+        elif op < 0.8:
+            toks.insert(j, toks[j])
+        else:
+            del toks[j]
+        lines[i] = " ".join(toks)
+        if rng.random() < 0.1:   # a whole line repeated or dropped
+            lines.insert(i, lines[i]) if rng.random() < 0.5 else lines.pop(i)
+    return bytearray("\n".join(lines).encode())
+
+
+def _f32_field(b: bytearray, rng: random.Random) -> bytearray:
+    """A float32 table with values set to NaN, infinities, huge or denormal numbers."""
+    if len(b) < 4:
+        return _flip(b, rng)
+    for _ in range(rng.choice([1, 1, 4, 64])):
+        i = 4 * rng.randrange(len(b) // 4)
+        b[i:i + 4] = struct.pack("<f", rng.choice([float("nan"), float("inf"), -float("inf"), 3e38, 1e-40, 2.0, -17.0]))
+    return b
+
+
 def mutate(name: str, data: bytes, rng: random.Random) -> bytes:
     b = bytearray(data)
     r = rng.random()
@@ -150,6 +185,10 @@ def mutate(name: str, data: bytes, rng: random.Random) -> bytes:
         return bytes(b + bytes(rng.randrange(1, 4096)))   # extended
     if name == "plan.bin":
         return bytes((_plan_record if r < 0.6 else _u32_field if r < 0.75 else _flip)(b, rng))
+    if name in ("kernels.cltab", "npu/npu.txt"):
+        return bytes((_text_tokens if r < 0.7 else _flip)(b, rng))
+    if name == "npu/rope.bin":
+        return bytes((_f32_field if r < 0.6 else _flip)(b, rng))
     if name.endswith(".json"):
         return bytes((_json if r < 0.75 else _flip)(b, rng))
     if name == "tokenizer.bin":
@@ -170,7 +209,8 @@ def _probe(pkg: Path) -> dict:
     from edgellm.errors import EdgeLLMError
 
     try:
-        with edgellm.Runtime.load(pkg, threads=2) as rt:
+        extra = json.loads(os.environ.get("EDGELLM_FUZZ_LOAD", "{}"))   # e.g. host-npu: prefill on the NPU
+        with edgellm.Runtime.load(pkg, threads=2, **extra) as rt:
             a = rt.generate(PROMPT_IDS, max_new_tokens=4, temperature=0, ignore_eos=True).token_ids
             b = rt.generate(PROMPT_TEXT, max_new_tokens=3, seed=1, stop=["\n\n"]).token_ids if rt.text.available \
                 or rt.c_text else []
@@ -242,8 +282,9 @@ class Worker:
 
 # --------------------------------------------------------------------------------------------------------- driver
 
-def make_package(work: Path) -> Path:
-    """A tiny f32 package of a seeded Llama with the demo tokenizer (C tokenizer and HF tokenizer both present)."""
+def make_package(work: Path, kind: str = "host") -> Path:
+    """A tiny f32 package of a seeded Llama with the demo tokenizer (C tokenizer and HF tokenizer both present), for
+    this CPU (host), PoCL's OpenCL device (opencl) or the HTP emulator beside this CPU (host-npu, SM8650 EPContext)."""
     import edgellm
     from edgellm.models.demo import DEMO_DIR
     from edgellm.models.synthetic import make_checkpoint
@@ -251,8 +292,9 @@ def make_package(work: Path) -> Path:
     ck = make_checkpoint(work / "ckpt", seed=3, vocab_size=4096)
     for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         shutil.copy(DEMO_DIR / "demo-llama" / f, ck / f)
-    return edgellm.compile(str(ck), quant="f32", out=work / "pkg.edgellm", max_context=64, prefill_chunk=8,
-                           progress=False)
+    extra = {"npu_chunk": 16, "soc": "sm8650"} if kind == "host-npu" else {}
+    return edgellm.compile(str(ck), target=kind, quant="f32", out=work / "pkg.edgellm", max_context=64,
+                           prefill_chunk=8, tune="off", progress=False, **extra)
 
 
 def sanitizer_env(work: Path) -> dict:
@@ -300,9 +342,11 @@ def campaign(pkg: Path, files, per_file: int, seed: int = 0, sanitize: bool = Fa
         # mutated plans and weights reach its layout, reads and ring as well as the resident store
         from edgellm.runtime.api import Runtime
 
-        plan = Runtime.plan(target, memory_budget=1 << 40, weight_policy="window", direct_io=True)
-        window = ["--memory-budget", str(plan["weights_bytes"] // 2 + plan["context_bytes"] + plan["cache_bytes"]),
-                  "--weight-policy", "window", "--direct-io"]
+        window = []
+        if runner:   # (CPU packages: the other kinds keep their weights resident)
+            plan = Runtime.plan(target, memory_budget=1 << 40, weight_policy="window", direct_io=True)
+            window = ["--memory-budget", str(plan["weights_bytes"] // 2 + plan["context_bytes"] + plan["cache_bytes"]),
+                      "--weight-policy", "window", "--direct-io"]
         results: dict = {"bad": []}
         rng = random.Random(seed)
         for name in files:
@@ -343,7 +387,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--package", default=None, help="package to mutate [default: a fresh tiny f32 package]")
-    ap.add_argument("--files", default=",".join(FILES))
+    ap.add_argument("--kind", default="host", choices=sorted(KIND_FILES),
+                    help="package to make when --package is not given; its own files join the default --files")
+    ap.add_argument("--files", default=None, help="comma-separated [default: FILES + the kind's own files]")
     ap.add_argument("--per-file", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sanitize", action="store_true", help="libedgellm and edgellm-run with ASan + UBSan")
@@ -354,9 +400,13 @@ def main(argv=None) -> int:
         worker()
         return 0
     t0 = time.time()
+    files = a.files.split(",") if a.files else [*FILES, *KIND_FILES[a.kind]]
+    a.files = ",".join(files)
+    if a.kind == "host-npu":
+        os.environ["EDGELLM_FUZZ_LOAD"] = json.dumps({"prefill_backend": "npu", "npu_soc": "sm8650"})
     with tempfile.TemporaryDirectory(prefix="edgellm-fuzz-pkg-") as tmp:
-        pkg = Path(a.package) if a.package else make_package(Path(tmp))
-        res = campaign(pkg, a.files.split(","), a.per_file, a.seed, a.sanitize, a.timeout)
+        pkg = Path(a.package) if a.package else make_package(Path(tmp), a.kind)
+        res = campaign(pkg, files, a.per_file, a.seed, a.sanitize, a.timeout, runner=a.kind == "host")
     kinds = ("error", "same", "different", "traceback", "crash", "hang")
     if a.json:
         print(json.dumps({k: (dict(v) if isinstance(v, collections.Counter) else v) for k, v in res.items()}))

@@ -35,3 +35,29 @@ def test_mutations_are_deterministic():
     a = [fuzz.mutate("plan.bin", data, random.Random(5)) for _ in range(3)]
     b = [fuzz.mutate("plan.bin", data, random.Random(5)) for _ in range(3)]
     assert a == b and any(x != data for x in a)
+
+
+@pytest.mark.parametrize("kind", ["opencl", "host-npu"])
+def test_mutated_tables_of_other_kinds(tmp_path, kind, monkeypatch):
+    """The files an OpenCL package (kernels.cltab, kernels.cl) and an NPU package (npu/npu.txt, npu/rope.bin) add,
+    mutated with SHA256SUMS removed (so every mutation reaches the parsers behind it): clean outcomes only."""
+    import json
+
+    from edgellm.runtime import qnn_ort
+
+    if kind == "host-npu":
+        if not qnn_ort.qnn_available():
+            pytest.skip("needs onnxruntime-qnn")
+        monkeypatch.setenv("EDGELLM_FUZZ_LOAD", json.dumps({"prefill_backend": "npu", "npu_soc": "sm8650"}))
+    else:
+        from test_opencl import _opencl_device
+
+        if not _opencl_device():
+            pytest.skip("no OpenCL platform (apt-get install pocl-opencl-icd)")
+    pkg = fuzz.make_package(tmp_path, kind)
+    files = list(fuzz.KIND_FILES[kind])
+    res = fuzz.campaign(pkg, files, per_file=25, seed=7, timeout=60, runner=False)
+    assert not res["bad"], res["bad"][:3]
+    for name in files:
+        assert sum(res[name].values()) == 25 and res[name]["error"] > 0, (name, res[name])
+

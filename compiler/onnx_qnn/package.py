@@ -174,6 +174,8 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
     out.mkdir()
     work.mkdir()
     seqs, held, source = calibration_sequences(pkg, tokenizer_json, calib)
+    fit = max(1, kv_rows - chunk)   # a sequence's last chunk must end inside the cache (a small --max-context)
+    seqs, held = [s[:fit] for s in seqs], held[:fit]
     embed = np.asarray(weight("model.embed_tokens.weight"), np.float32)
     xs, x_held = [embed[s] for s in seqs], embed[held]
     del embed
