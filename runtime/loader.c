@@ -758,6 +758,28 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
     goto fail;
   }
 
+  /* options the package has nothing for are errors, not silently ignored (the Python API says the same first) */
+  int gpu = 0, reads_settings = 0;
+  for (int k = 0; k < EL_N_PROGRAMS; k++) {
+    if (!m->prog[k].present) continue;
+    gpu |= m->prog[k].p.backend == EL_BACKEND_OPENCL;
+    for (uint32_t si = 0; si < m->prog[k].n_steps; si++)
+      for (uint32_t ai = 0; ai < m->prog[k].steps[si].n_args; ai++)
+        reads_settings |= m->prog[k].steps[si].args[ai].kind == EL_ARG_SETTINGS;
+  }
+  if (opt->npu_soc && *opt->npu_soc && strcmp(opt->npu_soc, "auto") != 0 && !m->prog[EL_PROG_NPU_PREFILL].present) {
+    el_error("npu-soc applies to android-npu / host-npu packages (NPU graphs); this package has none");
+    goto fail;
+  }
+  if (opt->device && *opt->device && !gpu) {
+    el_error("device applies to android-gpu / opencl packages (OpenCL kernels); this package has none");
+    goto fail;
+  }
+  if (opt->ffn_threshold >= 0 && !reads_settings) {
+    el_error("ffn-threshold applies to packages compiled with --layout bundled; this package is not one");
+    goto fail;
+  }
+
   /* the backends the programs run on (the TVM CPU backend checks the machine, then loads the kernels); the NPU
    * backend only when prompts are to be prefilled there */
   int npu_wanted = m->prog[EL_PROG_NPU_PREFILL].present && opt->prefill_backend != EL_PREFILL_CPU;
