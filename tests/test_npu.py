@@ -442,11 +442,16 @@ def test_streamed_ranges_and_probe(tmp_path):
     probe = probe_graph(p)
     m = onnx.load(str(probe), load_external_data=False)
     outs = {o.name for o in m.graph.output}
+    from edgellm.compiler.onnx_qnn.graph import FP16_PREFIX
+
     assert not any(n.output[0] in outs for n in m.graph.node if n.op_type in ("Softmax", "Transpose"))
-    assert all(n.output[0] in outs for n in m.graph.node if n.op_type in ("MatMul", "RMSNormalization"))
+    assert all(n.output[0] in outs for n in m.graph.node if n.op_type in ("MatMul", "RMSNormalization") and
+               not n.name.startswith(FP16_PREFIX))
+    assert not any(o.startswith(FP16_PREFIX) for o in outs)   # the float16 attention has no range to calibrate
     full = onnx.load(str(p), load_external_data=False)
     full.graph.output.extend(helper.make_tensor_value_info(n.output[0], TensorProto.FLOAT, None)
-                             for n in full.graph.node if n.output[0] not in {o.name for o in full.graph.output})
+                             for n in full.graph.node if n.output[0] not in {o.name for o in full.graph.output}
+                             and not n.output[0].startswith(FP16_PREFIX))
     onnx.save(full, str(tmp_path / "full.onnx"))
     x = np.random.default_rng(0).standard_normal((11, spec.hidden_size)).astype(np.float32)
     got, want = Ranges(), Ranges()
@@ -457,6 +462,8 @@ def test_streamed_ranges_and_probe(tmp_path):
     done, ref = derive(got.ranges(), p), want.ranges()
     assert {"x", "cos", "sin", "mask", "past_k0", "past_v0"} <= set(done)
     for n in m.graph.node:
+        if n.output[0].startswith(FP16_PREFIX):
+            continue
         lo, hi = done[n.output[0]]
         assert lo <= ref[n.output[0]][0] + 1e-6 and hi >= ref[n.output[0]][1] - 1e-6, n.op_type
         if n.op_type in ("Reshape", "Transpose", "Identity") and n.input[0] in got.ranges():
@@ -613,3 +620,53 @@ def test_cpu_ep_block_matmul_is_float():
             None, {"x": x})[0]
     assert rel(ours, want) < 1e-5
     assert rel(fused, want) > 1e-4   # what the default would have measured
+
+
+@needs_qnn
+def test_float16_attention_on_the_htp(tmp_path):
+    """Why graph.py runs the attention in float16: the HTP cuts the second operand of a MatMul of two 16-bit
+    activations to 8 bits (the attention's q @ K^T and p @ V: ~6% error with an outlier channel in V, as real models
+    have, where the CPU EP, which keeps 16 bits, shows 0.03%), while the same MatMul between Casts to float16 runs
+    on the HTP (no CPU fallback) within 0.1%."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    a = rng.random((2, 64, 320)).astype(np.float32)
+    v = (rng.standard_normal((2, 320, 64)) * 2).astype(np.float32)
+    v[..., 3] *= 20
+    want = a.astype(np.float64) @ v
+    big = float(np.abs(want).max() * 1.05)
+
+    def qdq(name, x, lo, hi):
+        s = (hi - lo) / 65535
+        return ([helper.make_node("QuantizeLinear", [x, name + "_s", name + "_z"], [name + "_q"]),
+                 helper.make_node("DequantizeLinear", [name + "_q", name + "_s", name + "_z"], [name])],
+                [numpy_helper.from_array(np.array(s, np.float32), name + "_s"),
+                 helper.make_tensor(name + "_z", TensorProto.UINT16, [], [int(round(-lo / s))])])
+
+    err = {}
+    for tag in ("int16", "float16"):
+        nodes, inits = [], []
+        for n, i in (qdq("aq", "a", 0.0, 1.0), qdq("vq", "v", float(v.min()), float(v.max()))):
+            nodes += n
+            inits += i
+        if tag == "int16":
+            nodes.append(helper.make_node("MatMul", ["aq", "vq"], ["o"]))
+        else:
+            nodes += [helper.make_node("Cast", ["aq"], ["ah"], to=TensorProto.FLOAT16),
+                      helper.make_node("Cast", ["vq"], ["vh"], to=TensorProto.FLOAT16),
+                      helper.make_node("MatMul", ["ah", "vh"], ["oh"]),
+                      helper.make_node("Cast", ["oh"], ["o"], to=TensorProto.FLOAT)]
+        n, i = qdq("oq", "o", -big, big)
+        g = helper.make_graph(nodes + n, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape)),
+                                               helper.make_tensor_value_info("v", TensorProto.FLOAT, list(v.shape))],
+                              [helper.make_tensor_value_info("oq", TensorProto.FLOAT, list(want.shape))], inits + i)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+        m.ir_version = 10
+        onnx.save(m, str(tmp_path / f"{tag}.onnx"))
+        for be in ("cpu", "qnn"):
+            o = qnn_ort.session(tmp_path / f"{tag}.onnx", backend=be, soc="sm8650").run(None, {"a": a, "v": v})[0]
+            err[tag, be] = rel(o, want)
+    assert err["int16", "cpu"] < 1e-3 and err["float16", "cpu"] < 1e-3, err
+    assert err["int16", "qnn"] > 1e-2, err      # what the HTP does to a 16-bit x 16-bit MatMul
+    assert err["float16", "qnn"] < 1e-3, err    # float16 on the HTP

@@ -12,6 +12,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from .graph import FP16_PREFIX
+
 
 # Outputs whose range follows from their inputs' (derive()), so the probe need not hold them: the attention's
 # [heads, C, kv_rows + C] tensors are most of a probe's memory (one of five is kept, the scores).
@@ -23,6 +25,11 @@ def _derived(n: onnx.NodeProto, graph_inputs: set[str]) -> bool:
             (n.op_type == "Add" and any(i.startswith("mask") and i in graph_inputs for i in n.input)))
 
 
+def _float16(n: onnx.NodeProto) -> bool:
+    """An op of the float16 attention (graph.py FP16_PREFIX): no range, no quantization."""
+    return n.name.startswith(FP16_PREFIX) and not n.name.startswith(FP16_PREFIX + "Cast_out")
+
+
 def probe_graph(float_path: Path) -> Path:
     """float_path's graph with every node output also a graph output, but those derive() computes, saved beside it
     (its external weights are the float graph's file: the probe adds outputs, no data)."""
@@ -30,7 +37,7 @@ def probe_graph(float_path: Path) -> Path:
     have = {o.name for o in m.graph.output}
     inputs = {i.name for i in m.graph.input}
     for n in m.graph.node:
-        if _derived(n, inputs):
+        if _derived(n, inputs) or _float16(n):
             continue
         for o in n.output:
             if o and o not in have:
@@ -69,7 +76,7 @@ def derive(ranges: dict[str, tuple[float, float]], float_path: Path) -> dict[str
     inputs = {i.name for i in m.graph.input}
     out = dict(ranges)
     for n in m.graph.node:
-        if not _derived(n, inputs) or n.output[0] in out:
+        if not _derived(n, inputs) or _float16(n) or n.output[0] in out:
             continue
         if n.op_type == "Softmax":
             out[n.output[0]] = (0.0, 1.0)

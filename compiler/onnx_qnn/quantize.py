@@ -21,6 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ...errors import CompileError
 from ...quant.packing import unpack_codes, unpack_group_scales
 from ...quant.q4 import q4_codes, q4_scales
+from .graph import FP16_PREFIX
 
 NPU_QUANTS = {"w8a16": "int8 per channel", "w4a16": "int4 block-wise"}
 W4_BLOCK = 32       # w4a16 RTN: inputs per scale (the toolchain probes' block; GPTQ codes keep their own group size)
@@ -78,6 +79,7 @@ def quantize_group(float_path: Path, out_path: Path, ranges: dict[str, tuple[flo
     cache = out_path.with_name(out_path.name + ".ranges.json")
     m = onnx.load(str(lean), load_external_data=False)
     weights = set(_matmul_weights(onnx.load(str(float_path), load_external_data=False)).values())
+    fp16 = [n.name for n in m.graph.node if n.name.startswith(FP16_PREFIX)]   # graph.py's float16 attention
     _write_ranges(cache, {**widened(ranges), **{w: (-1.0, 1.0) for w in weights}})   # placeholders: replaced below
     del m
     root = logging.getLogger()
@@ -86,7 +88,8 @@ def quantize_group(float_path: Path, out_path: Path, ranges: dict[str, tuple[flo
         quantize_static(str(lean), str(out_path), calibration_data_reader=None, calibration_cache_path=str(cache),
                         calibrate_method=CalibrationMethod.MinMax, quant_format=cfg.quant_format,
                         activation_type=cfg.activation_type, weight_type=cfg.weight_type,
-                        op_types_to_quantize=cfg.op_types_to_quantize, nodes_to_exclude=cfg.nodes_to_exclude,
+                        op_types_to_quantize=cfg.op_types_to_quantize,
+                        nodes_to_exclude=list(cfg.nodes_to_exclude or []) + fp16,
                         per_channel=cfg.per_channel, use_external_data_format=True, extra_options=cfg.extra_options)
     finally:
         root.setLevel(level)
