@@ -519,6 +519,8 @@ def _npu_lines(npu) -> list[str]:
     if npu.get("cpu_positions"):
         out.append(f"position 0 (the attention sink) prefills on the CPU; calibrated on "
                    f"{(npu.get('calibration') or {}).get('source', '?')}; weights {npu.get('weights', '?')}")
+    for what, (how, why) in sorted((npu.get("precision") or {}).items()):
+        out.append(f"{what}: {how} ({why})")
     for soc, v in sorted((npu.get("socs") or {}).items()):
         out.append(f"{soc} (Hexagon v{v.get('htp_arch')}): prepared, {v.get('bytes', 0) / 2**20:.1f} MiB")
     if not npu.get("socs"):

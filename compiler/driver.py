@@ -273,6 +273,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     kernel_table = low.kernels.entries()
     with staged_package(out) as tmp:
         table, wbytes = write_weights(tmp / WEIGHTS, low.weights.names, low.weights.arrays, progress)
+        low.weights.arrays = []   # written: the CPU copies (and the checkpoint pages they view) are not needed again
+        ck.release()
         n_params = count_params(spec)
         write_plan(tmp / PLAN, arch=tgt.arch, features=list(tgt.features), target=tgt.name, build_id=build_id,
                    spec=spec, max_ctx=max_ctx, chunk=chunk, kv_rows=kv_rows,
@@ -308,7 +310,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                 raise CompileError("--target android-npu calibrates on text: the checkpoint needs a tokenizer.json")
             npu = write_npu(tmp, spec, raw, model_dir / "tokenizer.json", chunk=npu_chunk, kv_rows=kv_rows,
                             quant=npu_quant, socs=socs, calib=calib, gptq=pre, outliers=npu_outliers, weights=npu_weights,
-                            residual=npu_residual == "int4", progress=progress)
+                            residual=npu_residual == "int4", release=ck.release, progress=progress)
         manifest = {
             "format_version": FORMAT_VERSION,
             "edgellm_version": _version(),

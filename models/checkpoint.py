@@ -175,6 +175,11 @@ class SafetensorsFile:
             raise ModelLoadError(f"{self.path}: tensor {name} has unsupported dtype {short_repr(dt)} (readable: "
                                  f"{', '.join(_ST_DTYPES)}); convert the checkpoint, e.g. to bfloat16")
 
+    def release(self) -> None:
+        """Drops this reader's map of the file: the pages it touched leave the process once no array views them
+        (a long compile reads each weight more than once; mapped, every page read would stay resident)."""
+        self._mm = None
+
     def get(self, name: str) -> np.ndarray:
         e = self.entries[name]
         self.check_readable(name)
@@ -258,6 +263,11 @@ class Checkpoint:
 
     def check_readable(self, name: str) -> None:
         self._where[name].check_readable(self._stored.get(name, name))
+
+    def release(self) -> None:
+        """SafetensorsFile.release for every file (the next get maps again)."""
+        for f in set(self._where.values()):
+            f.release()
 
     def get(self, name: str) -> np.ndarray:
         if name not in self._where:

@@ -40,8 +40,9 @@ class OnnxGraph:
     """Graph backend emitting ONNX nodes for layers [l0, l1) of a prefill chunk of C tokens."""
 
     def __init__(self, spec: ModelSpec, weight, chunk: int, kv_rows: int, l0: int, l1: int,
-                 outliers: dict | None = None, expose_act: bool = False):
+                 outliers: dict | None = None, expose_act: bool = False, data=None):
         self.spec, self.C, self.L, self.l0, self.l1 = spec, chunk, kv_rows, l0, l1
+        self.data = data                           # (path, open file): weights are written there as traced
         self.outliers = outliers or {}             # layer -> (threshold, channels): see linear()
         self.expose_act = expose_act               # also output every FFN down-projection input (calibration)
         self._weight = weight                      # checkpoint name -> float array
@@ -53,6 +54,7 @@ class OnnxGraph:
         self._n = 0
         self.typed: list[str] = []                 # outputs of ops shape inference does not know
         self._masks16: dict[int, str] = {}         # window -> the mask input cast to float16
+        self.external: dict[str, onnx.TensorProto] = {}   # weights already in the data file
 
     # ---------------------------------------------------------------- helpers
     def _op(self, op: str, inputs: list[str], out: str | None = None, name: str | None = None, **attrs) -> str:
@@ -119,9 +121,21 @@ class OnnxGraph:
         return self._op("Reshape", [self._rms(h, w, d), self._shape(self.C, n_heads * d)])
 
     def _w(self, name: str, shape, transpose=False) -> str:
-        if name not in self.inits:
+        if name not in self.inits and name not in self.external:
             a = np.asarray(self._weight(name), np.float32).reshape(shape if not transpose else shape[::-1])
-            self.inits[name] = np.ascontiguousarray(a.T if transpose else a)
+            a = np.ascontiguousarray(a.T if transpose else a)
+            if self.data is None or a.size < 1024:
+                self.inits[name] = a
+            else:   # streamed to the external data file now: a group's float weights are never all in memory
+                path, f = self.data
+                off = -f.tell() % 4096
+                f.write(bytes(off))
+                t = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(a.shape),
+                                     data_location=onnx.TensorProto.EXTERNAL)
+                for k, v in (("location", path), ("offset", str(f.tell())), ("length", str(a.nbytes))):
+                    t.external_data.add(key=k, value=v)
+                f.write(a.tobytes())
+                self.external[name] = t
         return name
 
     def linear(self, x, w, b=None):
@@ -244,7 +258,8 @@ class OnnxGraph:
         self.nodes.append(helper.make_node("Identity", [y], ["y"], name="out_y"))
         outs = [f("y", [C, s.hidden_size])] + [f(n, shape) for n, shape in self.outputs]
         graph = helper.make_graph(self.nodes, f"prefill_c{C}_layers{self.l0}_{self.l1}", ins, outs,
-                                  [numpy_helper.from_array(a, n) for n, a in self.inits.items()])
+                                  [numpy_helper.from_array(a, n) for n, a in self.inits.items()] +
+                                  list(self.external.values()))
         graph.value_info.extend(helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in self.typed)
         m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="edgellm")
         m.ir_version = 10
@@ -252,16 +267,18 @@ class OnnxGraph:
 
 
 def trace_group(spec: ModelSpec, weight, chunk: int, kv_rows: int, l0: int, l1: int, outliers: dict | None = None,
-                expose_act: bool = False) -> onnx.ModelProto:
+                expose_act: bool = False, data=None) -> onnx.ModelProto:
     """The float prefill-chunk graph of layers [l0, l1). outliers: layer -> (threshold, channels) of the FFN down
     projection inputs split off for the CPU (one layer per graph then: the CPU's part must be added before the next
-    layer runs); expose_act: output every down-projection input as act<layer> (calibration)."""
+    layer runs); expose_act: output every down-projection input as act<layer> (calibration); data: (location, open
+    binary file) to stream the weights into as they are traced (the model then refers to them: save it beside
+    the file without save_as_external_data), else they are held in the model."""
     from ...models import family
 
     if spec.family != "llama" or spec.n_experts:
         OnnxGraph(spec, weight, chunk, kv_rows, l0, l1)._unsupported(
             "a mixture-of-experts model" if spec.n_experts else f"the {spec.family} family")
-    g = OnnxGraph(spec, weight, chunk, kv_rows, l0, l1, outliers, expose_act)
+    g = OnnxGraph(spec, weight, chunk, kv_rows, l0, l1, outliers, expose_act, data)
     x = family(spec).body(g, list(range(chunk)))
     if g.y is None:
         g.y = x
