@@ -31,20 +31,24 @@ def smollm2_npu(tmp_path_factory):
 
 def test_compile_table(smollm2_npu):
     """One graph for the whole 135M model (no layer split off for outlier corrections), calibrated on the built-in
-    text plus conversations in the model's chat template; hidden-state error against the float graphs (positions
-    1.., the CPU runs position 0) a few percent, not 140%; every layer's K and V within 8% (measured: up to 6.9%)."""
+    text plus conversations in the model's chat template; int8 projections with their int4 residual planes and the
+    attention in float16; hidden-state error against the float graphs (positions 1.., the CPU runs position 0)
+    under 2% (measured 1.30%, median token 0.40%; it was 140%, then 4.0%); every layer's K and V within 3%
+    (measured: up to 1.85%)."""
     npu = json.loads((smollm2_npu / "manifest.json").read_text())["npu"]
     assert len(npu["groups"]) == 1 and npu["cpu_positions"] == 1 and npu["outliers"] == {}
     assert "chat template" in npu["calibration"]["source"]
+    assert npu["weights"] == "int8 per channel, rtn + int4 residual plane per channel"
+    assert npu["precision"]["attention (q @ K^T, mask, softmax, p @ V)"][0] == "float16"
     e = npu["error_vs_f32"]
-    assert e["hidden_out"] < 0.05 and e["hidden_out_token_median"] < 0.06
-    assert max(max(x["k"], x["v"]) for x in e["layers"]) < 0.08
+    assert e["hidden_out"] < 0.02 and e["hidden_out_token_median"] < 0.01
+    assert max(max(x["k"], x["v"]) for x in e["layers"]) < 0.03
 
 
 def test_npu_prefill_against_cpu(smollm2_npu):
     """Held-out prompts (2 plain, 2 chat-formatted) prefilled on the HTP emulator against the same package's CPU f32
-    path: the next token is the same and the last-token logits are within 8% (rel. L2; median 4.3% over 20 prompts
-    in bench/npu_prefill.py --model smollm2-135m)."""
+    path: the next token is the same on 3 of 4 and the last-token logits are within 5% (rel. L2, median; 2.5% over
+    20 prompts in bench/npu_prefill.py --model smollm2-135m, max 11.6%)."""
     with edgellm.Runtime.load(smollm2_npu, prefill_backend="npu", threads=2) as npu, \
             edgellm.Runtime.load(smollm2_npu, prefill_backend="cpu", threads=2) as cpu:
         assert npu.prefill_backend == "npu", npu.prefill_backend_note
@@ -56,4 +60,4 @@ def test_npu_prefill_against_cpu(smollm2_npu):
             cpu.reset()
             errs.append(float(np.linalg.norm(a - b) / np.linalg.norm(b)))
             same += int(a.argmax() == b.argmax())
-        assert same >= 3 and np.median(errs) < 0.08, (same, errs)
+        assert same >= 3 and np.median(errs) < 0.05, (same, errs)
