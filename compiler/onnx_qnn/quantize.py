@@ -61,7 +61,7 @@ def quantize_group(float_path: Path, out_path: Path, ranges: dict[str, tuple[flo
     ranges: every float tensor's calibrated (min, max) (calibrate.py; widened here). gptq: the CPU package's GPTQ q4
     parts by checkpoint name (w4a16 takes its codes; None: RTN; w8a16 ignores them: its int8 grid is finer than
     GPTQ's int4 one). int8: w8a16's own codes by checkpoint name (weights.NpuInt8 parts, GPTQ on the NPU's int8
-    grid; None: ONNX Runtime's round-to-nearest per channel). planes (w8a16 only): each projection also gets an int4
+    grid; None: round-to-nearest per channel). planes (w8a16 only): each projection also gets an int4
     plane of what its int8 codes (int8's, else round-to-nearest) miss (weight_planes)."""
     import inspect
 
@@ -74,14 +74,10 @@ def quantize_group(float_path: Path, out_path: Path, ranges: dict[str, tuple[flo
         raise CompileError("--target android-npu needs a newer onnxruntime (its quantizer must take precomputed ranges, "
                            "quantize_static(calibration_cache_path=...); 1.32 does): pip install -U onnxruntime "
                            "onnxruntime-qnn")
-    lean = _weights_as_inputs(float_path)
+    lean, weights, fp16 = _weights_as_inputs(float_path)
     cfg = get_qnn_qdq_config(str(lean), None, activation_type=QuantType.QUInt16, weight_type=QuantType.QUInt8)
     cache = out_path.with_name(out_path.name + ".ranges.json")
-    m = onnx.load(str(lean), load_external_data=False)
-    weights = set(_matmul_weights(onnx.load(str(float_path), load_external_data=False)).values())
-    fp16 = [n.name for n in m.graph.node if n.name.startswith(FP16_PREFIX)]   # graph.py's float16 attention
     _write_ranges(cache, {**widened(ranges), **{w: (-1.0, 1.0) for w in weights}})   # placeholders: replaced below
-    del m
     root = logging.getLogger()
     level, root.level = root.level, logging.ERROR   # the tool logs advice about pre-processing on the root logger
     try:
@@ -102,10 +98,11 @@ def quantize_group(float_path: Path, out_path: Path, ranges: dict[str, tuple[flo
     return int4_blocks(out_path, float_path, gptq)
 
 
-def _weights_as_inputs(float_path: Path) -> Path:
+def _weights_as_inputs(float_path: Path) -> tuple[Path, set[str], list[str]]:
     """The float graph with every MatMul weight turned into a graph input of its shape (no data), for ONNX Runtime's
     quantizer: it then inserts only the activations' Q/DQ and never holds the group's float weights (its copies of
-    a 1B model's 1 GB group were the compile's peak memory); rewrite_weights puts each weight in as int8/int4 codes."""
+    a 1B model's 1 GB group were the compile's peak memory); rewrite_weights puts each weight in as int8/int4 codes.
+    Returns (its path, the weight names, the float16 attention's node names: graph.py, not to be quantized)."""
     m = onnx.load(str(float_path), load_external_data=False)
     weights = set(_matmul_weights(m).values())
     keep = [i for i in m.graph.initializer if i.name not in weights]
@@ -115,7 +112,7 @@ def _weights_as_inputs(float_path: Path) -> Path:
     m.graph.initializer.extend(keep)
     p = float_path.with_name(float_path.name + ".lean.onnx")   # beside it: what stays reads its data file
     onnx.save(m, str(p))
-    return p
+    return p, weights, [n.name for n in m.graph.node if n.name.startswith(FP16_PREFIX)]
 
 
 def rtn_int4(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -256,8 +253,8 @@ def _add_residuals(m: onnx.ModelProto, residual: dict[str, tuple[np.ndarray, np.
     m.graph.node.extend(order)
 
 
-def rewrite_weights(path: Path, float_path: Path, pick, only: set | None = None, edit=None) -> str:
-    """Replaces the weight DequantizeLinear of every MatMul (of the names in `only`, or all) with
+def rewrite_weights(path: Path, float_path: Path, pick, edit=None) -> str:
+    """Replaces the weight DequantizeLinear of every MatMul with
     pick(name, float_weight) = (codes int8 [in, out], scales f32 [in/B, out], source, bits): int4 or int8 codes,
     symmetric (explicit zero points 0); one scale row: per output channel (axis 1), else blocks of B inputs (axis 0).
     edit(model, {MatMul node name: weight name}), when given, edits the graph before it is saved. Returns the weight
@@ -273,7 +270,7 @@ def rewrite_weights(path: Path, float_path: Path, pick, only: set | None = None,
     int8_tensor = lambda name, q: numpy_helper.from_array(np.asarray(q, np.int8), name)   # noqa: E731
     for node in list(m.graph.node):   # a copy: Q nodes of weight inputs are removed on the way
         name = weight_of.get(node.name) if node.op_type == "MatMul" else None
-        dq = prod.get(node.input[1]) if name and (only is None or name in only) else None
+        dq = prod.get(node.input[1]) if name else None
         if dq is None or dq.op_type != "DequantizeLinear":
             continue
         qn = prod.get(dq.input[0])
