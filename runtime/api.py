@@ -536,18 +536,6 @@ def _memory(lib, handle) -> dict:
 STORAGE_PROFILES = ("native", "sd", "emmc", "ufs3", "ufs4")   # offload/io.c
 
 
-def _options_apply(p: Path, manifest: dict, **given) -> None:
-    """A one-line InputError for a load option this package has nothing for (it would be ignored silently)."""
-    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
-    needs = {"npu_soc": (manifest.get("npu") is not None, "android-npu / host-npu packages (NPU graphs)"),
-             "device": ("opencl" in files, "android-gpu / opencl packages (OpenCL kernels)"),
-             "ffn_threshold": (manifest.get("ffn") is not None, "packages compiled with --layout bundled")}
-    for name, v in given.items():
-        ok, what = needs[name]
-        if v is not None and not ok:
-            raise InputError(f"{name.replace('_', '-')} applies to {what}; {p} is not one")
-
-
 class Runtime:
     """A loaded package: the model (plan, kernels, weights, tokenizer; read-only and shared) and a default context.
     The generation methods run on the default context; new_context() makes more conversations over the same
@@ -631,7 +619,6 @@ class Runtime:
             keep.append(device.encode())
             opts.device = keep[-1]
         manifest = read_manifest(p)
-        _options_apply(p, manifest, npu_soc=npu_soc, device=device, ffn_threshold=ffn_threshold)
         if digest is not None:
             # the small files Python reads here; libedgellm checks everything before it loads any code
             verify_package(p, digest, only=[f for f in ("manifest.json", "tokenizer.json", "tokenizer_config.json",

@@ -495,3 +495,19 @@ def test_chat_template_file_of_its_own(pkg, tmp_path):
     from edgellm.compiler.driver import TOKENIZER_FILES
 
     assert "chat_template.jinja" in TOKENIZER_FILES
+
+
+def test_options_a_package_has_nothing_for(pkg):
+    """--npu-soc, --device and --ffn-threshold on a package without NPU graphs, OpenCL kernels or bundled FFNs are
+    one-line load errors (libedgellm's loader: the same for Runtime.load and bin/edgellm-run), not ignored."""
+    from edgellm.errors import RuntimeLoadError
+
+    for kw, what in (({"npu_soc": "sm8650"}, "npu-soc applies to"), ({"device": "0:0"}, "device applies to"),
+                     ({"ffn_threshold": 0.1}, "ffn-threshold applies to")):
+        with pytest.raises(RuntimeLoadError, match=what) as e:
+            edgellm.Runtime.load(pkg, **kw)
+        assert "\n" not in str(e.value)
+    one_line_error(*cli("run", pkg, "-p", "hi", "-n", "1", "--device", "0:0"), "device applies to")
+    r = subprocess.run([str(pkg / "bin" / "edgellm-run"), str(pkg), "-p", "hi", "-n", "1", "--ffn-threshold", "0.1"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "ffn-threshold applies to" in r.stderr
