@@ -465,11 +465,13 @@ def info_cmd(package):
 
     from .runtime.package import package_digest, read_manifest
 
+    from .models.rope import table_of as rope_table_of
+
     m = read_manifest(package)
     c = m["model"]["config"]
     n_params = m["quant"].get("n_params")
     if not isinstance(n_params, int) or isinstance(n_params, bool):
-        n_params = sum(int(__import__("math").prod(t["shape"])) for t in m["tensors"] if not t["name"].startswith("rope."))
+        n_params = sum(int(__import__("math").prod(t["shape"])) for t in m["tensors"] if not rope_table_of(t["name"]))
     size = sum(f.stat().st_size for f in Path(package).rglob("*") if f.is_file())
     sampling = m.get("sampling_defaults") if isinstance(m.get("sampling_defaults"), dict) else {}
     rows = [

@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import CompileError
 from ..models import load_checkpoint
 from ..models.rope import cos_sin
+from ..models.rope import table_of as rope_table_of
 from ..quant import SCHEMES, body_schemes, get_scheme, head_schemes
 from ..runtime.contract import FORMAT_VERSION, KERNELS, MANIFEST, OPENCL_SOURCE, OPENCL_TABLE, PLAN, ROUTING, WEIGHTS
 from ..targets import get_target, short_prefill_chunk
@@ -214,10 +215,11 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     rope = {}
 
     def raw(name: str) -> np.ndarray:
-        if name.startswith("rope."):
-            if not rope:
-                c, s = cos_sin(spec, np.arange(kv_rows))
-                rope.update({"rope.cos": c.astype(np.float32), "rope.sin": s.astype(np.float32)})
+        table = rope_table_of(name)
+        if table:
+            if name not in rope:
+                c, s = cos_sin(spec, np.arange(kv_rows), table)
+                rope.update({f"{table}.cos": c.astype(np.float32), f"{table}.sin": s.astype(np.float32)})
             return rope[name]
         return ck.get(name)
 
@@ -371,7 +373,7 @@ def count_params(spec) -> int:
 
 def _bits_per_weight(table, n_params: int) -> float:
     """Stored bits per parameter over all weights (scales, norms and the embedding/head included; not RoPE tables)."""
-    return 8 * sum(t["nbytes"] for t in table if not t["name"].startswith("rope.")) / max(n_params, 1)
+    return 8 * sum(t["nbytes"] for t in table if not rope_table_of(t["name"])) / max(n_params, 1)
 
 
 def _version() -> str:

@@ -416,7 +416,11 @@ class Lowering:
             wargs = self._parts(name, head, lambda: head.quantize(np.asarray(self._raw(name), np.float32)))
             kop, kparams = head.embed_kernel(T, V, D)
             k = self._kernel(kop, **kparams)
-            return [Step(k, [act(n.inputs[0]), *wargs, act(n.out)])]
+            steps = [Step(k, [act(n.inputs[0]), *wargs, act(n.out)])]
+            if s.embed_scale != 1.0:   # Gemma: rows times sqrt(hidden), in place (the tied lm_head stays unscaled)
+                steps.append(Step(self._kernel("scale", R=T, N=D, c=float(np.float32(s.embed_scale))),
+                                  [act(n.out), act(n.out)]))
+            return steps
         if op == "rmsnorm":
             h = n.params["heads"]
             R, D = T * h, n.inputs[0].shape[1] // h
@@ -444,7 +448,7 @@ class Lowering:
             k = self._kernel("attention", T=T, NH=NH, KVH=KVH, D=D, W=0 if W >= self.rope_rows else W)
             kv = [Arg(kind, layer, "float32", (T, KVH, D), PREFIX) for kind in (KCACHE, VCACHE)]
             return [Step(k, [act(n.inputs[0], (T, NH, D)), *kv, act(n.out)])]
-        if op in ("add", "swiglu", "relu2_mul"):
+        if op in ("add", "swiglu", "relu2_mul", "gelu_mul"):
             R, N = n.out.shape
             k = self._kernel(op, R=R, N=N) if op == "add" else self._kernel(op, T=R, F=N)
             return [Step(k, [act(v) for v in n.inputs] + [act(n.out)])]

@@ -64,8 +64,8 @@ class TraceGraph:
     def linear(self, x, w, b=None):
         return self._emit("linear", [x], (x.shape[0], self.wshape[w][0]), [w, b], bias=b is not None)
 
-    def rope(self, x, n_heads):
-        return self._emit("rope", [x], x.shape, ["rope.cos", "rope.sin"], heads=n_heads)
+    def rope(self, x, n_heads, table="rope"):
+        return self._emit("rope", [x], x.shape, [f"{table}.cos", f"{table}.sin"], heads=n_heads)
 
     def kv_store(self, layer, k, v):
         self.nodes.append(Node("kv_store", [k, v], None, params={"layer": layer}))
@@ -81,6 +81,9 @@ class TraceGraph:
 
     def relu2_mul(self, gate, up):
         return self._emit("relu2_mul", [gate, up], gate.shape)
+
+    def gelu_mul(self, gate, up):
+        return self._emit("gelu_mul", [gate, up], gate.shape)
 
     def route(self, x, router, top_k, normalize):
         from .moe import RoutingTable

@@ -8,9 +8,9 @@ from .spec import ModelSpec
 
 def family(spec: ModelSpec) -> ModuleType:
     """The module holding body()/head()/weight_shapes() for this spec's forward-pass family."""
-    from . import bitnet, llama
+    from . import bitnet, gemma, llama
 
-    return {"llama": llama, "bitnet": bitnet}[spec.family]
+    return {"llama": llama, "bitnet": bitnet, "gemma": gemma}[spec.family]
 
 
 def load_checkpoint(model: str):
@@ -29,7 +29,10 @@ def load_checkpoint(model: str):
     if spec.tie_word_embeddings and embed not in ck and "lm_head.weight" in ck:
         ck.alias(embed, "lm_head.weight")
         ck.notes.append("tied embeddings read from lm_head.weight (the checkpoint has no model.embed_tokens.weight)")
-    for name, shape in family(spec).weight_shapes(spec).items():
+    fam = family(spec)
+    for name, fn in getattr(fam, "weight_transforms", lambda s: {})(spec).items():
+        ck.transform(name, fn)
+    for name, shape in fam.weight_shapes(spec).items():
         if name not in ck:
             raise ModelLoadError(f"weight '{name}' is missing from the checkpoint in {d} ({spec.arch})")
         got = tuple(ck.entry(name)["shape"])

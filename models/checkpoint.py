@@ -213,6 +213,7 @@ class Checkpoint:
         self.dir = model_dir
         self.notes: list[str] = []           # what the caller may want to tell the user (one line each)
         self._stored: dict[str, str] = {}     # name asked for -> name in the file, where they differ (aliases)
+        self._transforms: dict = {}          # name -> fn applied to the stored tensor as it is read (models/gemma.py)
         index = model_dir / "model.safetensors.index.json"
         single = model_dir / "model.safetensors"
         self._where: dict[str, SafetensorsFile] = {}
@@ -251,6 +252,10 @@ class Checkpoint:
         self._where[name] = self._where[stored]
         self._stored[name] = self._stored.get(stored, stored)
 
+    def transform(self, name: str, fn) -> None:
+        """Make `name` read as fn(stored tensor): a family's fold of a constant into a weight (Gemma's 1 + w norms)."""
+        self._transforms[name] = fn
+
     def names(self) -> list[str]:
         return list(self._where)
 
@@ -272,7 +277,9 @@ class Checkpoint:
     def get(self, name: str) -> np.ndarray:
         if name not in self._where:
             raise ModelLoadError(f"weight '{name}' is missing from the checkpoint in {self.dir}")
-        return self._where[name].get(self._stored.get(name, name))
+        arr = self._where[name].get(self._stored.get(name, name))
+        fn = self._transforms.get(name)
+        return np.asarray(fn(arr), np.float32) if fn else arr
 
     def dtype(self, name: str) -> str:
         return self.entry(name)["dtype"]

@@ -15,15 +15,16 @@ Value = Any
 class Graph(Protocol):
     spec: ModelSpec
 
-    def embed(self, ids: Value, w: str) -> Value: ...
+    def embed(self, ids: Value, w: str) -> Value: ...                         # rows of w, times spec.embed_scale
     def rmsnorm(self, x: Value, w: str) -> Value: ...
     def head_rmsnorm(self, x: Value, w: str, n_heads: int) -> Value: ...      # RMSNorm over each head's D values
     def linear(self, x: Value, w: str, b: str | None = None) -> Value: ...    # x @ W.T (+ b); W is [out, in]
-    def rope(self, x: Value, n_heads: int) -> Value: ...                      # positions pos .. pos+T-1
+    def rope(self, x: Value, n_heads: int, table: str = "rope") -> Value: ...  # positions pos .. pos+T-1 (models/rope.py)
     def kv_store(self, layer: int, k: Value, v: Value) -> None: ...           # rows pos .. pos+T-1 of the KV cache
     def attention(self, q: Value, layer: int) -> Value: ...                   # causal over the cache prefix
     def add(self, a: Value, b: Value) -> Value: ...
     def swiglu(self, gate: Value, up: Value) -> Value: ...                    # silu(gate) * up
+    def gelu_mul(self, gate: Value, up: Value) -> Value: ...                  # gelu_tanh(gate) * up (GeGLU)
     # Mixture of experts, two ops so that a backend decides where expert weights live and which it reads:
     # route: softmax(x @ router.T) over the experts, the top_k of them (ties: the lower index), their
     #   probabilities renormalized to sum 1 when `normalize`; a routing value only `experts` reads.

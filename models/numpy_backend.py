@@ -32,7 +32,8 @@ class NumpyGraph:
 
     def embed(self, ids, w):
         self._T = len(ids)
-        return self.w(w)[np.asarray(ids)]
+        rows = self.w(w)[np.asarray(ids)]
+        return rows * self.dtype(self.spec.embed_scale) if self.spec.embed_scale != 1.0 else rows
 
     def _rms(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.spec.rms_eps) * w
@@ -48,9 +49,9 @@ class NumpyGraph:
         y = x @ self.w(w).T
         return y + self.w(b) if b is not None else y
 
-    def rope(self, x, n_heads):
+    def rope(self, x, n_heads, table="rope"):
         T = x.shape[0]
-        c, s = cos_sin(self.spec, np.arange(self.pos, self.pos + T))
+        c, s = cos_sin(self.spec, np.arange(self.pos, self.pos + T), table)
         return apply_rope(x.reshape(T, n_heads, -1), c, s).reshape(T, -1)
 
     def kv_store(self, layer, k, v):
@@ -81,6 +82,9 @@ class NumpyGraph:
     def swiglu(self, gate, up):
         return gate / (1 + np.exp(-gate)) * up
 
+    def gelu_mul(self, gate, up):
+        return gelu_tanh(gate) * up
+
     def bitlinear(self, x, w):
         from .bitnet import bitlinear_ref
 
@@ -110,6 +114,11 @@ class NumpyGraph:
     def predict_experts(self, x, norm, router, top_k, experts, layer):
         """Records the guess (predictions[layer]: expert ids [T, k]); the oracle of the runtime's prediction recall."""
         self.predictions[layer] = route_top_k(self.rmsnorm(x, norm) @ self.w(router).T, top_k, False)[0]
+
+
+def gelu_tanh(x):
+    """transformers' gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x * x * x)))
 
 
 def route_top_k(logits: np.ndarray, top_k: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:

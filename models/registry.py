@@ -134,8 +134,15 @@ def _rope(cfg: dict, head_dim: int) -> tuple[float, dict | None]:
         raise _bad(f"{src}.rope_type", "a string", rtype)
     if rtype in (None, "default"):
         return theta, None
+    if rtype == "linear":
+        if "factor" not in rope:
+            raise ModelLoadError(f"config.json: {src} of type linear has no 'factor'; re-export the checkpoint with "
+                                 "transformers")
+        _check_float(f"{src}.factor", rope["factor"])
+        return theta, {"rope_type": "linear", "factor": rope["factor"]}
     if rtype != "llama3":
-        raise ModelLoadError(f"rope scaling type {short_repr(rtype)} is not supported yet (supported: default, llama3)")
+        raise ModelLoadError(f"rope scaling type {short_repr(rtype)} is not supported yet (supported: default, linear, "
+                             "llama3)")
     if "factor" not in rope:
         raise ModelLoadError(f"config.json: {src} of type llama3 has no 'factor'; re-export the checkpoint with transformers")
     _check_float(f"{src}.factor", rope["factor"])
@@ -320,6 +327,59 @@ def _qwen3(cfg: dict) -> ModelSpec:
         raise ModelLoadError("Qwen3ForCausalLM with attention_bias: true (biases on the q/k/v/o projections) is not "
                              "supported yet")
     return _llama_like(cfg, "Qwen3ForCausalLM", qk_norm=True)
+
+
+def _gemma_windows(cfg: dict, n_layers: int) -> tuple[int, ...]:
+    """Gemma 3's sliding-window layers: `layer_types`, or (older configs) every layer but each
+    `sliding_window_pattern`-th (default 6)."""
+    w = _int(cfg, "sliding_window", 4096)
+    types = cfg.get("layer_types")
+    if types is None:
+        key = "sliding_window_pattern" if "sliding_window_pattern" in cfg else "_sliding_window_pattern"
+        pattern = _int(cfg, key, 6)
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)]
+    if not isinstance(types, list) or len(types) != n_layers or any(
+            not isinstance(t, str) or t not in ("sliding_attention", "full_attention") for t in types):
+        raise ModelLoadError(f"config.json: layer_types must list 'full_attention' or 'sliding_attention' for each of "
+                             f"the {n_layers} layers, got {short_repr(types)}")
+    return tuple(w if t == "sliding_attention" else 0 for t in types)
+
+
+@register("Gemma3ForCausalLM")
+def _gemma3(cfg: dict) -> ModelSpec:
+    arch = "Gemma3ForCausalLM"
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(key) is not None:
+            raise ModelLoadError(f"{arch} with {key} {short_repr(cfg[key])} is not supported yet (only null)")
+    if _bool(cfg, "attention_bias"):
+        raise ModelLoadError(f"{arch} with attention_bias: true is not supported yet")
+    if _bool(cfg, "use_bidirectional_attention"):
+        raise ModelLoadError(f"{arch} with use_bidirectional_attention: true (an encoder) cannot generate text")
+    act = cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh"))
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ModelLoadError(f"{arch} with hidden_activation {short_repr(act)} is not supported (only gelu_pytorch_tanh)")
+    # RoPE: transformers 5 nests one parameter set per layer type; older configs give rope_theta (+ rope_scaling)
+    # for the global layers and rope_local_base_freq for the sliding ones
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict) and "full_attention" in rp:
+        glob, loc = rp.get("full_attention"), rp.get("sliding_attention") or {}
+        if not isinstance(glob, dict) or not isinstance(loc, dict):
+            raise _bad("rope_parameters", "an object per layer type", rp)
+        theta, scaling = _rope({"rope_parameters": glob}, 0)
+        if loc.get("rope_type", "default") not in ("default", None):
+            raise ModelLoadError(f"{arch}: rope_parameters.sliding_attention of type {short_repr(loc['rope_type'])} "
+                                 "is not supported (only default)")
+        local = _check_float("rope_parameters.sliding_attention.rope_theta", loc.get("rope_theta", 10000.0))
+    else:
+        theta, scaling = _rope(cfg, 0)
+        local = _float(cfg, "rope_local_base_freq", 10000.0)
+    base = {k: v for k, v in cfg.items() if k not in ("rope_scaling", "rope_parameters", "hidden_act")}
+    base.setdefault("head_dim", 256)
+    spec = _llama_like(base, arch, qk_norm=True)
+    qpas = _float(cfg, "query_pre_attn_scalar", 256.0)
+    return dataclasses.replace(spec, family="gemma", rope_theta=theta, rope_scaling=scaling, rope_local_theta=local,
+                               embed_scale=math.sqrt(spec.hidden_size), q_scale=math.sqrt(spec.head_dim / qpas),
+                               layer_windows=_gemma_windows(cfg, spec.n_layers))
 
 
 def spec_from_config(cfg: dict) -> ModelSpec:

@@ -1,4 +1,7 @@
-"""Rotary position embedding tables (default and llama3 frequency scaling), computed once in float64."""
+"""Rotary position embedding tables (default, linear and llama3 frequency scaling), computed once in float64.
+
+A model may rotate with more than one table (Gemma 3: a local base on its sliding-window layers); each is named
+(ModelSpec.rope_table) and stored as "<table>.cos" / "<table>.sin" weights of [rows, head_dim/2]."""
 from __future__ import annotations
 
 import math
@@ -8,10 +11,23 @@ import numpy as np
 from .spec import ModelSpec
 
 
-def inv_freq(spec: ModelSpec) -> np.ndarray:
+TABLES = ("rope", "rope_local")
+
+
+def table_of(name: str) -> str | None:
+    """The table a weight name belongs to ("rope.cos" -> "rope"), or None for a checkpoint weight."""
+    table, _, part = name.partition(".")
+    return table if table in TABLES and part in ("cos", "sin") else None
+
+
+def inv_freq(spec: ModelSpec, table: str = "rope") -> np.ndarray:
     d = spec.head_dim
+    if table == "rope_local":   # the sliding-window layers' own base, never scaled (transformers' Gemma 3)
+        return 1.0 / (spec.rope_local_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
     f = 1.0 / (spec.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
     rs = spec.rope_scaling
+    if rs and rs.get("rope_type", rs.get("type")) == "linear":
+        f = f / float(rs["factor"])
     if rs and rs.get("rope_type", rs.get("type")) == "llama3":
         factor = float(rs["factor"])
         lo, hi = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
@@ -25,9 +41,9 @@ def inv_freq(spec: ModelSpec) -> np.ndarray:
     return f
 
 
-def cos_sin(spec: ModelSpec, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def cos_sin(spec: ModelSpec, positions: np.ndarray, table: str = "rope") -> tuple[np.ndarray, np.ndarray]:
     """cos, sin of shape [len(positions), head_dim/2] in float64."""
-    ang = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq(spec)[None, :]
+    ang = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq(spec, table)[None, :]
     return np.cos(ang), np.sin(ang)
 
 

@@ -32,6 +32,9 @@ class ModelSpec:
     # Sliding-window attention, per layer: 0 = full causal attention, W > 0 = a query at position p attends keys
     # p-W+1 .. p (transformers' `kv_idx > q_idx - sliding_window`). Empty = every layer full.
     layer_windows: tuple[int, ...] = ()
+    rope_local_theta: float = 0.0  # RoPE base of the sliding-window layers (Gemma 3); 0: every layer uses rope_theta
+    embed_scale: float = 1.0       # embedding rows are multiplied by this (Gemma: sqrt(hidden_size))
+    q_scale: float = 1.0           # extra factor on q before attention's 1/sqrt(head_dim), folded into weights at load
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
@@ -49,6 +52,11 @@ class ModelSpec:
     def window(self, layer: int) -> int:
         """Attention window of a layer (0: full causal attention)."""
         return self.layer_windows[layer] if self.layer_windows else 0
+
+    def rope_table(self, layer: int) -> str:
+        """The RoPE table a layer rotates q/k with (models/rope.py): "rope", or "rope_local" for the sliding-window
+        layers of a model with a separate local base."""
+        return "rope_local" if self.rope_local_theta and self.window(layer) else "rope"
 
     def to_dict(self) -> dict:
         d = asdict(self)

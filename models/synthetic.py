@@ -28,6 +28,12 @@ _BASE = {
                             "decoder_sparse_step": 1, "mlp_only_layers": []},
     "OlmoeForCausalLM": {"model_type": "olmoe", "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": False,
                          "clip_qkv": None},
+    # query_pre_attn_scalar != head_dim and a local RoPE base of its own: both paths of Gemma 3 are exercised
+    "Gemma3ForCausalLM": {"model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh",
+                          "query_pre_attn_scalar": 24, "sliding_window": 5,
+                          "attn_logit_softcapping": None, "final_logit_softcapping": None,
+                          "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                              "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}},
 }
 
 
@@ -56,6 +62,9 @@ def make_config(arch: str = "LlamaForCausalLM", **overrides) -> dict:
         "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "float32",
     }
     cfg.update(overrides)
+    if arch.startswith("Gemma3") and "layer_types" not in cfg:   # every third layer global, as in Gemma 3's 5:1
+        cfg["layer_types"] = ["full_attention" if i % 3 == 1 else "sliding_attention"
+                              for i in range(cfg["num_hidden_layers"])]
     return cfg
 
 

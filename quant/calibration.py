@@ -198,9 +198,9 @@ class _LayerGraph(NumpyGraph):
     def base_linear(self, x, w, b=None):
         return super().linear(x, w, b)
 
-    def rope(self, x, n_heads):
+    def rope(self, x, n_heads, table="rope"):
         x = self._val(x)
-        return SKIP if x is SKIP else super().rope(x, n_heads).astype(self.dtype)
+        return SKIP if x is SKIP else super().rope(x, n_heads, table).astype(self.dtype)
 
     def kv_store(self, layer, k, v):
         self._see(layer)
@@ -224,6 +224,10 @@ class _LayerGraph(NumpyGraph):
     def relu2_mul(self, gate, up):
         v = self._vals(gate, up)
         return SKIP if v is None else super().relu2_mul(*v)
+
+    def gelu_mul(self, gate, up):
+        v = self._vals(gate, up)
+        return SKIP if v is None else super().gelu_mul(*v)
 
     def bitlinear(self, x, w):
         raise CompileError("GPTQ does not apply to BitNet checkpoints (their weights are already ternary)")

@@ -8,7 +8,7 @@
  * fails to load, it never runs silently on the CPU.
  *
  * npu/npu.txt (written by the compiler) names the chunk, the cache rows, the mask value, the RoPE table
- * (npu/rope.bin: cos then sin, [kv_rows, head_dim] each) and, per group, its layers and graph, and per SoC the
+ * (npu/rope.bin: per RoPE table, cos then sin, [kv_rows, head_dim] each; `rope_tables` of them, default 1) and, per group, its layers and graph, and per SoC the
  * prepared EPContext graphs. Inputs and outputs are found by name: x, cos, sin, mask / mask_w<W>, past_k<l>,
  * past_v<l> -> y, new_k<l>, new_v<l>.
  *
@@ -70,8 +70,9 @@ typedef struct {
   int plugin; /* the QNN EP came from a plugin library (unregister on close) */
   int chunk, kv_rows, n_groups, dim, kvh, hd;
   float mask_value;
-  float* rope; /* [2][kv_rows][hd] */
+  float* rope; /* [rope_tables][2][kv_rows][hd] */
   size_t rope_rows;
+  int rope_tables; /* 1, or 2: the sliding-window layers' own table too (inputs cos_local / sin_local) */
   npu_group g[NPU_MAX_GROUPS];
   char soc[32];  /* the SoC whose EPContext graphs were loaded; "" = the ONNX graphs */
   npu_outliers outl[NPU_MAX_GROUPS];
@@ -111,6 +112,7 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
   if (!text) return -1;
   char* save = NULL;
   int version = 0, soc_found = 0;
+  q->rope_tables = 1;
   /* EDGELLM_NPU_ONNX_GRAPHS=1: the SoC's HTP options, but the ONNX graphs prepared at load instead of its EPContext
    * binaries (to check one against the other: the emulator runs one HTP version per process) */
   const char* force = getenv("EDGELLM_NPU_ONNX_GRAPHS");
@@ -123,7 +125,8 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
     if (!*line || *line == '#') continue;
     if (sscanf(line, "edgellm-npu %d", &version) == 1) continue;
     if (sscanf(line, "chunk %d", &q->chunk) == 1 || sscanf(line, "kv_rows %d", &q->kv_rows) == 1 ||
-        sscanf(line, "mask_value %f", &q->mask_value) == 1 || sscanf(line, "rope %511s", rope) == 1)
+        sscanf(line, "mask_value %f", &q->mask_value) == 1 || sscanf(line, "rope %511s", rope) == 1 ||
+        sscanf(line, "rope_tables %d", &q->rope_tables) == 1)
       continue;
     if (sscanf(line, "group %d %d %511s", &x, &y, a) == 3) {
       if (q->n_groups >= NPU_MAX_GROUPS) goto bad;
@@ -155,6 +158,8 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
   if (version != 1) return el_error("npu/npu.txt has version %d, this runtime reads 1: recompile the package", version);
   if (q->chunk <= 0 || q->kv_rows <= 0 || q->n_groups == 0 || !rope[0])
     return el_error("npu/npu.txt is incomplete: recompile the package");
+  if (q->rope_tables < 1 || q->rope_tables > 2)
+    return el_error("npu/npu.txt has rope_tables %d (1 or 2): recompile the package", q->rope_tables);
   if (!isfinite(q->mask_value) || !(q->mask_value < 0))
     return el_error("npu/npu.txt has mask_value %g: a finite negative number is needed; recompile the package",
                     (double)q->mask_value);
@@ -165,10 +170,10 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
   if (el_package_path(dir, rope, "npu/npu.txt", path, sizeof path) || el_check_listed(dir, rope)) return -1;
   float* r = el_read_small_file(path, "npu rope table", (size_t)1 << 30, &size);
   if (!r) return -1;
-  if (size != (size_t)2 * q->kv_rows * q->hd * sizeof(float)) {
+  if (size != (size_t)2 * q->rope_tables * q->kv_rows * q->hd * sizeof(float)) {
     free(r);
     return el_error("%s has %zu bytes, expected %zu: recompile the package", rope, size,
-                    (size_t)2 * q->kv_rows * q->hd * sizeof(float));
+                    (size_t)2 * q->rope_tables * q->kv_rows * q->hd * sizeof(float));
   }
   for (size_t i = 0; i < size / sizeof(float); i++)
     if (!isfinite(r[i]) || fabsf(r[i]) > 16.0f) { /* cos/sin, at most scaled (YaRN-style attention factors) */
@@ -220,8 +225,10 @@ static int classify(npu_io* io, const char* name, int input) {
   char tail[8];
   if (input) {
     if (!strcmp(name, "x")) return io->kind = IN_X, 0;
-    if (!strcmp(name, "cos")) return io->kind = IN_COS, 0;
-    if (!strcmp(name, "sin")) return io->kind = IN_SIN, 0;
+    if (!strcmp(name, "cos")) return io->kind = IN_COS, io->arg = 0, 0;
+    if (!strcmp(name, "sin")) return io->kind = IN_SIN, io->arg = 0, 0;
+    if (!strcmp(name, "cos_local")) return io->kind = IN_COS, io->arg = 1, 0;
+    if (!strcmp(name, "sin_local")) return io->kind = IN_SIN, io->arg = 1, 0;
     if (!strcmp(name, "mask")) return io->kind = IN_MASK, io->arg = 0, 0;
     if (sscanf(name, "mask_w%d%1s", &v, tail) == 1 && v > 0) return io->kind = IN_MASK, io->arg = v, 0;
     if (sscanf(name, "past_k%d%1s", &v, tail) == 1) return io->kind = IN_PAST_K, io->arg = v, 0;
@@ -263,6 +270,9 @@ static int load_names(qnn* q, npu_group* g) {
           (io->arg < g->l0 || io->arg >= g->l1))
         return el_error("NPU graph %s names layer %d outside its layers %d..%d: recompile the package", g->graph,
                         io->arg, g->l0, g->l1 - 1);
+      if ((io->kind == IN_COS || io->kind == IN_SIN) && !pass && io->arg >= q->rope_tables)
+        return el_error("NPU graph %s reads RoPE table %s, which npu/npu.txt does not list: recompile the package",
+                        g->graph, io->name);
       (pass ? g->out_names : g->in_names)[i] = io->name;
     }
   }
@@ -538,7 +548,7 @@ static int qnn_run(void* state, void* ctx_state, el_context* c, int prog, int po
       switch (io->kind) {
         case IN_X: data = cur, shape[0] = C, shape[1] = q->dim, rank = 2; break;
         case IN_COS: case IN_SIN:
-          data = q->rope + ((io->kind == IN_SIN ? q->rope_rows : 0) + (size_t)pos) * q->hd;
+          data = q->rope + (((size_t)io->arg * 2 + (io->kind == IN_SIN)) * q->rope_rows + (size_t)pos) * q->hd;
           shape[0] = C, shape[1] = 1, shape[2] = q->hd;
           break;
         case IN_MASK:

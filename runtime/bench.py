@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from ..errors import InputError
+from ..models.rope import table_of as rope_table_of
 from .api import Runtime
 
 
@@ -25,7 +26,7 @@ def weights_read_per_token(manifest: dict) -> int:
     tied = not any(t["name"].startswith("lm_head.") for t in manifest["tensors"])
     for t in manifest["tensors"]:
         name = t["name"]
-        if name.startswith("rope."):
+        if rope_table_of(name):
             continue
         if "embed_tokens" in name and t["shape"] and not tied:
             total += t["nbytes"] // max(1, t["shape"][0])

@@ -14,13 +14,23 @@ import numpy as np
 MASK_VALUE = -50.0
 
 
-def rope_rows(spec, pos: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+def rope_rows(spec, pos: int, chunk: int, table: str = "rope") -> tuple[np.ndarray, np.ndarray]:
     """cos, sin [chunk, 1, head_dim] of positions pos .. pos+chunk-1 (halves repeated: rotate-half pairing)."""
     from ..models.rope import cos_sin
 
-    c, s = cos_sin(spec, np.arange(pos, pos + chunk))
+    c, s = cos_sin(spec, np.arange(pos, pos + chunk), table)
     f = lambda a: np.concatenate([a, a], -1).astype(np.float32)[:, None, :]   # noqa: E731
     return f(c), f(s)
+
+
+def rope_tables(spec) -> list[str]:
+    """The RoPE tables a model's layers read, in the order npu/rope.bin stores them ("rope" first)."""
+    return sorted({spec.rope_table(layer) for layer in range(spec.n_layers)} | {"rope"})
+
+
+def rope_inputs(table: str) -> tuple[str, str]:
+    """The graph inputs carrying a table's cos and sin rows (compiler/onnx_qnn/graph.py)."""
+    return ("cos", "sin") if table == "rope" else (f"cos_{table.removeprefix('rope_')}", f"sin_{table.removeprefix('rope_')}")
 
 
 def mask(pos: int, chunk: int, kv_rows: int, window: int = 0) -> np.ndarray:
@@ -86,10 +96,12 @@ class ChunkRunner:
             raise ValueError(f"position {pos} + chunk {C} is past the cache ({self.L} rows)")
         h = np.zeros((C, x.shape[1]), np.float32)
         h[:n] = x
-        cos, sin = rope_rows(self.spec, pos, C)
+        rope = {}
+        for table in rope_tables(self.spec):
+            rope.update(zip(rope_inputs(table), rope_rows(self.spec, pos, C, table)))
         masks = {}
         for gi, g in enumerate(groups or self.groups):
-            feeds = {"x": h, "cos": cos, "sin": sin}
+            feeds = {"x": h, **{k: v for k, v in rope.items() if k in g.inputs}}
             for name in g.inputs:
                 if name.startswith("mask"):
                     if name not in masks:

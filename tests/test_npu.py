@@ -55,7 +55,7 @@ def window_model(tmp_path_factory):
                            layer_types=["sliding_attention", "full_attention", "sliding_attention"])
 
 
-@pytest.mark.parametrize("name", ["llama-gqa", "llama-tied-hd8", "llama3-hd64", "qwen2", "qwen3", "window"])
+@pytest.mark.parametrize("name", ["llama-gqa", "llama-tied-hd8", "llama3-hd64", "qwen2", "qwen3", "window", "gemma3"])
 def test_float_graphs_match_reference(tiny_models, window_model, tmp_path, name):
     """Two groups (layers 0 and 1..n), chunk 8, 37 tokens = 5 chunks, the last padded: logits of every token and the
     KV cache equal the float64 reference's to float32 rounding."""
@@ -71,7 +71,8 @@ def test_float_graphs_match_reference(tiny_models, window_model, tmp_path, name)
         groups.append(Group((l0, l1), s, tuple(i.name for i in s.get_inputs())))
     ids = list(np.random.default_rng(1).integers(0, spec.vocab_size, T))
     r = ChunkRunner(spec, groups, C, L)
-    h = r.prefill(np.asarray(ck.get("model.embed_tokens.weight"), np.float32)[ids]).astype(np.float64)
+    h = r.prefill(np.asarray(ck.get("model.embed_tokens.weight"), np.float32)[ids] * np.float32(spec.embed_scale))
+    h = h.astype(np.float64)
     ref = NumpyModel(spec, ck.get)
     want = ref.logits(ids)
     w = np.asarray(ck.get("model.norm.weight"), np.float64)

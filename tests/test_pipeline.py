@@ -27,7 +27,7 @@ def packages(tiny_models, tmp_path_factory):
             for n, d in tiny_models.items()}
 
 
-@pytest.fixture(params=["llama-gqa", "llama-tied-hd8", "llama3-hd64", "qwen2", "qwen3"])
+@pytest.fixture(params=["llama-gqa", "llama-tied-hd8", "llama3-hd64", "qwen2", "qwen3", "gemma3"])
 def name(request):
     return request.param
 

@@ -3,7 +3,7 @@ static prefill-chunk graph per group of layers, for ONNX Runtime's QNN execution
 
 A group graph maps
     x [C, hidden] (the residual stream entering the group's first layer), cos/sin [C, 1, head_dim] (RoPE of the
-    chunk's positions, halves repeated), mask [C, kv_rows + C] (additive: 0 visible, npu_chunks.MASK_VALUE
+    chunk's positions, halves repeated; cos_local/sin_local: the sliding-window layers' own table, Gemma 3), mask [C, kv_rows + C] (additive: 0 visible, npu_chunks.MASK_VALUE
     hidden; one per distinct sliding window),
     past_k{l}/past_v{l} [kv_rows, kv_heads, head_dim] (the context's KV cache of layer l, in the runtime's own layout)
 to
@@ -14,7 +14,7 @@ Everything is static (the HTP needs fixed shapes). The embedding, the final norm
 Tracing runs the whole body() and keeps only the ops of layers l0..l1-1: an op whose weights belong to another layer
 returns None (nothing emitted), and the value of the residual stream that enters the group (the None an in-group op
 receives) becomes the input `x`. This relies on one property of every family in models/: a layer reads the residual
-stream only as its first op's input and its residual adds (true for llama.py and bitnet.py)."""
+stream only as its first op's input and its residual adds (true for llama.py, gemma.py and bitnet.py)."""
 from __future__ import annotations
 
 import re
@@ -25,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ...errors import CompileError
 from ...models.spec import ModelSpec
+from ...runtime.npu_chunks import rope_inputs
 
 OPSET = 23
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -50,6 +51,7 @@ class OnnxGraph:
         self.inits: dict[str, np.ndarray] = {}
         self.outputs: list[tuple[str, list[int]]] = []
         self.masks: set[int] = set()
+        self.rope_tables: set[str] = set()         # the RoPE tables the group's layers read (rope_inputs)
         self.y: str | None = None                  # the residual stream leaving the group
         self._n = 0
         self.typed: list[str] = []                 # outputs of ops shape inference does not know
@@ -92,7 +94,7 @@ class OnnxGraph:
 
     def _unsupported(self, what: str):
         raise CompileError(f"{self.spec.arch}: {what} cannot run on the NPU prefill path yet (android-npu supports "
-                           "dense Llama-family models: Llama, Mistral, Qwen2, Qwen3)")
+                           "dense Llama-family models (Llama, Mistral, Qwen2, Qwen3) and Gemma 3)")
 
     # ---------------------------------------------------------------- Graph API
     def embed(self, ids, w):
@@ -164,15 +166,17 @@ class OnnxGraph:
         self.outputs.append((f"outl{layer}", [self.C, len(channels)]))
         return self._op("Clip", [a, self._const(np.array(-t, np.float32)), self._const(np.array(t, np.float32))])
 
-    def rope(self, x, n_heads):
+    def rope(self, x, n_heads, table="rope"):
         if x is None:
             return None
+        self.rope_tables.add(table)
+        cos, sin = rope_inputs(table)
         d = self.spec.head_dim
         t = self._op("Reshape", [x, self._shape(self.C, n_heads, d)])
         lo = self._op("Slice", [t, self._shape(0), self._shape(d // 2), self._shape(2)])
         hi = self._op("Slice", [t, self._shape(d // 2), self._shape(d), self._shape(2)])
         rot = self._op("Concat", [self._op("Neg", [hi]), lo], axis=2)
-        y = self._op("Add", [self._op("Mul", [t, "cos"]), self._op("Mul", [rot, "sin"])])
+        y = self._op("Add", [self._op("Mul", [t, cos]), self._op("Mul", [rot, sin])])
         return self._op("Reshape", [y, self._shape(self.C, n_heads * d)])
 
     def kv_store(self, layer, k, v):
@@ -243,6 +247,12 @@ class OnnxGraph:
     def bitlinear(self, x, w):
         self._unsupported("a BitNet ternary layer")
 
+    def gelu_mul(self, gate, up):
+        """gelu_tanh(gate) * up, spelled as the HTP's Gelu: ONNX Gelu with approximate="tanh"."""
+        if gate is None or up is None:
+            return None
+        return self._op("Mul", [self._op("Gelu", [gate], approximate="tanh"), up])
+
     def relu2_mul(self, gate, up):
         self._unsupported("relu^2 gating")
 
@@ -250,7 +260,8 @@ class OnnxGraph:
     def to_model(self) -> onnx.ModelProto:
         s, C = self.spec, self.C
         f = lambda n, shape: helper.make_tensor_value_info(n, TensorProto.FLOAT, shape)   # noqa: E731
-        ins = [f("x", [C, s.hidden_size]), f("cos", [C, 1, s.head_dim]), f("sin", [C, 1, s.head_dim])]
+        ins = [f("x", [C, s.hidden_size])]
+        ins += [f(n, [C, 1, s.head_dim]) for t in sorted(self.rope_tables or {"rope"}) for n in rope_inputs(t)]
         ins += [f(mask_name(w), [C, self.L + C]) for w in sorted(self.masks)]
         for layer in range(self.l0, self.l1):
             ins += [f(f"past_{k}{layer}", [self.L, s.n_kv_heads, s.head_dim]) for k in "kv"]
@@ -275,7 +286,7 @@ def trace_group(spec: ModelSpec, weight, chunk: int, kv_rows: int, l0: int, l1: 
     the file without save_as_external_data), else they are held in the model."""
     from ...models import family
 
-    if spec.family != "llama" or spec.n_experts:
+    if spec.family not in ("llama", "gemma") or spec.n_experts:
         OnnxGraph(spec, weight, chunk, kv_rows, l0, l1)._unsupported(
             "a mixture-of-experts model" if spec.n_experts else f"the {spec.family} family")
     g = OnnxGraph(spec, weight, chunk, kv_rows, l0, l1, outliers, expose_act, data)

@@ -178,8 +178,8 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
     seqs, held, source = calibration_sequences(pkg, tokenizer_json, calib)
     fit = max(1, kv_rows - chunk)   # a sequence's last chunk must end inside the cache (a small --max-context)
     seqs, held = [s[:fit] for s in seqs], held[:fit]
-    embed = np.asarray(weight("model.embed_tokens.weight"), np.float32)
-    xs, x_held = [embed[s] for s in seqs], embed[held]
+    embed, k = np.asarray(weight("model.embed_tokens.weight"), np.float32), np.float32(spec.embed_scale)
+    xs, x_held = [embed[s] * k for s in seqs], embed[held] * k   # the rows the CPU's npu_embed program makes
     del embed
     groups = plan_groups(spec)
     chosen = {}
@@ -282,11 +282,14 @@ def precision_table(quant: str, residual: bool) -> dict[str, list[str]]:
 
 def _write_descriptor(pkg: Path, spec, chunk, kv_rows, qpaths, groups, soc_files, extra=()) -> None:
     """npu/npu.txt and npu/rope.bin: what the C runtime's QNN backend (runtime/backend_qnn_ort.c) reads."""
-    from ...runtime.npu_chunks import rope_rows
+    from ...runtime.npu_chunks import rope_rows, rope_tables
 
-    cos, sin = rope_rows(spec, 0, kv_rows)
-    np.concatenate([cos.reshape(kv_rows, -1), sin.reshape(kv_rows, -1)]).astype("<f4").tofile(pkg / NPU_ROPE)
+    tables = rope_tables(spec)
+    rows = [a.reshape(kv_rows, -1) for t in tables for a in rope_rows(spec, 0, kv_rows, t)]
+    np.concatenate(rows).astype("<f4").tofile(pkg / NPU_ROPE)
     lines = ["edgellm-npu 1", f"chunk {chunk}", f"kv_rows {kv_rows}", f"mask_value {MASK_VALUE}", f"rope {NPU_ROPE}"]
+    if len(tables) > 1:   # older runtimes read one table and no such line: packages with one table keep their bytes
+        lines.append(f"rope_tables {len(tables)}")
     lines += [f"group {l0} {l1} {q.relative_to(pkg).as_posix()}" for q, (l0, l1) in zip(qpaths, groups)]
     for soc, v in soc_files.items():
         lines += [f"soc {soc} {i} {g}" for i, g in enumerate(v["graphs"])]

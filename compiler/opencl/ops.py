@@ -27,7 +27,7 @@ F32, I32, U16 = "float32", "int32", "uint16"
 
 # ops with an OpenCL definition here (everything a dense Llama / Qwen / Mistral / BitNet package uses)
 OPS = ("embed", "embed_q8", "embed_q4", "embed_q6", "rmsnorm", "linear", "linear_q8", "linear_q4", "linear_q6",
-       "linear_t2", "linear_t2_lut", "rope", "attention", "add", "swiglu", "copy", "relu2_mul")
+       "linear_t2", "linear_t2_lut", "rope", "attention", "add", "swiglu", "copy", "relu2_mul", "gelu_mul", "scale")
 ATTENTION_CHUNK_MAX = 128  # keys per chunk of the attention kernel: one work-item per key, then per output lane
 
 
@@ -200,6 +200,9 @@ def linear_quant(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool
     return te.create_prim_func([x, W, S, *([b] if bias else []), *_outputs(rows_sum, T_, N, segs, b)])
 
 
+GELU_C = 0.7978845608028654   # sqrt(2 / pi)
+
+
 def rope(T_: int, H: int, D: int):
     half = D // 2
     x = te.placeholder((T_, H, D), F32, "x")
@@ -213,10 +216,12 @@ def rope(T_: int, H: int, D: int):
     return te.create_prim_func([x, cs, sn, te.compute((T_, H, D), f, name="out")])
 
 
-def elementwise(kind: str, R: int, N: int):
+def elementwise(kind: str, R: int, N: int, c: float = 1.0):
     a = te.placeholder((R, N), F32, "a")
     if kind == "copy":
         return te.create_prim_func([a, te.compute((R, N), lambda i, j: a[i, j], name="out")])
+    if kind == "scale":
+        return te.create_prim_func([a, te.compute((R, N), lambda i, j: a[i, j] * tirx.const(c, F32), name="out")])
     b = te.placeholder((R, N), F32, "b")
 
     def f(i, j):
@@ -225,6 +230,10 @@ def elementwise(kind: str, R: int, N: int):
         if kind == "relu2_mul":
             rl = tirx.max(a[i, j], tirx.const(0, F32))
             return rl * rl * b[i, j]
+        if kind == "gelu_mul":  # gelu_tanh(g) * u = g * u * sigmoid(2 sqrt(2/pi) (g + 0.044715 g^3)); exp clamped
+            g = a[i, j]
+            z = g * (tirx.const(-2 * GELU_C, F32) - tirx.const(2 * GELU_C * 0.044715, F32) * g * g)
+            return g * b[i, j] / (tirx.const(1, F32) + tirx.exp(tirx.min(z, tirx.const(88, F32))))
         g = a[i, j]  # swiglu: silu(g) * u
         return g * b[i, j] / (tirx.const(1, F32) + tirx.exp(tirx.const(0, F32) - g))
     return te.create_prim_func([a, b, te.compute((R, N), f, name="out")])
@@ -318,9 +327,9 @@ def _build(op: str, p: dict):
         return rope(p["T"], p["H"], p["D"])
     if op == "attention":
         return attention(p["T"], p["NH"], p["KVH"], p["D"], p["W"])
-    if op in ("add", "swiglu", "copy", "relu2_mul"):
+    if op in ("add", "swiglu", "copy", "relu2_mul", "gelu_mul", "scale"):
         R = p["R"] if "R" in p else p["T"]
-        return elementwise(op, R, p["N"] if "N" in p else p["F"])
+        return elementwise(op, R, p["N"] if "N" in p else p["F"], p.get("c", 1.0))
     raise UnsupportedOp(op)
 
 

@@ -16,6 +16,8 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 | attention | T, NH, KVH, D, W          | q f32[T, NH, D], k/v f32[S, KVH, D], out f32[T, NH*D] (S: symbolic int64 "S") |
 | add       | R, N                      | a, b f32[R, N], out f32[R, N]                                    |
 | swiglu    | T, F                      | g, u f32[T, F], out f32[T, F]                                    |
+| gelu_mul  | T, F                      | g, u f32[T, F], out f32[T, F] (gelu_tanh(g) * u)                 |
+| scale     | R, N, c                   | a f32[R, N], out f32[R, N] (a * c; out may be a)                 |
 | copy      | R, N                      | a f32[R, N], out f32[R, N]                                       |
 | linear_q8 | T, N, K, bias             | x f32[T, K], qweight u8[N, K], scales f32[N], [b], out f32[T, N] |
 | linear_q4 | T, N, K, G, bias          | x f32[T, K], qweight u8[N, K/2], scales f16[N, K/G], [b], out    |
@@ -137,6 +139,8 @@ OPS = {
     "swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "relu2_mul": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
+    "gelu_mul": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
+    "scale": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED), ("c", "c", float, REQUIRED)],
     # neuron-bundled FFN (bundled_ffn.py): F neurons in groups of G, hidden size D
     "ffn_select": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED), ("G", "g", int, REQUIRED),
                    ("D", "d", int, REQUIRED)],
@@ -262,6 +266,10 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         return _ew.copy(simple_cpu, p["R"], p["N"])
     if op == "relu2_mul":
         return _ew.relu2_mul(simple_cpu, p["T"], p["F"])
+    if op == "gelu_mul":
+        return _ew.gelu_mul(simple_cpu, p["T"], p["F"])
+    if op == "scale":
+        return _ew.scale(simple_cpu, p["R"], p["N"], p["c"])
     if op == "ffn_select":
         return _ffn.ffn_select(simple_cpu, p["T"], p["F"], p["G"], p["D"])
     if op == "ffn_mul":

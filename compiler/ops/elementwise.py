@@ -1,5 +1,5 @@
-"""Memory-bound kernels: embed (f32/f16 table, or q8 / q4 panels), rmsnorm, rope, add, swiglu, relu2_mul, copy
-(hand-written TIR).
+"""Memory-bound kernels: embed (f32/f16 table, or q8 / q4 panels), rmsnorm, rope, add, swiglu, gelu_mul, relu2_mul,
+copy, scale (hand-written TIR).
 
 All loops are vectorized with cpu.vector_lanes f32 lanes (main part) plus a scalar tail; the outer
 loop is parallel only when the kernel touches >= PARALLEL_MIN_ELEMS elements (below that the
@@ -16,20 +16,29 @@ def _outer(elems: int):
     return T.parallel if elems >= PARALLEL_MIN_ELEMS else T.serial
 
 
-def _flat(kind: str, cpu, R: int, N: int):
-    """add / swiglu / copy over R*N contiguous elements."""
+GELU_C = 0.7978845608028654   # sqrt(2 / pi)
+
+
+def _flat(kind: str, cpu, R: int, N: int, c: float = 1.0):
+    """add / swiglu / gelu_mul / relu2_mul / copy / scale (by the constant c) over R*N contiguous elements."""
     VL = cpu.vector_lanes
     M = R * N
     B = VL * 4 if M >= VL * 4 else VL  # elements per outer iteration
     Mm = (M // B) * B
     outer = _outer(M)
-    nin = 1 if kind == "copy" else 2
+    nin = 1 if kind in ("copy", "scale") else 2
 
     def body(a, b, i):
         if kind == "add":
             return a[i] + b[i]
         if kind == "copy":
             return a[i]
+        if kind == "scale":
+            return a[i] * T.float32(c)
+        if kind == "gelu_mul":  # gelu_tanh(g) * u = g * u * sigmoid(2 sqrt(2/pi) (g + 0.044715 g^3))
+            g = a[i]
+            z = g * (T.float32(-2 * GELU_C) - T.float32(2 * GELU_C * 0.044715) * g * g)
+            return g * b[i] / (T.float32(1) + fast_exp(z))
         if kind == "relu2_mul":  # BitNet's squared-ReLU gate: relu(g)^2 * u
             r = T.max(a[i], T.float32(0))
             return r * r * b[i]
@@ -82,8 +91,16 @@ def relu2_mul(cpu, T_: int, F: int):
     return _flat("relu2_mul", cpu, T_, F)
 
 
+def gelu_mul(cpu, T_: int, F: int):
+    return _flat("gelu_mul", cpu, T_, F)
+
+
 def copy(cpu, R: int, N: int):
     return _flat("copy", cpu, R, N)
+
+
+def scale(cpu, R: int, N: int, c: float):
+    return _flat("scale", cpu, R, N, c)
 
 
 def embed(cpu, T_: int, V: int, D: int, wdtype: str = "float32"):

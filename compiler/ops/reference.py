@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-NINPUTS = {"embed": 2, "embed_q8": 3, "embed_q4": 3, "embed_q6": 3, "relu2_mul": 2, "rmsnorm": 2, "rope": 3,
+NINPUTS = {"embed": 2, "embed_q8": 3, "embed_q4": 3, "embed_q6": 3, "relu2_mul": 2, "gelu_mul": 2, "scale": 1, "rmsnorm": 2, "rope": 3,
            "attention": 3, "add": 2, "swiglu": 2, "copy": 1}
 QUANT_LINEAR = ("linear_q8", "linear_q4", "linear_q6", "linear_t2", "linear_t2_lut")
 T2_OPS = ("linear_t2", "linear_t2_lut")
@@ -91,6 +91,12 @@ def reference(op: str, args, **p):
         return _f64(a[0]).copy()
     if op == "relu2_mul":
         return np.maximum(_f64(a[0]), 0) ** 2 * _f64(a[1])
+    if op == "gelu_mul":
+        from ...models.numpy_backend import gelu_tanh
+
+        return gelu_tanh(_f64(a[0])) * _f64(a[1])
+    if op == "scale":
+        return _f64(a[0]) * float(p["c"])
     if op in ("embed_q8", "embed_q4", "embed_q6"):
         from ...quant import q4, q6, q8
 
