@@ -33,7 +33,13 @@ REAL = {
                     "file": "gemma-3-270m-q4_k_m.gguf",
                     "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
                     "about": "Gemma 3 270M base (Gemma3ForCausalLM: 18 layers, dim 640, head_dim 256, 1 KV head, "
-                             "5:1 sliding/global layers, 262k vocabulary), as llama.cpp's Q4_K_M"},
+                             "5:1 sliding/global layers, 262k vocabulary), as llama.cpp's Q4_K_M",
+                    # this GGUF carries no chat template: Gemma's turn format (written here from its documented
+                    # form), so the chat-formatted prompts use the tokens a Gemma chat model sees
+                    "chat_template": "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+                                     "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+                                     "{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
+                                     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"},
 }
 
 
@@ -81,7 +87,7 @@ def hf_folder(name: str) -> Path:
     dequantized to float32 by transformers."""
     done = cache_dir() / name / "hf"
     if (done / "model.safetensors").is_file() and (done / "config.json").is_file():
-        return done
+        return _with_template(done, REAL[name])
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -104,7 +110,13 @@ def hf_folder(name: str) -> Path:
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
     shutil.rmtree(done, ignore_errors=True)
     tmp.replace(done)
-    return done
+    return _with_template(done, REAL[name])
+
+
+def _with_template(folder: Path, r: dict) -> Path:
+    if r.get("chat_template") and not (folder / "chat_template.jinja").is_file():
+        (folder / "chat_template.jinja").write_text(r["chat_template"])
+    return folder
 
 
 # Held-out prompts (written for these tests; in no calibration text): plain continuations and chat questions.

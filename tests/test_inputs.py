@@ -232,9 +232,32 @@ def test_valid_config_variants():
                                         max_window_layers=1)).layer_windows == (0, 8)
 
 
+def test_gemma3_config_forms():
+    """Gemma 3's RoPE and window settings read the same from transformers 5's per-layer-type rope_parameters and
+    from the older keys (rope_theta + rope_local_base_freq, sliding_window_pattern); linear scaling on the global
+    layers (Gemma 3 4B+); logit soft-capping is refused, not ignored."""
+    new = spec_from_config(make_config("Gemma3ForCausalLM", num_hidden_layers=6, layer_types=None,
+                                       sliding_window_pattern=3))
+    old_cfg = make_config("Gemma3ForCausalLM", num_hidden_layers=6, layer_types=None, sliding_window_pattern=3,
+                          rope_theta=10000.0, rope_local_base_freq=100.0)
+    del old_cfg["rope_parameters"]
+    old = spec_from_config(old_cfg)
+    assert new == old
+    assert new.layer_windows == (5, 5, 0, 5, 5, 0) and new.family == "gemma"
+    assert (new.rope_theta, new.rope_local_theta, new.rope_table(0), new.rope_table(2)) == (1e4, 100.0, "rope_local", "rope")
+    assert new.embed_scale == 8.0 and abs(new.q_scale - (16 / 24) ** 0.5) < 1e-12
+    scaled = spec_from_config(make_config("Gemma3ForCausalLM", rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}))
+    assert scaled.rope_scaling == {"rope_type": "linear", "factor": 8.0} and scaled.rope_local_theta == 1e4
+    with pytest.raises(ModelLoadError, match="final_logit_softcapping"):
+        spec_from_config(make_config("Gemma3ForCausalLM", final_logit_softcapping=30.0))
+
+
 @pytest.mark.parametrize("cls, arch", [("LlamaConfig", "LlamaForCausalLM"), ("MistralConfig", "MistralForCausalLM"),
                                        ("MixtralConfig", "MixtralForCausalLM"), ("Qwen2Config", "Qwen2ForCausalLM"),
-                                       ("Qwen3Config", "Qwen3ForCausalLM"), ("BitNetConfig", "BitNetForCausalLM")])
+                                       ("Qwen3Config", "Qwen3ForCausalLM"), ("BitNetConfig", "BitNetForCausalLM"),
+                                       ("Gemma3TextConfig", "Gemma3ForCausalLM")])
 def test_transformers_written_configs_are_accepted(cls, arch):
     """config.json as transformers itself writes it (its defaults and null fields included) is accepted."""
     transformers = pytest.importorskip("transformers")

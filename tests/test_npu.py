@@ -58,7 +58,7 @@ def window_model(tmp_path_factory):
 @pytest.mark.parametrize("name", ["llama-gqa", "llama-tied-hd8", "llama3-hd64", "qwen2", "qwen3", "window", "gemma3"])
 def test_float_graphs_match_reference(tiny_models, window_model, tmp_path, name):
     """Two groups (layers 0 and 1..n), chunk 8, 37 tokens = 5 chunks, the last padded: logits of every token and the
-    KV cache equal the float64 reference's to float32 rounding."""
+    KV cache equal the float64 reference's to float16 rounding (the graphs' residual stream and attention)."""
     spec, ck, _ = load_checkpoint(window_model if name == "window" else tiny_models[name])
     C, L, T = 8, 48, 37
     groups = []
@@ -77,9 +77,9 @@ def test_float_graphs_match_reference(tiny_models, window_model, tmp_path, name)
     want = ref.logits(ids)
     w = np.asarray(ck.get("model.norm.weight"), np.float64)
     got = (h / np.sqrt((h * h).mean(-1, keepdims=True) + spec.rms_eps) * w) @ np.asarray(ck.get(spec.lm_head_name)).T
-    assert rel(got, want) < 1e-5
+    assert rel(got, want) < 2e-3   # float16 residual stream and attention: 11-bit mantissas (measured ~5e-4)
     for layer in range(spec.n_layers):
-        assert rel(r.k[layer, :T], ref.g.k[layer]) < 1e-5 and rel(r.v[layer, :T], ref.g.v[layer]) < 1e-5
+        assert rel(r.k[layer, :T], ref.g.k[layer]) < 2e-3 and rel(r.v[layer, :T], ref.g.v[layer]) < 2e-3
 
 
 def test_mask_rows():

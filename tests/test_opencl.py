@@ -24,7 +24,8 @@ PROMPT = [int(t) for t in np.random.default_rng(3).integers(2, 900, 40)]
 # int8 activation that rounds the other way after such a difference, so they get a looser bound
 TOL = {"f32": 1e-4, "q8": 2e-3, "q4g32": 2e-3, "t2": 5e-3}
 CASES = [("demo-llama", "f32"), ("demo-llama", "q8"), ("demo-llama", "q4g32"), ("demo-llama", "t2"),
-         ("qwen2", "f32"), ("qwen3", "q4g32")]   # + Qwen2's biases and tied head, Qwen3's q/k norms
+         ("qwen2", "f32"), ("qwen3", "q4g32"), ("gemma3", "q8")]   # + Qwen2's biases and tied head, Qwen3's q/k norms,
+# Gemma 3's GeGLU, scaled embedding, post-norms and two RoPE tables
 
 
 def _opencl_device() -> bool:

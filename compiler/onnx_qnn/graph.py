@@ -33,6 +33,13 @@ DOWN_PROJ = "mlp.down_proj.weight"   # the FFN down projection: its input is whe
 FP16_PREFIX = "h16_"                 # the float16 attention's nodes and tensors (not calibrated, not quantized)
 
 
+def stream_scale(spec: ModelSpec) -> float:
+    """The factor the NPU graphs hold the residual stream by in float16 (max 65504): Gemma's stream reaches ~5e4 in a
+    few channels on ordinary text (Gemma 3 270M; the family is known to overflow float16), so it runs at 1/32;
+    the Llama family's stays below ~10^3-10^4 (SmolLM2 135M: 1e3) and runs at 1."""
+    return 1.0 / 32 if spec.family == "gemma" else 1.0
+
+
 def mask_name(window: int) -> str:
     return f"mask_w{window}" if window else "mask"
 
@@ -43,6 +50,10 @@ class OnnxGraph:
     def __init__(self, spec: ModelSpec, weight, chunk: int, kv_rows: int, l0: int, l1: int,
                  outliers: dict | None = None, expose_act: bool = False, data=None):
         self.spec, self.C, self.L, self.l0, self.l1 = spec, chunk, kv_rows, l0, l1
+        self.f16: set[str] = set()                 # values held in float16 (the residual stream and its norms)
+        self.stream: set[str] = set()              # float16 values of the residual stream, times stream_scale
+        self.scale = stream_scale(spec)
+        self._x16: str | None = None               # the group input x in the stream's float16 form
         self.data = data                           # (path, open file): weights are written there as traced
         self.outliers = outliers or {}             # layer -> (threshold, channels): see linear()
         self.expose_act = expose_act               # also output every FFN down-projection input (calibration)
@@ -101,9 +112,52 @@ class OnnxGraph:
         return None   # the embedding runs on the CPU; its rows arrive as the first group's x
 
     def rmsnorm(self, x, w):
+        """The residual stream, every norm over it and every residual add run in float16: the stream spans a few
+        huge channels and many small ones (Gemma 3 270M: 10^3-10^4 in two channels beside a median of 3), which no
+        16-bit fixed-point range of one tensor resolves (4.8% hidden-state error from its adds alone, 4.2% from its
+        post-FFN norms' outputs); float16 keeps 11 bits of every value whatever its size. The stream is held times
+        stream_scale (a power of two, exact) so that it stays inside float16's range. A norm reading the stream
+        (its eps times scale^2) leaves as float32 (quantized) for the projections; a norm writing into it (Gemma's
+        post-norms: its weight times scale) stays in the stream."""
         if not self._live(self._layer_of(w), x):
             return None
-        return self._rms(self._in(x), w, self.spec.hidden_size)
+        n, eps, k = self.spec.hidden_size, float(self.spec.rms_eps), self.scale
+        if x is None or x in self.stream:    # reads the stream
+            out = self._h16("RMSNormalization", [self._stream(x), self._w16(w, n)], axis=-1, epsilon=eps * k * k)
+        else:                                 # writes into it
+            out = self._h16("RMSNormalization", [self._h16("Cast", [x], to=TensorProto.FLOAT16), self._w16(w, n, k)],
+                            axis=-1, epsilon=eps)
+            self.stream.add(out)
+        self.f16.add(out)
+        return out
+
+    def _stream(self, v: str | None) -> str:
+        """A residual add's operand in the stream's form: the group input x, or a float32 contribution (a projection's
+        output), cast to float16 and scaled; stream values as they are."""
+        if v is not None and v in self.stream:
+            return v
+        if v is None and self._x16 is not None:
+            return self._x16
+        out = self._h16("Cast", ["x" if v is None else v], to=TensorProto.FLOAT16)
+        if self.scale != 1.0:
+            out = self._h16("Mul", [out, self._const(np.array(self.scale, np.float16), FP16_PREFIX + f"c_{self._n}")])
+        if v is None:
+            self._x16 = out
+        self.stream.add(out)
+        self.f16.add(out)
+        return out
+
+    def _to32(self, v: str) -> str:
+        """A float16 value as float32 (quantized from here on, like every float32 tensor of the graph)."""
+        if v not in self.f16:
+            return v
+        return self._op("Cast", [v], to=TensorProto.FLOAT, name=FP16_PREFIX + "Cast_out")
+
+    def _w16(self, name: str, n: int, k: float = 1.0) -> str:
+        key = FP16_PREFIX + name
+        if key not in self.inits:
+            self.inits[key] = (np.asarray(self._weight(name), np.float32).reshape(n) * np.float32(k)).astype(np.float16)
+        return key
 
     def _rms(self, x: str, w: str, n: int) -> str:
         """RMSNorm as one op (ONNX Runtime's SimplifiedLayerNormalization, which the QNN EP maps to the HTP's RmsNorm):
@@ -145,7 +199,7 @@ class OnnxGraph:
         if not self._live(layer, x):
             return None
         out_f, in_f = np.shape(self._weight(w))
-        x = self._in(x)
+        x = self._to32(self._in(x))
         if w.endswith(DOWN_PROJ):
             x = self._outlier_split(x, layer, in_f)
         y = self._op("MatMul", [x, self._w(w, (in_f, out_f), transpose=True)])   # x @ W.T
@@ -228,7 +282,10 @@ class OnnxGraph:
     def add(self, a, b):
         if not self._live(None, a, b):
             return None
-        return self._op("Add", [self._in(a), self._in(b)])
+        out = self._h16("Add", [self._stream(a), self._stream(b)])
+        self.f16.add(out)
+        self.stream.add(out)
+        return out
 
     def swiglu(self, gate, up):
         if gate is None or up is None:
@@ -266,6 +323,10 @@ class OnnxGraph:
         for layer in range(self.l0, self.l1):
             ins += [f(f"past_{k}{layer}", [self.L, s.n_kv_heads, s.head_dim]) for k in "kv"]
         y = self.y
+        if y in self.stream and self.scale != 1.0:
+            y = self._h16("Mul", [y, self._const(np.array(1.0 / self.scale, np.float16), FP16_PREFIX + "c_unscale")])
+            self.f16.add(y)
+        y = self._to32(y)
         self.nodes.append(helper.make_node("Identity", [y], ["y"], name="out_y"))
         outs = [f("y", [C, s.hidden_size])] + [f(n, shape) for n, shape in self.outputs]
         graph = helper.make_graph(self.nodes, f"prefill_c{C}_layers{self.l0}_{self.l1}", ins, outs,
