@@ -125,8 +125,9 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
     if (!*line || *line == '#') continue;
     if (sscanf(line, "edgellm-npu %d", &version) == 1) continue;
     if (sscanf(line, "chunk %d", &q->chunk) == 1 || sscanf(line, "kv_rows %d", &q->kv_rows) == 1 ||
-        sscanf(line, "mask_value %f", &q->mask_value) == 1 || sscanf(line, "rope %511s", rope) == 1 ||
-        sscanf(line, "rope_tables %d", &q->rope_tables) == 1)
+        sscanf(line, "mask_value %f", &q->mask_value) == 1 ||
+        sscanf(line, "rope_tables %d", &q->rope_tables) == 1 || /* before "rope %s", which would take "_tables" */
+        sscanf(line, "rope %511s", rope) == 1)
       continue;
     if (sscanf(line, "group %d %d %511s", &x, &y, a) == 3) {
       if (q->n_groups >= NPU_MAX_GROUPS) goto bad;

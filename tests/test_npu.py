@@ -678,3 +678,32 @@ def test_float16_attention_on_the_htp(tmp_path):
     assert err["int16", "cpu"] < 1e-3 and err["float16", "cpu"] < 1e-3, err
     assert err["int16", "qnn"] > 1e-2, err      # what the HTP does to a 16-bit x 16-bit MatMul
     assert err["float16", "qnn"] < 1e-3, err    # float16 on the HTP
+
+
+@needs_qnn
+def test_gemma3_on_the_npu(tiny_models, tmp_path):
+    """Gemma 3 through the whole NPU path: two RoPE tables (npu/rope.bin with rope_tables 2, inputs cos_local /
+    sin_local), the scaled float16 residual stream with post-norms writing into it, GeGLU as the HTP's Gelu; every
+    node on the HTP (no CPU fallback) and libedgellm's NPU prefill against the same package's CPU f32 path."""
+    pkg = edgellm.compile(str(tiny_models["gemma3"]), target="host-npu", quant="f32", out=tmp_path / "g",
+                          max_context=64, npu_chunk=CHUNK, soc="sm8650", progress=False)
+    assert "rope_tables 2" in (pkg / "npu" / "npu.txt").read_text().splitlines()
+    man = json.loads((pkg / "manifest.json").read_text())
+    spec = ModelSpec.from_dict(man["model"]["config"])
+    groups = [Group(tuple(g["layers"]), s, tuple(i.name for i in s.get_inputs()))
+              for g in man["npu"]["groups"]
+              for s in [qnn_ort.session(pkg / g["graph"], backend="qnn", soc="sm8650",
+                                        profile=str(tmp_path / "prof"))]]
+    assert {"cos", "sin", "cos_local", "sin_local"} <= set(groups[0].inputs)
+    seen = []
+    x = np.random.default_rng(0).standard_normal((5, spec.hidden_size)).astype(np.float32)
+    ChunkRunner(spec, groups, man["npu"]["chunk"], man["npu"]["kv_rows"]).chunk(x, observe=lambda gi, f: seen.append(f))
+    for g, feeds in zip(groups, seen):
+        assert set(qnn_ort.placement(g.session, feeds)) == {"QNNExecutionProvider"}
+    ids = [int(i) for i in np.random.default_rng(3).integers(0, spec.vocab_size, 40)]
+    with edgellm.Runtime.load(pkg, prefill_backend="npu", npu_soc="sm8650", threads=2) as n, \
+            edgellm.Runtime.load(pkg, prefill_backend="cpu", threads=2) as c:
+        assert n.prefill_backend == "npu", n.prefill_backend_note
+        a, b = n.logits(ids), c.logits(ids)
+    assert rel(a, b) < 0.05, rel(a, b)
+    assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.9
