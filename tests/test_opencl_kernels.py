@@ -35,6 +35,7 @@ CASES = [
     ("rmsnorm", dict(R=3, D=96, eps=1e-5)), ("rmsnorm", dict(R=1, D=2048, eps=1e-6)),
     ("rope", dict(T=4, H=3, D=16)),
     ("add", dict(R=3, N=40)), ("copy", dict(R=2, N=33)), ("swiglu", dict(T=3, F=70)), ("relu2_mul", dict(T=2, F=64)),
+    ("gelu_mul", dict(T=3, F=70)), ("scale", dict(R=2, N=33, c=25.298)),
     ("linear", dict(T=1, N=64, K=128)), ("linear", dict(T=1, N=37, K=96, wdtype="float16", bias=True)),
     ("linear", dict(T=5, N=48, K=64, bias=True, segs=(16, 32))),
     ("linear", dict(T=16, N=40, K=64, wdtype="float16", segs=(24, 16))),
@@ -76,9 +77,9 @@ def _inputs(op, p, r):
     if op == "rope":
         T_, H, D = p["T"], p["H"], p["D"]
         return [randn(T_, H, D), randn(T_, D // 2), randn(T_, D // 2)], [(T_, H, D)]
-    if op in ("add", "copy", "swiglu", "relu2_mul"):
+    if op in ("add", "copy", "swiglu", "relu2_mul", "gelu_mul", "scale"):
         shape = (p.get("R", p.get("T")), p.get("N", p.get("F")))
-        return [randn(*shape) for _ in range(1 if op == "copy" else 2)], [shape]
+        return [randn(*shape) for _ in range(1 if op in ("copy", "scale") else 2)], [shape]
     if op == "attention":
         T_, NH, KVH, D = p["T"], p["NH"], p["KVH"], p["D"]
         S = 300 if T_ == 1 else 37   # longer than a key chunk: several chunks and a partial one

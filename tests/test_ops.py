@@ -278,6 +278,19 @@ def test_swiglu_extremes():
     check(out, ops.reference("swiglu", [g, u], T=1, F=g.shape[1]))
 
 
+@pytest.mark.parametrize("R,N", [(1, 2048), (7, 5), (64, 640)])
+def test_gelu_mul_and_scale(R, N):
+    """Gemma's GeGLU (gelu_tanh(g) * u, as g * u * sigmoid(2 sqrt(2/pi) (g + 0.044715 g^3))) and the embedding
+    scale, against numpy; the gate's extremes (exp clamped, g^3 overflowing to inf) give finite, exact limits."""
+    r = rng(R + N)
+    a, b = randn(r, (R, N)) * 4, randn(r, (R, N))
+    a.flat[:6] = [-1e4, -200.0, -9.0, 0.0, 9.0, 1e4][:min(6, a.size)]
+    out = run("gelu_mul", [a, b], (R, N), T=R, F=N)
+    assert np.isfinite(out).all()
+    check(out, ops.reference("gelu_mul", [a, b], T=R, F=N))
+    check(run("scale", [a], (R, N), R=R, N=N, c=25.298221), ops.reference("scale", [a], R=R, N=N, c=25.298221))
+
+
 # ------------------------------------------------------------------------------------------- fallbacks
 
 def test_fallback_kernels_are_correct(plain_kernels):
