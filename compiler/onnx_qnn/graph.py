@@ -33,6 +33,14 @@ DOWN_PROJ = "mlp.down_proj.weight"   # the FFN down projection: its input is whe
 FP16_PREFIX = "h16_"                 # the float16 attention's nodes and tensors (not calibrated, not quantized)
 
 
+def scale_for(stream_max: float, scale: float) -> float:
+    """The largest power of two <= scale that holds a stream of calibrated magnitude stream_max at most 65504 / 8
+    (float16's largest value, with 8x headroom for text calibration never saw)."""
+    while scale * stream_max > 65504 / 8 and scale > 2.0 ** -24:
+        scale /= 2
+    return scale
+
+
 def stream_scale(spec: ModelSpec) -> float:
     """The factor the NPU graphs hold the residual stream by in float16 (max 65504): Gemma's stream reaches ~5e4 in a
     few channels on ordinary text (Gemma 3 270M; the family is known to overflow float16), so it runs at 1/32;
@@ -48,11 +56,11 @@ class OnnxGraph:
     """Graph backend emitting ONNX nodes for layers [l0, l1) of a prefill chunk of C tokens."""
 
     def __init__(self, spec: ModelSpec, weight, chunk: int, kv_rows: int, l0: int, l1: int,
-                 outliers: dict | None = None, expose_act: bool = False, data=None):
+                 outliers: dict | None = None, expose_act: bool = False, data=None, scale: float | None = None):
         self.spec, self.C, self.L, self.l0, self.l1 = spec, chunk, kv_rows, l0, l1
         self.f16: set[str] = set()                 # values held in float16 (the residual stream and its norms)
         self.stream: set[str] = set()              # float16 values of the residual stream, times stream_scale
-        self.scale = stream_scale(spec)
+        self.scale = stream_scale(spec) if scale is None else scale
         self._x16: str | None = None               # the group input x in the stream's float16 form
         self.data = data                           # (path, open file): weights are written there as traced
         self.outliers = outliers or {}             # layer -> (threshold, channels): see linear()
@@ -339,18 +347,19 @@ class OnnxGraph:
 
 
 def trace_group(spec: ModelSpec, weight, chunk: int, kv_rows: int, l0: int, l1: int, outliers: dict | None = None,
-                expose_act: bool = False, data=None) -> onnx.ModelProto:
+                expose_act: bool = False, data=None, scale: float | None = None) -> onnx.ModelProto:
     """The float prefill-chunk graph of layers [l0, l1). outliers: layer -> (threshold, channels) of the FFN down
     projection inputs split off for the CPU (one layer per graph then: the CPU's part must be added before the next
     layer runs); expose_act: output every down-projection input as act<layer> (calibration); data: (location, open
     binary file) to stream the weights into as they are traced (the model then refers to them: save it beside
-    the file without save_as_external_data), else they are held in the model."""
+    the file without save_as_external_data), else they are held in the model. scale: the residual stream's float16
+    factor (default stream_scale: package.py lowers it when calibration finds a larger stream)."""
     from ...models import family
 
     if spec.family not in ("llama", "gemma") or spec.n_experts:
         OnnxGraph(spec, weight, chunk, kv_rows, l0, l1)._unsupported(
             "a mixture-of-experts model" if spec.n_experts else f"the {spec.family} family")
-    g = OnnxGraph(spec, weight, chunk, kv_rows, l0, l1, outliers, expose_act, data)
+    g = OnnxGraph(spec, weight, chunk, kv_rows, l0, l1, outliers, expose_act, data, scale)
     x = family(spec).body(g, list(range(chunk)))
     if g.y is None:
         g.y = x

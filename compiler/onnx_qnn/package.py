@@ -16,7 +16,7 @@ from ...runtime.contract import NPU_DESCRIPTOR, NPU_OUTLIERS, NPU_ROPE
 from ...runtime.npu_chunks import MASK_VALUE, ChunkRunner, Group
 from ..driver import _log
 from .calibrate import Ranges, derive, probe_graph
-from .graph import stream_scale, trace_group
+from .graph import scale_for, stream_scale, trace_group
 from .outliers import choose as choose_outliers
 from .outliers import specs as outlier_specs
 from .outliers import split_groups
@@ -60,12 +60,13 @@ def _session(path: Path, layers: tuple[int, int], backend: str, cpu_parts=None, 
     return Group(layers, s, tuple(i.name for i in s.get_inputs()), parts)
 
 
-def _float_graph(work: Path, i: int, spec, weight, chunk, kv_rows, layers, chosen=None, expose_act=False) -> Path:
+def _float_graph(work: Path, i: int, spec, weight, chunk, kv_rows, layers, chosen=None, expose_act=False,
+                 scale: float | None = None) -> Path:
     l0, l1 = layers
     p = work / f"group{i}.onnx"
     with open(work / (p.name + ".data"), "wb") as f:   # weights stream into the file while the graph is traced
         m = trace_group(spec, weight, chunk, kv_rows, l0, l1, {x: chosen[x] for x in chosen or {} if l0 <= x < l1},
-                        expose_act, data=(p.name + ".data", f))
+                        expose_act, data=(p.name + ".data", f), scale=scale)
     onnx.save(m, str(p))
     return p
 
@@ -202,13 +203,27 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
                    f"{quant}, calibrated on {sum(map(len, seqs))} tokens")
     qpaths, formats, infos, table = [], set(), [], _ErrorTable(spec, len(held))
     hf, hq = x_held, x_held
+    scales = []
     for i, layers in enumerate(groups):
-        fpath = _float_graph(work, i, spec, weight, chunk, kv_rows, layers, chosen)
-        if release is not None:
-            release()
-        probe = _session(probe_graph(fpath), layers, "cpu", cpu_parts)   # the float graph, its tensors exposed
-        ranges = Ranges()
-        xs = _through(spec, probe, xs, chunk, kv_rows, observe=ranges.see, observe_out=ranges.see)
+        scale = stream_scale(spec)
+        while True:   # the residual stream's float16 factor: lowered (and the group traced again) if the text needs it
+            fpath = _float_graph(work, i, spec, weight, chunk, kv_rows, layers, chosen, scale=scale)
+            if release is not None:
+                release()
+            probe = _session(probe_graph(fpath), layers, "cpu", cpu_parts)   # the float graph, its tensors exposed
+            ranges = Ranges()
+            ys = _through(spec, probe, xs, chunk, kv_rows, observe=ranges.see, observe_out=ranges.see)
+            r = ranges.ranges()
+            peak = max(abs(v) for k in ("x", "y") for v in r.get(k, (0.0, 0.0)))
+            lower = scale_for(peak, scale)
+            if lower == scale:
+                break
+            _log(progress, f"NPU: graph {i + 1}'s residual stream reaches {peak:.3g}: held x{lower:g} in float16")
+            del probe
+            _drop(fpath)
+            scale = lower
+        xs = ys
+        scales.append(scale)
         q = out / fpath.name
         try:
             formats.add(quantize_group(fpath, q, derive(ranges.ranges(), fpath), quant, gptq, int8, residual))
@@ -255,7 +270,7 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
         "mask_value": MASK_VALUE,
         "descriptor": NPU_DESCRIPTOR,
         "cpu_positions": 1,   # position 0 (the attention sink) runs on the CPU: runtime/context.c
-        "precision": precision_table(quant, residual, stream_scale(spec)),
+        "precision": precision_table(quant, residual, min(scales)),
         "outliers": {str(x): {"threshold": t, "channels": c} for x, (t, c) in sorted(chosen.items())},
         "groups": infos,
         "socs": soc_files,
