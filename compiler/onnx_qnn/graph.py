@@ -146,9 +146,10 @@ class OnnxGraph:
             return v
         if v is None and self._x16 is not None:
             return self._x16
-        out = self._h16("Cast", ["x" if v is None else v], to=TensorProto.FLOAT16)
-        if self.scale != 1.0:
-            out = self._h16("Mul", [out, self._const(np.array(self.scale, np.float16), FP16_PREFIX + f"c_{self._n}")])
+        src = "x" if v is None else v
+        if self.scale != 1.0:   # scaled before the Cast: a stream past 65504 would be inf in float16
+            src = self._op("Mul", [src, self._const(np.array(self.scale, np.float32))])
+        out = self._h16("Cast", [src], to=TensorProto.FLOAT16)
         if v is None:
             self._x16 = out
         self.stream.add(out)
