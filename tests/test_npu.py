@@ -710,7 +710,7 @@ def test_gemma3_on_the_npu(tiny_models, tmp_path):
 
 
 def test_large_residual_stream_is_scaled(tmp_path):
-    """A Llama-family model whose residual stream reaches ~2e4 (its embedding rows x5e3; float16 ends at 65504): the
+    """A Llama-family model whose residual stream reaches ~4e4 (its embedding rows x1e4; float16 ends at 65504): the
     compile measures the stream on the calibration text and holds it at a power of two below 1 in the graphs (the
     family default is 1), so the float graph stays finite and the quantized one within a few % of f32 (unscaled, an
     x3e4 embedding failed the compile with the quantizer's 'scale issue': inf in float16)."""
@@ -722,12 +722,12 @@ def test_large_residual_stream_is_scaled(tmp_path):
     src = make_checkpoint(tmp_path / "m", seed=5, num_hidden_layers=2)
     ck = Checkpoint(src)
     w = {n: np.array(ck.get(n), np.float32) for n in ck.names()}
-    w["model.embed_tokens.weight"] *= 5e3
+    w["model.embed_tokens.weight"] *= 1e4
     del ck
     save_file(w, str(src / "model.safetensors"))
     pkg = edgellm.compile(str(src), target="host-npu", quant="f32", out=tmp_path / "p", max_context=64, npu_chunk=CHUNK,
                           soc="none", progress=False)
     npu = json.loads((pkg / "manifest.json").read_text())["npu"]
     held = npu["precision"]["residual stream (adds and the RMSNorms over it)"][0]
-    assert held.startswith("float16 (held x") and float(held[len("float16 (held x"):-1]) <= 1 / 2, held
+    assert held.startswith("float16 (held x") and float(held[len("float16 (held x"):-1]) <= 1 / 4, held
     assert np.isfinite(npu["error_vs_f32"]["hidden_out"]) and npu["error_vs_f32"]["hidden_out"] < 0.05, npu["error_vs_f32"]
