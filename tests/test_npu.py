@@ -408,14 +408,14 @@ def outlier_pkgs(tmp_path_factory):
 @needs_qnn
 def test_outliers_on_the_cpu(outlier_pkgs, heldout):
     """Layers with outlier channels end their graph (the CPU adds its part before the next layer); the logits from the
-    HTP, against the same package's CPU f32 path, are closer with the CPU outlier path than without. (The compile's
-    CPU-EP simulation no longer tells them apart: with the 2x activation margin both are ~1.2%.)"""
+    HTP, against the same package's CPU f32 path, are closer with the CPU outlier path than without (measured 0.22%
+    vs 0.60% with 2x activation ranges; the compile's CPU-EP simulation then put both at ~1.2%)."""
     man = {o: json.loads((p / "manifest.json").read_text())["npu"] for o, p in outlier_pkgs.items()}
     assert "2" in man["auto"]["outliers"] and {5, 77} <= set(man["auto"]["outliers"]["2"]["channels"])
     assert man["off"]["outliers"] == {} and len(man["auto"]["groups"]) > len(man["off"]["groups"])
     ends = {g["layers"][1] - 1 for g in man["auto"]["groups"]}
     assert {int(x) for x in man["auto"]["outliers"]} <= ends
-    sim = {o: man[o]["error_vs_f32"]["hidden_out"] for o in man}   # the compile's simulation: ~1.2% both ways
+    sim = {o: man[o]["error_vs_f32"]["hidden_out"] for o in man}   # the compile's simulation, for the message
     err = {}
     for o, p in outlier_pkgs.items():
         with edgellm.Runtime.load(p, prefill_backend="npu", npu_soc="sm8650", threads=2) as n, \
@@ -423,7 +423,7 @@ def test_outliers_on_the_cpu(outlier_pkgs, heldout):
             assert n.prefill_backend == "npu"
             err[o] = float(np.median([rel(n.logits(heldout[s:s + 100]), c.logits(heldout[s:s + 100]))
                                       for s in range(0, 1200, 150)]))
-    assert err["auto"] < 0.8 * err["off"], (sim, err)   # measured 0.22% vs 0.60%
+    assert err["auto"] < 0.8 * err["off"], (sim, err)
 
 
 # ------------------------------------------------------------------------------------- calibration and weights

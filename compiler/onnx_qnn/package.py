@@ -293,7 +293,7 @@ def precision_table(quant: str, residual: bool, scale: float = 1.0) -> dict[str,
                "real model's attention output"],
            "residual stream (adds and the RMSNorms over it)": [
                "float16" + (f" (held x{scale:g})" if scale != 1.0 else ""), "a few channels of 1e3-1e4 beside a median "
-               "of a few units: 8.3% hidden-state error in 16-bit integers on Gemma 3 270M, 2.0% in float16"]}
+               "of a few units: 8.3% hidden-state error in 16-bit integers on Gemma 3 270M, 1.9% in float16"]}
     if quant == "w8a16":
         out["projections"] = (["int8 per channel + int4 residual plane", "int8 alone: 3.1% hidden-state error on a "
                                "real 135M model whose inputs carry outlier channels"] if residual else
