@@ -39,34 +39,36 @@ def _hf(hf, ids):
     return last, out
 
 
-def test_f32_package_equals_transformers(real):
-    """f32: the last prompt token's logits within 1e-4 (max abs diff / max abs) and 32 greedy tokens equal, on two
-    plain and two chat-formatted held-out prompts (measured: ~2e-6 on Gemma 3 270M)."""
+def _runs(real, quant):
+    """(name, [(last-token logits error (max abs diff / max abs), our greedy tokens, transformers' f32 ones)]) over two
+    plain and two chat-formatted held-out prompts, for the package of `quant`."""
     name, hf, pkgs = real
-    with edgellm.Runtime.load(pkgs["f32"], threads=2) as rt:
+    out = []
+    with edgellm.Runtime.load(pkgs[quant], threads=2) as rt:
         ps = prompts(rt)
         for _, ids in ps[:2] + ps[10:12]:
             want, toks = _hf(hf, ids)
             rt.reset()
             got = np.asarray(rt.prefill(ids), np.float64)
-            assert np.abs(got - want).max() / np.abs(want).max() < 1e-4, name
-            assert rt.generate(ids, max_new_tokens=N_NEW, ignore_eos=True).token_ids == toks, name
+            ours = rt.generate(ids, max_new_tokens=N_NEW, ignore_eos=True).token_ids
+            out.append((np.abs(got - want).max() / np.abs(want).max(), ours, toks))
+    return name, out
+
+
+def test_f32_package_equals_transformers(real):
+    """f32: the last prompt token's logits within 1e-4 and 32 greedy tokens equal (measured: ~2e-6 on Gemma 3 270M)."""
+    name, runs = _runs(real, "f32")
+    for err, ours, toks in runs:
+        assert err < 1e-4 and ours == toks, (name, err)
 
 
 def test_q8_package_tracks_transformers(real):
     """q8 (int8 weights, int8 activations per block): the first generated token equal on every prompt, the greedy
     continuations equal to transformers' f32 ones for 8 tokens on average (measured: SmolLM2 9, 7, 16, 6; Gemma 3
     270M 9, 9, 32, 10) and the last-token logits within 10% (Gemma: 4-5%)."""
-    name, hf, pkgs = real
+    name, runs = _runs(real, "q8")
     same = []
-    with edgellm.Runtime.load(pkgs["q8"], threads=2) as rt:
-        ps = prompts(rt)
-        for _, ids in ps[:2] + ps[10:12]:
-            want, toks = _hf(hf, ids)
-            rt.reset()
-            got = np.asarray(rt.prefill(ids), np.float64)
-            assert np.abs(got - want).max() / np.abs(want).max() < 0.1, name
-            out = rt.generate(ids, max_new_tokens=N_NEW, ignore_eos=True).token_ids
-            assert out[0] == toks[0], name
-            same.append(next((i for i, (a, b) in enumerate(zip(out, toks)) if a != b), N_NEW))
+    for err, ours, toks in runs:
+        assert err < 0.1 and ours[0] == toks[0], (name, err)
+        same.append(next((i for i, (a, b) in enumerate(zip(ours, toks)) if a != b), N_NEW))
     assert np.mean(same) >= 8, (name, same)

@@ -214,7 +214,7 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
             ranges = Ranges()
             ys = _through(spec, probe, xs, chunk, kv_rows, observe=ranges.see, observe_out=ranges.see)
             r = ranges.ranges()
-            peak = max(abs(v) for k in ("x", "y") for v in r.get(k, (0.0, 0.0)))
+            peak = max(abs(v) for name in ("x", "y") for v in r.get(name, (0.0, 0.0)))
             # the graph's output leaves float16 unscaled (graph.py to_model): Gemma 3 270M's reaches 4.8e4 of 65504
             if peak > 0.9 * 65504:
                 raise CompileError(f"NPU graph {i + 1}: the residual stream reaches {peak:.3g} on the calibration text, "
