@@ -48,7 +48,10 @@ def cli():
 @click.option("--npu-chunk", type=int, default=None, callback=_positive("--npu-chunk"),
               help="android-npu: tokens per NPU prefill chunk [default: 128]")
 @click.option("--npu-quant", type=click.Choice(["w8a16", "w4a16"]), default="w8a16", show_default=True,
-              help="android-npu: weight bits of the NPU graphs (activations 16-bit)")
+              help="android-npu: weight bits of the NPU graphs (activations 16-bit: --npu-act)")
+@click.option("--npu-act", type=click.Choice(["f16", "int16"]), default=None,
+              help="android-npu: activations in float16 (block-quantized weights; no calibrated ranges to leave) or "
+                   "16-bit integers with ranges calibrated on text [default: f16]")
 @click.option("--soc", default=None, help="android-npu: SoCs to prepare EPContext binaries for, comma-separated "
               "(sm8550, sm8650, sm8750, or none) [default: all three]")
 @click.option("--npu-weights", type=click.Choice(["rtn", "gptq"]), default="rtn", show_default=True,
@@ -79,7 +82,7 @@ def cli():
               help="MoE: experts each guess names (the most likely ones), top-k .. all [default: top-k]")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune,
-                npu_chunk, npu_quant, soc, npu_weights, npu_residual, npu_outliers, layout, bundle_neurons, ffn_threshold,
+                npu_chunk, npu_quant, npu_act, soc, npu_weights, npu_residual, npu_outliers, layout, bundle_neurons, ffn_threshold,
                 expert_prefetch_distance, expert_guesser, expert_guess_width, quiet):
     """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
     from .compiler.driver import compile_model
@@ -89,7 +92,8 @@ def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, m
                   npu_chunk=npu_chunk, npu_quant=npu_quant, soc=soc, npu_outliers=npu_outliers == "auto",
                   layout=layout, bundle_neurons=bundle_neurons, ffn_threshold=ffn_threshold,
                   expert_prefetch_distance=expert_prefetch_distance, expert_guesser=expert_guesser,
-                  expert_guess_width=expert_guess_width, npu_weights=npu_weights, npu_residual=npu_residual)
+                  expert_guess_width=expert_guess_width, npu_weights=npu_weights, npu_residual=npu_residual,
+                  npu_act=npu_act)
 
 
 @cli.command("tune")

@@ -94,7 +94,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                   layout: str = "dense", bundle_neurons: int | None = None, ffn_threshold: float | None = None,
                   expert_prefetch_distance: int | None = None, expert_guesser: str = "fitted",
                   expert_guess_width: int | None = None, npu_weights: str = "rtn",
-                  npu_residual: str | None = None) -> Path:
+                  npu_residual: str | None = None, npu_act: str | None = None) -> Path:
     """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
     body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
     calibrated on calib (a text file) or the built-in sample. tune: off | quick | full (compiler/tune; None: quick
@@ -111,12 +111,12 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     tgt = get_target(target)
     tune_mode = resolve_mode(tune, tgt)
     if not tgt.npu and (npu_chunk is not None or soc is not None or npu_quant != "w8a16" or npu_outliers or
-                        npu_weights != "rtn" or npu_residual is not None):
-        raise CompileError(f"--npu-chunk, --npu-quant, --npu-weights, --npu-residual, --npu-outliers and --soc apply "
+                        npu_weights != "rtn" or npu_residual is not None or npu_act is not None):
+        raise CompileError(f"--npu-chunk, --npu-quant, --npu-act, --npu-weights, --npu-residual, --npu-outliers and --soc apply "
                            f"to --target android-npu, not {tgt.name}")
     socs = []
     if tgt.npu:
-        from .onnx_qnn.package import NPU_WEIGHTS, parse_socs
+        from .onnx_qnn.package import NPU_ACTS, NPU_WEIGHTS, parse_socs
         from .onnx_qnn.quantize import NPU_QUANTS
 
         socs = parse_socs(soc)
@@ -128,6 +128,11 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         if npu_residual not in (None, "int4", "off") or (npu_residual == "int4" and npu_quant != "w8a16"):
             raise CompileError(f"--npu-residual {npu_residual}: choose int4 or off (int4 applies to --npu-quant w8a16)")
         npu_residual = npu_residual or ("int4" if npu_quant == "w8a16" else "off")
+        npu_act = npu_act or "f16"
+        if npu_act not in NPU_ACTS:
+            raise CompileError(f"--npu-act {npu_act}: choose {' or '.join(NPU_ACTS)}")
+        if npu_outliers and npu_act != "int16":
+            raise CompileError("--npu-outliers applies to --npu-act int16 (float16 activations need no outlier split)")
         npu_chunk = npu_chunk or NPU_CHUNK
     if layout not in ("dense", "bundled"):
         raise CompileError(f"--layout {layout}: choose dense or bundled")
@@ -312,7 +317,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                 raise CompileError("--target android-npu calibrates on text: the checkpoint needs a tokenizer.json")
             npu = write_npu(tmp, spec, raw, model_dir / "tokenizer.json", chunk=npu_chunk, kv_rows=kv_rows,
                             quant=npu_quant, socs=socs, calib=calib, gptq=pre, outliers=npu_outliers, weights=npu_weights,
-                            residual=npu_residual == "int4", release=ck.release, progress=progress)
+                            residual=npu_residual == "int4", act=npu_act, release=ck.release, progress=progress)
         manifest = {
             "format_version": FORMAT_VERSION,
             "edgellm_version": _version(),

@@ -117,7 +117,7 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
    * binaries (to check one against the other: the emulator runs one HTP version per process) */
   const char* force = getenv("EDGELLM_NPU_ONNX_GRAPHS");
   int use_ctx = !(force && !strcmp(force, "1"));
-  char rope[512] = "", outl_file[512] = "";
+  char rope[512] = "", outl_file[512] = "", onnx_soc[32] = "";
   for (char* line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
     line = trim(line);
     char a[512], b[512];
@@ -145,6 +145,9 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
       continue;
     }
     if (sscanf(line, "outliers_file %511s", outl_file) == 1) continue;
+    /* onnx_soc <name>: the HTP options the ONNX graphs are prepared with when no SoC is detected or given (float16
+     * graphs with block-quantized weights need v73+; the x86 emulator otherwise assumes an older HTP) */
+    if (sscanf(line, "onnx_soc %31s", onnx_soc) == 1) continue;
     /* soc <name> <group index> <epcontext graph> */
     if (sscanf(line, "soc %31s %d %511s", b, &x, a) == 3) {
       if (!soc || strcmp(b, soc) != 0 || !use_ctx) continue;
@@ -168,6 +171,7 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
     return el_error("the package has no EPContext graphs for SoC %s: compile it with --soc %s, or run without "
                     "one (the ONNX graphs are prepared at load)", soc, soc);
   if (soc && *soc) snprintf(q->soc, sizeof q->soc, "%s", soc);
+  else if (onnx_soc[0]) snprintf(q->soc, sizeof q->soc, "%s", onnx_soc);
   if (el_package_path(dir, rope, "npu/npu.txt", path, sizeof path) || el_check_listed(dir, rope)) return -1;
   float* r = el_read_small_file(path, "npu rope table", (size_t)1 << 30, &size);
   if (!r) return -1;

@@ -124,7 +124,8 @@ def test_package_layout(npu_pkg):
         assert (npu_pkg / f).is_file() and f in sums
     assert not (npu_pkg / "npu.float").exists()           # the float work graphs are not shipped
     assert not list(npu_pkg.rglob("*.probe.onnx")) and not list(npu_pkg.rglob("*.ranges.json"))
-    assert npu["cpu_positions"] == 1 and npu["weights"] == "int8 per channel, rtn + int4 residual plane per channel"
+    assert npu["cpu_positions"] == 1 and npu["act"] == "f16"
+    assert npu["weights"] == "int8 block 32 + int4 block 32, rtn, float16 activations"
     e = npu["error_vs_f32"]
     assert len(e["layers"]) == 6 and max(max(x["k"], x["v"]) for x in e["layers"]) < 0.05 and e["hidden_out"] < 0.05
     assert 0 < e["hidden_out_token_median"] < 0.05
@@ -402,7 +403,8 @@ def outlier_pkgs(tmp_path_factory):
     root = tmp_path_factory.mktemp("outl")
     ck = with_activation_outliers(demo_path("demo"), root / "ck", 2, [5, 77], 5000.0)
     return {o: edgellm.compile(str(ck), target="host-npu", quant="f32", out=root / o, max_context=256, npu_chunk=CHUNK,
-                               soc="sm8650", npu_outliers=o == "auto", progress=False) for o in ("auto", "off")}
+                               soc="sm8650", npu_outliers=o == "auto", npu_act="int16", progress=False)
+            for o in ("auto", "off")}
 
 
 @needs_qnn
@@ -520,7 +522,7 @@ def test_gptq_int8_weights_on_the_htp(host_npu, tmp_path):
     pkg = p
     man = json.loads((pkg / "manifest.json").read_text())["npu"]
     base = json.loads((host_npu / "manifest.json").read_text())["npu"]
-    assert man["weights"] == "int8 per channel, gptq"
+    assert man["weights"] == "int8 block 32, gptq, float16 activations"
     assert err["gptq"] <= 1.05 * err["rtn"], err
     assert base["error_vs_f32"]["hidden_out"] < min(err.values()), (base["error_vs_f32"], err)
     spec = ModelSpec.from_dict(json.loads((pkg / "manifest.json").read_text())["model"]["config"])

@@ -41,11 +41,14 @@ def rel(a, b) -> float:
 # The weight format alone: without the shadow-outlier split of the down projections (its own tests are in
 # test_npu.py), so that the graphs are plan_groups' and the float twins below are plain trace_group.
 NO_OUTLIERS = {"npu_outliers": False}
+# These tests pin the 16-bit integer graphs (QDQ with int4 block DequantizeLinear weights); the float16 graphs'
+# MatMulNBits weights are tested in test_npu_f16.py.
+INT16 = {"npu_act": "int16"}
 
 
 def compile_w4(tmp_path_factory, name, **kw):
     return edgellm.compile("demo", target="host-npu", out=tmp_path_factory.mktemp(name) / "pkg", max_context=256,
-                           npu_chunk=CHUNK, soc="sm8650", npu_quant="w4a16", progress=False, **NO_OUTLIERS, **kw)
+                           npu_chunk=CHUNK, soc="sm8650", npu_quant="w4a16", progress=False, **NO_OUTLIERS, **INT16, **kw)
 
 
 @pytest.fixture(scope="module")

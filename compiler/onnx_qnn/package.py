@@ -20,13 +20,15 @@ from .graph import scale_for, stream_scale, trace_group
 from .outliers import choose as choose_outliers
 from .outliers import specs as outlier_specs
 from .outliers import split_groups
-from .quantize import NPU_QUANTS, quantize_group
+from . import float16
+from .quantize import NPU_QUANTS, gptq_int4, quantize_group, rtn_int4
 
 # Weights per group graph. The HTP's context limit is 4 GB (ExecuTorch and llama.cpp's Hexagon backend split there);
 # 256 M float weights is 256 MB as int8: a 1B model in 4-5 graphs, a 7B in ~26, each prepared in reasonable memory.
 GROUP_PARAMS = 256 * 2**20
 CALIB_TOKENS, CALIB_SEQ = 1024, 256
 NPU_WEIGHTS = ("rtn", "gptq")
+NPU_ACTS = ("f16", "int16")   # activations: float16 (float16.py), or 16-bit integers with calibrated ranges (quantize.py)
 CHAT_SEQS = 2   # built-in calibration: conversations in the model's chat template, besides the plain text
 
 
@@ -150,11 +152,13 @@ def _write_outliers(pkg: Path, cpu_parts: dict) -> list[str]:
 
 def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_rows: int, quant: str = "w8a16",
               socs: list[str] = (), calib: str | None = None, gptq: dict | None = None, outliers: bool = False,
-              weights: str = "rtn", residual: bool = False, release=None, progress: bool = True) -> dict:
+              weights: str = "rtn", residual: bool = False, act: str = "f16", release=None,
+              progress: bool = True) -> dict:
     """Writes pkg/npu/ and returns the manifest's "npu" section. gptq: the CPU package's GPTQ q4 parts by weight
     name (compile --gptq), whose codes and scales w4a16 reuses (None: round-to-nearest). weights (w8a16): "rtn"
     (round-to-nearest per channel) or "gptq" (GPTQ on the same int8 grid, calibrated on the text). residual
     (w8a16): every projection also gets an int4 plane of what its int8 codes miss (quantize.weight_planes).
+    act: "f16" (float16 activations, block-quantized weights: float16.py) or "int16" (calibrated 16-bit integers).
     release: called after each group's weights are read (the checkpoint drops the pages it mapped).
 
     Group by group, so that peak memory is one group's graphs, not the model's: trace the float graph, stream every
@@ -162,6 +166,10 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
     held-out sequence, and hand the group's outputs (float and quantized chains) to the next group."""
     if quant not in NPU_QUANTS:
         raise CompileError(f"--npu-quant {quant} is not supported (choose one of {', '.join(NPU_QUANTS)})")
+    if act not in NPU_ACTS:
+        raise CompileError(f"--npu-act {act}: choose {' or '.join(NPU_ACTS)}")
+    if outliers and act != "int16":
+        raise CompileError("--npu-outliers applies to --npu-act int16 (float16 activations need no outlier split)")
     if weights not in NPU_WEIGHTS or (weights != "rtn" and quant != "w8a16"):
         raise CompileError(f"--npu-weights {weights}: choose {' or '.join(NPU_WEIGHTS)} (gptq applies to w8a16; "
                            "w4a16 takes the CPU package's GPTQ codes with --quant q4gG --gptq)")
@@ -197,10 +205,12 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
         from .weights import NpuInt8
 
         t = time.perf_counter()
-        int8 = gptq_model(spec, weight, NpuInt8(), seqs, skip=1, progress=progress or None)
+        grid = NpuInt8(float16.BLOCK if act == "f16" else None)
+        int8 = gptq_model(spec, weight, grid, seqs, skip=1, progress=progress or None)
         _log(progress, f"NPU: GPTQ int8 weights in {time.perf_counter() - t:.0f} s")
     _log(progress, f"NPU: {len(groups)} graph(s) of layers {', '.join(f'{a}-{b - 1}' for a, b in groups)}, chunk {chunk}, "
-                   f"{quant}, calibrated on {sum(map(len, seqs))} tokens")
+                   f"{quant}, {'float16' if act == 'f16' else '16-bit integer'} activations, calibrated on "
+                   f"{sum(map(len, seqs))} tokens")
     qpaths, formats, infos, table = [], set(), [], _ErrorTable(spec, len(held))
     hf, hq = x_held, x_held
     scales = []
@@ -231,7 +241,13 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
         scales.append(scale)
         q = out / fpath.name
         try:
-            formats.add(quantize_group(fpath, q, derive(ranges.ranges(), fpath), quant, gptq, int8, residual))
+            if act == "f16":
+                peaks = {k: max(-lo, hi) for k, (lo, hi) in ranges.ranges().items()}
+                source = weights if quant == "w8a16" else ("gptq" if gptq else "rtn")
+                formats.add(f"{float16.lower(fpath, q, _planes(quant, gptq, int8, residual), peaks)}, {source}, "
+                            "float16 activations")
+            else:
+                formats.add(quantize_group(fpath, q, derive(ranges.ranges(), fpath), quant, gptq, int8, residual))
         except CompileError:
             raise
         except Exception as e:   # the quantization tool's own errors
@@ -269,13 +285,13 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
         _log(progress, f"NPU: EPContext for {soc} (v{arch}) in {time.perf_counter() - t:.1f} s, "
                        f"{soc_files[soc]['bytes'] / 2**20:.1f} MiB")
     _write_descriptor(pkg, spec, chunk, kv_rows, qpaths, groups, soc_files,
-                      _write_outliers(pkg, cpu_parts) if cpu_parts else [])
+                      _write_outliers(pkg, cpu_parts) if cpu_parts else [], float16.ONNX_SOC if act == "f16" else None)
     return {
-        "chunk": chunk, "kv_rows": kv_rows, "quant": quant, "weights": "; ".join(sorted(formats)),
+        "chunk": chunk, "kv_rows": kv_rows, "quant": quant, "act": act, "weights": "; ".join(sorted(formats)),
         "mask_value": MASK_VALUE,
         "descriptor": NPU_DESCRIPTOR,
         "cpu_positions": 1,   # position 0 (the attention sink) runs on the CPU: runtime/context.c
-        "precision": precision_table(quant, residual, min(scales)),
+        "precision": precision_table(quant, residual, min(scales), act),
         "outliers": {str(x): {"threshold": t, "channels": c} for x, (t, c) in sorted(chosen.items())},
         "groups": infos,
         "socs": soc_files,
@@ -285,15 +301,39 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
     }
 
 
-def precision_table(quant: str, residual: bool, scale: float = 1.0) -> dict[str, list[str]]:
+def _planes(quant: str, gptq: dict | None, int8: dict | None, residual: bool):
+    """float16.lower's planes(name, w [in, out]) for the scheme: w8a16 int8 blocks (int8's GPTQ codes, else RTN) and
+    the int4 residual plane; w4a16 the CPU package's GPTQ int4 codes, else RTN int4 blocks."""
+    def planes(name, w):
+        if quant == "w8a16":
+            return float16.planes_w8(w, (int8 or {}).get(name), residual)
+        if gptq is not None and name in gptq:
+            return [(4, *gptq_int4(gptq[name]))]
+        return [(4, *rtn_int4(w, float16.BLOCK))]
+    return planes
+
+
+def precision_table(quant: str, residual: bool, scale: float = 1.0, act: str = "f16") -> dict[str, list[str]]:
     """What runs at which precision in the graphs, and why (manifest npu.precision; `edgellm info` prints it)."""
-    out = {"activations": ["16-bit integers, ranges per tensor from the calibration text", "the HTP runs no float32"],
+    stream = ("float16" + (f" (held x{scale:g})" if scale != 1.0 else ""), "a few channels of 1e3-1e4 beside a median "
+              "of a few units: 8.3% hidden-state error in 16-bit integers on Gemma 3 270M")
+    if act == "f16":
+        out = {"activations": ["float16 (inputs and outputs float32)", "held-out text leaves any calibrated 16-bit "
+                               "integer range (up to 1.6x on SmolLM2-135M): 0.5-4% hidden-state error per prompt "
+                               "there, 0.3-0.8% in float16 on the HTP emulator"],
+               "residual stream (adds and the RMSNorms over it)": list(stream)}
+        if quant == "w8a16":
+            out["projections"] = ([f"int8 blocks of {float16.BLOCK} + int4 residual plane", "int8 blocks alone: 1.7% "
+                                   "hidden-state error on SmolLM2-135M, 0.3% with the plane"] if residual else
+                                  [f"int8 blocks of {float16.BLOCK}", "--npu-residual off"])
+        else:
+            out["projections"] = ["int4 blocks", "--npu-quant w4a16"]
+        return out
+    out = {"activations": ["16-bit integers, ranges per tensor from the calibration text", "--npu-act int16"],
            "attention (q @ K^T, mask, softmax, p @ V)": [
                "float16", "the HTP cuts the second operand of a 16-bit x 16-bit MatMul to 8 bits: 8.8% error on a "
                "real model's attention output"],
-           "residual stream (adds and the RMSNorms over it)": [
-               "float16" + (f" (held x{scale:g})" if scale != 1.0 else ""), "a few channels of 1e3-1e4 beside a median "
-               "of a few units: 8.3% hidden-state error in 16-bit integers on Gemma 3 270M, 1.9% in float16"]}
+           "residual stream (adds and the RMSNorms over it)": [stream[0], stream[1] + ", 1.9% in float16"]}
     if quant == "w8a16":
         out["projections"] = (["int8 per channel + int4 residual plane", "int8 alone: 3.1% hidden-state error on a "
                                "real 135M model whose inputs carry outlier channels"] if residual else
@@ -303,7 +343,8 @@ def precision_table(quant: str, residual: bool, scale: float = 1.0) -> dict[str,
     return out
 
 
-def _write_descriptor(pkg: Path, spec, chunk, kv_rows, qpaths, groups, soc_files, extra=()) -> None:
+def _write_descriptor(pkg: Path, spec, chunk, kv_rows, qpaths, groups, soc_files, extra=(),
+                      onnx_soc: str | None = None) -> None:
     """npu/npu.txt and npu/rope.bin: what the C runtime's QNN backend (runtime/backend_qnn_ort.c) reads."""
     from ...runtime.npu_chunks import rope_rows, rope_tables
 
@@ -314,6 +355,8 @@ def _write_descriptor(pkg: Path, spec, chunk, kv_rows, qpaths, groups, soc_files
     if len(tables) > 1:   # older runtimes read one table and no such line: packages with one table keep their bytes
         lines.append(f"rope_tables {len(tables)}")
     lines += [f"group {l0} {l1} {q.relative_to(pkg).as_posix()}" for q, (l0, l1) in zip(qpaths, groups)]
+    if onnx_soc:   # the HTP the ONNX graphs need where no SoC is detected (runtime/backend_qnn_ort.c)
+        lines.append(f"onnx_soc {onnx_soc}")
     for soc, v in soc_files.items():
         lines += [f"soc {soc} {i} {g}" for i, g in enumerate(v["graphs"])]
     lines += list(extra)
