@@ -124,7 +124,9 @@ def test_float16_beats_int16(demo_pkgs):
     assert e["f16"]["hidden_out"] < 0.5 * e["int16"]["hidden_out"], e
     assert max(max(x["k"], x["v"]) for x in e["f16"]["layers"]) < 0.01
     npu = json.loads((demo_pkgs["f16"] / "manifest.json").read_text())["npu"]
+    other = json.loads((demo_pkgs["int16"] / "manifest.json").read_text())["npu"]
     assert npu["act"] == "f16" and npu["precision"]["activations"][0].startswith("float16")
+    assert npu["calibration"] == other["calibration"] and npu["calibration"]["source"].startswith("built-in")
     assert "onnx_soc sm8550" in (demo_pkgs["f16"] / "npu" / "npu.txt").read_text().splitlines()
 
 

@@ -243,8 +243,8 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
         try:
             if act == "f16":
                 peaks = {k: max(-lo, hi) for k, (lo, hi) in ranges.ranges().items()}
-                source = weights if quant == "w8a16" else ("gptq" if gptq else "rtn")
-                formats.add(f"{float16.lower(fpath, q, _planes(quant, gptq, int8, residual), peaks)}, {source}, "
+                codes = weights if quant == "w8a16" else ("gptq" if gptq else "rtn")   # (`source`: the calibration's)
+                formats.add(f"{float16.lower(fpath, q, _planes(quant, gptq, int8, residual), peaks)}, {codes}, "
                             "float16 activations")
             else:
                 formats.add(quantize_group(fpath, q, derive(ranges.ranges(), fpath), quant, gptq, int8, residual))
