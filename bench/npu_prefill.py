@@ -84,7 +84,8 @@ def main():
     ap.add_argument("--prompts", type=int, default=50)
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--schemes", default="w8a16,w4a16,w4a16-gptq",
-                    help="w8a16, w4a16, w4a16-gptq (CPU q4g32 GPTQ codes), w8a16-gptqw (--npu-weights gptq)")
+                    help="w8a16, w4a16, w4a16-mixed, each int4 one with -gptq (CPU q4g32 GPTQ codes), w8a16-gptqw "
+                         "(--npu-weights gptq)")
     ap.add_argument("--chunk", type=int, default=None, help="NPU chunk [default: 64 for demo, 128 for real models]")
     ap.add_argument("--ppl-tokens", type=int, default=1024)
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -112,7 +113,8 @@ def main():
             gptq = scheme.endswith("-gptq")   # the CPU package q4g32 with GPTQ, whose codes the NPU graphs reuse
             pkg = edgellm.compile(str(model), target="host-npu", quant="q4g32" if gptq else "f32", gptq=gptq,
                                   out=Path(td) / scheme, max_context=512, npu_chunk=chunk, tune="off",
-                                  npu_quant=scheme.split("-")[0], soc="none" if real else "sm8650",
+                                  npu_quant=scheme.removesuffix("-gptq").removesuffix("-gptqw"),
+                                  soc="none" if real else "sm8650",
                                   npu_weights="gptq" if scheme.endswith("-gptqw") else "rtn", progress=real)
             compile_s = time.perf_counter() - t
             with edgellm.Runtime.load(pkg, prefill_backend="npu", npu_soc=None if real else "sm8650") as npu, \

@@ -133,6 +133,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             raise CompileError(f"--npu-act {npu_act}: choose {' or '.join(NPU_ACTS)}")
         if npu_outliers and npu_act != "int16":
             raise CompileError("--npu-outliers applies to --npu-act int16 (float16 activations need no outlier split)")
+        if npu_quant == "w4a16-mixed" and npu_act != "f16":
+            raise CompileError("--npu-quant w4a16-mixed applies to --npu-act f16")
         npu_chunk = npu_chunk or NPU_CHUNK
     if layout not in ("dense", "bundled"):
         raise CompileError(f"--layout {layout}: choose dense or bundled")

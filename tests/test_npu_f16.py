@@ -150,3 +150,53 @@ def test_outliers_need_int16(tmp_path):
         edgellm.compile("demo", target="host-npu", out=tmp_path / "o", npu_outliers=True, progress=False)
     with pytest.raises(CompileError, match="--npu-act"):
         edgellm.compile("demo", target="host", out=tmp_path / "h", npu_act="f16", progress=False)
+
+
+def sym_absmax_int4(w: np.ndarray) -> np.ndarray:
+    """Symmetric absmax int4 per block of 32 (-7..7), dequantized: the baseline int4_asym must beat."""
+    K, N = w.shape
+    wb = w.reshape(K // 32, 32, N)
+    d = np.abs(wb).max(1, keepdims=True) / 7
+    return (np.clip(np.rint(wb / d), -7, 7) * d).reshape(K, N)
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("qnn", marks=needs_qnn)])
+def test_int4_asymmetric_blocks(tmp_path, backend):
+    """w4a16 RTN: asymmetric int4 blocks with uint8 zero points (the HTP runs them: CPU fallback is disabled). On
+    skewed, heavy-tailed weights the searched range beats symmetric absmax blocks by a clear margin, and the graph's
+    product equals numpy's over the dequantized codes within float16 rounding."""
+    rng = np.random.default_rng(3)
+    K, N = 96, 40                                                   # 3 blocks: an odd count of zero-point nibbles
+    w = (rng.standard_t(4, (K, N)) * 0.02 + 0.01).astype(np.float32)
+    q, d, z = float16.int4_asym(w)
+    assert q.min() >= -8 and q.max() <= 7 and z.min() >= -8 and z.max() <= 7
+    wq = float16.dequantize(q, d, z)
+    assert rel(wq, w) < 0.8 * rel(sym_absmax_int4(w), w)
+    x = rng.standard_normal((8, K)).astype(np.float32)
+    out = tmp_path / "a.onnx"
+    fmt = float16.lower(projection_graph(tmp_path, w), out, lambda n, a: [(4, *float16.int4_asym(a))],
+                        {"y_mm": float(np.abs(x @ w).max())})
+    assert fmt == "int4 block 32 asymmetric"
+    y = qnn_ort.session(out, backend=backend, soc="sm8650").run(None, {"x": x})[0]
+    assert rel(y, x @ wq) < 3e-3
+
+
+def test_w4a16_mixed_keeps_v_and_down_int8(tmp_path):
+    """w4a16-mixed: the V and FFN down projections as int8 blocks, every other projection int4 asymmetric blocks;
+    the compile's hidden-state error below all-int4's; int16 activations refused."""
+    e, fmt = {}, {}
+    for q in ("w4a16", "w4a16-mixed"):
+        p = edgellm.compile("demo", target="host-npu", quant="f32", out=tmp_path / q, max_context=256,
+                            npu_chunk=CHUNK, soc="none", npu_quant=q, tune="off", progress=False)
+        npu = json.loads((p / "manifest.json").read_text())["npu"]
+        e[q], fmt[q] = npu["error_vs_f32"]["hidden_out"], npu["weights"]
+        m = onnx.load(str(next((p / "npu").glob("*.onnx"))), load_external_data=False)
+        bits = {n.name: helper.get_attribute_value(next(a for a in n.attribute if a.name == "bits"))
+                for n in m.graph.node if n.op_type == "MatMulNBits"}
+        eight = {k for k, b in bits.items() if b == 8}
+        assert eight == ({k for k in bits if "v_proj" in k or "down_proj" in k} if q == "w4a16-mixed" else set())
+    assert fmt["w4a16"].startswith("int4 block 32 asymmetric") and "int8 block 32" in fmt["w4a16-mixed"]
+    assert e["w4a16-mixed"] < 0.8 * e["w4a16"], e
+    with pytest.raises(CompileError, match="w4a16-mixed applies to --npu-act f16"):
+        edgellm.compile("demo", target="host-npu", out=tmp_path / "x", npu_quant="w4a16-mixed", npu_act="int16",
+                        progress=False)

@@ -23,7 +23,8 @@ from ...quant.packing import unpack_codes, unpack_group_scales
 from ...quant.q4 import q4_codes, q4_scales
 from .graph import FP16_PREFIX
 
-NPU_QUANTS = {"w8a16": "int8 per channel", "w4a16": "int4 block-wise"}
+NPU_QUANTS = {"w8a16": "int8 per channel", "w4a16": "int4 block-wise",
+              "w4a16-mixed": "int4 blocks, V and FFN down projections int8 (float16 activations only)"}
 W4_BLOCK = 32       # w4a16 RTN: inputs per scale (the toolchain probes' block; GPTQ codes keep their own group size)
 RANGE_MARGIN = 1.5
 # Headroom on every other activation range, off: held-out prompts exceed the calibrated ranges of the FFN and
