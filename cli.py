@@ -47,8 +47,9 @@ def cli():
                    "cached per CPU model [default: quick for --target host, off for cross targets; $EDGELLM_TUNE]")
 @click.option("--npu-chunk", type=int, default=None, callback=_positive("--npu-chunk"),
               help="android-npu: tokens per NPU prefill chunk [default: 128]")
-@click.option("--npu-quant", type=click.Choice(["w8a16", "w4a16"]), default="w8a16", show_default=True,
-              help="android-npu: weight bits of the NPU graphs (activations 16-bit: --npu-act)")
+@click.option("--npu-quant", type=click.Choice(["w8a16", "w4a16", "w4a16-mixed"]), default="w8a16",
+              show_default=True, help="android-npu: weight bits of the NPU graphs (activations 16-bit: --npu-act); "
+              "w4a16-mixed keeps the V and FFN down projections in int8")
 @click.option("--npu-act", type=click.Choice(["f16", "int16"]), default=None,
               help="android-npu: activations in float16 (block-quantized weights; no calibrated ranges to leave) or "
                    "16-bit integers with ranges calibrated on text [default: f16]")
@@ -200,6 +201,7 @@ def _sampling_options(f):
 
 
 DEMO_PROMPT = "def read_config(path):"
+DEMO_CHAT_TOKENS = 96   # the demo models learned 256-token windows: longer replies (after the template) turn to junk
 SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 NEUTRAL = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
            "presence_penalty": 0.0, "frequency_penalty": 0.0}
@@ -222,9 +224,11 @@ def describe_sampling(defaults: dict, given: dict) -> str:
 @click.option("-m", "--model", default=None,
               help="checkpoint dir, hub id or demo name to compile on first use into the cache [default: demo]")
 @click.option("-p", "--prompt", default=None, help=f"prompt text [default with the demo model: {DEMO_PROMPT!r}]")
+@click.option("--ids", default=None, help="the prompt as token ids, comma-separated (instead of -p: packages without "
+              "a tokenizer, or exact ids)")
 @click.option("--quant", "-q", default=None, help="scheme when compiling --model [default: f16; t2 for BitNet]")
 @_sampling_options
-def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
+def run_cmd(package, model, prompt, ids, quant, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
             presence_penalty, frequency_penalty, seed, stop, ignore_eos, threads, digest, memory_budget,
             weight_policy, expert_eviction, expert_predict, no_expert_warm, storage, io_threads, direct_io,
             ffn_threshold, prefill_backend, npu_soc, device):
@@ -241,15 +245,20 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
                          "for the demo")
     if package and model:
         raise click.UsageError("give a PACKAGE or --model, not both")
-    if not package:
-        from .compiler.cache import package_or_model
-
-        model = model or "demo"
-        package = package_or_model(model, quant=quant)
-        if prompt is None and model.startswith("demo"):
-            prompt = DEMO_PROMPT
+    if prompt is not None and ids is not None:
+        raise click.UsageError("give -p or --ids, not both")
+    if ids is not None:
+        try:
+            prompt = [int(x) for x in ids.split(",")]
+        except ValueError:
+            raise InputError(f"--ids {ids!r}: give token ids as comma-separated integers, e.g. --ids 1,2,3") from None
+    model = model or package or "demo"
+    package = _package_arg(model, quant)    # a package as given; a demo name or checkpoint compiled into the cache
+    echo = prompt is None and _is_demo_name(model)
+    if echo:   # the default prompt is shown, so the output does not start mid-line
+        prompt = DEMO_PROMPT
     if prompt is None:
-        raise click.UsageError("give a prompt with -p")
+        raise click.UsageError("give a prompt with -p (or token ids with --ids)")
     given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
              "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty,
              "frequency_penalty": frequency_penalty}
@@ -259,6 +268,8 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
                       expert_eviction=expert_eviction, expert_predict=expert_predict,
                       expert_warm=not no_expert_warm) as rt:
         r: dict = {}
+        if echo:
+            sys.stdout.write(prompt)
         for piece in rt.stream(prompt, max_new_tokens=max_new_tokens, seed=seed, stop=list(stop),
                                ignore_eos=ignore_eos, _result=r, **given):
             sys.stdout.write(piece)
@@ -275,6 +286,14 @@ def run_cmd(package, model, prompt, quant, max_new_tokens, temperature, top_k, t
             click.echo(note, err=True)
 
 
+def _is_demo_name(name: str) -> bool:
+    from pathlib import Path
+
+    from .models.demo import DEMO_MODELS
+
+    return name in DEMO_MODELS and not Path(name).exists()
+
+
 def _package_arg(package_or_model: str | None, quant: str | None) -> str:
     """A package directory as given, else a model (checkpoint dir, hub id, demo name) compiled into the cache."""
     from pathlib import Path
@@ -284,8 +303,13 @@ def _package_arg(package_or_model: str | None, quant: str | None) -> str:
     if package_or_model == "":
         raise InputError("an empty package or model name: give a package directory, a checkpoint, or leave it out "
                          "for the demo")
-    if package_or_model and (Path(package_or_model) / "plan.bin").is_file():
-        return package_or_model
+    p = Path(package_or_model or "demo")
+    if p.exists() and not (p / "config.json").is_file():
+        return str(p)   # a package (or what should be one: its loader says what is wrong), never compiled
+    s = str(package_or_model or "")
+    if not p.exists() and (p.is_absolute() or s.startswith((".", "~")) or s.count("/") > 1):
+        raise InputError(f"{s} is not a package directory (nothing is there): give a package, a checkpoint folder, "
+                         "a demo name or a Hugging Face id")
     from .compiler.cache import package_or_model as resolve
 
     return str(resolve(package_or_model or "demo", quant=quant))
@@ -315,21 +339,26 @@ def serve_cmd(package_or_model, host, port, parallel, api_key, name, quant, thre
               allowed_hosts, allowed_origins, max_body):
     """Serve PACKAGE_OR_MODEL (default: the demo) over an OpenAI-compatible HTTP API with a chat page at /:
     /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics. Bound to 127.0.0.1 unless told otherwise."""
+    from pathlib import Path
+
     from .runtime.serve.server import serve
 
-    pkg = _package_arg(package_or_model, quant)
-    serve(pkg, host=host, port=port, parallel=parallel, api_key=api_key, threads=threads, model_id=name,
+    if package_or_model == "":
+        _package_arg(package_or_model, quant)   # the one-line error
+    serve(lambda: _package_arg(package_or_model, quant), host=host, port=port, parallel=parallel, api_key=api_key,
+          threads=threads, model_id=name,
           load={"memory_budget": memory_budget, "device": device, "digest": digest},
           allowed_hosts=[h for h in allowed_hosts.split(",") if h.strip()],
-          allowed_origins=[o for o in allowed_origins.split(",") if o.strip()], max_body=max_body)
+          allowed_origins=[o for o in allowed_origins.split(",") if o.strip()], max_body=max_body,
+          aliases=[] if name or (package_or_model and Path(package_or_model).exists()) else [package_or_model or "demo"])
 
 
 @cli.command("chat")
 @click.argument("package_or_model", required=False)
 @click.option("--system", default=None, help="system prompt")
 @click.option("--quant", "-q", default=None, help="scheme when compiling a model [default: f16; t2 for BitNet]")
-@click.option("-n", "--max-new-tokens", type=click.IntRange(min=1), default=512, show_default=True,
-              help="longest reply")
+@click.option("-n", "--max-new-tokens", type=click.IntRange(min=1), default=None,
+              help="longest reply [default: 512; the demo models: 96, inside the 256-token windows they learned]")
 @click.option("--temperature", type=float, default=None, help="0 = greedy [default: the package's]")
 @click.option("--top-k", type=click.IntRange(min=0), default=None, help="[default: the package's]")
 @click.option("--top-p", type=float, default=None, help="[default: the package's]")
@@ -347,6 +376,11 @@ def chat_cmd(package_or_model, system, quant, max_new_tokens, temperature, top_k
     from .runtime.chat_repl import chat_repl
 
     pkg = _package_arg(package_or_model, quant)
+    demo = _is_demo_name(package_or_model or "demo")
+    if demo:
+        click.echo("demo: a 6M-parameter model trained on the Python standard library, not a chat model; its "
+                   "replies continue text. For a real chat: edgellm chat HuggingFaceTB/SmolLM2-135M-Instruct", err=True)
+    max_new_tokens = max_new_tokens or (DEMO_CHAT_TOKENS if demo else 512)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                 "repetition_penalty": repetition_penalty, "seed": seed}
     with Runtime.load(pkg, threads=threads, memory_budget=memory_budget, device=device) as rt:
@@ -433,6 +467,7 @@ def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, memory
 
     from .runtime.bench import bench, format_bench
 
+    package = _package_arg(package, None)
     r = bench(package, prompt_len=prompt_len, gen_len=gen_len, threads=threads, reps=reps, seed=seed,
               prefill_backend=prefill_backend, npu_soc=npu_soc, device=device, memory_budget=memory_budget,
               weight_policy=weight_policy, storage=storage, io_threads=io_threads, direct_io=direct_io,
@@ -457,6 +492,7 @@ def plan_cmd(package, memory_budget, weight_policy, storage, direct_io, as_json)
 
     from .offload.planner import format_plan, plan
 
+    package = _package_arg(package, None)
     p = plan(package, memory_budget=memory_budget, weight_policy=weight_policy, storage=storage, direct_io=direct_io)
     click.echo(json.dumps(p) if as_json else format_plan(p))
 
@@ -465,6 +501,7 @@ def plan_cmd(package, memory_budget, weight_policy, storage, direct_io, as_json)
 @click.argument("package", type=click.Path())
 def info_cmd(package):
     """Describe a package: model, target, quantization, sizes."""
+    package = _package_arg(package, None)
     from pathlib import Path
 
     from .runtime.package import package_digest, read_manifest
@@ -580,6 +617,76 @@ def _quant_line(q: dict) -> str:
     head = f", embedding/head {q['head']}" if isinstance(q.get("head"), str) else ""
     method = f" ({q['method']})" if q.get("method") not in (None, "rtn") else ""
     return f"{q['scheme']}{method}{head}: {q['bits_per_weight']} bits per weight over all weights"
+
+
+@cli.group("cache")
+def cache_group():
+    """Packages compiled on first use (`edgellm run demo`, `--model`, `serve`, `chat`, `eval`): list and remove them."""
+
+
+def _age(seconds: float) -> str:
+    for unit, n in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= n:
+            return f"{seconds / n:.0f} {unit} ago"
+    return "just now"
+
+
+@cache_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON array")
+def cache_list_cmd(as_json):
+    """Name, source, target, scheme, size and last use of every cached package."""
+    import json
+    import time
+
+    from .compiler.cache import cached_packages, packages_root
+
+    rows = cached_packages()
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    if not rows:
+        click.echo(f"no cached packages ({packages_root()})")
+        return
+    now = time.time()
+    click.echo(f"{'NAME':<48} {'SOURCE':<28} {'TARGET':<8} {'SCHEME':<7} {'SIZE':>9}  LAST USED")
+    for r in rows:
+        click.echo(f"{r['name']:<48} {str(r['source'] or '?')[-28:]:<28} {r['target'] or '?':<8} "
+                   f"{r['scheme'] or '?':<7} {r['bytes'] / 2**20:>7.1f}MB  {_age(now - r['last_used'])}")
+    click.echo(f"{len(rows)} package(s), {sum(r['bytes'] for r in rows) / 2**20:.1f} MB in {packages_root()}")
+
+
+@cache_group.command("rm")
+@click.argument("names", nargs=-1)
+@click.option("--all", "everything", is_flag=True, help="remove every cached package")
+def cache_rm_cmd(names, everything):
+    """Remove cached packages by NAME (as `edgellm cache list` shows them), or --all."""
+    from .compiler.cache import cached_packages, remove_cached
+    from .errors import InputError
+
+    if bool(names) == everything:
+        raise InputError("give package names (see `edgellm cache list`) or --all")
+    names = [r["name"] for r in cached_packages()] if everything else names
+    freed = sum(remove_cached(n) for n in names)
+    click.echo(f"removed {len(names)} package(s), {freed / 2**20:.1f} MB freed")
+
+
+@cache_group.command("prune")
+@click.option("--older-than", required=True, help="remove packages not used for this long: 30d, 12h, 90min")
+def cache_prune_cmd(older_than):
+    """Remove the cached packages not used for --older-than."""
+    import re
+    import time
+
+    from .compiler.cache import cached_packages, remove_cached
+    from .errors import InputError
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(d|h|min|m|s)\s*", older_than)
+    if not m:
+        raise InputError(f"--older-than {older_than!r}: give a number and a unit, e.g. 30d, 12h or 90min")
+    age = float(m.group(1)) * {"d": 86400, "h": 3600, "min": 60, "m": 60, "s": 1}[m.group(2)]
+    old = [r for r in cached_packages() if time.time() - r["last_used"] > age]
+    freed = sum(remove_cached(r["name"]) for r in old)
+    click.echo(f"removed {len(old)} package(s) not used for {older_than.strip()}, {freed / 2**20:.1f} MB freed")
 
 
 @cli.command("targets")

@@ -34,7 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("plan.bin", "manifest.json", "weights.bin", "tokenizer.bin", "tokenizer.json")
 # the files each package kind adds to FILES (--kind)
-KIND_FILES = {"host": (), "opencl": ("kernels.cltab", "kernels.cl"), "host-npu": ("npu/npu.txt", "npu/rope.bin")}
+KIND_FILES = {"host": (), "opencl": ("kernels.cltab", "kernels.cl"), "host-npu": ("npu/npu.txt", "npu/rope.bin"),
+              "moe": ("routing.bin",), "bundled": ()}
+# how the worker loads each kind (the paths a mutation should reach), and edgellm-run's every other probe
+KIND_LOAD = {"host-npu": {"prefill_backend": "npu", "npu_soc": "sm8650"}, "moe": {"weight_policy": "experts"},
+             "bundled": {"weight_policy": "window", "ffn_threshold": 0.5}}
 # what a text table's token may become: numbers at and past every limit, and paths out of the package
 TOKENS = ["0", "-1", "1", "2", "7", "64", "65536", "2147483648", "18446744073709551615", "99999999999999999999", "nan",
           "inf", "-inf", "1e30", "-50", "../../../etc/passwd", "/etc/passwd", "npu/../../x", "", "kernel", "launch"]
@@ -189,6 +193,8 @@ def mutate(name: str, data: bytes, rng: random.Random) -> bytes:
         return bytes((_text_tokens if r < 0.7 else _flip)(b, rng))
     if name == "npu/rope.bin":
         return bytes((_f32_field if r < 0.6 else _flip)(b, rng))
+    if name == "routing.bin":
+        return bytes((_u32_field if r < 0.6 else _flip)(b, rng))
     if name.endswith(".json"):
         return bytes((_json if r < 0.75 else _flip)(b, rng))
     if name == "tokenizer.bin":
@@ -284,16 +290,20 @@ class Worker:
 
 def make_package(work: Path, kind: str = "host") -> Path:
     """A tiny f32 package of a seeded Llama with the demo tokenizer (C tokenizer and HF tokenizer both present), for
-    this CPU (host), PoCL's OpenCL device (opencl) or the HTP emulator beside this CPU (host-npu, SM8650 EPContext)."""
+    this CPU (host), PoCL's OpenCL device (opencl) or the HTP emulator beside this CPU (host-npu, SM8650 EPContext);
+    moe: a seeded Mixtral (routing.bin, guessers, the expert cache); bundled: the Llama with --layout bundled."""
     import edgellm
     from edgellm.models.demo import DEMO_DIR
     from edgellm.models.synthetic import make_checkpoint
 
-    ck = make_checkpoint(work / "ckpt", seed=3, vocab_size=4096)
+    ck = make_checkpoint(work / "ckpt", "MixtralForCausalLM" if kind == "moe" else "LlamaForCausalLM", seed=3,
+                         vocab_size=4096)
     for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         shutil.copy(DEMO_DIR / "demo-llama" / f, ck / f)
-    extra = {"npu_chunk": 16, "soc": "sm8650"} if kind == "host-npu" else {}
-    return edgellm.compile(str(ck), target=kind, quant="f32", out=work / "pkg.edgellm", max_context=64,
+    extra = {"npu_chunk": 16, "soc": "sm8650"} if kind == "host-npu" else {"layout": "bundled"} \
+        if kind == "bundled" else {}
+    target = kind if kind in ("opencl", "host-npu") else "host"
+    return edgellm.compile(str(ck), target=target, quant="f32", out=work / "pkg.edgellm", max_context=64,
                            prefill_chunk=8, tune="off", progress=False, **extra)
 
 
@@ -322,7 +332,7 @@ def sanitized_runner(pkg: Path) -> None:
 
 
 def campaign(pkg: Path, files, per_file: int, seed: int = 0, sanitize: bool = False, timeout: float = 30.0,
-             runner: bool = True, log=None) -> dict:
+             runner: bool = True, log=None, policy: str = "window") -> dict:
     """Runs per_file mutations of each file; returns {file: Counter(outcome)} and the bad cases under "bad"."""
     work = Path(tempfile.mkdtemp(prefix="edgellm-fuzz-"))
     try:
@@ -343,10 +353,12 @@ def campaign(pkg: Path, files, per_file: int, seed: int = 0, sanitize: bool = Fa
         from edgellm.runtime.api import Runtime
 
         window = []
-        if runner:   # (CPU packages: the other kinds keep their weights resident)
+        if runner and policy == "window":   # (CPU packages: the other kinds keep their weights resident)
             plan = Runtime.plan(target, memory_budget=1 << 40, weight_policy="window", direct_io=True)
             window = ["--memory-budget", str(plan["weights_bytes"] // 2 + plan["context_bytes"] + plan["cache_bytes"]),
                       "--weight-policy", "window", "--direct-io"]
+        elif runner:   # MoE: the expert cache, experts read from the file when selected or guessed
+            window = ["--weight-policy", policy, "--direct-io"]
         results: dict = {"bad": []}
         rng = random.Random(seed)
         for name in files:
@@ -402,11 +414,12 @@ def main(argv=None) -> int:
     t0 = time.time()
     files = a.files.split(",") if a.files else [*FILES, *KIND_FILES[a.kind]]
     a.files = ",".join(files)
-    if a.kind == "host-npu":
-        os.environ["EDGELLM_FUZZ_LOAD"] = json.dumps({"prefill_backend": "npu", "npu_soc": "sm8650"})
+    if a.kind in KIND_LOAD:
+        os.environ["EDGELLM_FUZZ_LOAD"] = json.dumps(KIND_LOAD[a.kind])
     with tempfile.TemporaryDirectory(prefix="edgellm-fuzz-pkg-") as tmp:
         pkg = Path(a.package) if a.package else make_package(Path(tmp), a.kind)
-        res = campaign(pkg, files, a.per_file, a.seed, a.sanitize, a.timeout, runner=a.kind == "host")
+        res = campaign(pkg, files, a.per_file, a.seed, a.sanitize, a.timeout, runner=a.kind in ("host", "moe", "bundled"),
+                       policy="experts" if a.kind == "moe" else "window")
     kinds = ("error", "same", "different", "traceback", "crash", "hang")
     if a.json:
         print(json.dumps({k: (dict(v) if isinstance(v, collections.Counter) else v) for k, v in res.items()}))

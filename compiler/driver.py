@@ -24,6 +24,7 @@ from .lower import lower_model
 from .moe import manifest as moe_manifest
 from .package_writer import check_destination, staged_package, write_sums, write_weights
 from .plan_writer import write_plan
+from .progress import Step
 from .tune import Tuner, resolve_mode
 from .chat_format import write_chat_format
 from .tokenizer_pack import maybe_write_tokenizer_bin
@@ -289,16 +290,17 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                    spec=spec, max_ctx=max_ctx, chunk=chunk, kv_rows=kv_rows,
                    weight_regions=[(t["offset"], t["nbytes"]) for t in table], weights_bytes=wbytes,
                    kernels=kernel_table, programs=programs, sampling=sampling)
+        _log(progress, f"weights: {wbytes / 2**20:.1f} MiB written")
         t0 = time.perf_counter()
-        _log(progress, f"building {len(low.kernels.names)} kernels with TVM for {tgt.name} ...")
-        if tgt.gpu:
-            from .opencl.build import build_opencl
+        with Step(f"building {len(low.kernels.names)} kernels with TVM for {tgt.name}", progress):
+            if tgt.gpu:
+                from .opencl.build import build_opencl
 
-            build_opencl(low.kernels.funcs, tmp)
-            kobj = None
-        else:
-            kobj = build_kernels(low.kernels.funcs, tgt, tmp / KERNELS, keep_object=tgt.static_binary,
-                                 table=kernel_table)
+                build_opencl(low.kernels.funcs, tmp)
+                kobj = None
+            else:
+                kobj = build_kernels(low.kernels.funcs, tgt, tmp / KERNELS, keep_object=tgt.static_binary,
+                                     table=kernel_table)
         t_kernels = time.perf_counter() - t0
         build_edgellm_run(tgt, tmp / BIN_DIR / BINARY, kernels_obj=kobj, build_id=build_id.hex())   # the device's runner
         if kobj is not None:

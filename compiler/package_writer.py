@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import signal
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,7 +29,8 @@ def write_weights(path: Path, names: list[str], arrays: list[np.ndarray], progre
     """Returns the tensor table (name, offset, nbytes, shape, dtype, layout, sha256) and the file size."""
     table, off = [], 0
     total = sum(a.nbytes for a in arrays)
-    with open(path, "wb") as f, tqdm(total=total, unit="B", unit_scale=True, desc="weights", disable=not progress,
+    with open(path, "wb") as f, tqdm(total=total, unit="B", unit_scale=True, desc="weights",
+                                     disable=not progress or not sys.stderr.isatty(),
                                      leave=False) as bar:
         for name, a in zip(names, arrays):
             pad = (-off) % WEIGHT_ALIGN

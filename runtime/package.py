@@ -124,6 +124,12 @@ def file_sha256(f: Path) -> str:
     return h.hexdigest()
 
 
+def check_digest_form(digest) -> None:
+    if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise InputError(f"digest {str(digest)[:80]!r} is not of the form sha256:<64 lowercase hex digits> (as "
+                         "`edgellm compile` prints it)")
+
+
 def verify_package(path: str | Path, digest: str | None = None, only: list[str] | None = None) -> None:
     """Every file of the package against SHA256SUMS (catches corruption and modified files), and SHA256SUMS against
     `digest` when given (then nothing can have been changed: plan, kernels, runner, tokenizer, manifest). Every file
@@ -131,9 +137,7 @@ def verify_package(path: str | Path, digest: str | None = None, only: list[str] 
     p = Path(path)
     data, sums = read_sums(p)
     if digest is not None:
-        if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-            raise InputError(f"digest {str(digest)[:80]!r} is not of the form sha256:<64 lowercase hex digits> (as "
-                             "`edgellm compile` prints it)")
+        check_digest_form(digest)
         got = "sha256:" + hashlib.sha256(data).hexdigest()
         if got != digest:
             raise PackageError(f"package digest mismatch: {p} is {got}, expected {digest}; the package was modified "

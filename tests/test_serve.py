@@ -5,6 +5,7 @@ disconnects frees its slot within one token, a conversation that comes back reus
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -246,7 +247,10 @@ def test_api_key_and_network_binding(pkg):
         assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
         assert httpx.get(url + "/health").status_code == 200   # health stays open
         ok = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
-        assert ok.completions.create(model="x", prompt="Hi", max_tokens=2, temperature=0).usage.completion_tokens == 2
+        name = ok.models.list().data[0].id
+        assert ok.completions.create(model=name, prompt="Hi", max_tokens=2, temperature=0).usage.completion_tokens == 2
+        with pytest.raises(openai.NotFoundError, match="not served here"):
+            ok.completions.create(model="gpt-4o", prompt="Hi", max_tokens=2)
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
     finally:
@@ -254,6 +258,27 @@ def test_api_key_and_network_binding(pkg):
     r = subprocess.run([sys.executable, "-m", "edgellm.cli", "serve", str(pkg), "--host", "0.0.0.0", "--port", "0"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "--api-key" in r.stderr
+
+
+def test_flags_checked_before_compiling(tmp_path, server):
+    """A model name (compiled on first use) with a bad flag is refused before anything is compiled."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    port = server.rsplit(":", 1)[1]
+    for flags, why in ((["--host", "0.0.0.0"], "--api-key"), (["--port", port], "in use"),
+                       (["--max-body", "lots"], "--max-body"), (["--digest", "sha256:12"], "sha256"),
+                       (["--memory-budget", "-5MB"], "budget")):
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "edgellm.cli", "serve", "demo-moe", *flags], capture_output=True,
+                           text=True, timeout=120, env=env)
+        assert r.returncode != 0 and r.stderr.count("\n") == 1 and why in r.stderr, (flags, r.stderr)
+        assert not (tmp_path / "edgellm" / "packages").exists(), flags   # nothing compiled
+        assert time.perf_counter() - t < 30
+
+
+def test_usage_and_timings_agree(client, server):
+    r = httpx.post(server + "/v1/completions", json={"model": "demo", "prompt": "def main():", "max_tokens": 12,
+                                                     "temperature": 0, "ignore_eos": True}).json()
+    assert r["usage"]["completion_tokens"] == r["timings"]["predicted_n"] == 12
 
 
 def test_port_in_use_is_one_line(pkg, server):

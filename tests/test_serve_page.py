@@ -48,6 +48,11 @@ def test_page_sends_and_streams(browser, tmp_path, demo_q8):
         browser.get(url + "/")
         assert "edgellm" in browser.title
         assert "demo" in browser.find_element(By.ID, "model").text
+        hello = browser.find_element(By.ID, "welcome").text   # the first open says what this is and what to do
+        assert "demo" in hello and "context" in hello and "Type a message" in hello
+        first = Path(os.environ.get("EDGELLM_TEST_ARTEFACTS", tmp_path)) / "serve_chat_page_first_open.png"
+        first.parent.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(first))
         browser.find_element(By.TAG_NAME, "summary").click()
         browser.find_element(By.ID, "temperature").send_keys("0")
         mt = browser.find_element(By.ID, "max_tokens")
@@ -63,6 +68,7 @@ def test_page_sends_and_streams(browser, tmp_path, demo_q8):
             replies.append(browser.find_elements(By.CSS_SELECTOR, ".assistant")[-1].get_attribute("textContent"))
             assert browser.find_elements(By.CSS_SELECTOR, ".user")[-1].text == msg
             assert not browser.find_elements(By.CSS_SELECTOR, ".error")
+        assert not browser.find_elements(By.ID, "welcome")   # gone with the first message
         stats = browser.find_element(By.ID, "stats").text
         assert "prefill" in stats and "decode" in stats and "cached" in stats
         assert int(stats.split("(")[1].split(" cached")[0]) > 0   # the second turn came from the slot's cache

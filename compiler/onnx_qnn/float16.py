@@ -12,10 +12,10 @@ Weights, graph layout [in, out], blocks of BLOCK inputs of one output column, sy
     w8a16  int8 codes (round-to-nearest, or GPTQ on the int8 grid) + an int4 plane of what they miss (int8 alone:
            1.7% hidden-state error on SmolLM2-135M, with the plane 0.3%, the float16 arithmetic's own floor)
     w4a16  int4 codes: the CPU package's GPTQ ones (its group size is the block), else asymmetric int4 blocks with
-           a zero point each and the range searched for the least squared error (int4_asym: 26.6% -> 22% hidden-state
+           a zero point each and the range searched for the least squared error (int4_asym: 26.8% -> 22.6% hidden-state
            error on SmolLM2-135M against symmetric absmax blocks)
     w4a16-mixed  w4a16, with the attention V and FFN down projections in int8 blocks (llama.cpp Q4_K_M gives those
-           two more bits too: they carry the most error per byte; SmolLM2-135M 22% -> 13%, ~5.1 bits per weight)
+           two more bits too: they carry the most error per byte; SmolLM2-135M 22.6% -> 16.3%, ~5.7 bits per weight)
 A plane whose scales would be float16 subnormals is held times 2^k (its output times 2^-k, exact), k bounded by the
 projection's calibrated output peak so that x @ (W 2^k) stays finite."""
 from __future__ import annotations
@@ -129,7 +129,8 @@ def _exponent(d: np.ndarray, peak: float) -> int:
 def lower(float_path: Path, out_path: Path, planes, peaks: dict[str, float]) -> str:
     """Writes out_path (+ .data): the float graph at float_path in float16 (graph inputs and outputs stay float32, cast
     at the edges) with every MatMul over a weight a sum of MatMulNBits, one per plane of planes(name, w) = [(bits,
-    codes int8 [in, out], scales f32 [in/B, out][, zero points int8 [in/B, out]])]. peaks: every float tensor's calibrated |max| (calibrate.Ranges):
+    codes int8 [in, out], scales f32 [in/B, out][, zero points int8 [in/B, out]])]. peaks: every float tensor's
+    calibrated |max| (calibrate.Ranges):
     a tensor past F16_MAX / F16_HEADROOM is refused (say why and how to go on). Returns the weight format."""
     m = onnx.load(str(float_path), load_external_data=False)
     g, base = m.graph, str(float_path.parent)

@@ -128,12 +128,14 @@ class Metrics:
 
 
 def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str | None = None,
-               threads: int | None = None, allowed_hosts=(), allowed_origins=(), max_body: int = MAX_BODY) -> FastAPI:
+               threads: int | None = None, allowed_hosts=(), allowed_origins=(), max_body: int = MAX_BODY,
+               aliases=()) -> FastAPI:
     pool = SlotPool(runtime, parallel, threads)
     metrics = Metrics(pool)
     app = FastAPI(title="edgellm", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.pool, app.state.runtime, app.state.metrics = pool, runtime, metrics
     max_ctx = runtime.max_context
+    names = tuple(dict.fromkeys((model_id, *aliases)))   # the model ids requests may name (OpenAI: 404 otherwise)
 
     # ---- errors: OpenAI's error object, one line of message ------------------------------------------------------
     def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
@@ -284,6 +286,9 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
 
     async def complete(request: Request, chat: bool):
         req = await body(request, oa.ChatRequest if chat else oa.CompletionRequest)
+        if req.model is not None and req.model not in names:
+            raise BadRequest(f"the model {req.model[:100]!r} is not served here (this server serves "
+                             f"{', '.join(map(repr, names))}: GET /v1/models)", 404, "model", "model_not_found")
         # the chat template, the tokenizer and the checks run in a worker thread (the template bounded in time and
         # size: runtime/template_env.py): one heavy request must not stall /health or other clients' streams
         ids, kwargs = await anyio.to_thread.run_sync(prepare, req, chat)
@@ -306,8 +311,9 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": int(app.state.started),
-                                            "owned_by": "edgellm", "meta": {"n_ctx": max_ctx, "slots": parallel}}]}
+        return {"object": "list", "data": [{"id": n, "object": "model", "created": int(app.state.started),
+                                            "owned_by": "edgellm", "meta": {"n_ctx": max_ctx, "slots": parallel}}
+                                           for n in names]}
 
     @app.get("/health")
     async def health():

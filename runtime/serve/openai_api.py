@@ -112,10 +112,11 @@ def usage(r: dict) -> dict:
 
 
 def timings(r: dict) -> dict:
-    """llama.cpp-style timings (extension): what the prefill and decode took."""
+    """llama.cpp-style timings (extension): what the prefill and decode took. predicted_n counts every generated
+    token (usage.completion_tokens); the first comes with the prefill, so the decode rate is over the others."""
     new = r["prompt_tokens"] - r["cached_tokens"]
     return {"prompt_n": new, "prompt_ms": 1e3 * r["prefill_s"], "cached_n": r["cached_tokens"],
-            "predicted_n": r["n_decoded"], "predicted_ms": 1e3 * r["decode_s"], "ttft_ms": 1e3 * r["ttft_s"],
+            "predicted_n": len(r["ids"]), "predicted_ms": 1e3 * r["decode_s"], "ttft_ms": 1e3 * r["ttft_s"],
             "prompt_per_second": new / r["prefill_s"] if r["prefill_s"] > 0 else 0.0,
             "predicted_per_second": r["n_decoded"] / r["decode_s"] if r["decode_s"] > 0 else 0.0}
 

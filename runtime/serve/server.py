@@ -40,7 +40,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def serve(package, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1, api_key: str | None = None,
           threads: int | None = None, model_id: str | None = None, load: dict | None = None,
-          allowed_hosts=(), allowed_origins=(), max_body: int | str | None = None) -> None:
+          allowed_hosts=(), allowed_origins=(), max_body: int | str | None = None, aliases=()) -> None:
     import uvicorn
 
     from ..api import Runtime
@@ -55,11 +55,21 @@ def serve(package, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1,
     from .guard import MAX_BODY
 
     limit = MAX_BODY if max_body is None else parse_bytes(max_body, "--max-body")
-    sock = bind(host, port)
+    if (load or {}).get("memory_budget") is not None:
+        parse_bytes(load["memory_budget"], "--memory-budget")
+    digest = (load or {}).get("digest")
+    if digest is not None:
+        from ..package import check_digest_form
+
+        check_digest_form(digest)
+    sock = bind(host, port)   # every option and the port checked before a model is compiled or loaded
+    if callable(package):     # (the CLI's model name, compiled into the cache only now)
+        package = package()
     with Runtime.load(package, threads=threads, **(load or {})) as rt:
         name = model_id or rt.manifest.get("model", {}).get("source", str(package)).rstrip("/").split("/")[-1]
         app = create_app(rt, name, parallel, api_key, threads, allowed_hosts=tuple(allowed_hosts),
-                         allowed_origins=tuple(allowed_origins), max_body=limit)
+                         allowed_origins=tuple(allowed_origins), max_body=limit,
+                         aliases=tuple(aliases))
         url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
         print(f"edgellm serve: {name} on {url} ({parallel} slot{'s' if parallel > 1 else ''}, context "
               f"{rt.max_context} tokens{', API key required' if api_key else ''})\n"

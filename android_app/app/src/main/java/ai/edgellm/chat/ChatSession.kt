@@ -12,7 +12,8 @@ import java.io.File
  * turns are appended to the KV cache (keepContext), so each reply costs only the new turn's prefill.
  */
 class ChatSession(val pkg: File, settings: Settings) : AutoCloseable {
-    val model: Model = Model.load(pkg.path, settings.loadOptions())
+    // an OpenCL package carries its kernel table (kernels.cltab); only those take the saved GPU device
+    val model: Model = Model.load(pkg.path, settings.loadOptions(gpuPackage = File(pkg, "kernels.cltab").isFile))
     private val context: Context = model.newContext(settings.threads)
     private val format = ChatFormat.of(pkg)
     private var turns = 0

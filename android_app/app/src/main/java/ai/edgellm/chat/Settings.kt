@@ -17,8 +17,10 @@ data class Settings(
     val prefill: PrefillBackend = PrefillBackend.AUTO,
     val gpuDevice: String = ""
 ) {
-    fun loadOptions() = LoadOptions(threads = threads, memoryBudget = memoryBudgetMiB shl 20, prefill = prefill,
-                                    device = gpuDevice.ifBlank { null })
+    /** The saved GPU device goes only to GPU packages (the library refuses a device for a CPU one). */
+    fun loadOptions(gpuPackage: Boolean) = LoadOptions(threads = threads, memoryBudget = memoryBudgetMiB shl 20,
+                                                       prefill = prefill,
+                                                       device = gpuDevice.ifBlank { null }?.takeIf { gpuPackage })
 
     fun generateParams(keepContext: Boolean, stop: List<String>, stopIds: IntArray) = GenerateParams(
         maxNewTokens = maxTokens, temperature = temperature, topP = topP, topK = topK, seed = seed,
