@@ -703,7 +703,8 @@ class Runtime:
         if self.text.available:
             return self.text.encode(text, add_special_tokens)
         if not self.c_text:
-            raise InputError("this package has no tokenizer: pass token ids (a list of ints) instead of text")
+            raise InputError("this package has no tokenizer: pass token ids instead of text"
+                             " (a list of ints; edgellm run --ids 1,2,3)")
         try:
             raw = text.encode("utf-8")
         except UnicodeEncodeError as e:

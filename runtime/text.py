@@ -78,7 +78,8 @@ class TextCodec:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self.tok is None:
-            raise InputError("this package has no tokenizer.json: pass token ids (a list of ints) instead of text")
+            raise InputError("this package has no tokenizer.json: pass token ids instead of text"
+                             " (a list of ints; edgellm run --ids 1,2,3)")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:

@@ -125,8 +125,6 @@ class Tuner:
         """requests: cache key -> (variants, make) with make(variant) -> (function name, PrimFunc); returns key ->
         {variant: seconds}, measuring (all missing keys' variants built in one module) only what the cache lacks.
         Nothing is made for a key the cache holds: a cached tune costs milliseconds."""
-        from .measure import build, fake_args, signature, time_variants
-
         out, missing = {}, {}
         for key, (variants, make) in requests.items():
             got = self.cache.get(key, variants)
@@ -135,26 +133,34 @@ class Tuner:
             else:
                 out[key] = got
         if missing:
-            if self.progress:
-                n = sum(len(v) for v in missing.values())
-                print(f"tuning: timing {n} kernel variants on this CPU ...", file=sys.stderr, flush=True)
-            mod = build({name: f for vs in missing.values() for name, f in vs.values()}, self.target)
-            for key, variants in missing.items():
-                made: dict = {}   # variants with one signature (decode: all of them) share their copies
-                args = {}
-                for v, (_, f) in variants.items():
-                    sig = signature(f)
-                    if sig not in made:
-                        made[sig] = fake_args(f, self.stream)
-                    args[str(v)] = made[sig]
-                t = time_variants(mod, {str(v): name for v, (name, _) in variants.items()}, args,
-                                  rounds or self.space["rounds"])
-                del args, made
-                self.cache.put(key, t)
-                out[key] = t
-                self.result.measured += len(variants)
-            self.cache.save()
+            from ..progress import Step
+
+            n = sum(len(v) for v in missing.values())
+            with Step(f"tuning: timing {n} kernel variants on this CPU", self.progress):
+                out.update(self._measure(missing, rounds))
         self.result.seconds = time.perf_counter() - self._t0
+        return out
+
+    def _measure(self, missing: dict, rounds: int | None) -> dict:
+        from .measure import build, fake_args, signature, time_variants
+
+        out = {}
+        mod = build({name: f for vs in missing.values() for name, f in vs.values()}, self.target)
+        for key, variants in missing.items():
+            made: dict = {}   # variants with one signature (decode: all of them) share their copies
+            args = {}
+            for v, (_, f) in variants.items():
+                sig = signature(f)
+                if sig not in made:
+                    made[sig] = fake_args(f, self.stream)
+                args[str(v)] = made[sig]
+            t = time_variants(mod, {str(v): name for v, (name, _) in variants.items()}, args,
+                              rounds or self.space["rounds"])
+            del args, made
+            self.cache.put(key, t)
+            out[key] = t
+            self.result.measured += len(variants)
+        self.cache.save()
         return out
 
     def _choose(self, knob: str, costs: dict, tie: float = 0.0):
