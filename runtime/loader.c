@@ -604,8 +604,8 @@ static int load_routing(el_model* m, const char* dir) {
   size_t size, want = 16 + 4 * (size_t)m->h.n_weights;
   uint8_t* b = el_read_small_file(path, "routing table", want, &size);
   if (!b) return -1;
-  uint32_t version, n;
-  memcpy(&version, b + 8, 4), memcpy(&n, b + 12, 4);
+  uint32_t version = 0, n = 0;
+  if (size >= 16) memcpy(&version, b + 8, 4), memcpy(&n, b + 12, 4); /* a truncated file has no header to read */
   if (size != want || memcmp(b, EL_ROUTING_MAGIC, 8) != 0 || version != EL_ROUTING_VERSION || n != m->h.n_weights) {
     free(b);
     return el_error("%s is corrupt (%zu bytes; expected %zu for %u weights, version %d): recompile the package or "
