@@ -65,10 +65,27 @@ def server(workdir):
         p.wait(30)
 
 
+def _missing(code: str) -> str | None:
+    """What this machine lacks for a block (the same skips as the backends' own tests), or None."""
+    if "--target opencl" in code:
+        from test_opencl import _opencl_device
+
+        if not _opencl_device():
+            return "no OpenCL platform (apt-get install pocl-opencl-icd)"
+    if "-npu" in code:
+        from edgellm.runtime import qnn_ort
+
+        if not qnn_ort.qnn_available():
+            return "needs onnxruntime-qnn"
+    return None
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_block_runs(block, workdir, request):
     if block.skip:
         pytest.skip(block.skip)
+    if _missing(block.code):
+        pytest.skip(_missing(block.code))
     code = block.code
     if block.server:
         code = code.replace("127.0.0.1:8080", f"127.0.0.1:{request.getfixturevalue('server')}")
