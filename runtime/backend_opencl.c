@@ -389,12 +389,36 @@ static void save_binary(opencl* b, const char* path) {
   free(bin);
 }
 
+/* Every launch of kernels.cltab must be a geometry the source was generated for ("// edgellm-launch NAME GX GY GZ LX
+ * LY LZ" lines the compiler writes at its top): a table edited or corrupted alone (no digest, no SHA256SUMS) could
+ * otherwise launch a grid the kernel does not bound-check, reading past a buffer or running for hours. Sources
+ * without such lines (packages from before them) are not checked. */
+static int check_geometry(const opencl* b, const char* src) {
+  if (!strstr(src, "// edgellm-launch ")) return 0;
+  char want[256];
+  for (uint32_t i = 0; i < b->n_kernels; i++)
+    for (uint32_t l = 0; l < b->kern[i].n_launch; l++) {
+      const cl_launch* L = &b->kern[i].launch[l];
+      snprintf(want, sizeof want, "// edgellm-launch %s %zu %zu %zu %zu %zu %zu\n", L->name, L->global[0], L->global[1],
+               L->global[2], L->local[0], L->local[1], L->local[2]);
+      if (!strstr(src, want))
+        return el_error("kernels.cltab launches %s on a %zu x %zu x %zu grid (groups of %zu x %zu x %zu), which "
+                        "kernels.cl was not generated for: the package is corrupt or was modified; recompile it",
+                        L->name, L->global[0], L->global[1], L->global[2], L->local[0], L->local[1], L->local[2]);
+    }
+  return 0;
+}
+
 static int build_program(opencl* b, const char* dir) {
   char path[4096];
   snprintf(path, sizeof path, "%s/" EL_FILE_OPENCL_SOURCE, dir);
   size_t n;
   char* src = el_read_small_file(path, "OpenCL kernels", (size_t)256 << 20, &n);
   if (!src) return -1;
+  if (check_geometry(b, src) != 0) {
+    free(src);
+    return -1;
+  }
   char cpath[4400];
   cache_path(b, dir, src, n, cpath, sizeof cpath);
   cl_int e = CL_SUCCESS, st = CL_SUCCESS;

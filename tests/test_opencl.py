@@ -197,3 +197,13 @@ def test_tampered_launch_table_is_refused(packages, tmp_path):
         with pytest.raises(EdgeLLMError, match="kernels.cltab") as e:
             Runtime.load(pkg)
         assert "\n" not in str(e.value) and "SHA256SUMS" not in str(e.value), what
+    # a grid the source was not generated for (x64 global size; a huge third dimension ran for hours in the fuzzer)
+    # is refused by the geometry kernels.cl records, before anything is launched
+    huge = lines[launch].split()
+    huge[4] = "883897786"
+    for text in (raised, lines[:launch] + [" ".join(huge)] + lines[launch + 1:]):
+        (pkg / "kernels.cltab").write_text("\n".join(text) + "\n")
+        resum(pkg)
+        with pytest.raises(EdgeLLMError, match="kernels.cl was not generated for") as e:
+            Runtime.load(pkg)
+        assert "\n" not in str(e.value)

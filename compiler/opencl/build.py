@@ -198,6 +198,7 @@ def build_opencl(funcs: dict, out_dir: Path) -> tuple[Path, Path]:
     params = kernel_params(source)
     hosts = {gv.name_hint: f for gv, f in host.functions.items()}
     lines = [f"{TABLE_MAGIC} {TABLE_VERSION} {len(funcs)}"]
+    marks = []   # each launch's geometry, also in the source: a table edited alone no longer matches it
     for name, func in funcs.items():
         hf = hosts.get(name) or hosts.get(f"__tvm_ffi_{name}")
         if hf is None:
@@ -212,8 +213,9 @@ def build_opencl(funcs: dict, out_dir: Path) -> tuple[Path, Path]:
             ps = params.get(cl)
             if ps is None:
                 raise CompileError(f"the OpenCL source has no kernel {cl} (of {name})")
-            lines.append(f"launch {cl} {' '.join(str(g * lo) for g, lo in zip(grid, local))} "
-                         f"{' '.join(map(str, local))} {len(ps)}")
+            geometry = f"{' '.join(str(g * lo) for g, lo in zip(grid, local))} {' '.join(map(str, local))}"
+            lines.append(f"launch {cl} {geometry} {len(ps)}")
+            marks.append(f"// edgellm-launch {cl} {geometry}")
             for kind, typ, pname in ps:
                 base = pname[:-4] if pname.endswith("_ptr") else pname
                 if kind == "ptr" and base in args:
@@ -228,6 +230,7 @@ def build_opencl(funcs: dict, out_dir: Path) -> tuple[Path, Path]:
     out_dir = Path(out_dir)
     src, tab = out_dir / SOURCE, out_dir / TABLE
     src.write_text("// edgellm: TVM-generated OpenCL C (buffer parameters take byte offsets: compiler/opencl/build.py)\n"
-                   + add_offsets(source))
+                   "// the launch geometry kernels.cltab must give (runtime/backend_opencl.c checks it)\n"
+                   + "".join(m + "\n" for m in marks) + add_offsets(source))
     tab.write_text("\n".join(lines) + "\n")
     return src, tab
