@@ -16,7 +16,7 @@ def cache_root() -> Path:
     return Path(base) / "edgellm"
 
 
-WEIGHT_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".gguf", ".jinja", ".txt")
+CONTENT_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".gguf", ".jinja", ".txt")   # what a compile reads
 _DIGESTS = "digests.json"   # (path, size, mtime) -> sha256 of the file: each file is hashed once, not every run
 
 
@@ -50,7 +50,7 @@ def content_digest(model_dir: Path) -> str:
     n = len(memo)
     h = hashlib.sha256()
     for f in sorted(model_dir.iterdir()):
-        if f.suffix in WEIGHT_SUFFIXES and f.is_file():
+        if f.suffix in CONTENT_SUFFIXES and f.is_file():
             h.update(f"{f.name}:{_file_digest(f, memo)}\n".encode())
     if len(memo) != n:
         try:
