@@ -393,20 +393,26 @@ static void save_binary(opencl* b, const char* path) {
  * LY LZ" lines the compiler writes at its top): a table edited or corrupted alone (no digest, no SHA256SUMS) could
  * otherwise launch a grid the kernel does not bound-check, reading past a buffer or running for hours. Sources
  * without such lines (packages from before them) are not checked. */
-static int check_geometry(const opencl* b, const char* src) {
+static int check_geometry(const opencl* b, char* src) {
   if (!strstr(src, "// edgellm-launch ")) return 0;
+  /* the lines are the source's header: search only that (not megabytes of kernels once per launch) */
+  char* body = strstr(src, "\n__kernel");
+  char keep = 0;
+  if (body) keep = body[1], body[1] = 0;
+  int rc = 0;
   char want[256];
   for (uint32_t i = 0; i < b->n_kernels; i++)
     for (uint32_t l = 0; l < b->kern[i].n_launch; l++) {
       const cl_launch* L = &b->kern[i].launch[l];
       snprintf(want, sizeof want, "// edgellm-launch %s %zu %zu %zu %zu %zu %zu\n", L->name, L->global[0], L->global[1],
                L->global[2], L->local[0], L->local[1], L->local[2]);
-      if (!strstr(src, want))
-        return el_error("kernels.cltab launches %s on a %zu x %zu x %zu grid (groups of %zu x %zu x %zu), which "
-                        "kernels.cl was not generated for: the package is corrupt or was modified; recompile it",
-                        L->name, L->global[0], L->global[1], L->global[2], L->local[0], L->local[1], L->local[2]);
+      if (!rc && !strstr(src, want))
+        rc = el_error("kernels.cltab launches %s on a %zu x %zu x %zu grid (groups of %zu x %zu x %zu), which "
+                      "kernels.cl was not generated for: the package is corrupt or was modified; recompile it",
+                      L->name, L->global[0], L->global[1], L->global[2], L->local[0], L->local[1], L->local[2]);
     }
-  return 0;
+  if (body) body[1] = keep;
+  return rc;
 }
 
 static int build_program(opencl* b, const char* dir) {
