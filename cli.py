@@ -56,8 +56,8 @@ def cli():
 @click.option("--soc", default=None, help="android-npu: SoCs to prepare EPContext binaries for, comma-separated "
               "(sm8550, sm8650, sm8750, or none) [default: all three]")
 @click.option("--npu-weights", type=click.Choice(["rtn", "gptq"]), default="rtn", show_default=True,
-              help="android-npu w8a16: int8 weights rounded to nearest, or by GPTQ on the calibration text (lower "
-                   "error, minutes longer)")
+              help="android-npu: weights rounded to nearest, or by GPTQ on the NPU's own grids over the calibration "
+                   "text (lower error, minutes longer; w4a16 needs --npu-act f16)")
 @click.option("--npu-residual", type=click.Choice(["int4", "off"]), default=None,
               help="android-npu w8a16: each projection also carries an int4 plane of what its int8 codes miss "
                    "(~11-bit weights for 1.5x the NPU weight bytes and a second MatMul; off: int8 only) "

@@ -123,15 +123,15 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         socs = parse_socs(soc)
         if npu_quant not in NPU_QUANTS:
             raise CompileError(f"--npu-quant {npu_quant} is not supported (choose one of {', '.join(NPU_QUANTS)})")
-        if npu_weights not in NPU_WEIGHTS or (npu_weights != "rtn" and npu_quant != "w8a16"):
-            raise CompileError(f"--npu-weights {npu_weights}: choose {' or '.join(NPU_WEIGHTS)} (gptq applies to "
-                               "--npu-quant w8a16; w4a16 takes the CPU package's GPTQ codes with --quant q4gG --gptq)")
         if npu_residual not in (None, "int4", "off") or (npu_residual == "int4" and npu_quant != "w8a16"):
             raise CompileError(f"--npu-residual {npu_residual}: choose int4 or off (int4 applies to --npu-quant w8a16)")
         npu_residual = npu_residual or ("int4" if npu_quant == "w8a16" else "off")
         npu_act = npu_act or "f16"
         if npu_act not in NPU_ACTS:
             raise CompileError(f"--npu-act {npu_act}: choose {' or '.join(NPU_ACTS)}")
+        if npu_weights not in NPU_WEIGHTS or (npu_weights != "rtn" and npu_quant != "w8a16" and npu_act != "f16"):
+            raise CompileError(f"--npu-weights {npu_weights}: choose {' or '.join(NPU_WEIGHTS)} (gptq applies to "
+                               "--npu-quant w8a16, and to w4a16 with --npu-act f16)")
         if npu_outliers and npu_act != "int16":
             raise CompileError("--npu-outliers applies to --npu-act int16 (float16 activations need no outlier split)")
         if npu_quant == "w4a16-mixed" and npu_act != "f16":

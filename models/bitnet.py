@@ -8,6 +8,7 @@ import numpy as np
 from .graph import Graph, Value
 from .spec import ModelSpec
 
+FLOAT_LINEARS = False   # ternary checkpoints: GPTQ (quant/calibration.py) does not apply
 PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
         "mlp.down_proj")
 

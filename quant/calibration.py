@@ -407,7 +407,7 @@ def gptq_model(spec: ModelSpec, get_weight: Callable[[str], np.ndarray], scheme,
 
         raise CompileError(f"GPTQ applies to the q4 schemes ({', '.join(n for n, s in SCHEMES.items() if s.gptq)}), "
                            f"not {getattr(scheme, 'name', scheme)}")
-    if spec.family != "llama":
+    if not getattr(family(spec), "FLOAT_LINEARS", True):
         raise CompileError(f"GPTQ does not apply to {spec.arch} ({spec.family} family): its weights are not "
                            "float linears (BitNet checkpoints are already ternary)")
     seqs = [[int(t) for t in s] for s in seqs if len(s)]
@@ -451,17 +451,21 @@ def gptq_model(spec: ModelSpec, get_weight: Callable[[str], np.ndarray], scheme,
                 for name in group:
                     w = weights(name)
                     key, H = cap.hessian(name)
+                    sch = scheme.for_name(name) if hasattr(scheme, "for_name") else scheme   # (mixed precision)
                     if key is None:
-                        parts = scheme.quantize(w)
+                        parts = sch.quantize(w)
                     else:
                         if key not in prepared:
                             prepared[key] = prepare_hessian(H, act_order, percdamp)
-                        grid = getattr(scheme, "gptq_grid", Q4_GRID)   # q4, or the NPU graphs' int8
-                        pack = getattr(scheme, "gptq_pack", pack_q4)
-                        parts = pack(*gptq_quantize(w, prepared[key], scheme.group or w.shape[1], block=block,
-                                                    grid=grid))
+                        if hasattr(sch, "gptq_quantize"):   # a grid of its own (the NPU's offset blocks)
+                            parts = sch.gptq_quantize(w, prepared[key], block)
+                        else:
+                            grid = getattr(sch, "gptq_grid", Q4_GRID)   # q4, or the NPU graphs' int8
+                            pack = getattr(sch, "gptq_pack", pack_q4)
+                            parts = pack(*gptq_quantize(w, prepared[key], sch.group or w.shape[1], block=block,
+                                                        grid=grid))
                     out[name] = parts
-                    weights.arrays[name] = scheme.dequantize(parts)
+                    weights.arrays[name] = sch.dequantize(parts)
                 del cap, prepared
             plain = _Capture({}, 0)
             xs = [_run(fwd, spec, weights, dtype, layer, x, ids, plain) for ids, x in zip(seqs, xs)]

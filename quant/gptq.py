@@ -100,11 +100,14 @@ def prepare_hessian(H: np.ndarray, act_order: bool = False, percdamp: float = 0.
 
 
 def gptq_quantize(w: np.ndarray, H: np.ndarray | PreparedHessian, group: int, act_order: bool = False,
-                  block: int = 128, percdamp: float = 0.01, grid: Grid = Q4_GRID) -> tuple[np.ndarray, np.ndarray]:
+                  block: int = 128, percdamp: float = 0.01, grid: Grid = Q4_GRID,
+                  scales: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """GPTQ of one weight matrix for q4 (or another `grid`) with group size `group` (K: one scale per row).
 
     w f32 [N, K]; H [K, K] the Hessian 2 X^T X / n of the layer inputs (a positive multiple is fine), or a
     PreparedHessian (then act_order and percdamp are the ones it was prepared with).
+    scales: [N, K/group] fixed up front by the caller (static groups; e.g. fitted together with per-group offsets
+    that the caller subtracted from w), else the grid's, from the weights as GPTQ reaches each group.
     Returns (q int8 [N, K] in -8..7, scales f32 [N, K/group], every scale an exact f16 value);
     dequantized weight = q * scales repeated over each group; pack_q4(q, scales) gives the q4 parts."""
     W = np.array(w, dtype=np.float32)                      # working copy, updated in place
@@ -120,9 +123,9 @@ def gptq_quantize(w: np.ndarray, H: np.ndarray | PreparedHessian, group: int, ac
 
     Q = np.zeros((N, K), np.int8)
     S = np.zeros((N, K // G), np.float32)
-    static = perm is not None or G > int(block)   # a group wider than a block (per-row scales): scales up front
-    if static:
-        S[:] = grid.scales(W.reshape(N, K // G, G)).astype(np.float32)   # static groups, original order
+    static = perm is not None or G > int(block) or scales is not None   # (a group wider than a block: per-row scales)
+    if static:   # static groups, original order
+        S[:] = scales if scales is not None else grid.scales(W.reshape(N, K // G, G)).astype(np.float32)
         if perm is not None:
             W = W[:, perm]
         bs = max(1, int(block))

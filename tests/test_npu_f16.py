@@ -153,7 +153,7 @@ def test_outliers_need_int16(tmp_path):
 
 
 def sym_absmax_int4(w: np.ndarray) -> np.ndarray:
-    """Symmetric absmax int4 per block of 32 (-7..7), dequantized: the baseline int4_asym must beat."""
+    """Symmetric absmax int4 per block of 32 (-7..7), dequantized: the baseline int4_offset must beat."""
     K, N = w.shape
     wb = w.reshape(K // 32, 32, N)
     d = np.abs(wb).max(1, keepdims=True) / 7
@@ -161,42 +161,81 @@ def sym_absmax_int4(w: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("qnn", marks=needs_qnn)])
-def test_int4_asymmetric_blocks(tmp_path, backend):
-    """w4a16 RTN: asymmetric int4 blocks with uint8 zero points (the HTP runs them: CPU fallback is disabled). On
-    skewed, heavy-tailed weights the searched range beats symmetric absmax blocks by a clear margin, and the graph's
-    product equals numpy's over the dequantized codes within float16 rounding."""
+def test_int4_offset_blocks(tmp_path, backend):
+    """w4a16 RTN: int4 blocks with a float offset each, the offsets a float16 MatMul over the inputs' block means (the
+    HTP runs it: CPU fallback is disabled). On skewed, heavy-tailed weights the fitted grid beats symmetric absmax
+    blocks by a clear margin, and the graph's product equals numpy's over the dequantized codes within float16
+    rounding."""
     rng = np.random.default_rng(3)
-    K, N = 96, 40                                                   # 3 blocks: an odd count of zero-point nibbles
+    K, N = 96, 40
     w = (rng.standard_t(4, (K, N)) * 0.02 + 0.01).astype(np.float32)
-    q, d, z = float16.int4_asym(w)
-    assert q.min() >= -8 and q.max() <= 7 and z.min() >= -8 and z.max() <= 7
-    wq = float16.dequantize(q, d, z)
+    q, d, o = float16.int4_offset(w)
+    assert q.min() >= -8 and q.max() <= 7 and d.shape == o.shape == (K // 32, N)
+    wq = float16.dequantize(q, d, o)
     assert rel(wq, w) < 0.8 * rel(sym_absmax_int4(w), w)
-    x = rng.standard_normal((8, K)).astype(np.float32)
+    x = rng.standard_normal((8, K)).astype(np.float32) * 4
     out = tmp_path / "a.onnx"
-    fmt = float16.lower(projection_graph(tmp_path, w), out, lambda n, a: [(4, *float16.int4_asym(a))],
+    fmt = float16.lower(projection_graph(tmp_path, w), out, lambda n, a: [(4, *float16.int4_offset(a))],
                         {"y_mm": float(np.abs(x @ w).max())})
-    assert fmt == "int4 block 32 asymmetric"
+    assert fmt == "int4 block 32 + float offsets"
     y = qnn_ort.session(out, backend=backend, soc="sm8650").run(None, {"x": x})[0]
     assert rel(y, x @ wq) < 3e-3
 
 
+def test_int4_offset_keeps_a_4bit_source_grid():
+    """A checkpoint that was itself 4-bit (a GGUF Q4_1/Q4_K file dequantized): every block's 16 levels are found
+    and kept, also where its codes do not reach both ends (the range fit alone would miss them); only the float16
+    storage of step and offset remains. Fresh weights are not mistaken for a grid."""
+    rng = np.random.default_rng(4)
+    K, N = 128, 64
+    lo = rng.normal(-0.05, 0.01, (K // 32, 1, N)).astype(np.float32)
+    step = rng.uniform(0.002, 0.01, (K // 32, 1, N)).astype(np.float32)
+    codes = rng.integers(0, 16, (K // 32, 32, N))
+    codes[:, :, : N // 2] = np.clip(codes[:, :, : N // 2], 2, 12)             # half the blocks span codes 2..12
+    src = (codes * step + lo).astype(np.float32).reshape(K, N)
+    q, d, o = float16.int4_offset(src)
+    assert rel(float16.dequantize(q, d, o), src) < 2e-3
+    fresh = rng.standard_normal((K, N)).astype(np.float32)
+    assert rel(float16.dequantize(*float16.int4_offset(fresh)), fresh) > 0.05
+
+
+def test_gptq_on_the_offset_grid():
+    """GPTQ on the NPU's offset blocks (weights.NpuInt4Offset): with H = I it returns the round-to-nearest codes; on
+    correlated inputs its output error is below round-to-nearest's."""
+    from edgellm.compiler.onnx_qnn.weights import NpuInt4Offset
+    from edgellm.quant.gptq import prepare_hessian
+
+    rng = np.random.default_rng(1)
+    s = NpuInt4Offset(32)
+    w = rng.standard_normal((48, 128)).astype(np.float32)
+    rtn = s.quantize(w)
+    assert np.array_equal(rtn["q"], s.gptq_quantize(w, prepare_hessian(np.eye(128), percdamp=0.0), 128)["q"])
+    X = rng.standard_normal((2048, 128)).astype(np.float32) @ rng.standard_normal((128, 128)).astype(np.float32)
+    g = s.gptq_quantize(w, prepare_hessian(2 * X.T @ X / len(X)), 128)
+    err = {k: rel(X @ s.dequantize(p).T, X @ w.T) for k, p in (("rtn", rtn), ("gptq", g))}
+    assert err["gptq"] < 0.9 * err["rtn"], err
+
+
 def test_w4a16_mixed_keeps_v_and_down_int8(tmp_path):
-    """w4a16-mixed: the V and FFN down projections as int8 blocks, every other projection int4 asymmetric blocks;
-    the compile's hidden-state error below all-int4's; int16 activations refused."""
+    """w4a16-mixed: the V and FFN down projections as int8 blocks, every other projection int4 offset blocks; the
+    compile's hidden-state error below all-int4's, and GPTQ's (--npu-weights gptq) below round-to-nearest's; int16
+    activations refused."""
     e, fmt = {}, {}
-    for q in ("w4a16", "w4a16-mixed"):
+    for q in ("w4a16", "w4a16-mixed", "w4a16-mixed-gptq"):
         p = edgellm.compile("demo", target="host-npu", quant="f32", out=tmp_path / q, max_context=256,
-                            npu_chunk=CHUNK, soc="none", npu_quant=q, tune="off", progress=False)
+                            npu_chunk=CHUNK, soc="none", npu_quant=q.removesuffix("-gptq"), tune="off",
+                            npu_weights="gptq" if q.endswith("gptq") else "rtn", progress=False)
         npu = json.loads((p / "manifest.json").read_text())["npu"]
         e[q], fmt[q] = npu["error_vs_f32"]["hidden_out"], npu["weights"]
         m = onnx.load(str(next((p / "npu").glob("*.onnx"))), load_external_data=False)
         bits = {n.name: helper.get_attribute_value(next(a for a in n.attribute if a.name == "bits"))
                 for n in m.graph.node if n.op_type == "MatMulNBits"}
         eight = {k for k, b in bits.items() if b == 8}
-        assert eight == ({k for k in bits if "v_proj" in k or "down_proj" in k} if q == "w4a16-mixed" else set())
-    assert fmt["w4a16"].startswith("int4 block 32 asymmetric") and "int8 block 32" in fmt["w4a16-mixed"]
+        assert eight == ({k for k in bits if "v_proj" in k or "down_proj" in k} if "mixed" in q else set())
+    assert fmt["w4a16"].startswith("int4 block 32 + float offsets, rtn") and "int8 block 32" in fmt["w4a16-mixed"]
+    assert ", gptq," in fmt["w4a16-mixed-gptq"]
     assert e["w4a16-mixed"] < 0.8 * e["w4a16"], e
+    assert e["w4a16-mixed-gptq"] < 0.8 * e["w4a16-mixed"], e
     with pytest.raises(CompileError, match="w4a16-mixed applies to --npu-act f16"):
         edgellm.compile("demo", target="host-npu", out=tmp_path / "x", npu_quant="w4a16-mixed", npu_act="int16",
                         progress=False)

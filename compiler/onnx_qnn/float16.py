@@ -11,11 +11,13 @@ hidden-state error on the HTP emulator fell from 0.5-4% per prompt (int16) to 0.
 Weights, graph layout [in, out], blocks of BLOCK inputs of one output column, symmetric, float16 scales:
     w8a16  int8 codes (round-to-nearest, or GPTQ on the int8 grid) + an int4 plane of what they miss (int8 alone:
            1.7% hidden-state error on SmolLM2-135M, with the plane 0.3%, the float16 arithmetic's own floor)
-    w4a16  int4 codes: the CPU package's GPTQ ones (its group size is the block), else asymmetric int4 blocks with
-           a zero point each and the range searched for the least squared error (int4_asym: 26.8% -> 22.6% hidden-state
-           error on SmolLM2-135M against symmetric absmax blocks)
+    w4a16  int4 codes with a float offset per block (int4_offset: llama.cpp's Q4_1 grid, 5 bits per weight), rounded
+           to nearest, or by GPTQ on that grid (--npu-weights gptq), or the CPU package's symmetric GPTQ codes (its
+           group size is the block). Hidden-state error, all projections int4: SmolLM2-135M 26.8% (symmetric absmax
+           blocks) -> 22.6% (integer zero points) -> 0.13% (float offsets: its GGUF source is Q4_1, kept exactly);
+           Gemma 3 270M (a Q5_0/Q4_K/Q6_K/Q8_0 source) 30.0% -> 21.5%, 14.4% with GPTQ
     w4a16-mixed  w4a16, with the attention V and FFN down projections in int8 blocks (llama.cpp Q4_K_M gives those
-           two more bits too: they carry the most error per byte; SmolLM2-135M 22.6% -> 16.3%, ~5.7 bits per weight)
+           two more bits too: they carry the most error per byte; Gemma 3 270M 21.5% -> 14.5%)
 A plane whose scales would be float16 subnormals is held times 2^k (its output times 2^-k, exact), k bounded by the
 projection's calibrated output peak so that x @ (W 2^k) stays finite."""
 from __future__ import annotations
@@ -54,38 +56,73 @@ def int4_plane(r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, d.astype(np.float32)
 
 
-_RANGE_SHRINK = np.linspace(0.7, 1.0, 7, dtype=np.float32)   # int4_asym's candidates for each end of a block's range
+_END_TRIM = np.linspace(0.0, 0.15, 7, dtype=np.float32)   # int4_offset's candidates: the span cut off at each end
 
 
-def int4_asym(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """w f32 [in, out] -> asymmetric int4 per block of BLOCK inputs: (codes int8 [in, out] in -8..7, scales f32
-    [in/B, out], zero points int8 [in/B, out] in -8..7), w ~ (codes - zero) * scale. Each block's range [lo, hi] is
-    shrunk at either end (7 x 7 candidates) to the pair of least squared error: clipping a rare extreme buys every
-    other weight a finer step."""
+def _on_grid(wb: np.ndarray, lo: np.ndarray, span: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """wb [blocks, out, B] -> the blocks whose values already lie on 16 evenly spaced levels (a checkpoint that was
+    itself 4-bit, e.g. a GGUF Q4_0/Q4_1/Q4_K file): (mask [blocks, out], the levels' step). Their step is the smallest gap between distinct
+    values, if every gap is a whole multiple of it and the span is at most 15 of them."""
+    gaps = np.diff(np.sort(wb, axis=-1), axis=-1)
+    tiny = gaps <= span[..., None] * 1e-4
+    step = np.where(tiny, np.inf, gaps).min(-1)
+    ok = np.isfinite(step) & (step > 0)
+    step = np.where(ok, step, 1)
+    k = gaps / step[..., None]
+    ok &= np.all(tiny | (np.abs(k - np.rint(k)) < 1e-2), axis=-1) & (span / step <= 15.01)
+    return ok, step
+
+
+def int4_offset(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """w f32 [in, out] -> int4 blocks of BLOCK inputs with a float offset each: (codes int8 [in, out] in -8..7,
+    scales f32 [in/B, out], offsets f32 [in/B, out]), w ~ codes * scale + offset, both stored in float16 (llama.cpp's
+    Q4_1 grid; the HTP takes no float zero point, so lower() adds the offsets as a small MatMul over the inputs'
+    block sums). A block already on a 16-level grid (a 4-bit source checkpoint) keeps it exactly; any other block
+    searches its range (each end cut by up to 15% of the span, 7 x 7 candidates) and refits the step and offset by
+    least squares to its codes, keeping whatever has the least squared error."""
     K, N = w.shape
-    wb = np.asarray(w, np.float32).reshape(K // BLOCK, BLOCK, N)
-    lo0, hi0 = np.minimum(wb.min(1), 0), np.maximum(wb.max(1), 0)          # the range holds 0: zero is a code
-    best_e = np.full(lo0.shape, np.inf, np.float32)
-    best_d, best_z = np.ones_like(lo0), np.zeros(lo0.shape, np.float32)
-    for fl in _RANGE_SHRINK:
-        for fh in _RANGE_SHRINK:
-            d = (hi0 * fh - lo0 * fl) / 15
-            d = np.where(d > 0, d, 1).astype(np.float16).astype(np.float32)   # the stored (float16) scale
-            z = np.clip(np.rint(-lo0 * fl / d), 0, 15)
-            c = np.clip(np.rint(wb / d[:, None]) + z[:, None], 0, 15)
-            e = np.square((c - z[:, None]) * d[:, None] - wb).sum(1)
-            k = e < best_e
-            best_e, best_d, best_z = np.where(k, e, best_e), np.where(k, d, best_d), np.where(k, z, best_z)
-    c = np.clip(np.rint(wb / best_d[:, None]) + best_z[:, None], 0, 15)
-    return ((c - 8).astype(np.int8).reshape(K, N), best_d, (best_z - 8).astype(np.int8))
+    wb = np.asarray(w, np.float32).reshape(K // BLOCK, BLOCK, N).transpose(0, 2, 1)      # [blocks, out, B]
+    lo0, hi0 = wb.min(2), wb.max(2)
+    span = hi0 - lo0
+
+    def fit(d, lo):   # stored (float16) step and offset, the codes against them, the error
+        d = np.where(d > 0, d, 1).astype(np.float16).astype(np.float32)
+        o = (lo + 8 * d).astype(np.float16).astype(np.float32)
+        c = np.clip(np.rint((wb - o[..., None]) / d[..., None]), -8, 7)
+        return d, o, c, np.square(c * d[..., None] + o[..., None] - wb).sum(2)
+
+    best = None
+    for a in _END_TRIM:
+        for b in _END_TRIM:
+            cand = fit((span * (1 - a - b)) / 15, lo0 + a * span)
+            if best is None:
+                best = list(cand)
+                continue
+            k = cand[3] < best[3]
+            best = [np.where(k[..., None] if x.ndim == 3 else k, y, x) for x, y in zip(best, cand)]
+    for _ in range(2):   # least squares (step, offset) for the codes found, then the codes again
+        c = best[2] + 8
+        n, sc, scc = BLOCK, c.sum(2), np.square(c).sum(2)
+        sw, scw = wb.sum(2), (c * wb).sum(2)
+        det = n * scc - sc * sc
+        d = np.where(det > 0, (n * scw - sc * sw) / np.where(det > 0, det, 1), best[0])
+        lo = np.where(det > 0, (sw - d * sc) / n, best[1] - 8 * best[0])
+        cand = fit(d, lo)
+        k = cand[3] < best[3]
+        best = [np.where(k[..., None] if x.ndim == 3 else k, y, x) for x, y in zip(best, cand)]
+    exact, step = _on_grid(wb, lo0, span)
+    if exact.any():
+        cand = fit(step, lo0)
+        best = [np.where(exact[..., None] if x.ndim == 3 else exact, y, x) for x, y in zip(best, cand)]
+    d, o, c, _ = best
+    return (np.ascontiguousarray(c.astype(np.int8).transpose(0, 2, 1).reshape(K, N)), d, o)
 
 
-def dequantize(q: np.ndarray, d: np.ndarray, z: np.ndarray | None = None) -> np.ndarray:
+def dequantize(q: np.ndarray, d: np.ndarray, o: np.ndarray | None = None) -> np.ndarray:
+    """codes [in, out], scales [in/B, out] (, offsets [in/B, out]) -> f32 [in, out]."""
     K, N = q.shape
-    qb = q.astype(np.float32).reshape(d.shape[0], -1, N)
-    if z is not None:
-        qb -= z.astype(np.float32)[:, None, :]
-    return (qb * d[:, None, :]).reshape(K, N)
+    w = q.astype(np.float32).reshape(d.shape[0], -1, N) * d[:, None, :]
+    return (w if o is None else w + o[:, None, :]).reshape(K, N)
 
 
 def planes_w8(w: np.ndarray, parts: dict | None, residual: bool) -> list[tuple[int, np.ndarray, np.ndarray]]:
@@ -94,17 +131,6 @@ def planes_w8(w: np.ndarray, parts: dict | None, residual: bool) -> list[tuple[i
     if residual:
         out.append((4, *int4_plane(w - dequantize(q, d))))
     return out
-
-
-def _pack_zero(bits: int, z: np.ndarray) -> np.ndarray:
-    """zero points int8 [in/block, out] (offsets from 2^(bits-1)) -> MatMulNBits' zero_points: uint8, per output
-    row ceil(in/block * bits / 8) bytes (4-bit: two per byte, the first block in the low nibble)."""
-    u = (z.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8).T          # [out, in/block]
-    if bits == 4:
-        if u.shape[1] % 2:
-            u = np.concatenate([u, np.zeros((u.shape[0], 1), np.uint8)], 1)
-        u = u[:, 0::2] | (u[:, 1::2] << 4)
-    return np.ascontiguousarray(u).reshape(-1)
 
 
 def _pack(bits: int, q: np.ndarray, block: int) -> np.ndarray:
@@ -126,10 +152,24 @@ def _exponent(d: np.ndarray, peak: float) -> int:
     return int(np.clip(min(want, room), 0, 14))
 
 
+def _block_means(nodes: list, inits: list, a3: str, K: int, block: int) -> str:
+    """Appends the nodes of a3 [1, T, K]'s means over blocks of `block` inputs ([1, T, K/block]); returns its name.
+    Scaled by 1/block (exact: a power of two) before the sum, so that no partial sum exceeds a3's own peak."""
+    pre = a3 + "_bm"
+    inits += [numpy_helper.from_array(np.array(1.0 / block, np.float16), pre + "_inv"),
+              numpy_helper.from_array(np.array([0, 0, K // block, block], np.int64), pre + "_shape"),
+              numpy_helper.from_array(np.array([-1], np.int64), pre + "_axis")]
+    nodes += [helper.make_node("Mul", [a3, pre + "_inv"], [pre + "_s"], name=pre + "_scale"),
+              helper.make_node("Reshape", [pre + "_s", pre + "_shape"], [pre + "_r"], name=pre + "_reshape"),
+              helper.make_node("ReduceSum", [pre + "_r", pre + "_axis"], [pre], name=pre + "_sum", keepdims=0)]
+    return pre
+
+
 def lower(float_path: Path, out_path: Path, planes, peaks: dict[str, float]) -> str:
     """Writes out_path (+ .data): the float graph at float_path in float16 (graph inputs and outputs stay float32, cast
     at the edges) with every MatMul over a weight a sum of MatMulNBits, one per plane of planes(name, w) = [(bits,
-    codes int8 [in, out], scales f32 [in/B, out][, zero points int8 [in/B, out]])]. peaks: every float tensor's
+    codes int8 [in, out], scales f32 [in/B, out][, float offsets f32 [in/B, out]])], w = codes * scales
+    (+ offsets). peaks: every float tensor's
     calibrated |max| (calibrate.Ranges):
     a tensor past F16_MAX / F16_HEADROOM is refused (say why and how to go on). Returns the weight format."""
     m = onnx.load(str(float_path), load_external_data=False)
@@ -151,7 +191,7 @@ def lower(float_path: Path, out_path: Path, planes, peaks: dict[str, float]) -> 
         new_inits.append(numpy_helper.from_array(a.astype(np.float16) if a.dtype == np.float32 else a, t.name))
     axes = "f16_axes0"
     new_inits.append(numpy_helper.from_array(np.array([0], np.int64), axes))
-    nodes = []
+    nodes, block_means = [], {}
     for i in g.input:   # float32 in: cast once
         if i.type.tensor_type.elem_type == TensorProto.FLOAT:
             nodes.append(helper.make_node("Cast", [i.name], [i.name + "_f16"], to=TensorProto.FLOAT16,
@@ -176,16 +216,21 @@ def lower(float_path: Path, out_path: Path, planes, peaks: dict[str, float]) -> 
             raise CompileError(f"NPU float16 graphs: {w} has {K} inputs, not a multiple of the weight block {BLOCK}")
         a3, terms = n.name + "_a3", []
         nodes.append(helper.make_node("Unsqueeze", [n.input[0], axes], [a3], name=n.name + "_unsqueeze"))
-        for j, (bits, q, d, *zero) in enumerate(planes(w, arr)):
+        for j, plane in enumerate(planes(w, arr)):
+            bits, q, d, offset = (*plane, None)[:4]
             block = K // d.shape[0]
             k = _exponent(d, peaks.get(n.output[0], 0.0))
             b = f"{w}_p{j}"
             new_inits += [numpy_helper.from_array(_pack(bits, q, block), b + "_B"),
                           numpy_helper.from_array((d.T * np.float32(2.0 ** k)).reshape(-1).astype(np.float16), b + "_S")]
             ins = [a3, b + "_B", b + "_S"]
-            if zero:   # asymmetric blocks (the HTP takes uint8 zero points; float ones fall back to the CPU)
-                new_inits.append(numpy_helper.from_array(_pack_zero(bits, zero[0]), b + "_Z"))
-                ins.append(b + "_Z")
+            if offset is not None:   # sum_k x_k o_block(k) = (x's block means) @ (B o): one small float16 MatMul
+                if n.input[0] not in block_means:
+                    block_means[n.input[0]] = _block_means(nodes, new_inits, a3, K, block)
+                new_inits.append(numpy_helper.from_array((offset * block).astype(np.float16), b + "_O"))
+                nodes.append(helper.make_node("MatMul", [block_means[n.input[0]], b + "_O"], [b + "_yo"],
+                                              name=b + "_offsets"))
+                terms.append(b + "_yo")
             y = b + "_y"
             nodes.append(helper.make_node("MatMulNBits", ins, [y], name=b + "_matmul",
                                           domain="com.microsoft", K=K, N=N, bits=bits, block_size=block))
@@ -195,7 +240,7 @@ def lower(float_path: Path, out_path: Path, planes, peaks: dict[str, float]) -> 
                 nodes.append(helper.make_node("Mul", [y, c], [y + "_u"], name=b + "_unscale"))
                 y += "_u"
             terms.append(y)
-            formats.add(f"int{bits} block {block}" + (" asymmetric" if zero else ""))
+            formats.add(f"int{bits} block {block}" + (" + float offsets" if offset is not None else ""))
         y = terms[0]
         for j, t in enumerate(terms[1:]):
             nodes.append(helper.make_node("Add", [y, t], [f"{n.name}_sum{j}"], name=f"{n.name}_sum{j}"))

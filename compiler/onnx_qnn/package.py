@@ -156,7 +156,7 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
               progress: bool = True) -> dict:
     """Writes pkg/npu/ and returns the manifest's "npu" section. gptq: the CPU package's GPTQ q4 parts by weight
     name (compile --gptq), whose codes and scales w4a16 reuses (None: round-to-nearest). weights (w8a16): "rtn"
-    (round-to-nearest per channel) or "gptq" (GPTQ on the same int8 grid, calibrated on the text). residual
+    (round-to-nearest per block) or "gptq" (GPTQ on the NPU's own grids, calibrated on the text). residual
     (w8a16): every projection also gets an int4 plane of what its int8 codes miss (quantize.weight_planes).
     act: "f16" (float16 activations, block-quantized weights: float16.py) or "int16" (calibrated 16-bit integers).
     release: called after each group's weights are read (the checkpoint drops the pages it mapped).
@@ -172,9 +172,9 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
         raise CompileError("--npu-outliers applies to --npu-act int16 (float16 activations need no outlier split)")
     if quant == "w4a16-mixed" and act != "f16":
         raise CompileError("--npu-quant w4a16-mixed applies to --npu-act f16")
-    if weights not in NPU_WEIGHTS or (weights != "rtn" and quant != "w8a16"):
-        raise CompileError(f"--npu-weights {weights}: choose {' or '.join(NPU_WEIGHTS)} (gptq applies to w8a16; "
-                           "w4a16 takes the CPU package's GPTQ codes with --quant q4gG --gptq)")
+    if weights not in NPU_WEIGHTS or (weights != "rtn" and quant != "w8a16" and act != "f16"):
+        raise CompileError(f"--npu-weights {weights}: choose {' or '.join(NPU_WEIGHTS)} (gptq applies to w8a16, and "
+                           "to w4a16 with --npu-act f16)")
     try:
         import onnxruntime.quantization  # noqa: F401
     except ImportError as e:
@@ -201,15 +201,18 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
             f"L{x} {len(c)} ch > {t:.3g}" for x, (t, c) in sorted(chosen.items())) if chosen else
             "NPU: no layer has outlier activation channels")
     cpu_parts = outlier_specs(chosen, weight)
-    int8 = None
-    if weights == "gptq":   # GPTQ on the int8 grid, Hessians without position 0 (the CPU's): quant/calibration.py
+    npu_parts = None
+    if weights == "gptq":   # GPTQ on the NPU's own grids, Hessians without position 0 (the CPU's): quant/calibration.py
         from ...quant.calibration import gptq_model
-        from .weights import NpuInt8
+        from .weights import NpuInt4Offset, NpuInt8
 
         t = time.perf_counter()
         grid = NpuInt8(float16.BLOCK if act == "f16" else None)
-        int8 = gptq_model(spec, weight, grid, seqs, skip=1, progress=progress or None)
-        _log(progress, f"NPU: GPTQ int8 weights in {time.perf_counter() - t:.0f} s")
+        if quant != "w8a16":
+            grid = _MixedGrid(quant, grid, NpuInt4Offset(float16.BLOCK))
+        npu_parts = gptq_model(spec, weight, grid, seqs, skip=1, progress=progress or None)
+        _log(progress, f"NPU: GPTQ {quant} weights on {sum(map(len, seqs))} tokens in "
+                       f"{time.perf_counter() - t:.0f} s")
     _log(progress, f"NPU: {len(groups)} graph(s) of layers {', '.join(f'{a}-{b - 1}' for a, b in groups)}, chunk {chunk}, "
                    f"{quant}, {'float16' if act == 'f16' else '16-bit integer'} activations, calibrated on "
                    f"{sum(map(len, seqs))} tokens")
@@ -245,11 +248,13 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
         try:
             if act == "f16":
                 peaks = {k: max(-lo, hi) for k, (lo, hi) in ranges.ranges().items()}
-                codes = weights if quant == "w8a16" else ("gptq" if gptq else "rtn")   # (`source`: the calibration's)
-                formats.add(f"{float16.lower(fpath, q, _planes(quant, gptq, int8, residual), peaks)}, {codes}, "
+                codes = weights if quant == "w8a16" or weights == "gptq" else ("gptq (the CPU package's codes)" if gptq
+                                                                               else "rtn")
+                formats.add(f"{float16.lower(fpath, q, _planes(quant, gptq, npu_parts, residual), peaks)}, {codes}, "
                             "float16 activations")
             else:
-                formats.add(quantize_group(fpath, q, derive(ranges.ranges(), fpath), quant, gptq, int8, residual))
+                formats.add(quantize_group(fpath, q, derive(ranges.ranges(), fpath), quant, gptq, npu_parts,
+                                                 residual))
         except CompileError:
             raise
         except Exception as e:   # the quantization tool's own errors
@@ -306,16 +311,40 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
 MIXED_INT8 = ("v_proj.weight", "down_proj.weight")   # w4a16-mixed: the projections kept in int8 blocks
 
 
-def _planes(quant: str, gptq: dict | None, int8: dict | None, residual: bool):
-    """float16.lower's planes(name, w [in, out]) for the scheme: w8a16 int8 blocks (int8's GPTQ codes, else RTN) and
-    the int4 residual plane; w4a16 the CPU package's GPTQ int4 codes, else asymmetric int4 blocks; w4a16-mixed
-    the same but int8 blocks for MIXED_INT8."""
+def _int8_projection(quant: str, name: str) -> bool:
+    return quant == "w8a16" or (quant == "w4a16-mixed" and name.endswith(MIXED_INT8))
+
+
+class _MixedGrid:
+    """gptq_model's scheme for w4a16[-mixed]: the int8 grid for the projections the scheme keeps in int8, the int4
+    offset blocks for the rest (for_name picks)."""
+    name, gptq = "npu-w4a16", True
+
+    def __init__(self, quant: str, int8, int4):
+        self.quant, self.int8, self.int4 = quant, int8, int4
+
+    def for_name(self, name: str):
+        return self.int8 if _int8_projection(self.quant, name) else self.int4
+
+    def check_shape(self, name: str, shape) -> None:
+        self.for_name(name).check_shape(name, shape)
+
+
+def _planes(quant: str, gptq: dict | None, npu: dict | None, residual: bool):
+    """float16.lower's planes(name, w [in, out]) for the scheme: w8a16 int8 blocks (npu's GPTQ codes, else RTN) and
+    the int4 residual plane; w4a16 int4 blocks with a float offset each (npu's GPTQ codes, else the CPU package's
+    GPTQ int4 codes, else round-to-nearest on the fitted grid); w4a16-mixed the same but int8 blocks for
+    MIXED_INT8."""
     def planes(name, w):
-        if quant == "w8a16" or (quant == "w4a16-mixed" and name.endswith(MIXED_INT8)):
-            return float16.planes_w8(w, (int8 or {}).get(name), residual)
+        p = (npu or {}).get(name)
+        if _int8_projection(quant, name):
+            return float16.planes_w8(w, p, residual)
+        if p is not None:
+            return [(4, p["q"].T, p["scales"].T, p["offsets"].T)]
         if gptq is not None and name in gptq:
             return [(4, *gptq_int4(gptq[name]))]
-        return [(4, *float16.int4_asym(w))]
+        q, d, o = float16.int4_offset(w)
+        return [(4, q, d, o)]
     return planes
 
 
@@ -333,10 +362,11 @@ def precision_table(quant: str, residual: bool, scale: float = 1.0, act: str = "
                                    "hidden-state error on SmolLM2-135M, 0.3% with the plane"] if residual else
                                   [f"int8 blocks of {float16.BLOCK}", "--npu-residual off"])
         elif quant == "w4a16-mixed":
-            out["projections"] = [f"int4 blocks of {float16.BLOCK}; V and FFN down projections int8 blocks",
-                                  "all int4: 22.6% hidden-state error on SmolLM2-135M, 16.3% with these two in int8"]
+            out["projections"] = [f"int4 blocks of {float16.BLOCK} with float offsets; V and FFN down projections "
+                                  "int8 blocks", "all int4: 21.5% hidden-state error on Gemma 3 270M, 14.5% with "
+                                  "these two in int8"]
         else:
-            out["projections"] = ["int4 blocks", "--npu-quant w4a16"]
+            out["projections"] = [f"int4 blocks of {float16.BLOCK} with float offsets", "--npu-quant w4a16"]
         return out
     out = {"activations": ["16-bit integers, ranges per tensor from the calibration text", "--npu-act int16"],
            "attention (q @ K^T, mask, softmax, p @ V)": [
