@@ -227,8 +227,10 @@ def describe_sampling(defaults: dict, given: dict) -> str:
 @click.option("--ids", default=None, help="the prompt as token ids, comma-separated (instead of -p: packages without "
               "a tokenizer, or exact ids)")
 @click.option("--quant", "-q", default=None, help="scheme when compiling --model [default: f16; t2 for BitNet]")
+@click.option("--quiet", is_flag=True, help="only the generated text: no compile progress, summary or notes on "
+              "stderr (errors still go there)")
 @_sampling_options
-def run_cmd(package, model, prompt, ids, quant, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
+def run_cmd(package, model, prompt, ids, quant, quiet, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
             presence_penalty, frequency_penalty, seed, stop, ignore_eos, threads, digest, memory_budget,
             weight_policy, expert_eviction, expert_predict, no_expert_warm, storage, io_threads, direct_io,
             ffn_threshold, prefill_backend, npu_soc, device):
@@ -253,7 +255,7 @@ def run_cmd(package, model, prompt, ids, quant, max_new_tokens, temperature, top
         except ValueError:
             raise InputError(f"--ids {ids!r}: give token ids as comma-separated integers, e.g. --ids 1,2,3") from None
     model = model or package or "demo"
-    package = _package_arg(model, quant)    # a package as given; a demo name or checkpoint compiled into the cache
+    package = _package_arg(model, quant, progress=not quiet)   # a package, or a model compiled into the cache
     echo = prompt is None and _is_demo_name(model)
     if echo:   # the default prompt is shown, so the output does not start mid-line
         prompt = DEMO_PROMPT
@@ -275,6 +277,8 @@ def run_cmd(package, model, prompt, ids, quant, max_new_tokens, temperature, top
             sys.stdout.write(piece)
             sys.stdout.flush()
         click.echo()
+        if quiet:
+            return
         pf = r["prompt_tokens"] / r["prefill_s"] if r["prefill_s"] else 0.0
         dc = r["n_decoded"] / r["decode_s"] if r["decode_s"] else 0.0
         click.echo(f"[{r['prompt_tokens']} prompt tokens, {len(r['ids'])} generated ({r['finish_reason']}); "
@@ -294,7 +298,7 @@ def _is_demo_name(name: str) -> bool:
     return name in DEMO_MODELS and not Path(name).exists()
 
 
-def _package_arg(package_or_model: str | None, quant: str | None) -> str:
+def _package_arg(package_or_model: str | None, quant: str | None, progress: bool = True) -> str:
     """A package directory as given, else a model (checkpoint dir, hub id, demo name) compiled into the cache."""
     from pathlib import Path
 
@@ -312,7 +316,7 @@ def _package_arg(package_or_model: str | None, quant: str | None) -> str:
                          "a demo name or a Hugging Face id")
     from .compiler.cache import package_or_model as resolve
 
-    return str(resolve(package_or_model or "demo", quant=quant))
+    return str(resolve(package_or_model or "demo", quant=quant, progress=progress))
 
 
 @cli.command("serve")

@@ -84,7 +84,7 @@ def main():
     ap.add_argument("--prompts", type=int, default=50)
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--schemes", default="w8a16,w4a16,w4a16-gptq",
-                    help="w8a16, w4a16, w4a16-mixed, each int4 one with -gptq (CPU q4g32 GPTQ codes), w8a16-gptqw "
+                    help="w8a16, w4a16, w4a16-mixed, each int4 one with -gptq (CPU q4g32 GPTQ codes), any with -gptqw "
                          "(--npu-weights gptq)")
     ap.add_argument("--chunk", type=int, default=None, help="NPU chunk [default: 64 for demo, 128 for real models]")
     ap.add_argument("--ppl-tokens", type=int, default=1024)

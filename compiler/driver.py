@@ -24,7 +24,7 @@ from .lower import lower_model
 from .moe import manifest as moe_manifest
 from .package_writer import check_destination, staged_package, write_sums, write_weights
 from .plan_writer import write_plan
-from .progress import Step
+from .progress import Step, layer_progress
 from .tune import Tuner, resolve_mode
 from .chat_format import write_chat_format
 from .tokenizer_pack import maybe_write_tokenizer_bin
@@ -236,9 +236,11 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         from ..quant.calibration import gptq_from_checkpoint
 
         _log(progress, f"GPTQ{' (act-order)' if act_order else ''}: calibrating on {calib or 'the built-in sample'}")
+        t = time.perf_counter()
         pre = gptq_from_checkpoint(spec, lambda n: np.asarray(ck.get(n), np.float32), scheme,
                                    model_dir / "tokenizer.json", calib_file=calib, act_order=act_order,
-                                   progress=progress or None)
+                                   progress=layer_progress(f"GPTQ {scheme.name}", progress))
+        _log(progress, f"GPTQ: {len(pre)} matrices in {time.perf_counter() - t:.0f} s")
     bundles = None
     if layout == "bundled":
         from .bundled_ffn import plan_layout

@@ -39,3 +39,21 @@ class Step:
             sys.stderr.write((f"\r{self.what} ... {end}\033[K\n") if self.tty else f"{self.what}: {end}\n")
             sys.stderr.flush()
         return False
+
+
+def layer_progress(what: str, enabled: bool = True):
+    """A layer loop's progress argument (quant/calibration.gptq_model's): None (quiet), True on a terminal (its tqdm
+    bar), else a callable progress(done, total) writing a line at every tenth of the layers, with elapsed seconds."""
+    if not enabled:
+        return None
+    if sys.stderr.isatty():
+        return True
+    t0, said = time.perf_counter(), set()
+
+    def report(done: int, total: int) -> None:
+        tenth = done * 10 // max(total, 1)
+        if tenth not in said:
+            said.add(tenth)
+            sys.stderr.write(f"{what}: {done}/{total} layers, {time.perf_counter() - t0:.0f} s\n")
+            sys.stderr.flush()
+    return report

@@ -45,15 +45,16 @@ def env(tmp_path_factory):
 
 
 def test_first_hour_commands(env):
-    """`edgellm run demo` (no -p: the default prompt, echoed), `info demo`, `run --ids`, then `cache list` / `rm`;
+    """`edgellm run demo --quiet` (no -p: the default prompt, echoed; nothing on stderr, the first use's compile
+    included), `info demo`, `run --ids`, then `cache list` / `rm`;
     a user's file in the cache folder is never touched."""
     assert "no cached packages" in cli("cache", "list", env=env).stdout
-    r = cli("run", "demo", "-n", "8", "--temperature", "0", env=env)
-    assert r.stdout.startswith("def read_config(path):")
+    r = cli("run", "demo", "-n", "8", "--temperature", "0", "--quiet", env=env)   # first use: compiles
+    assert r.stdout.startswith("def read_config(path):") and r.stderr == ""     # --quiet: nothing but the text
     info = cli("info", "demo", env=env).stdout
     assert "LlamaForCausalLM" in info
     ids = cli("run", "demo", "--ids", "5,17,33", "-n", "4", "--temperature", "0", env=env)
-    assert ids.returncode == 0 and not ids.stdout.startswith("def read_config")
+    assert ids.returncode == 0 and not ids.stdout.startswith("def read_config") and "4 generated" in ids.stderr
     bad = cli("run", "demo", "--ids", "5,x", env=env, check=False)
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "--ids" in bad.stderr
     rows = json.loads(cli("cache", "list", "--json", env=env).stdout)

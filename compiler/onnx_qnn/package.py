@@ -15,6 +15,7 @@ from ...runtime import qnn_ort
 from ...runtime.contract import NPU_DESCRIPTOR, NPU_OUTLIERS, NPU_ROPE
 from ...runtime.npu_chunks import MASK_VALUE, ChunkRunner, Group
 from ..driver import _log
+from ..progress import layer_progress
 from .calibrate import Ranges, derive, probe_graph
 from .graph import scale_for, stream_scale, trace_group
 from .outliers import choose as choose_outliers
@@ -210,7 +211,7 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
         grid = NpuInt8(float16.BLOCK if act == "f16" else None)
         if quant != "w8a16":
             grid = _MixedGrid(quant, grid, NpuInt4Offset(float16.BLOCK))
-        npu_parts = gptq_model(spec, weight, grid, seqs, skip=1, progress=progress or None)
+        npu_parts = gptq_model(spec, weight, grid, seqs, skip=1, progress=layer_progress(f"NPU GPTQ {quant}", progress))
         _log(progress, f"NPU: GPTQ {quant} weights on {sum(map(len, seqs))} tokens in "
                        f"{time.perf_counter() - t:.0f} s")
     _log(progress, f"NPU: {len(groups)} graph(s) of layers {', '.join(f'{a}-{b - 1}' for a, b in groups)}, chunk {chunk}, "
