@@ -63,3 +63,15 @@ def test_npu_prefill_against_cpu(real_npu):
             errs.append(float(np.linalg.norm(a - b) / np.linalg.norm(b)))
             same += int(a.argmax() == b.argmax())
         assert same >= 3 and np.median(errs) < 0.02, (same, errs)
+
+
+@pytest.mark.parametrize("name,bound", [("smollm2-135m", 0.005), ("gemma3-270m", 0.25)])
+def test_w4a16_on_a_real_checkpoint(tmp_path, name, bound):
+    """W4A16 (int4 blocks of 32 with float offsets) on the compile table: SmolLM2's Q4_1 source grid is kept exactly
+    (0.13% measured: the float16 storage of steps and offsets; 22.6% with integer zero points); Gemma 3's Q5_0/Q6_K
+    projections cannot be held by 4 bits (21.5% measured; 30.0% with integer zero points)."""
+    pkg = edgellm.compile(str(hf_folder(name)), target="host-npu", quant="f32", out=tmp_path / "w4", max_context=512,
+                          soc="none", tune="off", npu_quant="w4a16", progress=False)
+    npu = json.loads((pkg / "manifest.json").read_text())["npu"]
+    assert npu["weights"] == "int4 block 32 + float offsets, rtn, float16 activations"
+    assert npu["error_vs_f32"]["hidden_out"] < bound, npu["error_vs_f32"]["hidden_out"]
