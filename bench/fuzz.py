@@ -382,7 +382,7 @@ def campaign(pkg: Path, files, per_file: int, seed: int = 0, sanitize: bool = Fa
                         pass   # Python refused what C ran: fine (Python checks more files)
                 counts[kind] += 1
                 if kind in BAD:
-                    case = work.parent / f"edgellm-fuzz-case-{name}-{seed}-{i}"
+                    case = work.parent / f"edgellm-fuzz-case-{name.replace('/', '_')}-{seed}-{i}"
                     case.write_bytes(data)
                     results["bad"].append({"file": name, "i": i, "kind": kind, "case": str(case), **out})
                 if log:

@@ -182,8 +182,9 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
   }
   for (size_t i = 0; i < size / sizeof(float); i++)
     if (!isfinite(r[i]) || fabsf(r[i]) > 16.0f) { /* cos/sin, at most scaled (YaRN-style attention factors) */
+      double bad = (double)r[i];
       free(r);
-      return el_error("%s holds a value no RoPE table has (%g at %zu): recompile the package", rope, (double)r[i], i);
+      return el_error("%s holds a value no RoPE table has (%g at %zu): recompile the package", rope, bad, i);
     }
   q->rope = r;
   q->rope_rows = (size_t)q->kv_rows;

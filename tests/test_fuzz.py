@@ -84,3 +84,31 @@ def test_truncated_routing_table_is_refused_under_asan(tmp_path):
         out = json.loads(r.stdout)
         assert out["kind"] == "error" and "routing.bin is corrupt" in out["msg"], out
     shutil.rmtree(pkg)
+
+
+def test_bad_rope_table_is_refused_under_asan(tmp_path):
+    """An NPU package's npu/rope.bin holding a NaN or a value no cos/sin table has is one clean error, with libedgellm
+    built under ASan + UBSan: the error message read the table after freeing it (found by `bench/fuzz.py --kind
+    host-npu --sanitize`: every value-changing mutation of rope.bin was a heap use-after-free)."""
+    import json
+    import os
+    import shutil
+    import struct
+    import subprocess
+
+    from edgellm.runtime import qnn_ort
+
+    if not qnn_ort.qnn_available():
+        pytest.skip("needs onnxruntime-qnn")
+    pkg = fuzz.make_package(tmp_path, "host-npu")
+    (pkg / "SHA256SUMS").unlink()
+    env = {**os.environ, **fuzz.sanitizer_env(tmp_path), "EDGELLM_FUZZ_LOAD": json.dumps(fuzz.KIND_LOAD["host-npu"])}
+    full = (pkg / "npu" / "rope.bin").read_bytes()
+    for bad in (float("nan"), 1e6):
+        (pkg / "npu" / "rope.bin").write_bytes(full[:52] + struct.pack("<f", bad) + full[56:])
+        r = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz.py"), "--worker"], env=env, text=True,
+                           input=json.dumps({"pkg": str(pkg)}) + "\n", capture_output=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out = json.loads(r.stdout)
+        assert out["kind"] == "error" and "holds a value no RoPE table has" in out["msg"], out
+    shutil.rmtree(pkg)
