@@ -75,6 +75,10 @@ typedef struct {
 enum { EL_PREFILL_AUTO = 0, EL_PREFILL_CPU = 1, EL_PREFILL_NPU = 2 };
 
 void el_load_options_init(el_load_options* o); /* the defaults above */
+/* A size as every front end spells it: bytes, or a decimal number with a unit (case-insensitive): K/KiB/M/MiB/G/GiB/
+ * T/TiB are powers of 2^10, KB/MB/GB/TB of 10^3 ("600MB" = 600,000,000; "600M" = "600MiB" = 629,145,600). Returns 0,
+ * or -1 with el_last_error() set. */
+int el_parse_bytes(const char* s, uint64_t* out);
 /* Loads a package directory; opt may be NULL (defaults). */
 el_model* el_model_load(const char* package_dir, const el_load_options* opt);
 /* Frees the model once its last context is freed (contexts keep it alive). */

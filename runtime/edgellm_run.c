@@ -45,8 +45,8 @@
   "  --print-ids          print the generated ids (space-separated) instead of text\n"                          \
   "  --dump-logits FILE   write the logits of every sampling step (vocab float32 rows, raw) to FILE\n"        \
   "  --digest sha256:HEX  refuse to run unless the package matches this digest (printed by edgellm compile)\n"  \
-  "  --memory-budget N    bytes the model may use: weights held + one context's KV cache and arena (suffixes\n" \
-  "                       K, M, G); weights beyond it stream from the package every token\n"                      \
+  "  --memory-budget N    bytes the model may use: weights held + one context's KV cache and arena (600MB =\n"  \
+  "                       600*10^6, 600M = 600MiB = 600*2^20); weights beyond it stream from the package\n"       \
   "  --weight-policy P    resident (all weights in memory), window (stream what the budget cannot hold), experts\n" \
   "                       (MoE: all but the experts held, experts cached in the budget), auto (default: resident\n" \
   "                       when everything fits, else experts for MoE packages, else window)\n"                   \
@@ -100,22 +100,6 @@ static int parse_float(const char* s, float* out) {
   float v = strtof(s, &end);
   if (errno || end == s || *end || !isfinite(v)) return -1;
   *out = v;
-  return 0;
-}
-
-/* "600M", "2G", "1048576" -> bytes */
-static int parse_bytes(const char* s, uint64_t* out) {
-  char* end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || !(v > 0)) return -1;
-  double mult = 1;
-  if (*end == 'K' || *end == 'k') mult = 1024.0, end++;
-  else if (*end == 'M' || *end == 'm') mult = 1024.0 * 1024, end++;
-  else if (*end == 'G' || *end == 'g') mult = 1024.0 * 1024 * 1024, end++;
-  if (*end == 'B' || *end == 'b') end++;
-  if (*end || v * mult > 1e18) return -1;
-  *out = (uint64_t)(v * mult);
   return 0;
 }
 
@@ -233,7 +217,7 @@ int main(int argc, char** argv) {
     } else if (!strcmp(a, "--device")) {
       NEED_VALUE device = v;
     } else if (!strcmp(a, "--memory-budget")) {
-      NEED_VALUE if (parse_bytes(v, &budget)) return usage_error("--memory-budget needs a size like 600M or 2G, got '%s'", v);
+      NEED_VALUE if (el_parse_bytes(v, &budget)) return usage_error("--memory-budget: %s", el_last_error());
     } else if (!strcmp(a, "--weight-policy")) {
       NEED_VALUE policy = v;
     } else if (!strcmp(a, "--direct-io")) {

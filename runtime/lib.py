@@ -86,6 +86,7 @@ _SIGS = {
     "el_last_error": (C.c_char_p, []),
     "el_version": (C.c_char_p, []),
     "el_load_options_init": (None, [C.POINTER(LoadOptions)]),
+    "el_parse_bytes": (C.c_int, [C.c_char_p, C.POINTER(C.c_uint64)]),
     "el_model_load": (P, [C.c_char_p, C.POINTER(LoadOptions)]),
     "el_model_free": (None, [P]),
     "el_vocab": (C.c_int, [P]),
