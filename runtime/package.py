@@ -163,21 +163,24 @@ def verify_package(path: str | Path, digest: str | None = None, only: list[str] 
 
 # Sizes ---------------------------------------------------------------------------------------------------------------
 
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
-          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
-
-
 def parse_bytes(v, what: str = "memory_budget") -> int:
-    """600000000, "600MB" (10^6), "600MiB" / "600M" (2^20), "1.5G" -> bytes."""
+    """600000000, "600MB" (10^6), "600MiB" / "600M" (2^20), "1.5G" -> bytes. Strings go through libedgellm's
+    el_parse_bytes, the one reader of sizes (bin/edgellm-run's too): the same spelling is the same bytes everywhere."""
     if isinstance(v, bool):
         raise InputError(f"{what}={v!r} is not a size: give bytes or a string like '600MB'")
+    if isinstance(v, str):
+        import ctypes as C
+
+        from .lib import last_error, lib
+
+        out = C.c_uint64()
+        if lib().el_parse_bytes(v.encode("utf-8", "replace"), C.byref(out)):
+            raise InputError(f"{what}: {last_error()}")
+        return int(out.value)
     if isinstance(v, int):
         n = v
     elif isinstance(v, float) and math.isfinite(v):
         n = int(v)
-    elif isinstance(v, str) and (mt := re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", v)) and \
-            mt.group(2).lower() in _UNITS:
-        n = int(float(mt.group(1)) * _UNITS[mt.group(2).lower()])
     else:
         raise InputError(f"{what}={v!r} is not a size: give bytes or a string like '600MB' or '2GiB'")
     if n <= 0:
