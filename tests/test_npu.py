@@ -513,7 +513,7 @@ def test_gptq_int8_weights_on_the_htp(host_npu, tmp_path):
     """--npu-weights gptq: the graphs carry GPTQ's signed int8 codes and per-channel scales (explicit zero points),
     every node still runs on the HTP; without residual planes its hidden-state error is no worse than
     round-to-nearest's, and the planes (the default, on RTN codes) beat both (GPTQ leaves a larger residual, so
-    with planes it brings nothing)."""
+    with planes it brings nothing). W4A16 GPTQ needs float16 activations (test_npu_f16 covers it)."""
     err = {}
     for w in ("rtn", "gptq"):
         p = edgellm.compile("demo", target="host-npu", quant="f32", out=tmp_path / w, max_context=256,
@@ -533,9 +533,9 @@ def test_gptq_int8_weights_on_the_htp(host_npu, tmp_path):
     ChunkRunner(spec, [grp], man["chunk"], man["kv_rows"]).chunk(
         np.random.default_rng(0).standard_normal((5, spec.hidden_size)).astype(np.float32), observe=lambda gi, f: seen.append(f))
     assert set(qnn_ort.placement(s, seen[0])) == {"QNNExecutionProvider"}
-    with pytest.raises(CompileError, match="gptq applies to"):
+    with pytest.raises(CompileError, match="gptq applies to --npu-quant w8a16, and to w4a16 with --npu-act f16"):
         edgellm.compile("demo", target="host-npu", out=tmp_path / "w4", npu_quant="w4a16", npu_weights="gptq",
-                        progress=False)
+                        npu_act="int16", progress=False)
 
 
 def test_weight_planes(tmp_path):
