@@ -59,10 +59,10 @@ def int4_plane(r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 _END_TRIM = np.linspace(0.0, 0.15, 7, dtype=np.float32)   # int4_offset's candidates: the span cut off at each end
 
 
-def _on_grid(wb: np.ndarray, lo: np.ndarray, span: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _on_grid(wb: np.ndarray, span: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """wb [blocks, out, B] -> the blocks whose values already lie on 16 evenly spaced levels (a checkpoint that was
-    itself 4-bit, e.g. a GGUF Q4_0/Q4_1/Q4_K file): (mask [blocks, out], the levels' step). Their step is the smallest gap between distinct
-    values, if every gap is a whole multiple of it and the span is at most 15 of them."""
+    itself 4-bit, e.g. a GGUF Q4_0/Q4_1/Q4_K file): (mask [blocks, out], the levels' step). Their step is the
+    smallest gap between distinct values, if every gap is a whole multiple of it and the span is at most 15 of them."""
     gaps = np.diff(np.sort(wb, axis=-1), axis=-1)
     tiny = gaps <= span[..., None] * 1e-4
     step = np.where(tiny, np.inf, gaps).min(-1)
@@ -77,7 +77,7 @@ def int4_offset(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """w f32 [in, out] -> int4 blocks of BLOCK inputs with a float offset each: (codes int8 [in, out] in -8..7,
     scales f32 [in/B, out], offsets f32 [in/B, out]), w ~ codes * scale + offset, both stored in float16 (llama.cpp's
     Q4_1 grid; the HTP takes no float zero point, so lower() adds the offsets as a small MatMul over the inputs'
-    block sums). A block already on a 16-level grid (a 4-bit source checkpoint) keeps it exactly; any other block
+    block means). A block already on a 16-level grid (a 4-bit source checkpoint) keeps it exactly; any other block
     searches its range (each end cut by up to 15% of the span, 7 x 7 candidates) and refits the step and offset by
     least squares to its codes, keeping whatever has the least squared error."""
     K, N = w.shape
@@ -110,7 +110,7 @@ def int4_offset(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         cand = fit(d, lo)
         k = cand[3] < best[3]
         best = [np.where(k[..., None] if x.ndim == 3 else k, y, x) for x, y in zip(best, cand)]
-    exact, step = _on_grid(wb, lo0, span)
+    exact, step = _on_grid(wb, span)
     if exact.any():
         cand = fit(step, lo0)
         best = [np.where(exact[..., None] if x.ndim == 3 else exact, y, x) for x, y in zip(best, cand)]

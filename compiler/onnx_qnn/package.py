@@ -157,7 +157,7 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
               progress: bool = True) -> dict:
     """Writes pkg/npu/ and returns the manifest's "npu" section. gptq: the CPU package's GPTQ q4 parts by weight
     name (compile --gptq), whose codes and scales w4a16 reuses (None: round-to-nearest). weights (w8a16): "rtn"
-    (round-to-nearest per block) or "gptq" (GPTQ on the NPU's own grids, calibrated on the text). residual
+    (round-to-nearest) or "gptq" (GPTQ on the NPU's own grids, calibrated on the text). residual
     (w8a16): every projection also gets an int4 plane of what its int8 codes miss (quantize.weight_planes).
     act: "f16" (float16 activations, block-quantized weights: float16.py) or "int16" (calibrated 16-bit integers).
     release: called after each group's weights are read (the checkpoint drops the pages it mapped).
@@ -255,7 +255,7 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
                             "float16 activations")
             else:
                 formats.add(quantize_group(fpath, q, derive(ranges.ranges(), fpath), quant, gptq, npu_parts,
-                                                 residual))
+                                           residual))
         except CompileError:
             raise
         except Exception as e:   # the quantization tool's own errors
