@@ -63,52 +63,53 @@ def test_mutated_tables_of_other_kinds(tmp_path, kind, monkeypatch):
 
 
 
-def test_truncated_routing_table_is_refused_under_asan(tmp_path):
-    """A routing.bin cut short (the MoE expert cache's calibration counts) is one clean error, with libedgellm
-    built under ASan + UBSan: the loader read its header before checking the size (found by `bench/fuzz.py --kind
-    moe --sanitize`: 9 heap over-reads in 2000 mutations)."""
+def _asan_loads(tmp_path, kind: str, variants):
+    """A `kind` package (SHA256SUMS removed: the parsers are what is tested) loaded by the fuzz worker with libedgellm
+    under ASan + UBSan once per variants() step (each rewrites a file); yields the worker's outcome of each load."""
     import json
     import os
     import shutil
     import subprocess
 
-    pkg = fuzz.make_package(tmp_path, "moe")
-    (pkg / "SHA256SUMS").unlink()   # not read unless a digest is given: the parser is what is tested
-    env = {**os.environ, **fuzz.sanitizer_env(tmp_path), "EDGELLM_FUZZ_LOAD": json.dumps(fuzz.KIND_LOAD["moe"])}
-    full = (pkg / "routing.bin").read_bytes()
-    for n in (0, 5, 12, 15, len(full) - 1):
-        (pkg / "routing.bin").write_bytes(full[:n])
+    pkg = fuzz.make_package(tmp_path, kind)
+    (pkg / "SHA256SUMS").unlink()
+    env = {**os.environ, **fuzz.sanitizer_env(tmp_path), "EDGELLM_FUZZ_LOAD": json.dumps(fuzz.KIND_LOAD[kind])}
+    for _ in variants(pkg):
         r = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz.py"), "--worker"], env=env, text=True,
                            input=json.dumps({"pkg": str(pkg)}) + "\n", capture_output=True, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
-        out = json.loads(r.stdout)
-        assert out["kind"] == "error" and "routing.bin is corrupt" in out["msg"], out
+        yield json.loads(r.stdout)
     shutil.rmtree(pkg)
+
+
+def test_truncated_routing_table_is_refused_under_asan(tmp_path):
+    """A routing.bin cut short (the MoE expert cache's calibration counts) is one clean error, with libedgellm
+    built under ASan + UBSan: the loader read its header before checking the size (found by `bench/fuzz.py --kind
+    moe --sanitize`: 9 heap over-reads in 2000 mutations)."""
+    def cuts(pkg):
+        full = (pkg / "routing.bin").read_bytes()
+        for n in (0, 5, 12, 15, len(full) - 1):
+            yield (pkg / "routing.bin").write_bytes(full[:n])
+
+    for out in _asan_loads(tmp_path, "moe", cuts):
+        assert out["kind"] == "error" and "routing.bin is corrupt" in out["msg"], out
 
 
 def test_bad_rope_table_is_refused_under_asan(tmp_path):
     """An NPU package's npu/rope.bin holding a NaN or a value no cos/sin table has is one clean error, with libedgellm
     built under ASan + UBSan: the error message read the table after freeing it (found by `bench/fuzz.py --kind
     host-npu --sanitize`: every value-changing mutation of rope.bin was a heap use-after-free)."""
-    import json
-    import os
-    import shutil
     import struct
-    import subprocess
 
     from edgellm.runtime import qnn_ort
 
     if not qnn_ort.qnn_available():
         pytest.skip("needs onnxruntime-qnn")
-    pkg = fuzz.make_package(tmp_path, "host-npu")
-    (pkg / "SHA256SUMS").unlink()
-    env = {**os.environ, **fuzz.sanitizer_env(tmp_path), "EDGELLM_FUZZ_LOAD": json.dumps(fuzz.KIND_LOAD["host-npu"])}
-    full = (pkg / "npu" / "rope.bin").read_bytes()
-    for bad in (float("nan"), 1e6):
-        (pkg / "npu" / "rope.bin").write_bytes(full[:52] + struct.pack("<f", bad) + full[56:])
-        r = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz.py"), "--worker"], env=env, text=True,
-                           input=json.dumps({"pkg": str(pkg)}) + "\n", capture_output=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-2000:]
-        out = json.loads(r.stdout)
+
+    def bad_values(pkg):
+        full = (pkg / "npu" / "rope.bin").read_bytes()
+        for bad in (float("nan"), 1e6):
+            yield (pkg / "npu" / "rope.bin").write_bytes(full[:52] + struct.pack("<f", bad) + full[56:])
+
+    for out in _asan_loads(tmp_path, "host-npu", bad_values):
         assert out["kind"] == "error" and "holds a value no RoPE table has" in out["msg"], out
-    shutil.rmtree(pkg)
