@@ -1,5 +1,5 @@
-/* The load options' shared spelling: what every front end (Python's parse_bytes, edgellm-run, the JNI bridge)
- * accepts for a size, so that "600MB" means the same bytes everywhere. */
+/* The load options' shared spelling: the one reader of sizes (Python's parse_bytes and edgellm-run call it), so
+ * that "600MB" means the same bytes everywhere. */
 #include <ctype.h>
 #include <math.h>
 #include <stdint.h>
