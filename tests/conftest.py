@@ -33,7 +33,12 @@ def kernel_cache(tmp_path_factory):
     """Packages with identical kernels (the same model and scheme compiled by several test modules) link their
     kernels.so once per session (compiler/kernels_build.py); tests of the build's failure paths turn it off."""
     old = os.environ.get("EDGELLM_KERNEL_CACHE")
-    os.environ["EDGELLM_KERNEL_CACHE"] = str(tmp_path_factory.mktemp("kernel-cache"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):   # pytest -n: the workers share one cache (entries land by rename)
+        root = tmp_path_factory.getbasetemp().parent / "kernel-cache"
+        root.mkdir(exist_ok=True)
+    else:
+        root = tmp_path_factory.mktemp("kernel-cache")
+    os.environ["EDGELLM_KERNEL_CACHE"] = str(root)
     yield
     if old is None:
         os.environ.pop("EDGELLM_KERNEL_CACHE", None)
