@@ -494,7 +494,7 @@ def plan_cmd(package, memory_budget, weight_policy, storage, direct_io, as_json)
     speed the storage allows. Reads no weights."""
     import json
 
-    from .offload.planner import format_plan, plan
+    from .runtime.memory_plan import format_plan, plan
 
     package = _package_arg(package, None)
     p = plan(package, memory_budget=memory_budget, weight_policy=weight_policy, storage=storage, direct_io=direct_io)

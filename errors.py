@@ -1,5 +1,12 @@
 """One exception hierarchy: every user-facing failure is an EdgeLLMError with a one-line message that names
 the problem and the fix. The CLI prints it on one line and exits non-zero."""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+from contextlib import contextmanager
 
 
 class EdgeLLMError(Exception):
@@ -39,3 +46,22 @@ def first_line(e: BaseException) -> str:
     """The first line of an exception's message (a library's multi-line error in a one-line one)."""
     s = str(e).strip()
     return s.splitlines()[0][:200] if s else type(e).__name__
+
+
+_STDERR_LOCK = threading.Lock()
+
+
+@contextmanager
+def rust_panics_silenced():
+    """`tokenizers` panics on some corrupt files, and Rust's panic hook prints the panic (and a backtrace) straight to
+    file descriptor 2 before Python sees a PanicException: hold fd 2 on a scratch file meanwhile, so a bad file is one
+    error line, not a screen of Rust."""
+    with _STDERR_LOCK, tempfile.TemporaryFile() as scratch:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(scratch.fileno(), 2)
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)

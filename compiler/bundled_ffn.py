@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import CompileError
 from ..runtime.contract import ARG_ARENA, ARG_SETTINGS, ARG_WEIGHT, FLAG_EXPERT, FLAG_SLOT, SETTING_FFN_THRESHOLD
+from .program import Arg, Route, Step
 from .trace import Node, Val
 
 NODE = "ffn_bundled"
@@ -178,7 +179,7 @@ class _Source:
         return self.scheme.quantize(sub)
 
 
-def _pack(arrays: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+def pack_arrays(arrays: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
     """Arrays laid end to end, each at a 64-byte aligned offset: (bytes, offsets)."""
     offs, at = [], 0
     for a in arrays:
@@ -203,7 +204,7 @@ def _bundle_weights(low, n: BundledFFN, G: int) -> tuple[int, list[tuple[str, tu
         r = slice(j * G, (j + 1) * G)
         u, d = up.parts(rows=r), down.parts(cols=r)
         arrays = [u[p] for p in scheme.part_order] + [d[p] for p in scheme.part_order]
-        buf, offs = _pack(arrays)
+        buf, offs = pack_arrays(arrays)
         if low.weights.add(bundle_name(n.gate, j), buf) != first + j:
             raise AssertionError("a bundle was stored before its FFN was lowered")
         views = [(str(a.dtype), a.shape, o) for a, o in zip(arrays, offs)]
@@ -211,7 +212,6 @@ def _bundle_weights(low, n: BundledFFN, G: int) -> tuple[int, list[tuple[str, tu
 
 
 def lower_bundled(low, n: BundledFFN, T: int, act) -> list:
-    from .lower import Arg, Route, Step
 
     scheme, s = low.scheme, low.spec
     F, D = low._raw_shape(n.up)[0], s.hidden_size
@@ -246,20 +246,3 @@ def ffn_names(spec) -> list[tuple[str, str, str]]:
     g = TraceGraph(spec, 1)
     family(spec).body(g, g.input_ids())
     return [(lg.weights[0], lu.weights[0], ld.weights[0]) for lg, lu, _, ld in find_ffns(g.nodes)]
-
-
-def plan_layout(spec, raw, model_dir, calib, group: int | None, threshold: float | None, log) -> BundleLayout:
-    """The bundled layout of a checkpoint: its FFNs, the group size, and the calibrated neuron order and scales."""
-    from .neuron_stats import calibrate, calibration_seqs
-
-    ffns = ffn_names(spec)
-    if not ffns:
-        raise CompileError(f"--layout bundled applies to SwiGLU FFNs (gate, up, down without bias); {spec.arch} "
-                           "has none")
-    F = spec.intermediate_size
-    G = default_group(F) if group is None else group
-    check_group(F, G)
-    seqs = calibration_seqs(spec, model_dir / "tokenizer.json", calib)
-    log(f"neuron bundles: {F // G} groups of {G} neurons per FFN; calibrating the neuron order on "
-        f"{sum(map(len, seqs))} tokens of {calib or 'the built-in sample'}")
-    return calibrate(spec, raw, ffns, G, DEFAULT_THRESHOLD if threshold is None else threshold, seqs)

@@ -9,11 +9,7 @@ import sys
 from pathlib import Path
 
 from ..runtime.contract import MANIFEST
-
-
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "edgellm"
+from .cache_dir import cache_root
 
 
 CONTENT_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".gguf", ".jinja", ".txt")   # what a compile reads

@@ -41,7 +41,7 @@ def sources() -> list[Path]:
 
 
 def _cache_dir() -> Path:
-    from .cache import cache_root
+    from .cache_dir import cache_root
 
     return cache_root() / "objects"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 from datetime import datetime, UTC
 from pathlib import Path
@@ -27,17 +26,13 @@ from .plan_writer import write_plan
 from .progress import Step, layer_progress
 from .tune import Tuner, resolve_mode
 from .chat_format import write_chat_format
+from .progress import log as _log
 from .tokenizer_pack import maybe_write_tokenizer_bin
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "chat_template.json")   # the last two: newer checkpoints' chat templates
 DEFAULT_MAX_CONTEXT = 4096
 NPU_CHUNK = 128   # android-npu prefill chunk: the HTP runs one static shape; 128 rows keep its matmuls busy
-
-
-def _log(progress: bool, msg: str):
-    if progress:
-        print(msg, file=sys.stderr, flush=True)
 
 
 def default_output(model: str, quant: str, target: str) -> Path:
@@ -243,7 +238,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         _log(progress, f"GPTQ: {len(pre)} matrices in {time.perf_counter() - t:.0f} s")
     bundles = None
     if layout == "bundled":
-        from .bundled_ffn import plan_layout
+        from .neuron_stats import plan_layout
 
         bundles = plan_layout(spec, raw, model_dir, calib, bundle_neurons, ffn_threshold,
                               lambda msg: _log(progress, msg))

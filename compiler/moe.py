@@ -17,46 +17,12 @@ expert e's views as weight `first + e` (EL_FLAG_EXPERT, expert_stride 1). The ma
 expert table."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from ..runtime.contract import ARG_ARENA, ARG_WEIGHT, FLAG_EXPERT, FLAG_SLOT
-from .bundled_ffn import _pack
-from .ops.moe import CNT
-
-
-@dataclass(frozen=True)
-class RoutingTable:
-    """The arena block moe_route writes for T tokens, E experts, top-k: ids int32[S] (S = min(E, T*k) slots), cnt
-    int32[S, 16], tok int32[S, TP] and wt f32[S, TP] (TP = T rounded up to 16), each view 64-byte aligned."""
-    T: int
-    E: int
-    k: int
-
-    @property
-    def S(self) -> int:
-        return min(self.E, self.T * self.k)
-
-    @property
-    def TP(self) -> int:
-        return -(-self.T // 16) * 16
-
-    @property
-    def cnt_at(self) -> int:
-        return 4 * (-(-self.S // 16) * 16)
-
-    @property
-    def tok_at(self) -> int:
-        return self.cnt_at + 4 * CNT * self.S
-
-    @property
-    def wt_at(self) -> int:
-        return self.tok_at + 4 * self.S * self.TP
-
-    @property
-    def words(self) -> int:
-        return (self.wt_at + 4 * self.S * self.TP) // 4
+from ..runtime.contract import ARG_ARENA, ARG_WEIGHT, FLAG_EXPERT, FLAG_SLOT, weights_read_per_token
+from .bundled_ffn import pack_arrays
+from .program import Arg, Predict, Route, Step
+from .routing import CNT, RoutingTable  # noqa: F401 (RoutingTable re-exported)
 
 
 def expert_weight_name(gate: str) -> str:
@@ -86,7 +52,6 @@ def _f32():
 
 
 def lower_route(low, n, T: int, act) -> list:
-    from .lower import Arg, Step
 
     name, tb = n.weights[0], n.params["table"]
     E, D = low._raw_shape(name)
@@ -106,7 +71,6 @@ def lower_predict(low, n, T: int, act) -> list:
     """PREDICT, then its body: rmsnorm with the target layer's MoE norm -> its router (f32) -> moe_route into a
     table of this node's own; the PREDICT step names the target layer's expert weights (resolved by
     resolve_predictions once that layer's experts are stored: they come later in the file)."""
-    from .lower import Arg, Predict, Step
 
     from .expert_guess import bias_name, weight_name
 
@@ -133,7 +97,6 @@ def lower_predict(low, n, T: int, act) -> list:
 
 def resolve_predictions(low) -> None:
     """Fills in the expert weights each PREDICT step names (its layer's experts are stored by now)."""
-    from .lower import Arg
 
     for pred, key in low.pending_predictions:
         first, views, _ = low.experts[key]
@@ -142,7 +105,6 @@ def resolve_predictions(low) -> None:
 
 
 def lower_sigmoid_gate(low, n, T: int, act) -> list:
-    from .lower import Step
 
     D = n.inputs[0].shape[1]
     return [Step(low._kernel("sigmoid_gate", T=T, D=D), [act(n.inputs[0]), low._weight(n.weights[0]),
@@ -160,7 +122,7 @@ def _expert_weights(low, experts) -> tuple[int, list[tuple[str, tuple, int]], in
         dn = low._matrix_parts(down, scheme, False)
         arrays = [np.ascontiguousarray(gu[p]) for p in scheme.part_order] + \
                  [np.ascontiguousarray(dn[p]) for p in scheme.part_order]
-        buf, offs = _pack(arrays)
+        buf, offs = pack_arrays(arrays)
         if low.weights.add(expert_weight_name(gate), buf) != first + e:
             raise AssertionError("an expert was stored before its layer was lowered")
         views = [(str(a.dtype), a.shape, o) for a, o in zip(arrays, offs)]
@@ -168,7 +130,6 @@ def _expert_weights(low, experts) -> tuple[int, list[tuple[str, tuple, int]], in
 
 
 def lower_experts(low, n, T: int, act) -> list:
-    from .lower import Arg, Route, Step
 
     scheme, tb, experts = low.scheme, n.params["table"], n.params["experts"]
     F, D = low._raw_shape(experts[0][0])
@@ -201,7 +162,6 @@ def lower_experts(low, n, T: int, act) -> list:
 def manifest(spec, low, table: list[dict], n_params: int) -> dict:
     """The expert table: per MoE layer the first expert weight and the bytes of one expert; totals of parameters
     and of the weight bytes a decode token reads (non-expert weights, the embedding table's one row, top-k experts)."""
-    from ..runtime.bench import weights_read_per_token
 
     by_name = {t["name"]: t for t in table}
     layers, skipped = [], 0

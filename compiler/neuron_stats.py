@@ -13,7 +13,8 @@ import numpy as np
 
 from ..models import family
 from ..models.numpy_backend import NumpyGraph
-from .bundled_ffn import BundleLayout
+from ..errors import CompileError
+from .bundled_ffn import DEFAULT_THRESHOLD, BundleLayout, check_group, default_group, ffn_names
 
 N_TOKENS, SEQ_LEN = 512, 128
 
@@ -72,3 +73,18 @@ def calibrate(spec, raw, ffns: list[tuple[str, str, str]], group: int, threshold
         lay.order[gate] = order.astype(np.int64)
         lay.scale[gate] = (c[order] / max(score.mean(), 1e-30)).astype(np.float32)
     return lay
+
+
+def plan_layout(spec, raw, model_dir, calib, group: int | None, threshold: float | None, log) -> BundleLayout:
+    """The bundled layout of a checkpoint: its FFNs, the group size, and the calibrated neuron order and scales."""
+    ffns = ffn_names(spec)
+    if not ffns:
+        raise CompileError(f"--layout bundled applies to SwiGLU FFNs (gate, up, down without bias); {spec.arch} "
+                           "has none")
+    F = spec.intermediate_size
+    G = default_group(F) if group is None else group
+    check_group(F, G)
+    seqs = calibration_seqs(spec, model_dir / "tokenizer.json", calib)
+    log(f"neuron bundles: {F // G} groups of {G} neurons per FFN; calibrating the neuron order on "
+        f"{sum(map(len, seqs))} tokens of {calib or 'the built-in sample'}")
+    return calibrate(spec, raw, ffns, G, DEFAULT_THRESHOLD if threshold is None else threshold, seqs)

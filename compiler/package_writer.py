@@ -21,8 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import CompileError
-from ..runtime.contract import MANIFEST, PLAN, PLAN_MAGIC, SUMS, WEIGHT_ALIGN
-from ..runtime.package import file_sha256
+from ..runtime.contract import MANIFEST, PLAN, PLAN_MAGIC, SUMS, WEIGHT_ALIGN, file_sha256
 
 
 def write_weights(path: Path, names: list[str], arrays: list[np.ndarray], progress: bool) -> tuple[list[dict], int]:

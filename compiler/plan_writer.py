@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..runtime import contract as K
-from .lower import Predict, Program, Route
+from .program import Predict, Program, Route
 
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
                      "presence_penalty": 0.0, "frequency_penalty": 0.0}

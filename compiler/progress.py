@@ -7,6 +7,12 @@ import threading
 import time
 
 
+def log(enabled: bool, msg: str) -> None:
+    """One progress line on stderr (nothing with --quiet)."""
+    if enabled:
+        print(msg, file=sys.stderr, flush=True)
+
+
 class Step:
     """with Step("building 35 kernels with TVM", enabled): ... -> "building ... 12 s" ticking, then "... done in 14 s"."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..models.spec import ModelSpec
+from .routing import RoutingTable
 
 
 @dataclass(eq=False)
@@ -86,8 +87,6 @@ class TraceGraph:
         return self._emit("gelu_mul", [gate, up], gate.shape)
 
     def route(self, x, router, top_k, normalize):
-        from .moe import RoutingTable
-
         E = self.wshape[router][0]
         table = RoutingTable(self.T, E, top_k)
         out = self._val((table.words,), "int32")
@@ -110,8 +109,6 @@ class TraceGraph:
         return self._emit("sigmoid_gate", [x, y], y.shape, [w])
 
     def predict_experts(self, x, norm, router, top_k, experts, layer):
-        from .moe import RoutingTable
-
         E = self.wshape[router][0]
         table = RoutingTable(self.T, E, min(E, self.guess_width or top_k))
         temps = {"h": self._val(x.shape), "logits": self._val((self.T, E)), "table": self._val((table.words,), "int32")}

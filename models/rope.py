@@ -8,16 +8,11 @@ import math
 
 import numpy as np
 
+from ..runtime.contract import ROPE_TABLES, rope_table_of as table_of  # noqa: F401 (re-exported)
 from .spec import ModelSpec
 
 
-TABLES = ("rope", "rope_local")
-
-
-def table_of(name: str) -> str | None:
-    """The table a weight name belongs to ("rope.cos" -> "rope"), or None for a checkpoint weight."""
-    table, _, part = name.partition(".")
-    return table if table in TABLES and part in ("cos", "sin") else None
+TABLES = ROPE_TABLES
 
 
 def inv_freq(spec: ModelSpec, table: str = "rope") -> np.ndarray:

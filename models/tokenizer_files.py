@@ -68,10 +68,10 @@ def _load_tokenizer(path: Path) -> None:
         from tokenizers import Tokenizer
     except ImportError as e:  # pragma: no cover - dependency of the package
         raise CompileError(f"the tokenizers package is not installed ({e}); pip install tokenizers") from e
-    from ..runtime.text import _rust_panics_silenced
+    from ..errors import rust_panics_silenced
 
     try:
-        with _rust_panics_silenced():
+        with rust_panics_silenced():
             Tokenizer.from_file(str(path))
     except BaseException as e:   # tokenizers raises plain Exception; a Rust panic is a BaseException (PanicException)
         if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):

@@ -7,7 +7,7 @@
     # weight of the transformer body (q/k/v/o, gate/up/down, MoE experts); lm_head / embeddings: not included
 
 Built-in calibration text: windows of the demo models' TRAINING split of the Python standard library
-(models/demo/train.py: build_corpus / split_corpus), alternating Python source and the English language
+(quant/corpus.py: build_corpus / split_corpus), alternating Python source and the English language
 reference (pydoc_data topics). Documents of the held-out split (models/demo/heldout.txt) are excluded by name
 and by content, and every window is checked not to occur in heldout.txt, so perplexity on the held-out text
 stays an honest measurement after GPTQ. For models meant for other text, pass --calib with text of the domain.
@@ -62,7 +62,7 @@ def builtin_calibration_docs() -> list[tuple[str, str]]:
     import json
 
     from ..models.demo import DEMO_DIR, HELDOUT
-    from ..models.demo.train import build_corpus, split_corpus
+    from .corpus import build_corpus, split_corpus
 
     heldout_text = HELDOUT.read_text(encoding="utf-8")
     train, held = split_corpus(build_corpus())

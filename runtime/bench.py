@@ -14,25 +14,8 @@ import time
 import numpy as np
 
 from ..errors import InputError
-from ..models.rope import table_of as rope_table_of
 from .api import Runtime
-
-
-def weights_read_per_token(manifest: dict) -> int:
-    """Bytes of weights one decode step of a dense package reads (the planned figure; `bench` reports the runtime's
-    measured el_stats.decode_weight_bytes_read per token): every tensor once, except the embedding table (one row, unless it is
-    tied to the lm_head) and tables the kernels index by position (rope)."""
-    total = 0
-    tied = not any(t["name"].startswith("lm_head.") for t in manifest["tensors"])
-    for t in manifest["tensors"]:
-        name = t["name"]
-        if rope_table_of(name):
-            continue
-        if "embed_tokens" in name and t["shape"] and not tied:
-            total += t["nbytes"] // max(1, t["shape"][0])
-            continue
-        total += t["nbytes"]
-    return total
+from .contract import weights_read_per_token
 
 
 def prompt_ids(vocab: int, n: int, exclude: set[int], seed: int = 0) -> np.ndarray:

@@ -7,6 +7,7 @@ imports TVM or the compiler.
 """
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 
@@ -109,3 +110,39 @@ ARG = Layout("el_plan_arg", (("kind", "I"), ("index", "I"), ("dtype_code", "B"),
                              ("dtype_lanes", "H"), ("ndim", "I"), ("flags", "I"), ("expert_stride", "I"),
                              ("offset", "Q"), ("shape", f"{MAX_ARGS_NDIM}q")))
 LAYOUTS = (SAMPLING, HEADER, WEIGHT, KERNEL, PROGRAM, STEP, ARG)
+
+
+# ---- the manifest's tensor table ----------------------------------------------------------------------------------
+ROPE_TABLES = ("rope", "rope_local")   # precomputed cos/sin tables a package stores beside the checkpoint's weights
+
+
+def rope_table_of(name: str) -> str | None:
+    """The rope table a stored tensor name belongs to ("rope.cos" -> "rope"), or None for a checkpoint weight."""
+    table, _, part = name.partition(".")
+    return table if table in ROPE_TABLES and part in ("cos", "sin") else None
+
+
+def weights_read_per_token(manifest: dict) -> int:
+    """Bytes of weights one decode step of a dense package reads (the planned figure; `bench` reports the runtime's
+    measured el_stats.decode_weight_bytes_read per token): every tensor once, except the embedding table (one row,
+    unless it is tied to the lm_head) and tables the kernels index by position (rope)."""
+    total = 0
+    tied = not any(t["name"].startswith("lm_head.") for t in manifest["tensors"])
+    for t in manifest["tensors"]:
+        name = t["name"]
+        if rope_table_of(name):
+            continue
+        if "embed_tokens" in name and t["shape"] and not tied:
+            total += t["nbytes"] // max(1, t["shape"][0])
+            continue
+        total += t["nbytes"]
+    return total
+
+
+def file_sha256(f) -> str:
+    """A package file's digest as SUMS lists it (hex sha256 of its bytes)."""
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()

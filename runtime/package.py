@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import InputError, PackageError
 from .contract import (FORMAT_VERSION, KERNELS, MANIFEST, OPENCL_CACHE_DIR, OPENCL_SOURCE, OPENCL_TABLE, REQUIRED_FILES,
-                       SUMS)
+                       SUMS, file_sha256)
 
 # What the runtime and `edgellm info` read from manifest.json, with the type each must have.
 _MANIFEST_FIELDS = {
@@ -114,14 +114,6 @@ def package_digest(path: str | Path) -> str:
     """The package digest `edgellm compile` prints: sha256 of SHA256SUMS."""
     data, _ = read_sums(path)
     return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def file_sha256(f: Path) -> str:
-    h = hashlib.sha256()
-    with open(f, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check_digest_form(digest) -> None:

@@ -4,37 +4,12 @@ Generated text comes from the C generation loop (runtime/generate.c), not from h
 from __future__ import annotations
 
 import json
-import os
-import sys
-import tempfile
-import threading
-from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
 from ..errors import InputError, PackageError, first_line
+from ..errors import rust_panics_silenced as _rust_panics_silenced
 from .template_env import TemplateLimit, bounded_render, template_env
-
-
-_stderr_lock = threading.Lock()
-
-
-@contextmanager
-def _rust_panics_silenced():
-    """`tokenizers` panics on some corrupt files, and Rust's panic hook prints the panic (and a backtrace) straight to
-    file descriptor 2 before Python sees a PanicException: hold fd 2 on a scratch file meanwhile, so a bad file is one
-    error line, not a screen of Rust."""
-    with _stderr_lock, tempfile.TemporaryFile() as scratch:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        try:
-            os.dup2(scratch.fileno(), 2)
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
 
 
 class TextCodec:

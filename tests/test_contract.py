@@ -120,7 +120,7 @@ def test_plan_writer_round_trip(tmp_path):
     """What compiler/plan_writer.py writes parses back with the contract's layouts."""
     from types import SimpleNamespace
 
-    from edgellm.compiler.lower import Arg, Program, Step
+    from edgellm.compiler.program import Arg, Program, Step
     from edgellm.compiler.plan_writer import write_plan
 
     spec = SimpleNamespace(vocab_size=10, hidden_size=4, n_layers=1, n_kv_heads=1, head_dim=4, eos_token_ids=(2, 3),

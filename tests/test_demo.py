@@ -33,7 +33,8 @@ def heldout_ids(tok):
 @pytest.fixture(scope="module")
 def unigram_logp(tok):
     """Add-one unigram over the training split, rebuilt from this machine's standard library (the corpus)."""
-    from edgellm.models.demo.train import build_corpus, encode_docs, split_corpus
+    from edgellm.models.demo.train import encode_docs
+    from edgellm.quant.corpus import build_corpus, split_corpus
 
     train, _ = split_corpus(build_corpus())
     counts = np.bincount(encode_docs(tok, train), minlength=tok.get_vocab_size()).astype(np.float64) + 1

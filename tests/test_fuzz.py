@@ -43,7 +43,7 @@ def test_mutated_tables_of_other_kinds(tmp_path, kind, monkeypatch):
     mutated with SHA256SUMS removed (so every mutation reaches the parsers behind it): clean outcomes only."""
     import json
 
-    from edgellm.runtime import qnn_ort
+    from edgellm.compiler.onnx_qnn import qnn_ort
 
     if kind == "host-npu":
         if not qnn_ort.qnn_available():
@@ -101,7 +101,7 @@ def test_bad_rope_table_is_refused_under_asan(tmp_path):
     host-npu --sanitize`: every value-changing mutation of rope.bin was a heap use-after-free)."""
     import struct
 
-    from edgellm.runtime import qnn_ort
+    from edgellm.compiler.onnx_qnn import qnn_ort
 
     if not qnn_ort.qnn_available():
         pytest.skip("needs onnxruntime-qnn")

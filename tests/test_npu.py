@@ -24,8 +24,8 @@ from edgellm.models.demo import HELDOUT, demo_path
 from edgellm.models.numpy_backend import NumpyModel
 from edgellm.models.spec import ModelSpec
 from edgellm.models.synthetic import make_checkpoint
-from edgellm.runtime import qnn_ort
-from edgellm.runtime.npu_chunks import ChunkRunner, Group, mask
+from edgellm.compiler.onnx_qnn import qnn_ort
+from edgellm.compiler.onnx_qnn.npu_chunks import ChunkRunner, Group, mask
 
 needs_qnn = pytest.mark.skipif(not qnn_ort.qnn_available(), reason="needs onnxruntime-qnn (pip install onnxruntime-qnn)")
 CHUNK = 32

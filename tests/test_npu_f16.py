@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import edgellm
 from edgellm.compiler.onnx_qnn import float16
 from edgellm.errors import CompileError
-from edgellm.runtime import qnn_ort
+from edgellm.compiler.onnx_qnn import qnn_ort
 
 needs_qnn = pytest.mark.skipif(not qnn_ort.qnn_available(), reason="needs onnxruntime-qnn")
 CHUNK = 32

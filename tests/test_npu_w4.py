@@ -24,8 +24,8 @@ from edgellm.models import load_checkpoint
 from edgellm.models.demo import HELDOUT, demo_path
 from edgellm.quant import get_scheme
 from edgellm.quant.packing import unpack_codes, unpack_group_scales
-from edgellm.runtime import qnn_ort
-from edgellm.runtime.npu_chunks import Group
+from edgellm.compiler.onnx_qnn import qnn_ort
+from edgellm.compiler.onnx_qnn.npu_chunks import Group
 
 pytestmark = pytest.mark.skipif(not qnn_ort.qnn_available(), reason="needs onnxruntime-qnn")
 CHUNK = 32

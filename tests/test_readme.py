@@ -73,7 +73,7 @@ def _missing(code: str) -> str | None:
         if not _opencl_device():
             return "no OpenCL platform (apt-get install pocl-opencl-icd)"
     if "-npu" in code:
-        from edgellm.runtime import qnn_ort
+        from edgellm.compiler.onnx_qnn import qnn_ort
 
         if not qnn_ort.qnn_available():
             return "needs onnxruntime-qnn"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import edgellm
-from edgellm.runtime import qnn_ort
+from edgellm.compiler.onnx_qnn import qnn_ort
 
 from real_checkpoints import enabled, hf_folder, prompts
 

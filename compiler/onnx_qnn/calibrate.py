@@ -3,7 +3,7 @@ kept as two numbers per tensor while the text runs chunk by chunk, instead of ON
 every intermediate tensor of every calibration feed at once (a 135M model at 4k context needed 12.5 GB).
 
 A probe graph is the float graph with every node output exposed (sharing its weight file); package.py runs it group
-by group over the text. Position 0 is never observed: the runtime runs it on the CPU (runtime/npu_chunks.py), so the
+by group over the text. Position 0 is never observed: the runtime runs it on the CPU (compiler/onnx_qnn/npu_chunks.py), so the
 attention sink's massive activations never set a range."""
 from __future__ import annotations
 

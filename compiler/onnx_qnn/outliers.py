@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...runtime.npu_chunks import Outliers
+from .npu_chunks import Outliers
 from .graph import DOWN_PROJ
 
 RATIO = 6.0

@@ -11,10 +11,10 @@ import numpy as np
 import onnx
 
 from ...errors import CompileError, first_line
-from ...runtime import qnn_ort
+from . import qnn_ort
 from ...runtime.contract import NPU_DESCRIPTOR, NPU_OUTLIERS, NPU_ROPE
-from ...runtime.npu_chunks import MASK_VALUE, ChunkRunner, Group
-from ..driver import _log
+from .npu_chunks import MASK_VALUE, ChunkRunner, Group
+from ..progress import log as _log
 from ..progress import layer_progress
 from .calibrate import Ranges, derive, probe_graph
 from .graph import scale_for, stream_scale, trace_group
@@ -386,7 +386,7 @@ def precision_table(quant: str, residual: bool, scale: float = 1.0, act: str = "
 def _write_descriptor(pkg: Path, spec, chunk, kv_rows, qpaths, groups, soc_files, extra=(),
                       onnx_soc: str | None = None) -> None:
     """npu/npu.txt and npu/rope.bin: what the C runtime's QNN backend (runtime/backend_qnn_ort.c) reads."""
-    from ...runtime.npu_chunks import rope_rows, rope_tables
+    from .npu_chunks import rope_rows, rope_tables
 
     tables = rope_tables(spec)
     rows = [a.reshape(kv_rows, -1) for t in tables for a in rope_rows(spec, 0, kv_rows, t)]

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
+from ..routing import CNT
 from ._util import F32, VIEW_ALIGN, fast_exp
 
 I32 = "int32"
-CNT = 16   # int32 per slot in cnt (one 64-byte row, so every slot's view stays aligned)
 
 
 def _lanes(cpu, n: int) -> int:

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from ...targets.cpu_id import cpu_identity, cpu_key
-from ..cache import cache_root
+from ..cache_dir import cache_root
 
 FORMAT = 1
 

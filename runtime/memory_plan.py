@@ -11,8 +11,8 @@ import re
 import time
 from pathlib import Path
 
-from ..runtime.api import Runtime
-from ..runtime.package import read_manifest
+from .api import Runtime
+from .package import read_manifest
 
 LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 

@@ -16,7 +16,7 @@ MASK_VALUE = -50.0
 
 def rope_rows(spec, pos: int, chunk: int, table: str = "rope") -> tuple[np.ndarray, np.ndarray]:
     """cos, sin [chunk, 1, head_dim] of positions pos .. pos+chunk-1 (halves repeated: rotate-half pairing)."""
-    from ..models.rope import cos_sin
+    from ...models.rope import cos_sin
 
     c, s = cos_sin(spec, np.arange(pos, pos + chunk), table)
     f = lambda a: np.concatenate([a, a], -1).astype(np.float32)[:, None, :]   # noqa: E731

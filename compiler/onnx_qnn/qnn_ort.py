@@ -1,14 +1,15 @@
 """ONNX Runtime sessions for the NPU prefill graphs: the QNN execution provider (Hexagon HTP; on x86 the emulator
 that the onnxruntime-qnn wheel ships) with CPU fallback disabled, or the CPU EP (float reference, calibration).
 
-Runtime-side module: imports onnxruntime lazily, never TVM."""
+For the compiler (calibration, error tables, EPContext preparation) and the tests; the C runtime's QNN backend
+(runtime/backend_qnn_ort.c) makes its own sessions. Imports onnxruntime lazily, never TVM."""
 from __future__ import annotations
 
 import json
 import os
 import threading
 
-from ..errors import PackageError
+from ...errors import PackageError
 
 # The SoCs the compiler prepares EPContext binaries for: name -> (QNN htp_arch, QNN soc_model).
 SOCS = {"sm8550": ("73", "43"), "sm8650": ("75", "57"), "sm8750": ("79", "69")}
