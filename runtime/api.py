@@ -244,6 +244,21 @@ class Context:
         return out
 
     # ---- generation -----------------------------------------------------------------------------------------------
+    def check_generation(self, max_new_tokens: int | None = None, seed: int | None = None, stop=None,
+                         ignore_eos: bool = False, **sampling) -> None:
+        """Raise InputError for the arguments generate() would refuse (the C sampler's range checks included), without
+        generating or touching this context's state: the server checks a request before it takes a slot."""
+        unknown = set(sampling) - set(SAMPLING_ARGS)
+        if unknown:
+            raise InputError(f"unknown sampling argument(s): {', '.join(sorted(unknown))}")
+        params, _keep = self._params(max_new_tokens, sampling, seed, stop, None, ignore_eos, False)
+        sp = L.SamplerParams(params.temperature, params.top_k, params.top_p, params.min_p, params.repetition_penalty,
+                             params.presence_penalty, params.frequency_penalty, params.seed)
+        s = self._lib.el_sampler_new(C.byref(sp))
+        if not s:
+            raise InputError(L.last_error())
+        self._lib.el_sampler_free(s)
+
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:

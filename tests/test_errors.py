@@ -159,6 +159,24 @@ def test_prompt_too_long_and_empty(pkg):
         assert r.finish_reason == "context" and len(r.token_ids) == 32 - 27 + 1
 
 
+def test_check_generation_refuses_what_generate_refuses(pkg):
+    """Context.check_generation (the server's check before it takes a slot) says what generate would say, and
+    generates nothing."""
+    with edgellm.Runtime.load(pkg) as rt:
+        ctx = rt.new_context()
+        ctx.check_generation(max_new_tokens=4, temperature=0.7, top_k=5, top_p=0.9, stop=["\n"], seed=3)
+        for bad, needle in (({"temperature": -1}, "temperature"), ({"top_p": 1.5}, "top_p"), ({"min_p": -0.5}, "min_p"),
+                            ({"stop": [""]}, "stop"), ({"seed": "x"}, "seed"), ({"max_new_tokens": "many"}, "max_new_tokens")):
+            with pytest.raises(InputError, match=needle) as e:
+                ctx.check_generation(**bad)
+            with pytest.raises(InputError) as g:
+                ctx.generate("hi", **{"max_new_tokens": 2, **bad})
+            assert str(e.value) == str(g.value), bad
+        with pytest.raises(InputError, match="unknown sampling argument"):
+            ctx.check_generation(temprature=0.5)
+        assert ctx.pos == 0 and ctx.stats()["decode_tokens"] == 0
+
+
 def test_unknown_option_values(ckpt, tmp_path):
     one_line_error(*cli("compile", ckpt, "--quant", "q9", "-o", tmp_path / "o", "--quiet"), "unknown quantization scheme 'q9'")
     one_line_error(*cli("compile", ckpt, "--target", "pdp11", "-o", tmp_path / "o", "--quiet"), "unknown target 'pdp11'")

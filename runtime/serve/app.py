@@ -2,7 +2,6 @@
 events, or whole), the model list, health, Prometheus metrics, slot state, and the chat page at /."""
 from __future__ import annotations
 
-import ctypes as C
 import json
 import secrets
 import time
@@ -19,7 +18,6 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...errors import EdgeLLMError
-from .. import lib as L
 from ..api import SAMPLING_ARGS, Runtime
 from . import openai_api as oa
 from .guard import MAX_BODY, BodyTooLarge, Guard
@@ -182,18 +180,11 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
             raise BadRequest(f"the prompt has {n} tokens{'' if m is None else f' and max_tokens is {m}'}: more than "
                              f"the model's context of {max_ctx} tokens", param="messages" if isinstance(
                                  req, oa.ChatRequest) else "prompt", kind="invalid_request_error")
-        ctx = pool.slots[0].ctx   # the model's defaults + the C sampler's range checks; no slot is held
-        try:
-            params, _ = ctx._params(m, {k: kwargs[k] for k in SAMPLING_ARGS}, kwargs["seed"], kwargs["stop"], None,
-                                    kwargs["ignore_eos"], False)
+        try:   # the model's defaults + the C sampler's range checks; no slot is held
+            pool.slots[0].ctx.check_generation(m, kwargs["seed"], kwargs["stop"], kwargs["ignore_eos"],
+                                               **{k: kwargs[k] for k in SAMPLING_ARGS})
         except EdgeLLMError as e:
             raise BadRequest(str(e)) from None
-        sp = L.SamplerParams(params.temperature, params.top_k, params.top_p, params.min_p, params.repetition_penalty,
-                             params.presence_penalty, params.frequency_penalty, params.seed)
-        s = runtime._lib.el_sampler_new(C.byref(sp))
-        if not s:
-            raise BadRequest(L.last_error())
-        runtime._lib.el_sampler_free(s)
         return kwargs
 
     async def body(request: Request, model):
