@@ -28,6 +28,74 @@ TINY = {
 }
 
 
+# ---- test tiers -----------------------------------------------------------------------------------------------------
+# `pytest -m "not slow"` is the fast tier: every capability once, a few minutes on 2 cores. Marked slow here (seconds
+# measured with --durations=0 on the 2-core CI machine, -n 2): whole modules whose fixtures compile many packages,
+# with the fast tier's representative of their capability named, and single tests over about 3 s.
+SLOW_MODULES = {
+    "test_npu.py": "880 s; the HTP graphs and the runtime's QNN backend: test_npu_f16.py",
+    "test_npu_w4.py": "136 s; W4A16 blocks on the HTP: test_npu_f16.py",
+    "test_targets_arm.py": "180 s of qemu; the aarch64 build: test_ops_quant.py::test_aarch64_build",
+    "test_ops_arm.py": "86 s of qemu; the aarch64 build: test_ops_quant.py::test_aarch64_build",
+    "test_tune.py": "174 s; tuned schedules: test_ops.py, test_ops_quant.py",
+    "test_neuron_window.py": "131 s; the bundled FFN kernels: test_ops_bundled_ffn.py",
+    "test_moe_offload.py": "106 s; MoE packages: test_demo.py::test_demo_moe_uses_all_experts, test_moe.py",
+    "test_quant_packages.py": "115 s; schemes: test_quant.py, test_ops_quant.py, test_window.py's q4g32/t2 packages",
+    "test_sliding_window.py": "54 s; attention windows: test_ops.py",
+}
+SLOW_TESTS = {   # module -> test functions (every parameter)
+    "test_android_apk.py": ("test_apk_assembles_signs_and_verifies",
+                            "test_cmake_builds_the_library_and_exports_every_external"),
+    "test_c_runtime.py": ("test_thread_pool_unit",),
+    "test_cli_cache.py": ("test_first_hour_commands",),
+    "test_demo.py": ("test_demo_bitnet_numpy_agrees_with_transformers", "test_eval_ppl_matches_transformers_and_beats_unigram"),
+    "test_errors.py": ("test_failed_build_leaves_nothing_behind", "test_missing_config", "test_unknown_architecture",
+                       "test_unknown_option_values"),
+    "test_fusion.py": ("test_arm_fused_equals_separate", "test_fused_fallback_kernels",
+                       "test_fused_kernel_equals_separate_kernels",
+                       "test_package_fused_equals_unfused", "test_prequantized_parts_are_stacked",
+                       "test_qkv_bias_and_qk_norm_models"),
+    "test_fuzz.py": ("test_bad_rope_table_is_refused_under_asan", "test_mutated_tables_of_other_kinds",
+                     "test_truncated_routing_table_is_refused_under_asan"),
+    "test_gptq.py": ("test_gptq_model_demo_llama",),
+    "test_inputs.py": ("test_cli_compile_bad_config_is_one_line", "test_tied_lm_head_only_compiles",
+                       "test_tied_lm_head_only_matches_transformers", "test_transformers_written_configs_are_accepted"),
+    "test_moe.py": ("test_demo_moe_package_matches_transformers", "test_expert_layout_and_bytes_read_per_token",
+                    "test_f32_package_matches_numpy", "test_gptq_package_matches_oracle",
+                    "test_quantized_package_matches_oracle",
+                    "test_row_limited_linear_kernels_compute_only_their_rows", "test_rpi5_package_under_qemu_matches_host"),
+    "test_npu_f16.py": ("test_w4a16_mixed_keeps_v_and_down_int8",),
+    "test_opencl.py": ("test_android_gpu_package_layout", "test_same_tokens_and_logits_as_the_cpu"),
+    "test_ops.py": ("test_attention_other_vector_widths", "test_linear_other_vector_widths",
+                    "test_tuned_schedules_do_not_fall_back"),
+    "test_ops_quant.py": ("test_fallback_kernels_are_correct", "test_other_vector_widths",
+                          "test_schemes_through_the_lowering_interface", "test_tuned_schedules_do_not_fall_back"),
+    "test_pipeline.py": ("test_chunk_size_does_not_change_logits", "test_f16_package", "test_long_chunk_matches_numpy",
+                         "test_short_prefill_program"),
+    "test_prefix_reuse.py": ("test_float_package_reuse_is_exact",),
+    "test_readme.py": ("test_block_runs",),
+    "test_reliability.py": ("test_bad_output_places", "test_cli_bad_values_are_one_line",
+                            "test_code_generator_death_leaves_nothing",
+                            "test_full_disk_is_one_line_and_cleans_up", "test_package_is_replaced_and_stale_temps_removed",
+                            "test_recompile_keeps_the_users_files", "test_sigterm_during_compile_leaves_nothing",
+                            "test_user_dir_with_a_manifest_is_not_replaced"),
+    "test_serve.py": ("test_api_key_and_network_binding", "test_flags_checked_before_compiling"),
+    "test_sizes.py": ("test_plan_and_load_agree",),
+}
+FAST_ANYWAY = {   # a slow function's one parameter that stands for its capability in the fast tier
+    "test_opencl.py::test_same_tokens_and_logits_as_the_cpu[demo-llama-t2]",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        mod = item.path.name
+        if f"{mod}::{item.name}" in FAST_ANYWAY:
+            continue
+        if mod in SLOW_MODULES or item.originalname in SLOW_TESTS.get(mod, ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def kernel_cache(tmp_path_factory):
     """Packages with identical kernels (the same model and scheme compiled by several test modules) link their
