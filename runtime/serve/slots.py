@@ -120,9 +120,11 @@ class SlotPool:
                 # shielded: a cancelled request (client gone) must still wait for its C loop and free the slot
                 with anyio.CancelScope(shield=True):
                     if not done.is_set():
-                        at = slot.ctx.stats()["decode_tokens"]
                         stop.set()
                         slot.ctx.cancel()
+                        # read after the flag is set: what the C loop runs past it (the token in flight), not how
+                        # long a loaded host took to schedule this thread between a read and the cancel
+                        at = slot.ctx.stats()["decode_tokens"]
                         await future
                         slot.last = {"cancelled_at": at, "ended_at": slot.ctx.stats()["decode_tokens"]}
                     else:
