@@ -366,10 +366,14 @@ def campaign(pkg: Path, files, per_file: int, seed: int = 0, sanitize: bool = Fa
             if orig is None:
                 continue
             counts = collections.Counter()
+            # a changed OpenCL source misses every compile cache: each probe that compiles pays the full OpenCL C
+            # build the unmutated package's first load paid, so it gets the same allowance (12 s here on a loaded
+            # host, past 30 s with four jobs on two cores: three such probes were reported as hangs)
+            limit = timeout * 4 if name == "kernels.cl" else timeout
             for i in range(per_file):
                 data = mutate(name, orig, rng)
                 (target / name).write_bytes(data)
-                out = w.ask(target, timeout)
+                out = w.ask(target, limit)
                 kind = out["kind"]
                 if kind == "ok":
                     kind = "same" if out["tokens"] == base["tokens"] else "different"
