@@ -212,7 +212,6 @@ def _bundle_weights(low, n: BundledFFN, G: int) -> tuple[int, list[tuple[str, tu
 
 
 def lower_bundled(low, n: BundledFFN, T: int, act) -> list:
-
     scheme, s = low.scheme, low.spec
     F, D = low._raw_shape(n.up)[0], s.hidden_size
     G = low.bundles.group

@@ -52,7 +52,6 @@ def _f32():
 
 
 def lower_route(low, n, T: int, act) -> list:
-
     name, tb = n.weights[0], n.params["table"]
     E, D = low._raw_shape(name)
     f32 = _f32()
@@ -71,7 +70,6 @@ def lower_predict(low, n, T: int, act) -> list:
     """PREDICT, then its body: rmsnorm with the target layer's MoE norm -> its router (f32) -> moe_route into a
     table of this node's own; the PREDICT step names the target layer's expert weights (resolved by
     resolve_predictions once that layer's experts are stored: they come later in the file)."""
-
     from .expert_guess import bias_name, weight_name
 
     norm, router = n.weights
@@ -97,7 +95,6 @@ def lower_predict(low, n, T: int, act) -> list:
 
 def resolve_predictions(low) -> None:
     """Fills in the expert weights each PREDICT step names (its layer's experts are stored by now)."""
-
     for pred, key in low.pending_predictions:
         first, views, _ = low.experts[key]
         pred.args = [Arg(ARG_WEIGHT, first, dt, tuple(shape), FLAG_EXPERT, off, 1) for dt, shape, off in views]
@@ -105,7 +102,6 @@ def resolve_predictions(low) -> None:
 
 
 def lower_sigmoid_gate(low, n, T: int, act) -> list:
-
     D = n.inputs[0].shape[1]
     return [Step(low._kernel("sigmoid_gate", T=T, D=D), [act(n.inputs[0]), low._weight(n.weights[0]),
                                                            act(n.inputs[1]), act(n.out)])]
@@ -130,7 +126,6 @@ def _expert_weights(low, experts) -> tuple[int, list[tuple[str, tuple, int]], in
 
 
 def lower_experts(low, n, T: int, act) -> list:
-
     scheme, tb, experts = low.scheme, n.params["table"], n.params["experts"]
     F, D = low._raw_shape(experts[0][0])
     key = expert_weight_name(experts[0][0])
@@ -162,7 +157,6 @@ def lower_experts(low, n, T: int, act) -> list:
 def manifest(spec, low, table: list[dict], n_params: int) -> dict:
     """The expert table: per MoE layer the first expert weight and the bytes of one expert; totals of parameters
     and of the weight bytes a decode token reads (non-expert weights, the embedding table's one row, top-k experts)."""
-
     by_name = {t["name"]: t for t in table}
     layers, skipped = [], 0
     k, E = spec.n_experts_per_tok, spec.n_experts
