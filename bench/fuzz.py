@@ -77,9 +77,10 @@ def _plan_record(b: bytearray, rng: random.Random) -> bytearray:
     try:
         h = K.HEADER.unpack(bytes(b))
         at = K.HEADER.size + h["n_weights"] * K.WEIGHT.size + h["n_kernels"] * K.KERNEL.size
-        args = []
+        args, progs = [], []
         for _ in range(h["n_programs"]):
             p = K.PROGRAM.unpack(bytes(b), at)
+            progs.append(at)
             at += K.PROGRAM.size
             for _ in range(p["n_steps"]):
                 s = K.STEP.unpack(bytes(b), at)
@@ -89,6 +90,11 @@ def _plan_record(b: bytearray, rng: random.Random) -> bytearray:
                     at += K.ARG.size
     except (struct.error, KeyError):
         return _flip(b, rng)
+    if progs and rng.random() < 0.1:  # a program moved onto another backend (or one no runtime has)
+        o = rng.choice(progs) + K.PROGRAM.offsets()["backend"]
+        name = rng.choice(K.BACKENDS + ("", "trace", "x" * K.BACKEND_NAME_BYTES)).encode()
+        b[o:o + K.BACKEND_NAME_BYTES] = name[:K.BACKEND_NAME_BYTES].ljust(K.BACKEND_NAME_BYTES, b"\0")
+        return b
     if not args:
         return _flip(b, rng)
     a = rng.choice(args)

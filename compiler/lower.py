@@ -17,7 +17,7 @@ from ..runtime.contract import ARG_ARENA as ARENA
 from ..runtime.contract import ARG_KCACHE as KCACHE
 from ..runtime.contract import ARG_VCACHE as VCACHE
 from ..runtime.contract import ARG_WEIGHT as WEIGHT
-from ..runtime.contract import BACKEND_QNN_ORT, BACKEND_TVM_CPU, KERNEL_WRITES_KV, TENSOR_ALIGN
+from ..runtime.contract import BACKEND_QNN_ORT, BACKEND_TVM_CPU, KERNEL_WRITES_KV, PROGRAM_SKIPS_FIRST, TENSOR_ALIGN
 from ..runtime.contract import DTYPES as _DT
 from ..runtime.contract import FLAG_AT_POS as AT_POS
 from ..runtime.contract import FLAG_PREFIX as PREFIX
@@ -165,7 +165,7 @@ class Lowering:
     """Shared state of one package build: the weight table, the kernel table and the weight provider."""
 
     def __init__(self, spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, rope_rows: int, quantized=None,
-                 fuse: bool = True, bundles=None, make_kernel=None, backend: int = BACKEND_TVM_CPU):
+                 fuse: bool = True, bundles=None, make_kernel=None, backend: str = BACKEND_TVM_CPU):
         if make_kernel is None:
             from .ops import make_kernel
 
@@ -418,7 +418,7 @@ def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: in
                 kv_rows: int, quantized=None, short_chunk: int | None = None,
                 fuse: bool = True, npu_chunk: int | None = None, bundles=None,
                 expert_lookahead: int = 0, guessed_layers=(), guess_width: int = 0, make_kernel=None,
-                backend: int = BACKEND_TVM_CPU) -> tuple[Lowering, list[Program]]:
+                backend: str = BACKEND_TVM_CPU) -> tuple[Lowering, list[Program]]:
     """expert_lookahead: decode predicts each MoE layer's experts from the residual stream this many layers
     earlier (1: at the layer's own input; 0: no predictions), naming guess_width experts (0: top-k); the layers in
     guessed_layers use a fitted guesser (compiler/expert_guess.py). fuse: one kernel per group of linears on one
@@ -447,5 +447,5 @@ def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: in
         rows = npu_chunk * emb.out_row_bytes
         out = -(-(emb.out_offset + rows) // TENSOR_ALIGN) * TENSOR_ALIGN
         progs += [emb, Program("npu_prefill", npu_chunk, [], emb.out_offset, out, emb.out_row_bytes, out + rows,
-                               BACKEND_QNN_ORT)]
+                               BACKEND_QNN_ORT, PROGRAM_SKIPS_FIRST)]   # graphs calibrated without the sink
     return low, progs

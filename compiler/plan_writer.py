@@ -15,12 +15,6 @@ def _cstr(s: str, n: int) -> bytes:
     return b
 
 
-def _version(programs) -> int:
-    """Plans without PREDICT steps keep the older version, so runtimes from before them still read them."""
-    new = any(isinstance(st, Predict) for p in programs for st in p.steps)
-    return K.PLAN_VERSION if new else K.PLAN_VERSION_MIN
-
-
 def write_plan(path, *, arch: str, features: list[str], target: str, build_id: bytes, spec, max_ctx: int, chunk: int,
                kv_rows: int, weight_regions: list[tuple[int, int]], weights_bytes: int,
                kernels: list[tuple[str, int, int, int]], programs: list[Program], sampling: dict | None = None) -> None:
@@ -28,7 +22,7 @@ def write_plan(path, *, arch: str, features: list[str], target: str, build_id: b
     eos = list(spec.eos_token_ids)[:K.MAX_EOS]
     samp = {**SAMPLING_DEFAULTS, **(sampling or {})}
     parts = [K.HEADER.pack(
-        magic=K.PLAN_MAGIC, version=_version(programs), arch=K.ARCH[arch], features=_cstr(",".join(features), 64),
+        magic=K.PLAN_MAGIC, version=K.PLAN_VERSION, arch=K.ARCH[arch], features=_cstr(",".join(features), 64),
         target=_cstr(target, 32), build_id=build_id, vocab=spec.vocab_size, dim=spec.hidden_size,
         n_layers=spec.n_layers, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, max_ctx=max_ctx, chunk=chunk,
         kv_rows=kv_rows, kv_dtype_bits=32, n_weights=len(weight_regions), n_kernels=len(kernels),
@@ -42,7 +36,7 @@ def write_plan(path, *, arch: str, features: list[str], target: str, build_id: b
     for p in programs:
         parts.append(K.PROGRAM.pack(name=_cstr(p.name, 24), tokens=p.tokens, n_steps=len(p.steps),
                                     in_offset=p.in_offset, out_offset=p.out_offset, out_row_bytes=p.out_row_bytes,
-                                    backend=p.backend, flags=0))
+                                    backend=_cstr(p.backend, K.BACKEND_NAME_BYTES), flags=p.flags, reserved=0))
         for st in p.steps:
             if isinstance(st, Route):
                 parts.append(K.STEP.pack(kind=K.STEP_ROUTE, kernel=0, n_args=0, n_body=st.n_body,

@@ -64,4 +64,5 @@ class Program:
     out_offset: int
     out_row_bytes: int
     arena_bytes: int
-    backend: int = BACKEND_TVM_CPU
+    backend: str = BACKEND_TVM_CPU   # the runtime backend (registry name) that runs it
+    flags: int = 0                   # PROGRAM_* flags

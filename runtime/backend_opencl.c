@@ -489,7 +489,7 @@ static void cl_close(void* state) {
   free(b);
 }
 
-static int cl_open(el_model* m, const char* dir, void** state) {
+static int cl_open(el_model* m, const char* dir, uint32_t programs, void** state) {
   opencl* b = calloc(1, sizeof *b);
   if (!b) return el_error("out of memory");
   pthread_mutex_init(&b->mu, NULL);
@@ -499,7 +499,7 @@ static int cl_open(el_model* m, const char* dir, void** state) {
   if (m->opencl_device && *m->opencl_device) want = m->opencl_device; /* the load option wins over the environment */
   for (int k = 0; k < EL_N_PROGRAMS; k++) {
     const el_program* pg = &m->prog[k];
-    if (!pg->present || pg->p.backend != EL_BACKEND_OPENCL) continue;
+    if (!pg->present || !(programs >> k & 1)) continue;
     for (uint32_t si = 0; si < pg->n_steps; si++)
       if (pg->steps[si].kind != EL_STEP_CALL) {
         cl_close(b);
@@ -667,9 +667,8 @@ static int run_step(opencl* b, opencl_ctx* x, el_context* c, const el_step* st, 
     cl_int e = b->api.clEnqueueNDRangeKernel(b->q, L->k, 3, NULL, L->global, L->local, 0, NULL,
                                              c->prof_s ? &ev : NULL);
     if (e != CL_SUCCESS) {
-      static const char* const names[EL_N_PROGRAMS] = EL_PROGRAM_NAMES;
       return el_error("OpenCL: launching %s (kernel %s, program %s step %u) failed: %s", L->name, st->kernel_name,
-                      names[prog], si, cl_err_name(e));
+                      el_program_name(prog), si, cl_err_name(e));
     }
     if (ev) { /* EDGELLM_PROFILE: the step's device time, from the kernel's own events */
       cl_ulong t0 = 0, t1 = 0;
@@ -703,4 +702,4 @@ static int cl_run(void* state, void* ctx_state, el_context* c, int prog, int pos
   return rc;
 }
 
-const el_backend el_backend_opencl = {"opencl", cl_open, cl_close, cl_bind, cl_unbind, cl_run};
+const el_backend el_backend_opencl = {"opencl", EL_BACKEND_DEVICE_WEIGHTS, cl_open, cl_close, cl_bind, cl_unbind, cl_run};

@@ -383,9 +383,9 @@ static int open_sessions(el_model* m, const char* dir, qnn* q) {
   if (!soc || !strcmp(soc, "auto")) soc = detect_soc();
   if (soc && !strcmp(soc, "none")) soc = NULL;
   if (read_descriptor(q, dir, soc) != 0) return -1;
-  if (q->chunk != (int)m->prog[EL_PROG_NPU_PREFILL].p.tokens)
+  if (q->chunk != (int)m->prog[EL_PROG_STAGE_RUN].p.tokens)
     return el_error("npu/npu.txt has chunks of %d tokens, the plan %u: recompile the package", q->chunk,
-                    m->prog[EL_PROG_NPU_PREFILL].p.tokens), -1;
+                    m->prog[EL_PROG_STAGE_RUN].p.tokens), -1;
   if (q->kv_rows != (int)m->h.kv_rows)
     return el_error("npu/npu.txt has %d cache rows, the plan %u: recompile the package", q->kv_rows, m->h.kv_rows), -1;
   for (int i = 0; i < q->n_outl; i++) { /* the CPU's part lands before the next layer: it must end its graph */
@@ -447,7 +447,10 @@ static int open_sessions(el_model* m, const char* dir, qnn* q) {
   return 0;
 }
 
-static int qnn_open(el_model* m, const char* dir, void** state) {
+static int qnn_open(el_model* m, const char* dir, uint32_t programs, void** state) {
+  if (programs != 1u << EL_PROG_STAGE_RUN)
+    return el_error("the qnn_ort backend runs a staged prefill's graphs (npu_prefill) and nothing else: recompile the "
+                    "package with --target android-npu");
   qnn* q = calloc(1, sizeof *q);
   if (!q) return el_error("out of memory");
   if (open_sessions(m, dir, q) != 0) {
@@ -611,4 +614,4 @@ static int qnn_run(void* state, void* ctx_state, el_context* c, int prog, int po
   return 0;
 }
 
-const el_backend el_backend_qnn_ort = {"qnn_ort", qnn_open, qnn_close, qnn_bind, qnn_unbind, qnn_run};
+const el_backend el_backend_qnn_ort = {"qnn_ort", 0, qnn_open, qnn_close, qnn_bind, qnn_unbind, qnn_run};

@@ -53,6 +53,7 @@ typedef struct {
   void* dl; /* kernels.so */
   TVMFFISafeCallType* fn; /* [n_kernels] */
   int barriers; /* the kernels call TVMBackendParallelBarrier: tasks need a thread each */
+  uint32_t programs; /* bit k: this backend runs program k */
 } tvm_cpu;
 
 /* Kernel errors ----------------------------------------------------------------------------------------------- */
@@ -302,12 +303,13 @@ static void tvm_close(void* state) {
   free(b);
 }
 
-static int tvm_open(el_model* m, const char* dir, void** state) {
+static int tvm_open(el_model* m, const char* dir, uint32_t programs, void** state) {
   tvm_cpu* b = calloc(1, sizeof *b);
   if (!b || !(b->fn = calloc(m->h.n_kernels + 1, sizeof *b->fn))) {
     free(b);
     return el_error("out of memory");
   }
+  b->programs = programs;
   if (open_kernels(b, m, dir) != 0) {
     tvm_close(b);
     return -1;
@@ -346,12 +348,12 @@ static void tvm_unbind(void* ctx_state) {
 }
 
 static int tvm_bind(void* state, el_context* c, void** ctx_state) {
-  (void)state;
+  const uint32_t mine = ((const tvm_cpu*)state)->programs;
   const el_model* m = c->m;
   size_t n_steps = 0, n_args = 0;
   for (int k = 0; k < EL_N_PROGRAMS; k++) {
     const el_program* pg = &m->prog[k];
-    if (!pg->present || pg->p.backend != EL_BACKEND_TVM_CPU) continue;
+    if (!pg->present || !(mine >> k & 1)) continue;
     n_steps += pg->n_steps;
     for (uint32_t si = 0; si < pg->n_steps; si++) n_args += pg->steps[si].n_args;
   }
@@ -369,7 +371,7 @@ static int tvm_bind(void* state, el_context* c, void** ctx_state) {
   int64_t* shapes = (int64_t*)(any + n_args);
   for (int k = 0; k < EL_N_PROGRAMS; k++) {
     const el_program* pg = &m->prog[k];
-    if (!pg->present || pg->p.backend != EL_BACKEND_TVM_CPU) continue;
+    if (!pg->present || !(mine >> k & 1)) continue;
     b->steps[k] = bs;
     for (uint32_t si = 0; si < pg->n_steps; si++, bs++) {
       const el_step* st = &pg->steps[si];
@@ -434,9 +436,8 @@ static int call_step(tvm_cpu* b, el_context* c, const el_step* st, binding* bd, 
   if (rc != 0) {
     char msg[1024];
     take_kernel_msg(msg, sizeof msg);
-    static const char* const names[EL_N_PROGRAMS] = EL_PROGRAM_NAMES;
-    return el_error("kernel %s failed (program %s, step %u, context position %d): %s", st->kernel_name, names[prog],
-                    si, pos, msg);
+    return el_error("kernel %s failed (program %s, step %u, context position %d): %s", st->kernel_name,
+                    el_program_name(prog), si, pos, msg);
   }
   return 0;
 }
@@ -553,4 +554,4 @@ static int tvm_run(void* state, void* ctx_state, el_context* c, int prog, int po
   return rc;
 }
 
-const el_backend el_backend_tvm_cpu = {"tvm_cpu", tvm_open, tvm_close, tvm_bind, tvm_unbind, tvm_run};
+const el_backend el_backend_tvm_cpu = {"tvm_cpu", 0, tvm_open, tvm_close, tvm_bind, tvm_unbind, tvm_run};

@@ -11,7 +11,6 @@
 
 #include "el_internal.h"
 
-static const char* const PROGRAM_NAMES[EL_N_PROGRAMS] = EL_PROGRAM_NAMES;
 
 /* Zeroed, page-aligned memory straight from the kernel: no memset of big caches, pages appear on first use. */
 static void* map_zeroed(size_t bytes) {
@@ -38,7 +37,7 @@ static void profile_report(const el_context* c) {
     uint64_t runs = c->prof_runs[k];
     if (total <= 0 || !runs) continue;
     fprintf(stderr, "edgellm profile: %s, %llu runs, %.3f ms per run in kernels, %.3f ms per run in all\n",
-            PROGRAM_NAMES[k], (unsigned long long)runs, 1e3 * total / runs, 1e3 * c->prof_wall[k] / runs);
+            el_program_name(k), (unsigned long long)runs, 1e3 * total / runs, 1e3 * c->prof_wall[k] / runs);
     fprintf(stderr, "  %6s %9s %6s %8s  %s\n", "%", "ms/run", "steps", "wGB/s", "kernel");
     char* done = calloc(pg->n_steps ? pg->n_steps : 1, 1); /* aggregate by kernel name: O(n^2) over a few hundred steps */
     if (!done) return;
@@ -77,8 +76,8 @@ EL_API void el_context_free(el_context* c) {
     free(c->prof_runs);
   }
   el_gen_release(&c->gen);
-  for (int b = 0; b < EL_N_BACKENDS; b++)
-    if (c->backend_ctx[b]) el_backend_get((uint32_t)b)->unbind(c->backend_ctx[b]);
+  for (int b = 0; b < m->n_backends; b++)
+    if (c->backend_ctx[b]) m->backends[b].be->unbind(c->backend_ctx[b]);
   if (c->arena) munmap(c->arena, c->arena_map);
   if (c->caches) munmap(c->caches, c->caches_map);
   pthread_mutex_destroy(&c->mu);
@@ -116,9 +115,9 @@ EL_API el_context* el_context_new(el_model* m, int n_threads) {
     el_error("out of memory: the KV cache needs %zu bytes; use a package with a shorter max context", c->caches_map);
     goto fail;
   }
-  for (int b = 0; b < EL_N_BACKENDS; b++) {
-    const el_backend* be = el_backend_get((uint32_t)b);
-    if (m->backend_open[b] && be->bind && be->bind(m->backend_state[b], c, &c->backend_ctx[b]) != 0) goto fail;
+  for (int b = 0; b < m->n_backends; b++) {
+    const el_backend_slot* bs = &m->backends[b];
+    if (bs->open && bs->be->bind && bs->be->bind(bs->state, c, &c->backend_ctx[b]) != 0) goto fail;
   }
   if (el_profiling()) {
     uint32_t total = 0;
@@ -144,9 +143,9 @@ fail:
 /* Runs program k with `pos` tokens already in the KV cache (context locked). */
 static int run(el_context* c, int k, int pos) {
   el_model* m = c->m;
-  uint32_t b = m->prog[k].p.backend;
+  int b = m->prog[k].slot;
   double t0 = c->prof_s ? el_now() : 0;
-  int rc = el_backend_get(b)->run(m->backend_state[b], c->backend_ctx[b], c, k, pos);
+  int rc = m->backends[b].be->run(m->backends[b].state, c->backend_ctx[b], c, k, pos);
   if (c->prof_s) c->prof_wall[k] += el_now() - t0, c->prof_runs[k]++;
   return rc;
 }
@@ -158,13 +157,13 @@ static int check_ids(const el_model* m, const int32_t* ids, int n) {
   return 0;
 }
 
-/* android-npu: chunks of npu_prefill's length, each embedded on the CPU (npu_embed), then run on the NPU; logits
- * through the head program, one row at a time (the head's arena may overlap the chunk's output: rows are copied
- * out first). */
-static int prefill_npu(el_context* c, const int32_t* ids, int n, float* logits, int all_logits) {
+/* A staged prefill: fixed-size chunks, each embedded by the first stage, then run by the second (on the backend it
+ * names: android-npu's graphs); logits through the head program, one row at a time (the head's arena may overlap
+ * the chunk's output: rows are copied out first). */
+static int prefill_staged(el_context* c, const int32_t* ids, int n, float* logits, int all_logits) {
   el_model* m = c->m;
-  const el_plan_program* e = &m->prog[EL_PROG_NPU_EMBED].p;
-  const el_plan_program* p = &m->prog[EL_PROG_NPU_PREFILL].p;
+  const el_plan_program* e = &m->prog[EL_PROG_STAGE_EMBED].p;
+  const el_plan_program* p = &m->prog[EL_PROG_STAGE_RUN].p;
   const el_plan_program* hp = &m->prog[EL_PROG_HEAD].p;
   int C = (int)p->tokens, valid = 0;
   size_t row = p->out_row_bytes;
@@ -177,7 +176,7 @@ static int prefill_npu(el_context* c, const int32_t* ids, int n, float* logits, 
     int32_t* in = (int32_t*)(c->arena + e->in_offset);
     memcpy(in, ids + done, sizeof(int32_t) * (size_t)valid);
     memset(in + valid, 0, sizeof(int32_t) * (size_t)(C - valid)); /* padding rows: id 0, masked by causality */
-    rc = run(c, EL_PROG_NPU_EMBED, c->pos) || run(c, EL_PROG_NPU_PREFILL, c->pos);
+    rc = run(c, EL_PROG_STAGE_EMBED, c->pos) || run(c, EL_PROG_STAGE_RUN, c->pos);
     if (!rc && logits && (all_logits || done + valid == n)) {
       memcpy(rows, c->arena + p->out_offset, row * (size_t)valid);
       for (int r = all_logits ? 0 : valid - 1; r < valid && !rc; r++) {
@@ -204,12 +203,12 @@ int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, i
   if (check_ids(m, ids, n) != 0) return -1;
   double t0 = el_now();
   int start = c->pos, valid = 0;
-  if (m->use_npu) {
-    /* Position 0 runs on the CPU (the decode program): trained LLMs put massive activations (10^3-10^4 x the
-     * median) on the first token, the attention sink, and the NPU graphs' 16-bit ranges leave them out (the
-     * compiler calibrates without it: compiler/onnx_qnn/calibrate.py). */
+  if (m->staged_prefill) {
+    /* A stage calibrated without the first token (EL_PROGRAM_SKIPS_FIRST) leaves position 0 to the decode program:
+     * trained LLMs put massive activations (10^3-10^4 x the median) on the first token, the attention sink, and
+     * 16-bit graphs' ranges leave them out (compiler/onnx_qnn/calibrate.py). */
     int first = 0;
-    if (c->pos == 0) {
+    if (c->pos == 0 && (m->prog[EL_PROG_STAGE_RUN].p.flags & EL_PROGRAM_SKIPS_FIRST)) {
       const el_plan_program* dp = &m->prog[EL_PROG_DECODE].p;
       *(int32_t*)(c->arena + dp->in_offset) = ids[0];
       if (run(c, EL_PROG_DECODE, 0) != 0) goto fail;
@@ -218,7 +217,7 @@ int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, i
       c->pos = first = 1;
     }
     float* rest = logits && all_logits ? logits + (size_t)first * m->h.vocab : logits;
-    if (n > first && prefill_npu(c, ids + first, n - first, rest, all_logits) != 0) goto fail;
+    if (n > first && prefill_staged(c, ids + first, n - first, rest, all_logits) != 0) goto fail;
     c->stats.prefill_seconds += el_now() - t0;
     c->stats.prefill_tokens += (uint64_t)n;
     return 0;

@@ -12,7 +12,8 @@
  *     el_plan_program
  *     per step (n_steps): el_plan_step, then el_plan_arg x n_args (CALL and PREDICT steps; ROUTE steps have none)
  *
- * A program runs on the backend its tag names (EL_BACKEND_*). A CALL step calls one kernel. A ROUTE step reads
+ * A program runs on the backend it names (a string the runtime looks up in its registry: runtime/edgellm_backend.h;
+ * plans of version 2 and 3 gave an index into {"tvm_cpu", "qnn_ort", "opencl"} instead). A CALL step calls one kernel. A ROUTE step reads
  * n_select int32 expert ids (written by an earlier step, e.g. a router's top-k) from the arena and runs the n_body
  * CALL steps that follow it once per id: in those, EL_FLAG_EXPERT weight args use weight index + e * expert_stride
  * for expert e, and EL_FLAG_SLOT arena args move by i rows for the i-th id. An id of -1 ends the selection early
@@ -46,8 +47,8 @@
 #define EL_FILE_RUNNER "bin/edgellm-run"
 
 #define EL_PLAN_MAGIC "EDGEPLAN"
-#define EL_PLAN_VERSION 3     /* the newest plan this runtime reads: 3 adds PREDICT steps */
-#define EL_PLAN_VERSION_MIN 2 /* the oldest (compilers write 2 for plans without PREDICT steps) */
+#define EL_PLAN_VERSION 4     /* the newest plan this runtime reads: 3 adds PREDICT steps, 4 backend names */
+#define EL_PLAN_VERSION_MIN 2 /* the oldest it reads (2 and 3 have el_plan_program_v3 records) */
 #define EL_WEIGHT_ALIGN 16384 /* weight regions in weights.bin (Android page size; x86's 4 KiB divides it) */
 #define EL_TENSOR_ALIGN 64    /* every tensor a kernel sees: TVM compiles with this alignment assumption */
 #define EL_MAX_EOS 8
@@ -84,30 +85,24 @@ enum {
 
 enum { EL_STEP_CALL = 0, EL_STEP_ROUTE = 1, EL_STEP_PREDICT = 2 };
 
-/* Backends, one per program (the tag is the index) */
-enum { EL_BACKEND_TVM_CPU = 0, EL_BACKEND_QNN_ORT = 1, EL_BACKEND_OPENCL = 2, EL_N_BACKENDS = 3 };
-#define EL_BACKEND_NAMES {"tvm_cpu", "qnn_ort", "opencl"}
+#define EL_BACKEND_NAME_BYTES 16 /* el_plan_program.backend: a NUL-terminated registry name */
 /* The OpenCL backend's files (android-gpu / opencl packages): TVM's OpenCL C, the launch table, and the binaries a
  * device built from them (written beside the package at first load) */
 #define EL_FILE_OPENCL_SOURCE "kernels.cl"
 #define EL_FILE_OPENCL_TABLE "kernels.cltab"
 #define EL_DIR_OPENCL_CACHE "opencl-cache"
 
-/* Programs. prefill_short is optional (packages with long chunks run a prompt's last piece through it); so are
- * npu_embed + npu_prefill (android-npu: a chunk's embedding rows on the CPU, then the chunk on the NPU; both or
- * neither); the rest are required. A runtime checks then skips programs it does not know, so newer compilers' extras
- * are harmless. */
-enum {
-  EL_PROG_PREFILL = 0,
-  EL_PROG_PREFILL_LOGITS,
-  EL_PROG_DECODE,
-  EL_PROG_HEAD,
-  EL_PROG_PREFILL_SHORT,
-  EL_PROG_NPU_EMBED,
-  EL_PROG_NPU_PREFILL,
-  EL_N_PROGRAMS
-};
+/* Programs, by name. prefill_short is optional (packages with long chunks run a prompt's last piece through it); so
+ * are npu_embed + npu_prefill, a staged prefill (android-npu: fixed-size chunks, each embedded by npu_embed, then run
+ * by npu_prefill on the backend it names; both or neither); the rest are required. A runtime checks then skips
+ * programs it does not know, so newer compilers' extras are harmless. */
 #define EL_PROGRAM_NAMES {"prefill", "prefill_logits", "decode", "head", "prefill_short", "npu_embed", "npu_prefill"}
+
+/* el_plan_program.flags (version 4; older plans have 0, and their npu_prefill counts as EL_PROGRAM_SKIPS_FIRST) */
+enum {
+  EL_PROGRAM_SKIPS_FIRST = 1, /* calibrated without a sequence's first token (the attention sink, whose massive
+                                 activations 16-bit graphs leave out): position 0 runs through decode instead */
+};
 
 /* el_plan_kernel.flags / el_kernel_info.flags */
 enum { EL_KERNEL_WRITES_KV = 1 /* its outputs may be KV cache views (RoPE'd K, V projections, copies) */ };
@@ -165,14 +160,27 @@ typedef struct {
 
 typedef struct {
   char name[24];
+  char backend[EL_BACKEND_NAME_BYTES]; /* registry name of the backend that runs it */
   uint32_t tokens;        /* T: tokens per run (1 or chunk) */
   uint32_t n_steps;
   uint64_t in_offset;     /* arena byte offset of the input (int32 ids; f32 hidden for "head") */
   uint64_t out_offset;    /* arena byte offset of the output */
   uint64_t out_row_bytes; /* bytes of one output row (dim*4 or vocab*4) */
-  uint32_t backend;       /* EL_BACKEND_* */
-  uint32_t flags;         /* 0 */
+  uint32_t flags;         /* EL_PROGRAM_* */
+  uint32_t reserved;      /* 0 */
 } el_plan_program;
+
+/* The program record of version 2 and 3 plans: the backend by index (0 tvm_cpu, 1 qnn_ort, 2 opencl). */
+typedef struct {
+  char name[24];
+  uint32_t tokens;
+  uint32_t n_steps;
+  uint64_t in_offset;
+  uint64_t out_offset;
+  uint64_t out_row_bytes;
+  uint32_t backend;
+  uint32_t flags; /* 0 */
+} el_plan_program_v3;
 
 typedef struct {
   uint32_t kind;       /* EL_STEP_* */

@@ -21,8 +21,8 @@ ROUTING, ROUTING_MAGIC, ROUTING_VERSION = "routing.bin", b"EDGEROUT", 1
 BIN_DIR, RUNNER = "bin", "bin/edgellm-run"
 REQUIRED_FILES = (MANIFEST, PLAN, WEIGHTS)   # + the kernels: kernels.so, or kernels.cl and kernels.cltab (GPU)
 
-PLAN_MAGIC, PLAN_VERSION = b"EDGEPLAN", 3
-PLAN_VERSION_MIN = 2                    # plans without PREDICT steps are written as version 2 (older runtimes read them)
+PLAN_MAGIC, PLAN_VERSION = b"EDGEPLAN", 4   # 3 added PREDICT steps, 4 backend names (PROGRAM)
+PLAN_VERSION_MIN = 2                    # the oldest the runtime reads (2 and 3: PROGRAM_V3 records)
 WEIGHT_ALIGN = 16 * 1024                # weight regions in weights.bin (Android page size; x86's 4 KiB divides it)
 TENSOR_ALIGN = 64                       # every tensor a kernel sees (TVM's alignment assumption)
 MAX_EOS = 8
@@ -37,8 +37,12 @@ ARG_ARENA, ARG_WEIGHT, ARG_KCACHE, ARG_VCACHE, ARG_SETTINGS = 0, 1, 2, 3, 4
 SETTING_FFN_THRESHOLD, N_SETTINGS = 0, 4   # float32 run-time settings kernels read (ARG_SETTINGS)
 FLAG_AT_POS, FLAG_PREFIX, FLAG_EXPERT, FLAG_SLOT = 1, 2, 4, 8
 STEP_CALL, STEP_ROUTE, STEP_PREDICT = 0, 1, 2
-BACKENDS = ("tvm_cpu", "qnn_ort", "opencl")       # the tag of a backend is its index
-BACKEND_TVM_CPU, BACKEND_QNN_ORT, BACKEND_OPENCL = 0, 1, 2
+# backends are named in the plan (the runtime's registry: runtime/edgellm_backend.h); these are the built-in ones,
+# in the order version 2/3 plans numbered them
+BACKEND_TVM_CPU, BACKEND_QNN_ORT, BACKEND_OPENCL = "tvm_cpu", "qnn_ort", "opencl"
+BACKENDS = (BACKEND_TVM_CPU, BACKEND_QNN_ORT, BACKEND_OPENCL)
+BACKEND_NAME_BYTES = 16
+PROGRAM_SKIPS_FIRST = 1                 # program flag: calibrated without the first token; position 0 runs via decode
 # android-gpu / opencl (read by runtime/backend_opencl.c; written by compiler/opencl/build.py)
 OPENCL_SOURCE, OPENCL_TABLE, OPENCL_CACHE_DIR = "kernels.cl", "kernels.cltab", "opencl-cache"
 PROGRAMS = ("prefill", "prefill_logits", "decode", "head", "prefill_short", "npu_embed", "npu_prefill")
@@ -102,14 +106,19 @@ HEADER = Layout("el_plan_header", (
     *((f"sampling.{n}", f) for n, f in SAMPLING.fields)))
 WEIGHT = Layout("el_plan_weight", (("offset", "Q"), ("nbytes", "Q")))
 KERNEL = Layout("el_plan_kernel", (("name", "64s"), ("n_args", "I"), ("flags", "I"), ("writes", "Q")))
-PROGRAM = Layout("el_plan_program", (("name", "24s"), ("tokens", "I"), ("n_steps", "I"), ("in_offset", "Q"),
-                                     ("out_offset", "Q"), ("out_row_bytes", "Q"), ("backend", "I"), ("flags", "I")))
+PROGRAM = Layout("el_plan_program", (("name", "24s"), ("backend", f"{BACKEND_NAME_BYTES}s"), ("tokens", "I"),
+                                     ("n_steps", "I"), ("in_offset", "Q"), ("out_offset", "Q"), ("out_row_bytes", "Q"),
+                                     ("flags", "I"), ("reserved", "I")))
+# version 2 and 3 plans: the backend as an index into BACKENDS
+PROGRAM_V3 = Layout("el_plan_program_v3", (("name", "24s"), ("tokens", "I"), ("n_steps", "I"), ("in_offset", "Q"),
+                                           ("out_offset", "Q"), ("out_row_bytes", "Q"), ("backend", "I"),
+                                           ("flags", "I")))
 STEP = Layout("el_plan_step", (("kind", "I"), ("kernel", "I"), ("n_args", "I"), ("n_body", "I"), ("ids_offset", "Q"),
                                ("n_select", "I"), ("n_experts", "I")))
 ARG = Layout("el_plan_arg", (("kind", "I"), ("index", "I"), ("dtype_code", "B"), ("dtype_bits", "B"),
                              ("dtype_lanes", "H"), ("ndim", "I"), ("flags", "I"), ("expert_stride", "I"),
                              ("offset", "Q"), ("shape", f"{MAX_ARGS_NDIM}q")))
-LAYOUTS = (SAMPLING, HEADER, WEIGHT, KERNEL, PROGRAM, STEP, ARG)
+LAYOUTS = (SAMPLING, HEADER, WEIGHT, KERNEL, PROGRAM, PROGRAM_V3, STEP, ARG)
 
 
 # ---- the manifest's tensor table ----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 /* Shared between the libedgellm translation units; nothing here is exported.
  *
  *   loader.c          el_model: plan.bin parsed and checked, backends opened, weight store, tokenizer
+ *   backends.c        the backend registry (edgellm_backend.h): built-ins and registered backends, by name
  *   backend_tvm_cpu.c the TVM CPU backend: kernels.so (or linked-in kernels), runs a program's steps
  *   backend_opencl.c  the OpenCL backend: kernels.cl + kernels.cltab on a dlopened OpenCL driver
  *   context.c         el_context: KV cache, arena, position; prefill / decode over the programs
@@ -18,6 +19,7 @@
 #include "../offload/store.h"
 #include "contract.h"
 #include "edgellm.h"
+#include "edgellm_backend.h"
 #include "tokenizer.h"
 #include "tvm_abi.h"
 
@@ -47,27 +49,37 @@ typedef struct {
   uint64_t weight_bytes; /* CALL: bytes of weights the kernel reads (its views; a lookup table: the looked-up rows) */
 } el_step;
 
+/* The programs this runtime knows, by index into EL_PROGRAM_NAMES (contract.h): the context's prefill and decode
+ * loops name them; a plan's other programs are checked and skipped. Runtime-internal (plans name programs). */
+enum {
+  EL_PROG_PREFILL = 0,
+  EL_PROG_PREFILL_LOGITS,
+  EL_PROG_DECODE,
+  EL_PROG_HEAD,
+  EL_PROG_PREFILL_SHORT,
+  EL_PROG_STAGE_EMBED, /* a staged prefill's first program ("npu_embed") */
+  EL_PROG_STAGE_RUN,   /* and its second ("npu_prefill") */
+  EL_N_PROGRAMS
+};
+#define EL_MAX_MODEL_BACKENDS 8 /* distinct backends one model's programs may name */
+
 typedef struct {
   int present;
   el_plan_program p;
+  int slot; /* index into el_model.backends */
   uint32_t n_steps;
   el_step* steps;
   uint32_t* order; /* the weights its steps use, in first-use order (announced to the store when it starts) */
   uint32_t n_order;
 } el_program;
 
-/* A backend runs whole programs (ExecuTorch's BackendInterface at program granularity). open/close are per model
- * (kernels, sessions); bind/unbind per context (device buffers; may be NULL); run executes program `prog` of
- * context c with `pos` tokens already in its KV cache: its input is in the arena at p.in_offset, its output goes to
- * p.out_offset. Every backend reads and writes the one KV layout the context owns. */
+/* A backend a model's programs name (loader.c): opened once per model, bound once per context. */
 typedef struct {
-  const char* name;
-  int (*open)(el_model* m, const char* dir, void** state);
-  void (*close)(void* state);
-  int (*bind)(void* state, el_context* c, void** ctx_state);
-  void (*unbind)(void* ctx_state);
-  int (*run)(void* state, void* ctx_state, el_context* c, int prog, int pos);
-} el_backend;
+  const el_backend* be;
+  void* state;
+  int open;
+  uint32_t programs; /* bit k: program k runs on it */
+} el_backend_slot;
 
 /* weight_order.c: how the programs use the weights (for stores that stream them) */
 typedef struct {
@@ -84,6 +96,9 @@ EL_HIDDEN void el_weight_use_free(el_weight_use* u);
 EL_HIDDEN extern const el_backend el_backend_tvm_cpu;
 EL_HIDDEN extern const el_backend el_backend_qnn_ort;
 EL_HIDDEN extern const el_backend el_backend_opencl;
+/* backends.c: the name a version 2/3 plan's backend index stands for (NULL: none); the registered names, joined */
+EL_HIDDEN const char* el_backend_legacy_name(uint32_t index);
+EL_HIDDEN int el_backend_names(char* out, size_t cap);
 
 /* The NPU backend's load options (copies: el_load_options' strings belong to the caller). */
 typedef struct {
@@ -92,7 +107,6 @@ typedef struct {
   char* qnn_ep_library;
   char* qnn_backend;
 } el_npu_options;
-EL_HIDDEN const el_backend* el_backend_get(uint32_t tag); /* NULL: unknown tag */
 
 struct el_model {
   el_plan_header h;
@@ -101,12 +115,12 @@ struct el_model {
   const el_plan_weight* weights;
   const el_plan_kernel* kernels;
   el_program prog[EL_N_PROGRAMS];
-  void* backend_state[EL_N_BACKENDS];
-  int backend_open[EL_N_BACKENDS];
+  el_backend_slot backends[EL_MAX_MODEL_BACKENDS];
+  int n_backends;
   el_weight_store* store;
   el_npu_options npu;
-  int use_npu;        /* prompts prefill through npu_embed + npu_prefill */
-  char npu_note[1024]; /* why not, when the NPU was asked for with AUTO and did not open */
+  int staged_prefill;     /* prompts prefill through the staged programs (their backend opened) */
+  char prefill_note[1024]; /* why not, when the staged prefill was asked for with AUTO and its backend did not open */
   el_tokenizer* tok; /* NULL: no tokenizer.bin */
   uint64_t cache_bytes; /* bytes of one layer's K (or V) cache: kv_rows * n_kv_heads * head_dim * 4 */
   uint64_t memory_budget; /* el_load_options.memory_budget (0: none) */
@@ -151,7 +165,7 @@ struct el_context {
   size_t caches_map, cache_stride;
   int pos, n_threads;
   int kv_high; /* cache rows [0, kv_high) may hold data: rows past pos there are stale (an earlier conversation's) */
-  void* backend_ctx[EL_N_BACKENDS];
+  void* backend_ctx[EL_MAX_MODEL_BACKENDS]; /* per el_model.backends slot */
   uint64_t backend_bytes; /* what the backends allocated for this context (bind) */
   el_stats stats;
   double* prof_s; /* EDGELLM_PROFILE: per program step (prog_base offsets), seconds summed over runs */

@@ -85,6 +85,10 @@ P, I32P, F32P = C.c_void_p, C.POINTER(C.c_int32), C.POINTER(C.c_float)
 _SIGS = {
     "el_last_error": (C.c_char_p, []),
     "el_version": (C.c_char_p, []),
+    # the backend registry (edgellm_backend.h): an el_backend* is opaque here
+    "el_backend_find": (C.c_void_p, [C.c_char_p]),
+    "el_backend_register": (C.c_int, [C.c_void_p]),
+    "el_program_name": (C.c_char_p, [C.c_int]),
     "el_load_options_init": (None, [C.POINTER(LoadOptions)]),
     "el_parse_bytes": (C.c_int, [C.c_char_p, C.POINTER(C.c_uint64)]),
     "el_model_load": (P, [C.c_char_p, C.POINTER(LoadOptions)]),

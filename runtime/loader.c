@@ -24,11 +24,15 @@ _Static_assert(sizeof(el_plan_sampling) == 32, "el_plan_sampling layout");
 _Static_assert(sizeof(el_plan_header) == 264, "el_plan_header layout");
 _Static_assert(sizeof(el_plan_weight) == 16, "el_plan_weight layout");
 _Static_assert(sizeof(el_plan_kernel) == 80, "el_plan_kernel layout");
-_Static_assert(sizeof(el_plan_program) == 64, "el_plan_program layout");
+_Static_assert(sizeof(el_plan_program) == 80, "el_plan_program layout");
+_Static_assert(sizeof(el_plan_program_v3) == 64, "el_plan_program_v3 layout");
 _Static_assert(sizeof(el_plan_step) == 32, "el_plan_step layout");
 _Static_assert(sizeof(el_plan_arg) == 64, "el_plan_arg layout");
 
-static const char* const PROGRAM_NAMES[EL_N_PROGRAMS] = EL_PROGRAM_NAMES;
+static const char* const PROGRAM_NAMES[] = EL_PROGRAM_NAMES;
+_Static_assert(sizeof PROGRAM_NAMES / sizeof *PROGRAM_NAMES == EL_N_PROGRAMS, "a name per program index");
+
+EL_API const char* el_program_name(int k) { return k >= 0 && k < EL_N_PROGRAMS ? PROGRAM_NAMES[k] : NULL; }
 
 /* Errors and clocks ------------------------------------------------------------------------------------------ */
 
@@ -383,7 +387,7 @@ static int build_program(el_model* m, el_program* pg, const el_plan_program* p, 
   size_t per_arg = sizeof(DLTensor) + 4 * sizeof(int64_t) + sizeof(uint64_t);
   uint8_t* mem = calloc(1, sizeof(el_step) * (p->n_steps + 1) + per_arg * (size_t)n_args);
   if (!mem) return el_error("out of memory building program %s", p->name);
-  pg->present = 1;
+  pg->present = 1; /* pg->slot: set by use_backend */
   pg->p = *p;
   pg->n_steps = p->n_steps;
   pg->steps = (el_step*)mem;
@@ -429,6 +433,27 @@ static int build_program(el_model* m, el_program* pg, const el_plan_program* p, 
   return 0;
 }
 
+/* Gives program k the model's slot for the backend it names, adding the slot on first use. */
+static int use_backend(el_model* m, el_program* pg, int k, const char* name) {
+  const el_backend* be = el_backend_find(name);
+  if (!be) {
+    char names[512];
+    el_backend_names(names, sizeof names);
+    return el_error("program %s runs on backend \"%s\", which this runtime does not have (it has: %s): recompile "
+                    "the package for this runtime, or register that backend before loading", PROGRAM_NAMES[k], name,
+                    names);
+  }
+  int s = 0;
+  while (s < m->n_backends && m->backends[s].be != be) s++;
+  if (s == m->n_backends) {
+    if (s == EL_MAX_MODEL_BACKENDS) return corrupt("its programs name more than %d backends", EL_MAX_MODEL_BACKENDS);
+    m->backends[m->n_backends++].be = be;
+  }
+  m->backends[s].programs |= 1u << k;
+  pg->slot = s;
+  return 0;
+}
+
 /* Parses and checks everything after the header and builds the programs. */
 static int parse_plan(el_model* m) {
   const el_plan_header* h = &m->h;
@@ -454,20 +479,39 @@ static int parse_plan(el_model* m) {
                      (unsigned long long)k->writes, k->flags);
   }
   for (uint32_t pi = 0; pi < h->n_programs; pi++) {
-    const el_plan_program* p = take(&c, sizeof *p, 1);
-    if (!p) return corrupt("program %u of %u runs past the end of the file", pi, h->n_programs);
-    if (!memchr(p->name, 0, sizeof p->name)) return corrupt("program %u has no NUL-terminated name", pi);
+    el_plan_program rec; /* a version 2/3 record read into the version 4 layout */
+    const el_plan_program* p = &rec;
+    if (h->version >= 4) {
+      const el_plan_program* r = take(&c, sizeof *r, 1);
+      if (!r) return corrupt("program %u of %u runs past the end of the file", pi, h->n_programs);
+      rec = *r;
+      if (!memchr(p->name, 0, sizeof p->name)) return corrupt("program %u has no NUL-terminated name", pi);
+      if (!memchr(p->backend, 0, sizeof p->backend) || !p->backend[0])
+        return corrupt("program %s has no NUL-terminated backend name", p->name);
+      if (p->flags & ~(uint32_t)EL_PROGRAM_SKIPS_FIRST || p->reserved)
+        return corrupt("program %s has unknown flags %#x", p->name, p->flags);
+    } else {
+      const el_plan_program_v3* r = take(&c, sizeof *r, 1);
+      if (!r) return corrupt("program %u of %u runs past the end of the file", pi, h->n_programs);
+      if (!memchr(r->name, 0, sizeof r->name)) return corrupt("program %u has no NUL-terminated name", pi);
+      if (r->flags) return corrupt("program %s has unknown flags %#x", r->name, r->flags);
+      const char* backend = el_backend_legacy_name(r->backend);
+      if (!backend) return corrupt("program %s runs on backend %u, which no edgellm had", r->name, r->backend);
+      memset(&rec, 0, sizeof rec);
+      memcpy(rec.name, r->name, sizeof rec.name);
+      snprintf(rec.backend, sizeof rec.backend, "%s", backend);
+      rec.tokens = r->tokens, rec.n_steps = r->n_steps, rec.in_offset = r->in_offset, rec.out_offset = r->out_offset;
+      rec.out_row_bytes = r->out_row_bytes;
+      if (!strcmp(rec.name, "npu_prefill")) rec.flags = EL_PROGRAM_SKIPS_FIRST; /* what the runtime then did */
+    }
     if (p->n_steps > (1u << 24)) return corrupt("program %s has %u steps", p->name, p->n_steps);
-    if (p->flags) return corrupt("program %s has unknown flags %#x", p->name, p->flags);
     int which = -1;
     for (int k = 0; k < EL_N_PROGRAMS; k++)
       if (!strcmp(p->name, PROGRAM_NAMES[k])) which = k;
     /* unknown programs (from a newer compiler) are checked, then skipped */
     el_program* pg = which >= 0 ? &m->prog[which] : NULL;
     if (pg && pg->present) return corrupt("program %s appears twice", p->name);
-    if (pg && !el_backend_get(p->backend))
-      return el_error("program %s runs on backend %u, which this runtime does not have: recompile the package for "
-                      "this runtime's backends", p->name, p->backend);
+    if (pg && use_backend(m, pg, which, p->backend) != 0) return -1;
     size_t steps_off = c.off;
     uint64_t n_args = 0;
     uint32_t body_left = 0;
@@ -479,11 +523,11 @@ static int parse_plan(el_model* m) {
   if (c.off != m->plan_size) return corrupt("%zu unexpected bytes after the last program", m->plan_size - c.off);
 
   /* programs: present, right token counts, inputs and outputs inside the arena */
-  int has_npu = m->prog[EL_PROG_NPU_EMBED].present + m->prog[EL_PROG_NPU_PREFILL].present;
-  if (has_npu == 1) return corrupt("plan.bin has one of npu_embed / npu_prefill without the other");
+  int staged = m->prog[EL_PROG_STAGE_EMBED].present + m->prog[EL_PROG_STAGE_RUN].present;
+  if (staged == 1) return corrupt("plan.bin has one of npu_embed / npu_prefill without the other");
   for (int k = 0; k < EL_N_PROGRAMS; k++) {
     const el_program* pg = &m->prog[k];
-    int npu = k == EL_PROG_NPU_EMBED || k == EL_PROG_NPU_PREFILL;
+    int npu = k == EL_PROG_STAGE_EMBED || k == EL_PROG_STAGE_RUN;
     if (!pg->present && (k == EL_PROG_PREFILL_SHORT || npu)) continue;
     if (!pg->present)
       return el_error("plan.bin has no program \"%s\": the package was made by an incompatible compiler; "
@@ -496,12 +540,15 @@ static int parse_plan(el_model* m) {
         return corrupt("program %s has output rows of %llu bytes, prefill's are %llu", p->name,
                        (unsigned long long)p->out_row_bytes, (unsigned long long)m->prog[EL_PROG_PREFILL].p.out_row_bytes);
     } else if (npu) {
-      const el_plan_program* e = &m->prog[EL_PROG_NPU_EMBED].p;
+      const el_plan_program* e = &m->prog[EL_PROG_STAGE_EMBED].p;
       if (p->tokens < 1 || p->tokens != e->tokens || p->tokens > h->kv_rows - h->max_ctx)
         return corrupt("program %s runs %u tokens (npu_embed %u, cache rows past the context %u)", p->name, p->tokens,
                        e->tokens, h->kv_rows - h->max_ctx);
-      if (k == EL_PROG_NPU_PREFILL && (p->backend != EL_BACKEND_QNN_ORT || p->n_steps || p->in_offset != e->out_offset))
-        return corrupt("program %s must run on the NPU backend with npu_embed's output as its input", p->name);
+      if (k == EL_PROG_STAGE_RUN && p->in_offset != e->out_offset)
+        return corrupt("program %s must take npu_embed's output as its input", p->name);
+      if (k == EL_PROG_STAGE_RUN && m->backends[pg->slot].programs != 1u << k)
+        return corrupt("program %s must run on a backend of its own (it names \"%s\", which runs other programs)",
+                       p->name, p->backend);
     } else {
       uint32_t want_t = (k == EL_PROG_PREFILL || k == EL_PROG_PREFILL_LOGITS) ? h->chunk : 1;
       if (p->tokens != want_t) return corrupt("program %s runs %u tokens, expected %u", p->name, p->tokens, want_t);
@@ -521,25 +568,17 @@ static int parse_plan(el_model* m) {
       return corrupt("program %s input/output offsets %llu/%llu are not multiples of %d", p->name,
                      (unsigned long long)p->in_offset, (unsigned long long)p->out_offset, EL_TENSOR_ALIGN);
     uint64_t in_bytes = k == EL_PROG_HEAD ? 4ull * h->dim
-                        : k == EL_PROG_NPU_PREFILL ? 4ull * h->dim * p->tokens : 4ull * p->tokens;
+                        : k == EL_PROG_STAGE_RUN ? 4ull * h->dim * p->tokens : 4ull * p->tokens;
     if (!fits(p->in_offset, in_bytes, h->arena_bytes))
       return corrupt("program %s input [%llu, +%llu) lies outside the arena (%llu bytes)", p->name,
                      (unsigned long long)p->in_offset, (unsigned long long)in_bytes,
                      (unsigned long long)h->arena_bytes);
-    if (k == EL_PROG_NPU_PREFILL && p->in_offset < p->out_offset + p->out_row_bytes * p->tokens &&
+    if (k == EL_PROG_STAGE_RUN && p->in_offset < p->out_offset + p->out_row_bytes * p->tokens &&
         p->out_offset < p->in_offset + in_bytes)
       return corrupt("program %s input and output overlap", p->name);
   }
   return 0;
 }
-
-/* Backends ----------------------------------------------------------------------------------------------------- */
-
-static const el_backend* const BACKENDS[EL_N_BACKENDS] = {[EL_BACKEND_TVM_CPU] = &el_backend_tvm_cpu,
-                                                           [EL_BACKEND_QNN_ORT] = &el_backend_qnn_ort,
-                                                           [EL_BACKEND_OPENCL] = &el_backend_opencl};
-
-const el_backend* el_backend_get(uint32_t tag) { return tag < EL_N_BACKENDS ? BACKENDS[tag] : NULL; }
 
 /* Public API: load / free -------------------------------------------------------------------------------------- */
 
@@ -553,8 +592,8 @@ EL_API void el_load_options_init(el_load_options* o) {
 
 static void model_destroy(el_model* m) {
   for (int k = 0; k < EL_N_PROGRAMS; k++) free(m->prog[k].steps), free(m->prog[k].order);
-  for (int b = 0; b < EL_N_BACKENDS; b++)
-    if (m->backend_open[b]) BACKENDS[b]->close(m->backend_state[b]);
+  for (int b = 0; b < m->n_backends; b++)
+    if (m->backends[b].open) m->backends[b].be->close(m->backends[b].state);
   if (m->store) m->store->close(m->store);
   if (m->tok) el_tok_free(m->tok);
   free(m->npu.soc), free(m->npu.ort_library), free(m->npu.qnn_ep_library), free(m->npu.qnn_backend);
@@ -616,6 +655,14 @@ static int load_routing(el_model* m, const char* dir) {
   return 0;
 }
 
+/* The name of a backend that holds every weight in device memory (EL_BACKEND_DEVICE_WEIGHTS), or NULL. */
+static const char* device_backend(const el_model* m) {
+  for (int b = 0; b < m->n_backends; b++)
+    if (m->backends[b].be->caps & EL_BACKEND_DEVICE_WEIGHTS) return m->backends[b].be->name;
+  return NULL;
+}
+static int device_weights(const el_model* m) { return device_backend(m) != NULL; }
+
 static int open_store(el_model* m, const char* weights_path, const el_load_options* opt) {
   el_weight_use use;
   if (el_weight_use_of(m, &use) != 0) return -1;
@@ -628,14 +675,13 @@ static int open_store(el_model* m, const char* weights_path, const el_load_optio
   int resident = policy && !strcmp(policy, "resident");
   int window = policy && !strcmp(policy, "window");
   int experts = policy && !strcmp(policy, "experts");
-  int moe = has_experts(m), gpu = 0;
-  for (int k = 0; k < EL_N_PROGRAMS; k++) gpu |= m->prog[k].present && m->prog[k].p.backend == EL_BACKEND_OPENCL;
+  int moe = has_experts(m), gpu = device_weights(m);
   uint64_t whole = ctx + m->h.weights_bytes; /* everything resident */
   char err[512];
   int rc = -1;
   if (gpu && (window || experts)) {
-    el_error("the OpenCL backend keeps every weight in GPU-visible memory: weight policy \"%s\" applies to CPU "
-             "packages (use \"resident\")", policy);
+    el_error("the %s backend keeps every weight in its device's memory: weight policy \"%s\" applies to CPU "
+             "packages (use \"resident\")", device_backend(m), policy);
     goto out;
   }
   if (gpu) policy = "resident", resident = 1;
@@ -660,7 +706,7 @@ static int open_store(el_model* m, const char* weights_path, const el_load_optio
     /* the smallest budget that loads with this policy (auto: the least of them) */
     m->minimum_budget = window ? min_w : experts ? min_e : whole < min_w ? whole : min_w;
     if (!window && !experts && min_e < m->minimum_budget) m->minimum_budget = min_e;
-    if (gpu) m->minimum_budget = whole; /* the OpenCL backend holds every weight */
+    if (gpu) m->minimum_budget = whole; /* a device backend holds every weight */
     if (budget && !resident && budget < m->minimum_budget) {
       el_error("the memory budget (%.1f MB) is below this package's minimum of %.1f MB: %.1f MB of weights %s + "
                "%.1f MB for a context's KV cache and activations (%u tokens of context)", budget / 1e6,
@@ -759,15 +805,14 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   }
 
   /* options the package has nothing for are errors, not silently ignored (the Python API says the same first) */
-  int gpu = 0, reads_settings = 0;
+  int gpu = device_weights(m), reads_settings = 0;
   for (int k = 0; k < EL_N_PROGRAMS; k++) {
     if (!m->prog[k].present) continue;
-    gpu |= m->prog[k].p.backend == EL_BACKEND_OPENCL;
     for (uint32_t si = 0; si < m->prog[k].n_steps; si++)
       for (uint32_t ai = 0; ai < m->prog[k].steps[si].n_args; ai++)
         reads_settings |= m->prog[k].steps[si].args[ai].kind == EL_ARG_SETTINGS;
   }
-  if (opt->npu_soc && *opt->npu_soc && strcmp(opt->npu_soc, "auto") != 0 && !m->prog[EL_PROG_NPU_PREFILL].present) {
+  if (opt->npu_soc && *opt->npu_soc && strcmp(opt->npu_soc, "auto") != 0 && !m->prog[EL_PROG_STAGE_RUN].present) {
     el_error("npu-soc applies to android-npu / host-npu packages (NPU graphs); this package has none");
     goto fail;
   }
@@ -780,28 +825,29 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
     goto fail;
   }
 
-  /* the backends the programs run on (the TVM CPU backend checks the machine, then loads the kernels); the NPU
-   * backend only when prompts are to be prefilled there */
-  int npu_wanted = m->prog[EL_PROG_NPU_PREFILL].present && opt->prefill_backend != EL_PREFILL_CPU;
-  if (opt->prefill_backend == EL_PREFILL_NPU && !m->prog[EL_PROG_NPU_PREFILL].present) {
+  /* the backends the programs run on (the TVM CPU backend checks the machine, then loads the kernels); a staged
+   * prefill's backend only when prompts are to be prefilled there, and with AUTO a staged backend that does not
+   * open leaves prompts to the plain prefill */
+  int staged_present = m->prog[EL_PROG_STAGE_RUN].present;
+  int staged_slot = staged_present ? m->prog[EL_PROG_STAGE_RUN].slot : -1;
+  if (opt->prefill_backend == EL_PREFILL_NPU && !staged_present) {
     el_error("this package has no NPU graphs (prefill backend npu): compile it with --target android-npu, or use the "
              "CPU prefill");
     goto fail;
   }
-  for (int k = 0; k < EL_N_PROGRAMS && !m->plan_only; k++) {
-    if (!m->prog[k].present) continue;
-    uint32_t b = m->prog[k].p.backend;
-    if (m->backend_open[b] || (b == EL_BACKEND_QNN_ORT && !npu_wanted)) continue;
-    if (BACKENDS[b]->open(m, dir, &m->backend_state[b]) != 0) {
-      if (b == EL_BACKEND_QNN_ORT && opt->prefill_backend == EL_PREFILL_AUTO) {
-        snprintf(m->npu_note, sizeof m->npu_note, "%s", el_last_error());
-        continue; /* AUTO: prefill on the CPU; el_model_prefill_backend tells why */
+  for (int b = 0; b < m->n_backends && !m->plan_only; b++) {
+    el_backend_slot* bs = &m->backends[b];
+    if (b == staged_slot && opt->prefill_backend == EL_PREFILL_CPU) continue;
+    if (bs->be->open(m, dir, bs->programs, &bs->state) != 0) {
+      if (b == staged_slot && opt->prefill_backend == EL_PREFILL_AUTO) {
+        snprintf(m->prefill_note, sizeof m->prefill_note, "%s", el_last_error());
+        continue; /* AUTO: the plain prefill; el_model_prefill_backend tells why */
       }
       goto fail;
     }
-    m->backend_open[b] = 1;
+    bs->open = 1;
   }
-  m->use_npu = m->backend_open[EL_BACKEND_QNN_ORT];
+  m->staged_prefill = staged_slot >= 0 && m->backends[staged_slot].open;
 
   if (load_routing(m, dir) != 0 || open_store(m, path, opt) != 0) goto fail;
 
@@ -869,8 +915,8 @@ EL_API int el_model_device(const el_model* m, char* out, int cap) {
 
 EL_API int el_model_prefill_backend(const el_model* m, char* note, int cap) {
   if (!m) return el_error("el_model_prefill_backend: model is NULL");
-  if (note && cap > 0) snprintf(note, (size_t)cap, "%s", m->npu_note);
-  return m->use_npu ? EL_PREFILL_NPU : EL_PREFILL_CPU;
+  if (note && cap > 0) snprintf(note, (size_t)cap, "%s", m->prefill_note);
+  return m->staged_prefill ? EL_PREFILL_NPU : EL_PREFILL_CPU;
 }
 #undef GETTER
 

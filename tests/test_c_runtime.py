@@ -360,7 +360,8 @@ def test_bad_magic_version_truncation(lib, kernels_so, tmp_path):
     plan = tp.plan_bytes()
     assert "not an edgellm plan" in load_error(lib, variant(kernels_so, tmp_path, b"XDGEPLAN" + plan[8:]))
     assert load_error(lib, variant(kernels_so, tmp_path, version=1)) == (
-        "package format version 1, this runtime reads 2 to 3: recompile the package with this edgellm")
+        f"package format version 1, this runtime reads {tp.K.PLAN_VERSION_MIN} to {tp.K.PLAN_VERSION}: recompile the "
+        "package with this edgellm")
     assert "plan.bin is truncated: 100 bytes" in load_error(lib, variant(kernels_so, tmp_path, plan[:100]))
     assert "plan.bin is corrupt" in load_error(lib, variant(kernels_so, tmp_path, plan[:-10]))
     assert "unexpected bytes after the last program" in load_error(lib, variant(kernels_so, tmp_path, plan + bytes(8)))
@@ -860,3 +861,79 @@ def test_thread_pool_unit(tmp_path):
 
 def test_version(lib):
     assert lib.el_version().decode().count(".") == 2
+
+
+# --- backends by name ---------------------------------------------------------------------------------------------
+
+def _with_backend(plan: bytes, name: bytes) -> bytes:
+    """Every program of a version 4 plan renamed onto backend `name`."""
+    K = tp.K
+    h = K.HEADER.unpack(plan)
+    at = K.HEADER.size + h["n_weights"] * K.WEIGHT.size + h["n_kernels"] * K.KERNEL.size
+    out = bytearray(plan)
+    for _ in range(h["n_programs"]):
+        p = K.PROGRAM.unpack(plan, at)
+        out[at + K.PROGRAM.offsets()["backend"]:at + K.PROGRAM.offsets()["backend"] + K.BACKEND_NAME_BYTES] = \
+            name.ljust(K.BACKEND_NAME_BYTES, b"\0")
+        at += K.PROGRAM.size
+        for _ in range(p["n_steps"]):
+            s = K.STEP.unpack(plan, at)
+            at += K.STEP.size + s["n_args"] * K.ARG.size
+    return bytes(out)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_older_plans_number_their_backends(lib, kernels_so, tmp_path, ref, version):
+    """Plans of versions 2 and 3 give the backend as an index (the v3 program record): still read, same logits."""
+    seq = [5, 7, 9, 11, 13, 2, 4]
+    m = load(lib, variant(kernels_so, tmp_path, version=version))
+    try:
+        rc, lg = prefill(lib, m, seq)
+        assert rc == 0, err(lib)
+        np.testing.assert_allclose(lg, ref(seq)[:7], rtol=1e-4, atol=1e-4)
+    finally:
+        m.close()
+    bad = bytearray(tp.plan_bytes(version=3))
+    at = tp.HEADER.size + len(tp.WEIGHT_ORDER) * 16 + len(tp.KERNELS) * tp.KERNEL.size
+    bad[at + tp.K.PROGRAM_V3.offsets()["backend"]] = 7
+    assert "runs on backend 7, which no edgellm had" in load_error(lib, variant(kernels_so, tmp_path, bytes(bad)))
+
+
+def test_unknown_backend_name_is_one_line(lib, kernels_so, tmp_path):
+    msg = load_error(lib, variant(kernels_so, tmp_path, _with_backend(tp.plan_bytes(), b"nope")))
+    assert 'runs on backend "nope", which this runtime does not have (it has: tvm_cpu, qnn_ort, opencl' in msg
+    unterminated = _with_backend(tp.plan_bytes(), b"x" * tp.K.BACKEND_NAME_BYTES)
+    assert "no NUL-terminated backend name" in load_error(lib, variant(kernels_so, tmp_path, unterminated))
+
+
+def test_an_extra_backend_registers_without_touching_the_library(lib, lib_path, kernels_so, tmp_path, ref):
+    """A backend built outside libedgellm (tests/c/trace_backend.c, public headers only) registers by name, a plan
+    names it, and the runtime runs every program through it: it counts and delegates to tvm_cpu."""
+    so = tmp_path / "trace.so"
+    subprocess.run([CC, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared",
+                    f"-I{ROOT / 'runtime'}", str(Path(__file__).parent / "c" / "trace_backend.c"), str(lib_path),
+                    f"-Wl,-rpath,{lib_path.parent}", "-o", str(so)], check=True)
+    trace = C.CDLL(str(so))
+    assert trace.trace_register(b"tvm_cpu") == 0, err(lib)
+    backend = C.addressof(C.c_char.in_dll(trace, "trace_backend"))
+    assert lib.el_backend_find(b"trace") == backend
+    assert lib.el_backend_register(backend) == 0  # the same backend again: a no-op
+    runs = (C.c_long * 16).in_dll(trace, "trace_runs")
+    counts = lambda name: C.c_long.in_dll(trace, name).value  # noqa: E731
+    seq = [5, 7, 9, 11, 13, 2, 4]
+    m = load(lib, variant(kernels_so, tmp_path, _with_backend(tp.plan_bytes(), b"trace")))
+    try:
+        assert counts("trace_opens") == 1 and counts("trace_binds") == 1
+        names = [lib.el_program_name(k).decode() for k in range(4)]
+        assert names == ["prefill", "prefill_logits", "decode", "head"] and lib.el_program_name(99) is None
+        assert C.c_uint.in_dll(trace, "trace_programs").value == 0b1111  # the four programs the plan has
+        rc, lg = prefill(lib, m, seq)
+        assert rc == 0, err(lib)
+        np.testing.assert_allclose(lg, ref(seq)[:7], rtol=1e-4, atol=1e-4)
+        rc, lg = decode(lib, m, 30)
+        assert rc == 0, err(lib)
+        np.testing.assert_allclose(lg, ref(seq + [30])[7], rtol=1e-4, atol=1e-4)
+        assert (runs[1], runs[2]) == (2, 1)  # two chunks of prefill_logits (4 + 3 tokens), one decode
+    finally:
+        m.close()
+    assert counts("trace_unbinds") == 1 and counts("trace_closes") == 1

@@ -137,7 +137,7 @@ def test_missing_driver_and_platform_are_one_line_errors(packages, tmp_path):
 
 def test_gpu_packages_refuse_streaming_policies(packages):
     pkg = packages("demo-llama", "f32")[0]
-    with pytest.raises(EdgeLLMError, match="OpenCL backend keeps every weight"):
+    with pytest.raises(EdgeLLMError, match="opencl backend keeps every weight in its device.s memory"):
         Runtime.load(pkg, weight_policy="window")
 
 

@@ -209,11 +209,16 @@ def route(ids_offset: int, n_select: int, n_experts: int, n_body: int) -> bytes:
                      n_experts=n_experts)
 
 
-def program(name: str, T: int, in_off: int, out_off: int, row_bytes: int, steps: list) -> bytes:
-    """steps: (kernel, args) calls, or ready-made step bytes (a ROUTE header counts as one step)."""
+def program(name: str, T: int, in_off: int, out_off: int, row_bytes: int, steps: list, version: int = K.PLAN_VERSION,
+            backend: str = K.BACKEND_TVM_CPU) -> bytes:
+    """steps: (kernel, args) calls, or ready-made step bytes (a ROUTE header counts as one step). Plans before
+    version 4 number the backend instead of naming it."""
     body = b"".join(s if isinstance(s, bytes) else step(*s) for s in steps)
-    return PROGRAM.pack(name=name.encode(), tokens=T, n_steps=len(steps), in_offset=in_off, out_offset=out_off,
-                        out_row_bytes=row_bytes, backend=K.BACKEND_TVM_CPU, flags=0) + body
+    common = dict(name=name.encode(), tokens=T, n_steps=len(steps), in_offset=in_off, out_offset=out_off,
+                  out_row_bytes=row_bytes, flags=0)
+    if version < 4:
+        return K.PROGRAM_V3.pack(**common, backend=K.BACKENDS.index(backend)) + body
+    return PROGRAM.pack(**common, backend=backend.encode(), reserved=0) + body
 
 
 def routed_steps(T: int, cur: int, other: int) -> tuple[list, int]:
@@ -284,18 +289,18 @@ def plan_bytes(version: int = K.PLAN_VERSION, features: str = "", programs: list
     for name in programs:
         if name == "prefill":
             steps, cur = body_steps(C, False, routed)
-            out += program(name, C, IDS, cur, D * 4, steps)
+            out += program(name, C, IDS, cur, D * 4, steps, version)
         elif name == "prefill_logits":
             steps, _ = body_steps(C, True, routed)
-            out += program(name, C, IDS, LOGITS, V * 4, steps)
+            out += program(name, C, IDS, LOGITS, V * 4, steps, version)
         elif name == "decode":
             steps, _ = body_steps(1, True, routed)
-            out += program(name, 1, IDS, LOGITS, V * 4, steps)
+            out += program(name, 1, IDS, LOGITS, V * 4, steps, version)
         elif name == "head":
             k = KERNELS.index("lmhead_1")
             out += program(name, 1, X, LOGITS, V * 4,
                            [(k, [arg(ARENA, 0, X, (1, D)), arg(WEIGHT_ARG, WEIGHT_ORDER.index("W"), 0, (V, D)),
-                                 arg(ARENA, 0, LOGITS, (1, V))])])
+                                 arg(ARENA, 0, LOGITS, (1, V))])], version)
     return out
 
 
