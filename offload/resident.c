@@ -293,13 +293,3 @@ el_weight_store* el_store_open_resident(const el_store_config* cfg, char* err, s
   close(fd); /* an mmap keeps its own reference to the file */
   return &r->base;
 }
-
-el_weight_store* el_store_open(const char* policy, const el_store_config* cfg, char* err, size_t errlen) {
-  if (!policy || !*policy || !strcmp(policy, "auto"))
-    policy = !cfg->budget || cfg->file_bytes <= cfg->budget ? "resident" : "window";
-  if (!strcmp(policy, "resident")) return el_store_open_resident(cfg, err, errlen);
-  if (!strcmp(policy, "window")) return el_store_open_window(cfg, err, errlen);
-  if (!strcmp(policy, "experts")) return el_store_open_experts(cfg, err, errlen);
-  snprintf(err, errlen, "unknown weight store policy \"%s\" (known: auto, resident, window, experts)", policy);
-  return NULL;
-}

@@ -129,9 +129,22 @@ EL_HIDDEN el_weight_store* el_store_open_window(const el_store_config* cfg, char
  * at open (evicted like any other later). Identical results to "resident". */
 EL_HIDDEN el_weight_store* el_store_open_experts(const el_store_config* cfg, char* err, size_t errlen);
 
-/* Opens a store by policy name: "resident", "window", "experts", or NULL/""/"auto" (resident when the weights fit
- * the budget, else window); unknown name -> NULL with err set. New policies add their opener here; the executor
- * does not change. */
-EL_HIDDEN el_weight_store* el_store_open(const char* policy, const el_store_config* cfg, char* err, size_t errlen);
+/* What the loader asks of the weight store (policy.c). */
+typedef struct {
+  const char* policy;         /* "resident", "window", "experts", or NULL / "" / "auto" */
+  uint64_t budget;            /* bytes for the weights + one context (0: no limit) */
+  uint64_t context_bytes;     /* one context's KV cache and activations */
+  int moe;                    /* routed experts: an expert cache is a candidate */
+  const char* device_backend; /* a backend that holds every weight in device memory (resident only), or NULL */
+  uint32_t max_ctx;           /* for messages */
+} el_store_request;
+
+/* Chooses the policy and opens its store: the named one, or for "auto" resident when the weights and a context fit
+ * the budget, else an expert cache (MoE) if one fits, else a window. A budget below the chosen policy's minimum is
+ * refused with one line saying the minimum; *minimum_budget gets the smallest budget that loads with this request
+ * (auto: the least over the policies). New policies add their opener and name in policy.c; the executor does not
+ * change. NULL with err set on failure. */
+EL_HIDDEN el_weight_store* el_store_choose(const el_store_request* rq, const el_store_config* cfg,
+                                           uint64_t* minimum_budget, char* err, size_t errlen);
 
 #endif

@@ -1,6 +1,8 @@
 /* Shared between the libedgellm translation units; nothing here is exported.
  *
- *   loader.c          el_model: plan.bin parsed and checked, backends opened, weight store, tokenizer
+ *   util.c            errors, clocks, small-file reads: what every file calls
+ *   plan.c            plan.bin read, every byte checked, programs built; their backends looked up by name
+ *   loader.c          el_model: plan, backends opened, the weight store (offload/policy.c), tokenizer
  *   backends.c        the backend registry (edgellm_backend.h): built-ins and registered backends, by name
  *   backend_tvm_cpu.c the TVM CPU backend: kernels.so (or linked-in kernels), runs a program's steps
  *   backend_opencl.c  the OpenCL backend: kernels.cl + kernels.cltab on a dlopened OpenCL driver
@@ -80,6 +82,10 @@ typedef struct {
   int open;
   uint32_t programs; /* bit k: program k runs on it */
 } el_backend_slot;
+
+/* plan.c: parses m->plan (m->plan_size bytes) into m->h, m->weights, m->kernels, m->prog and m->backends (the
+ * backends looked up, not opened); 0, or -1 with the error set */
+EL_HIDDEN int el_plan_read(el_model* m);
 
 /* weight_order.c: how the programs use the weights (for stores that stream them) */
 typedef struct {
