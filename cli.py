@@ -163,11 +163,14 @@ def _with(options):
 
 
 def _store_note(rt) -> str | None:
-    """One stderr line on streamed weights (None when everything is resident)."""
+    """One stderr line on the memory budget (as read: every front end reads sizes alike) and streamed weights (None
+    with no budget and everything resident)."""
     m, s = rt.memory(), rt.stats()
+    budget = f"memory budget {m['budget']:,} bytes, weight policy {m['policy']}" if m["budget"] else ""
     if not m["streamed_bytes"]:
-        return None
-    return (f"[weights: {m['pinned_bytes'] / 1e6:.1f} MB pinned + {m['window_bytes'] / 1e6:.1f} MB window, "
+        return f"[{budget}]" if budget else None
+    return (f"[{budget + '; ' if budget else ''}"
+            f"weights: {m['pinned_bytes'] / 1e6:.1f} MB pinned + {m['window_bytes'] / 1e6:.1f} MB window, "
             f"{m['streamed_bytes'] / 1e6:.1f} MB streamed per token from {m['storage']}"
             f"{' (modelled)' if m['storage_modelled'] else ''}; read {s['io_bytes_read'] / 1e6:.1f} MB, "
             f"{s['io_stall_seconds']:.2f} s waiting for reads]")

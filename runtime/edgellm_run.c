@@ -289,6 +289,12 @@ int main(int argc, char** argv) {
     fail("cannot load the package");
     goto done;
   }
+  if (budget) { /* how the budget was read, as every front end reads it (el_parse_bytes) */
+    el_memory_plan mp;
+    if (el_model_memory(m, &mp) == 0)
+      fprintf(stderr, "edgellm-run: memory budget %llu bytes (weight policy %s)\n", (unsigned long long)mp.budget,
+              mp.policy);
+  }
   int V = el_vocab(m);
   if (prompt && !el_has_tokenizer(m)) {
     fprintf(stderr, "edgellm-run: error: this package has no tokenizer.bin: pass token ids with --ids\n");

@@ -179,3 +179,18 @@ def test_load_free_cycles_do_not_leak(driver):
     bound_kb = 8 * 1024
     assert per_cycle * 100 // 1024 > 10 * bound_kb, row   # the bound would catch a leak of one cycle's memory
     assert end_kb - base_kb < bound_kb, row
+
+
+def test_memory_budget_spellings_are_the_runtimes(driver, built):
+    """LoadOptions.memoryBudget is spelled as in every other front end and read by the same C reader: the bytes the
+    loaded model reports equal Runtime.load's (the other front ends: test_sizes.py)."""
+    from test_sizes import EXPECTED, SPELLINGS
+
+    for s in SPELLINGS:
+        row = driver.ask("budget", s, until="BUDGET")[-1]
+        assert row[0] == "BUDGET" and int(row[1]) == EXPECTED[s], row
+        with Runtime.load(built[1], memory_budget=s) as rt:
+            assert rt.memory()["budget"] == EXPECTED[s]
+    row = driver.ask("budget", "600 furlongs", until="BUDGET")[-1]
+    assert row[0] == "ERROR" and "memoryBudget: '600 furlongs' is not a size" in row[1], row
+

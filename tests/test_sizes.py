@@ -51,17 +51,52 @@ def test_edgellm_run_reads_sizes_alike(tmp_path):
             assert r.returncode == 1 and "cannot load the package" in r.stderr, (s, r.stderr)
 
 
-def test_plan_and_load_agree(tmp_path):
-    """`edgellm plan --json` and Runtime.load see the same budget for the same spelling."""
-    import json
+SPELLINGS = ("600MB", "600MiB", "0.6GB", "629145600")   # the issue's four: two byte counts between them
+
+
+@pytest.fixture(scope="module")
+def budget_pkg(tmp_path_factory):
+    import edgellm
+
+    return edgellm.compile("demo", out=tmp_path_factory.mktemp("budget") / "p", quant="f32", tune="off", progress=False)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
     import sys
 
-    import edgellm
+    return subprocess.run([sys.executable, "-m", "edgellm.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("s", SPELLINGS)
+def test_every_front_end_reads_a_budget_alike(budget_pkg, s):
+    """The same --memory-budget spelling is the same bytes through Runtime.load, `edgellm plan`, `edgellm run`,
+    the package's bin/edgellm-run and `edgellm serve` (its /metrics); the JNI bridge: test_android_app.py."""
+    import json
+    import re
+    import sys
+
     from edgellm.runtime import Runtime
 
-    pkg = edgellm.compile("demo", out=tmp_path / "p", quant="f32", tune="off", progress=False)
-    for s in ("600MB", "600MiB", "0.6GB", "629145600"):
-        plan = json.loads(subprocess.run([sys.executable, "-m", "edgellm.cli", "plan", str(pkg), "--memory-budget", s,
-                                          "--json"], capture_output=True, text=True, check=True).stdout)
-        with Runtime.load(pkg, memory_budget=s) as rt:
-            assert plan["budget"] == rt.memory()["budget"] == EXPECTED[s], (s, plan["budget"], rt.memory()["budget"])
+    want = EXPECTED[s]
+    with Runtime.load(budget_pkg, memory_budget=s) as rt:
+        assert rt.memory()["budget"] == want
+    r = _cli("plan", str(budget_pkg), "--memory-budget", s, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["budget"] == want, r.stderr
+    r = _cli("run", str(budget_pkg), "-p", "def f", "-n", "2", "--memory-budget", s)
+    assert r.returncode == 0 and f"memory budget {want:,} bytes" in r.stderr, r.stderr
+    r = subprocess.run([str(budget_pkg / "bin" / "edgellm-run"), str(budget_pkg), "--ids", "1,2", "-n", "2",
+                        "--memory-budget", s], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and f"memory budget {want} bytes" in r.stderr, r.stderr
+    p = subprocess.Popen([sys.executable, "-m", "edgellm.cli", "serve", str(budget_pkg), "--port", "0", "--threads",
+                          "1", "--memory-budget", s], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = re.search(r"on (http://127\.0\.0\.1:\d+)", p.stdout.readline())
+        assert url, p.stderr.read()[-2000:] if p.poll() is not None else "no address"
+        import urllib.request
+
+        metrics = urllib.request.urlopen(url.group(1) + "/metrics", timeout=30).read().decode()
+        got = re.search(r"^edgellm_memory_budget_bytes (\S+)$", metrics, re.M)
+        assert got and float(got.group(1)) == want, metrics[-1500:]
+    finally:
+        p.terminate()
+        p.wait(timeout=30)

@@ -44,6 +44,9 @@ fun main(args: Array<String>) {
                     println("RESULT\t${r.tokens.joinToString(",")}\t${hex(r.text)}\t${r.finishReason}\t${r.promptTokens}\t" +
                             "${r.decodeSteps}\t${ctx.position}")
                 }
+                "budget" -> {   // budget SIZE: the bytes a load with that memory budget reports
+                    Model.load(pkg, LoadOptions(threads = 1, memoryBudget = f[1])).closing { m -> println("BUDGET\t${m.memory[4]}") }
+                }
                 "info" -> {   // the model's and the context's facts
                     val st = ctx.stats()
                     println("INFO\t${model.vocabSize}\t${model.maxContext}\t${model.prefillChunk}\t${model.threads}\t" +

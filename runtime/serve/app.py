@@ -113,6 +113,11 @@ class Metrics:
         Gauge("edgellm_requests_running", "requests holding a slot", registry=r).set_function(lambda: pool.busy)
         Gauge("edgellm_requests_waiting", "requests queued for a slot", registry=r).set_function(lambda: pool.waiting)
         Gauge("edgellm_slots", "generation slots", registry=r).set(len(pool.slots))
+        mem = pool.runtime.memory()   # the load's memory plan: what --memory-budget became, and what is held
+        Gauge("edgellm_memory_budget_bytes", "the memory budget the model loaded with (0: none)",
+              registry=r).set(mem["budget"])
+        Gauge("edgellm_weights_held_bytes", "weight bytes held in memory (the rest stream from storage)",
+              registry=r).set(mem["pinned_bytes"] + mem["window_bytes"])
 
     def finished(self, r: dict) -> None:
         self.prompt_tokens.inc(r["prompt_tokens"])

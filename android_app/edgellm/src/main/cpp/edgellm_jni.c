@@ -55,20 +55,21 @@ static jbyteArray byte_array(JNIEnv* env, const char* v, int n) {
 
 /* ---- model ---------------------------------------------------------------------------------------------------- */
 
-JNIEXPORT jlong JNICALL FN(modelLoad)(JNIEnv* env, jclass cls, jbyteArray path, jint threads, jlong budget,
+JNIEXPORT jlong JNICALL FN(modelLoad)(JNIEnv* env, jclass cls, jbyteArray path, jint threads, jbyteArray budget,
                                       jbyteArray policy, jint prefill, jbyteArray device, jbyteArray digest) {
   (void)cls;
-  char *p = dup_bytes(env, path), *pol = dup_bytes(env, policy), *dev = dup_bytes(env, device),
-       *dig = dup_bytes(env, digest);
+  char *p = dup_bytes(env, path), *bud = dup_bytes(env, budget), *pol = dup_bytes(env, policy),
+       *dev = dup_bytes(env, device), *dig = dup_bytes(env, digest);
   el_model* m = NULL;
+  el_load_options o;
+  el_load_options_init(&o);
   if (!p) {
     jclass e = (*env)->FindClass(env, "ai/edgellm/EdgeLLMException");
     if (e) (*env)->ThrowNew(env, e, "no package path given");
+  } else if (bud && el_parse_bytes(bud, &o.memory_budget) != 0) { /* the one reader of sizes every front end uses */
+    throw_error(env, "memoryBudget");
   } else {
-    el_load_options o;
-    el_load_options_init(&o);
     o.n_threads = threads;
-    o.memory_budget = budget > 0 ? (uint64_t)budget : 0;
     o.weight_policy = pol;
     o.prefill_backend = prefill;
     o.device = dev;
@@ -76,7 +77,7 @@ JNIEXPORT jlong JNICALL FN(modelLoad)(JNIEnv* env, jclass cls, jbyteArray path, 
     m = el_model_load(p, &o);
     if (!m) throw_error(env, NULL);
   }
-  free(p), free(pol), free(dev), free(dig);
+  free(p), free(bud), free(pol), free(dev), free(dig);
   return (jlong)(intptr_t)m;
 }
 

@@ -14,7 +14,7 @@ class Model private constructor(handle: Long, val path: String) : AutoCloseable 
         @JvmStatic @JvmOverloads
         fun load(path: String, options: LoadOptions = LoadOptions()): Model {
             if (!File(path).isDirectory) throw EdgeLLMException("$path is not a package directory (edgellm compile writes one)")
-            val h = NativeBridge.modelLoad(path.utf8(), options.threads, options.memoryBudget, options.weightPolicy?.utf8(),
+            val h = NativeBridge.modelLoad(path.utf8(), options.threads, options.memoryBudget?.utf8(), options.weightPolicy?.utf8(),
                                            options.prefill.code, options.device?.utf8(), options.digest?.utf8())
             return Model(h, path)
         }

@@ -10,7 +10,7 @@ internal object NativeBridge {
 
     @JvmStatic external fun version(): ByteArray
 
-    @JvmStatic external fun modelLoad(path: ByteArray, threads: Int, budget: Long, policy: ByteArray?, prefill: Int,
+    @JvmStatic external fun modelLoad(path: ByteArray, threads: Int, budget: ByteArray?, policy: ByteArray?, prefill: Int,
                                       device: ByteArray?, digest: ByteArray?): Long
     @JvmStatic external fun modelFree(model: Long)
     @JvmStatic external fun modelInfo(model: Long): IntArray

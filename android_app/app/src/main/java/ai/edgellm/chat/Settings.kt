@@ -18,7 +18,8 @@ data class Settings(
     val gpuDevice: String = ""
 ) {
     /** The saved GPU device goes only to GPU packages (the library refuses a device for a CPU one). */
-    fun loadOptions(gpuPackage: Boolean) = LoadOptions(threads = threads, memoryBudget = memoryBudgetMiB shl 20,
+    fun loadOptions(gpuPackage: Boolean) = LoadOptions(threads = threads,
+                                                       memoryBudget = if (memoryBudgetMiB > 0) "${memoryBudgetMiB}MiB" else null,
                                                        prefill = prefill,
                                                        device = gpuDevice.ifBlank { null }?.takeIf { gpuPackage })
 
