@@ -114,44 +114,11 @@ def tune_cmd(show, clear):
     click.echo(describe(cache))
 
 
-_npu_options = [
-    click.option("--prefill-backend", type=click.Choice(["auto", "cpu", "npu"]), default="auto", show_default=True,
-                 help="android-npu / host-npu packages: prefill prompts on the NPU (ONNX Runtime + QNN EP), the CPU, "
-                      "or the NPU when it loads"),
-    click.option("--npu-soc", default=None, help="the SoC whose prepared NPU graphs to load (sm8550, sm8650, sm8750; "
-                                                "none: the ONNX graphs) [default: this phone's]"),
-    click.option("--device", default=None, help="android-gpu / opencl packages: the OpenCL device, \"P:D\" or part "
-                                               "of its name [default: $EDGELLM_OPENCL_DEVICE, else the first GPU]"),
-]
+def _load_options(front: str, skip: tuple[str, ...] = ()) -> list:
+    """This command's load options, from the one table (runtime/options.py)."""
+    from .runtime.options import click_options
 
-
-_store_options = [
-    click.option("--memory-budget", default=None,
-                 help="memory the model may use, e.g. 600MB: the weights it holds + one context's KV cache and "
-                      "activations; weights beyond it stream from the package every token"),
-    click.option("--weight-policy", type=click.Choice(["auto", "resident", "window", "experts"]), default="auto",
-                 show_default=True, help="resident: all weights in memory; window: stream what the budget cannot "
-                                         "hold; experts (MoE): all but the experts held, experts cached in the "
-                                         "budget; auto: resident when everything fits, else experts for MoE "
-                                         "packages, else window"),
-    click.option("--expert-eviction", type=click.Choice(["freq", "lru", "lfu"]), default=None,
-                 help="--weight-policy experts: which cached expert makes room [default: freq]"),
-    click.option("--expert-predict", is_flag=True,
-                 help="--weight-policy experts: run the package's guesses of the next layers' experts and read the "
-                      "guessed ones ahead [default: off: on this project's hosts they cost more reads than they "
-                      "save; README \"MoE models bigger than RAM\"]"),
-    click.option("--no-expert-warm", is_flag=True,
-                 help="--weight-policy experts: start with an empty expert cache [default: filled at load with the "
-                      "experts calibration selected most]"),
-    click.option("--storage", type=click.Choice(["native", "sd", "emmc", "ufs3", "ufs4"]), default="native",
-                 show_default=True, help="shape streamed reads like this storage (ufs3/ufs4: modelled from RAM)"),
-    click.option("--io-threads", type=click.IntRange(1, 4), default=None, help="reader threads [default: 2]"),
-    click.option("--direct-io", is_flag=True, help="O_DIRECT reads for streamed weights [default: buffered reads "
-                                                   "dropped from the page cache behind them]"),
-    click.option("--ffn-threshold", type=click.FloatRange(0, None), default=None,
-                 help="--layout bundled packages: skip FFN neuron groups whose estimated output is below this "
-                      "(0: exact) [default: the package's]"),
-]
+    return click_options(front, skip)
 
 
 def _with(options):
@@ -192,11 +159,7 @@ def _sampling_options(f):
                      help="sampling seed (default: random)"),
         click.option("--stop", multiple=True, help="stop string (repeatable)"),
         click.option("--ignore-eos", is_flag=True, help="keep generating past end-of-sequence tokens"),
-        click.option("--threads", type=click.IntRange(1, 256), default=None, help="threads [default: one per CPU]"),
-        click.option("--digest", default=None, help="refuse to run unless the package matches this sha256:... digest "
-                                                    "(printed by edgellm compile)"),
-        *_store_options,
-        *_npu_options,
+        *_load_options("run"),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -234,9 +197,7 @@ def describe_sampling(defaults: dict, given: dict) -> str:
               "stderr (errors still go there)")
 @_sampling_options
 def run_cmd(package, model, prompt, ids, quant, quiet, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
-            presence_penalty, frequency_penalty, seed, stop, ignore_eos, threads, digest, memory_budget,
-            weight_policy, expert_eviction, expert_predict, no_expert_warm, storage, io_threads, direct_io,
-            ffn_threshold, prefill_backend, npu_soc, device):
+            presence_penalty, frequency_penalty, seed, stop, ignore_eos, **load):
     """Generate text from PACKAGE (or --model, default: the bundled demo), streaming it to stdout; a tok/s summary
     goes to stderr. Sampling options not given come from the package (its generation_config.json), as in
     Runtime.generate and bin/edgellm-run: the same arguments and seed give the same tokens everywhere."""
@@ -267,11 +228,9 @@ def run_cmd(package, model, prompt, ids, quant, quiet, max_new_tokens, temperatu
     given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
              "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty,
              "frequency_penalty": frequency_penalty}
-    with Runtime.load(package, threads=threads, digest=digest, memory_budget=memory_budget,
-                      weight_policy=weight_policy, storage=storage, io_threads=io_threads, direct_io=direct_io,
-                      ffn_threshold=ffn_threshold, prefill_backend=prefill_backend, npu_soc=npu_soc, device=device,
-                      expert_eviction=expert_eviction, expert_predict=expert_predict,
-                      expert_warm=not no_expert_warm) as rt:
+    from .runtime.options import api_kwargs
+
+    with Runtime.load(package, **api_kwargs(load)) as rt:
         r: dict = {}
         if echo:
             sys.stdout.write(prompt)
@@ -333,28 +292,28 @@ def _package_arg(package_or_model: str | None, quant: str | None, progress: bool
               help="require 'Authorization: Bearer KEY' on the API [$EDGELLM_API_KEY]")
 @click.option("--name", default=None, help="model id the API reports [default: the model's name]")
 @click.option("--quant", "-q", default=None, help="scheme when compiling a model [default: f16; t2 for BitNet]")
-@click.option("--threads", type=click.IntRange(1, 256), default=None, help="threads [default: one per CPU]")
-@click.option("--memory-budget", default=None, help="bytes the model may use (e.g. 2G); see `edgellm run --help`")
-@click.option("--device", default=None, help="GPU packages: the OpenCL device")
-@click.option("--digest", default=None, help="refuse to serve unless the package matches this sha256:... digest")
+@_with(_load_options("serve"))
 @click.option("--allowed-hosts", default="", help="Host names the server answers to besides IP addresses, localhost "
               "and this machine's name, comma-separated ('*': any; DNS-rebinding protection)")
 @click.option("--allowed-origins", default="", help="web origins whose pages may call the API (CORS), "
               "comma-separated, e.g. http://localhost:3000 ('*': any) [default: none but the server's own page]")
 @click.option("--max-body", default="4MiB", show_default=True, help="largest request body (413 beyond it)")
-def serve_cmd(package_or_model, host, port, parallel, api_key, name, quant, threads, memory_budget, device, digest,
-              allowed_hosts, allowed_origins, max_body):
+def serve_cmd(package_or_model, host, port, parallel, api_key, name, quant, allowed_hosts, allowed_origins, max_body,
+              **load):
     """Serve PACKAGE_OR_MODEL (default: the demo) over an OpenAI-compatible HTTP API with a chat page at /:
     /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics. Bound to 127.0.0.1 unless told otherwise."""
     from pathlib import Path
 
+    from .runtime.options import api_kwargs
     from .runtime.serve.server import serve
 
+    load = api_kwargs(load)
+    threads = load.pop("threads")
     if package_or_model == "":
         _package_arg(package_or_model, quant)   # the one-line error
     serve(lambda: _package_arg(package_or_model, quant), host=host, port=port, parallel=parallel, api_key=api_key,
           threads=threads, model_id=name,
-          load={"memory_budget": memory_budget, "device": device, "digest": digest},
+          load=load,
           allowed_hosts=[h for h in allowed_hosts.split(",") if h.strip()],
           allowed_origins=[o for o in allowed_origins.split(",") if o.strip()], max_body=max_body,
           aliases=[] if name or (package_or_model and Path(package_or_model).exists()) else [package_or_model or "demo"])
@@ -371,11 +330,9 @@ def serve_cmd(package_or_model, host, port, parallel, api_key, name, quant, thre
 @click.option("--top-p", type=float, default=None, help="[default: the package's]")
 @click.option("--repetition-penalty", type=float, default=None, help="[default: the package's]")
 @click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=None, help="sampling seed")
-@click.option("--threads", type=click.IntRange(1, 256), default=None, help="threads [default: one per CPU]")
-@click.option("--memory-budget", default=None, help="bytes the model may use (e.g. 2G)")
-@click.option("--device", default=None, help="GPU packages: the OpenCL device")
+@_with(_load_options("chat"))
 def chat_cmd(package_or_model, system, quant, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed,
-             threads, memory_budget, device):
+             **load):
     """Chat with PACKAGE_OR_MODEL (default: the demo) in the terminal: the package's chat template, streamed replies,
     the conversation kept in the KV cache (each turn prefills only its new tokens). /reset, /system TEXT, /quit.
     Reads one message per line from stdin when it is not a terminal."""
@@ -390,7 +347,9 @@ def chat_cmd(package_or_model, system, quant, max_new_tokens, temperature, top_k
     max_new_tokens = max_new_tokens or (DEMO_CHAT_TOKENS if demo else 512)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                 "repetition_penalty": repetition_penalty, "seed": seed}
-    with Runtime.load(pkg, threads=threads, memory_budget=memory_budget, device=device) as rt:
+    from .runtime.options import api_kwargs
+
+    with Runtime.load(pkg, **api_kwargs(load)) as rt:
         chat_repl(rt, system=system, sampling=sampling)
 
 
@@ -464,43 +423,35 @@ def eval_ppl_cmd(packages_or_models, text_file, context, stride, max_tokens, qua
 @click.option("--seed", type=click.IntRange(min=0, max=2**32 - 1), default=0, show_default=True,
               help="seed of the random prompt ids")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-@_with(_store_options)
-@_with(_npu_options)
-def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, memory_budget, weight_policy,
-              expert_eviction, expert_predict, no_expert_warm, storage, io_threads, direct_io, ffn_threshold,
-              prefill_backend, npu_soc, device):
+@_with(_load_options("run", skip=("threads", "digest")))
+def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, **load):
     """Prefill and decode speed of PACKAGE: tok/s, time to first token, peak RSS (one warm-up, median of --reps)."""
     import json
 
     from .runtime.bench import bench, format_bench
 
     package = _package_arg(package, None)
+    from .runtime.options import api_kwargs
+
     r = bench(package, prompt_len=prompt_len, gen_len=gen_len, threads=threads, reps=reps, seed=seed,
-              prefill_backend=prefill_backend, npu_soc=npu_soc, device=device, memory_budget=memory_budget,
-              weight_policy=weight_policy, storage=storage, io_threads=io_threads, direct_io=direct_io,
-              ffn_threshold=ffn_threshold, expert_eviction=expert_eviction, expert_predict=expert_predict,
-              expert_warm=not no_expert_warm)
+              **api_kwargs(load))
     click.echo(json.dumps(r) if as_json else format_bench(r))
 
 
 @cli.command("plan")
 @click.argument("package", type=click.Path())
-@click.option("--memory-budget", default=None, help="memory the model may use, e.g. 600MB [default: no limit]")
-@click.option("--weight-policy", type=click.Choice(["auto", "resident", "window", "experts"]), default="auto",
-              show_default=True)
-@click.option("--storage", type=click.Choice(["native", "sd", "emmc", "ufs3", "ufs4"]), default="native",
-              show_default=True, help="the storage the weights stream from")
-@click.option("--direct-io", is_flag=True, help="plan for O_DIRECT reads")
+@_with(_load_options("plan"))
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def plan_cmd(package, memory_budget, weight_policy, storage, direct_io, as_json):
+def plan_cmd(package, as_json, **load):
     """How PACKAGE would use memory under a budget: what stays resident, what streams each token, and the decode
     speed the storage allows. Reads no weights."""
     import json
 
     from .runtime.memory_plan import format_plan, plan
+    from .runtime.options import api_kwargs
 
     package = _package_arg(package, None)
-    p = plan(package, memory_budget=memory_budget, weight_policy=weight_policy, storage=storage, direct_io=direct_io)
+    p = plan(package, **api_kwargs(load))
     click.echo(json.dumps(p) if as_json else format_plan(p))
 
 

@@ -27,7 +27,7 @@ from .kernels_build import SHIM, TABLE_SOURCE, uses_barrier
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME, OFFLOAD = ROOT / "runtime", ROOT / "offload"
 # libedgellm's C sources (also the extension pyproject.toml builds; tests/test_contract.py checks the two lists agree)
-LIB_SOURCES = tuple(RUNTIME / f for f in ("util.c", "plan.c", "loader.c", "backends.c", "backend_tvm_cpu.c", "backend_qnn_ort.c", "backend_opencl.c",
+LIB_SOURCES = tuple(RUNTIME / f for f in ("util.c", "plan.c", "loader.c", "backends.c", "steps.c", "backend_tvm_cpu.c", "backend_qnn_ort.c", "backend_opencl.c",
                                           "context.c", "generate.c", "sampler.c", "digest.c", "threadpool.c",
                                           "tokenizer.c", "weight_order.c", "options.c")) + \
     tuple(OFFLOAD / f for f in ("policy.c", "resident.c", "window.c", "experts.c", "io.c", "routed_cache.c"))

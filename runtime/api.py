@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import InputError, RuntimeLoadError
 from . import lib as L
+from . import options as O
 from .package import parse_bytes, read_manifest, verify_package
 from .text import TextCodec
 
@@ -475,7 +476,7 @@ def _package_dir(name: str) -> Path | None:
     return Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
 
 
-def _npu_options(opts, soc: str | None) -> list:
+def _npu_libraries(opts) -> list:
     """ONNX Runtime and the QNN EP for the NPU backend, from the installed onnxruntime / onnxruntime-qnn wheels
     (EDGELLM_ORT_LIB, EDGELLM_QNN_EP_LIB and EDGELLM_QNN_BACKEND override). Returns the byte strings opts points to."""
     keep = []
@@ -496,41 +497,6 @@ def _npu_options(opts, soc: str | None) -> list:
     put("ort_library", ort_lib and str(ort_lib))
     put("qnn_ep_library", ep_lib)
     put("qnn_backend", backend)
-    put("npu_soc", soc)
-    return keep
-
-
-EXPERT_EVICTIONS = ("freq", "lru", "lfu")   # offload/routed_cache.h
-
-
-def _store_options(opts, memory_budget, weight_policy, storage, io_threads, expert_eviction=None,
-                   expert_predict=False, expert_warm=True) -> list:
-    """Sets the weight-store load options; returns the byte strings that must outlive the load call."""
-    keep = []
-    if memory_budget is not None:
-        opts.memory_budget = parse_bytes(memory_budget)
-    if weight_policy not in (None, "auto", "resident", "window", "experts"):
-        raise InputError(f"weight_policy {weight_policy!r}: choose auto, resident, window or experts")
-    if expert_eviction is not None and expert_eviction not in EXPERT_EVICTIONS:
-        raise InputError(f"expert_eviction {expert_eviction!r}: choose one of {', '.join(EXPERT_EVICTIONS)}")
-    if not isinstance(expert_predict, bool):
-        raise InputError(f"expert_predict {expert_predict!r}: True or False")
-    if not isinstance(expert_warm, bool):
-        raise InputError(f"expert_warm {expert_warm!r}: True or False")
-    opts.expert_predict = 1 if expert_predict else 0
-    opts.no_expert_warm = 0 if expert_warm else 1
-    if expert_eviction is not None:
-        keep.append(expert_eviction.encode())
-        opts.expert_eviction = keep[-1]
-    if storage is not None and storage not in STORAGE_PROFILES:
-        raise InputError(f"storage {storage!r}: choose one of {', '.join(STORAGE_PROFILES)}")
-    if io_threads is not None and not (isinstance(io_threads, int) and 1 <= io_threads <= 4):
-        raise InputError(f"io_threads {io_threads!r}: a number from 1 to 4")
-    for name, v in (("weight_policy", weight_policy), ("storage", storage)):
-        if v is not None:
-            keep.append(v.encode())
-            setattr(opts, name, keep[-1])
-    opts.io_threads = io_threads or 0
     return keep
 
 
@@ -547,8 +513,6 @@ def _memory(lib, handle) -> dict:
     out["pinned"] = [bool(b) for b in buf[:n]]
     return out
 
-
-STORAGE_PROFILES = ("native", "sd", "emmc", "ufs3", "ufs4")   # offload/io.c
 
 
 class Runtime:
@@ -609,36 +573,24 @@ class Runtime:
         p = Path(path)
         opts = L.LoadOptions()
         L.lib().el_load_options_init(C.byref(opts))
-        if ffn_threshold is not None:
-            if isinstance(ffn_threshold, bool) or not isinstance(ffn_threshold, (int, float)) or \
-                    not 0 <= ffn_threshold < 1e6:
-                raise InputError(f"ffn_threshold {ffn_threshold!r}: a number >= 0 (0: exact)")
-            opts.ffn_threshold = float(ffn_threshold)
-        opts.n_threads = _threads(threads)
-        keep_store = _store_options(opts, memory_budget, weight_policy, storage, io_threads,  # noqa: F841
-                                    expert_eviction, expert_predict, expert_warm)
-        opts.direct_io = 1 if direct_io else 0
         if huge_pages is None and os.environ.get("EDGELLM_HUGEPAGES", "") in ("0", "1"):
             huge_pages = os.environ["EDGELLM_HUGEPAGES"] == "1"
-        if huge_pages is not None:
-            opts.huge_pages = 1 if huge_pages else 0
+        # every option checked and set by its row of the one table (runtime/options.py)
+        keep = O.apply(opts, {  # noqa: F841 (the strings opts points to outlive the load)
+            "threads": threads, "digest": digest, "memory_budget": memory_budget, "weight_policy": weight_policy,
+            "expert_eviction": expert_eviction, "expert_predict": expert_predict, "expert_warm": expert_warm,
+            "storage": storage, "io_threads": io_threads, "direct_io": direct_io, "huge_pages": huge_pages,
+            "ffn_threshold": ffn_threshold, "prefill_backend": prefill_backend, "npu_soc": npu_soc,
+            "device": device})
         if os.environ.get("EDGELLM_NO_MMAP", "0") not in ("", "0"):
             opts.use_mmap = 0
-        if prefill_backend not in L.PREFILL_BACKENDS:
-            raise InputError(f"prefill_backend {prefill_backend!r}: choose one of {', '.join(L.PREFILL_BACKENDS)}")
-        opts.prefill_backend = L.PREFILL_BACKENDS[prefill_backend]
-        keep = _npu_options(opts, npu_soc) if prefill_backend != "cpu" else []   # noqa: F841 (strings outlive load)
-        if device is not None:
-            if not isinstance(device, str) or not device.strip():
-                raise InputError(f"device {device!r}: give an OpenCL device as \"P:D\" or part of its name")
-            keep.append(device.encode())
-            opts.device = keep[-1]
+        if prefill_backend != "cpu":
+            keep += _npu_libraries(opts)
         manifest = read_manifest(p)
         if digest is not None:
             # the small files Python reads here; libedgellm checks everything before it loads any code
             verify_package(p, digest, only=[f for f in ("manifest.json", "tokenizer.json", "tokenizer_config.json",
                                                         "chat_template.jinja", "chat_template.json") if (p / f).is_file()])
-            opts.digest = digest.encode()
         elif verify:
             verify_package(p)
         with _stdout_to_stderr(prefill_backend != "cpu" and manifest.get("npu") is not None):
@@ -661,10 +613,10 @@ class Runtime:
         read_manifest(p)
         opts = L.LoadOptions()
         L.lib().el_load_options_init(C.byref(opts))
-        keep = _store_options(opts, memory_budget, weight_policy, storage, None, expert_eviction)  # noqa: F841
+        keep = O.apply(opts, {"memory_budget": memory_budget, "weight_policy": weight_policy,  # noqa: F841
+                              "storage": storage, "direct_io": direct_io, "expert_eviction": expert_eviction,
+                              "prefill_backend": "cpu"})
         opts.plan_only = 1
-        opts.direct_io = 1 if direct_io else 0
-        opts.prefill_backend = L.PREFILL_BACKENDS["cpu"]
         h = L.lib().el_model_load(str(p).encode(), C.byref(opts))
         if not h:
             raise RuntimeLoadError(L.last_error())

@@ -332,17 +332,13 @@ typedef struct {
   binding* steps[EL_N_PROGRAMS]; /* [n_steps] per program run by this backend */
   void* block;
   uint64_t bytes;
-  /* expert predictions (PREDICT steps): per weight w, predicted[w] = the run that guessed expert weight w and
-   * predicted[n_weights + w] = the run that made a guess for the route whose first expert weight is w; a ROUTE
-   * compares its selection with the guess of the same run (recall) */
-  uint32_t* predicted; /* NULL until the first prediction */
-  uint32_t serial;     /* runs so far */
+  el_step_walk walk; /* the step walker's per-context state (expert guesses) */
 } tvm_ctx;
 
 static void tvm_unbind(void* ctx_state) {
   tvm_ctx* b = ctx_state;
   if (!b) return;
-  free(b->predicted);
+  el_step_walk_free(&b->walk);
   free(b->block);
   free(b);
 }
@@ -442,108 +438,25 @@ static int call_step(tvm_cpu* b, el_context* c, const el_step* st, binding* bd, 
   return 0;
 }
 
-/* The ids an earlier kernel wrote for a ROUTE or PREDICT step, checked (a kernel bug must not become an
- * out-of-range weight id); -1 ends a variable-count selection. The count, or -1. */
-static int selected(const el_context* c, const el_step* st, int prog, uint32_t si, const int32_t** out) {
-  const int32_t* ids = (const int32_t*)(c->arena + st->ids_offset);
-  uint32_t n = 0;
-  for (; n < st->n_select && ids[n] != -1; n++)
-    if (ids[n] < 0 || (uint32_t)ids[n] >= st->n_experts)
-      return el_error("%s step %u of program %d selected expert %d of %u",
-                      st->kind == EL_STEP_ROUTE ? "routed" : "predicting", si, prog, ids[n], st->n_experts);
-  *out = ids;
-  return (int)n;
-}
+/* A kernel call as the step walker (steps.c) asks for it. */
+typedef struct {
+  tvm_cpu* b;
+  tvm_ctx* x;
+} tvm_call_ctx;
 
-/* PREDICT: runs the body (the guess), hands the store the guessed experts' weights and notes them for the route's
- * recall count. Skipped, body and all, when the store reads nothing ahead or predictions are off. */
-static int predict_step(tvm_cpu* b, tvm_ctx* x, el_context* c, const el_program* pg, binding* bd, int prog,
-                        uint32_t si, int pos) {
-  const el_step* st = &pg->steps[si];
-  el_weight_store* store = c->m->store;
-  if (!store->predict || !c->m->expert_predict) return 0;
-  for (uint32_t j = 1; j <= st->n_body; j++)
-    if (call_step(b, c, &pg->steps[si + j], &bd[si + j], pos, -1, -1, prog, si + j) != 0) return -1;
-  const int32_t* ids;
-  int n = selected(c, st, prog, si, &ids);
-  if (n < 0) return -1;
-  uint32_t nw_all = c->m->h.n_weights;
-  if (!x->predicted && !(x->predicted = calloc(2 * (size_t)nw_all + 1, sizeof *x->predicted)))
-    return el_error("out of memory");
-  uint32_t w[64], nw = 0;
-  for (int i = 0; i < n; i++)
-    for (uint32_t ai = 0; ai < st->n_args; ai++) {
-      uint32_t id = st->args[ai].index + (uint32_t)ids[i] * st->args[ai].expert_stride;
-      if (ai == 0) x->predicted[id] = x->serial;
-      if (nw && w[nw - 1] == id) continue; /* an expert's views name one weight */
-      if (nw == 64) store->predict(store, w, nw, st->args[0].index), nw = 0;
-      w[nw++] = id;
-    }
-  if (st->n_args) x->predicted[nw_all + st->args[0].index] = x->serial; /* a guess was made for that route */
-  if (nw) store->predict(store, w, nw, st->args[0].index);
-  return 0;
+static int tvm_call(void* user, el_context* c, int prog, uint32_t si, int pos, int expert, int slot) {
+  tvm_call_ctx* u = user;
+  return call_step(u->b, c, &c->m->prog[prog].steps[si], &u->x->steps[prog][si], pos, expert, slot, prog, si);
 }
 
 static int run_steps(void* state, void* ctx_state, el_context* c, int prog, int pos) {
   tvm_cpu* b = state;
   tvm_ctx* x = ctx_state;
-  binding* bd = x->steps[prog];
-  const el_program* pg = &c->m->prog[prog];
   el_pool_set_threads(c->n_threads, b->barriers);
-  x->serial++;
-  for (uint32_t si = 0; si < pg->n_steps; si++) {
-    const el_step* st = &pg->steps[si];
-    if (st->kind == EL_STEP_CALL) {
-      if (call_step(b, c, st, &bd[si], pos, -1, -1, prog, si) != 0) return -1;
-      continue;
-    }
-    if (st->kind == EL_STEP_PREDICT) {
-      if (predict_step(b, x, c, pg, bd, prog, si, pos) != 0) return -1;
-      si += st->n_body;
-      continue;
-    }
-    const int32_t* ids;
-    int n_sel_i = selected(c, st, prog, si, &ids);
-    if (n_sel_i < 0) return -1;
-    uint32_t n_sel = (uint32_t)n_sel_i;
-    el_weight_store* store = c->m->store;
-    c->stats.routed_selected += n_sel, c->stats.routed_possible += st->n_select;
-    if (x->predicted && st->n_body) { /* recall of this run's guess for this route, if one was made */
-      const el_plan_arg* a = NULL;
-      for (uint32_t ai = 0; ai < pg->steps[si + 1].n_args && !a; ai++)
-        if (pg->steps[si + 1].args[ai].flags & EL_FLAG_EXPERT) a = &pg->steps[si + 1].args[ai];
-      for (uint32_t j = 2; j <= st->n_body && !a; j++)
-        for (uint32_t ai = 0; ai < pg->steps[si + j].n_args && !a; ai++)
-          if (pg->steps[si + j].args[ai].flags & EL_FLAG_EXPERT) a = &pg->steps[si + j].args[ai];
-      if (a && x->predicted[c->m->h.n_weights + a->index] == x->serial) {
-        c->stats.expert_predict_checked += n_sel;
-        for (uint32_t i = 0; i < n_sel; i++)
-          c->stats.expert_predicted += x->predicted[a->index + (uint32_t)ids[i] * a->expert_stride] == x->serial;
-      }
-    }
-    if (store->prefetch) /* announce every selected expert's weights before the first one runs, each once */
-      for (uint32_t i = 0; i < n_sel; i++) {
-        uint32_t last = UINT32_MAX;
-        for (uint32_t j = 1; j <= st->n_body; j++) {
-          const el_step* body = &pg->steps[si + j];
-          for (uint32_t ai = 0; ai < body->n_args; ai++)
-            if (body->args[ai].flags & EL_FLAG_EXPERT) {
-              uint32_t w = body->args[ai].index + (uint32_t)ids[i] * body->args[ai].expert_stride;
-              if (w != last) store->prefetch(store, &w, 1);
-              last = w;
-            }
-        }
-      }
-    for (uint32_t i = 0; i < n_sel; i++)
-      for (uint32_t j = 1; j <= st->n_body; j++)
-        if (call_step(b, c, &pg->steps[si + j], &bd[si + j], pos, ids[i], (int)i, prog, si + j) != 0) return -1;
-    si += st->n_body;
-  }
-  return 0;
+  tvm_call_ctx u = {b, x};
+  return el_run_steps(c, prog, pos, &x->walk, tvm_call, &u);
 }
 
-/* A program run: the store learns the weights it will use, in order, before the first step asks for one (a windowed
- * store reads them ahead), and serves one program at a time where its policy needs that. */
 static int tvm_run(void* state, void* ctx_state, el_context* c, int prog, int pos) {
   el_weight_store* store = c->m->store;
   const el_program* pg = &c->m->prog[prog];

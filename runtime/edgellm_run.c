@@ -18,15 +18,12 @@
 #include <unistd.h>
 
 #include "edgellm.h"
+#include "load_options.h"
 
 #define USAGE                                                                                                       \
   "usage: edgellm-run PKG (-p TEXT | --ids 1,2,3) [-n N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n" \
   "                   [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--seed S]\n"      \
-  "                   [--stop STR ...] [--ignore-eos] [--threads N] [--print-ids] [--dump-logits FILE]\n"        \
-  "                   [--digest sha256:HEX] [--memory-budget BYTES] [--prefill-backend auto|cpu|npu]\n"         \
-  "                   [--npu-soc SOC] [--weight-policy auto|resident|window|experts] [--storage PROFILE]\n"      \
-  "                   [--io-threads N] [--direct-io] [--huge-pages auto|on|off] [--ffn-threshold T]\n"         \
-  "                   [--expert-eviction freq|lru|lfu] [--expert-predict] [--no-expert-warm] [--device D]\n"     \
+  "                   [--stop STR ...] [--ignore-eos] [--print-ids] [--dump-logits FILE] [load options]\n"      \
   "  PKG                  package directory (made by `edgellm compile`)\n"                                      \
   "  -p, --prompt TEXT    prompt text (needs PKG/tokenizer.bin)\n"                                              \
   "  --ids LIST           prompt as token ids, comma- or space-separated\n"                                     \
@@ -41,35 +38,14 @@
   "  --seed S             sampling seed (default: random)\n"                                                    \
   "  --stop STR           stop at this text (repeatable; the text never contains it)\n"                         \
   "  --ignore-eos         keep generating past end-of-sequence tokens\n"                                        \
-  "  --threads N          threads (default: one per CPU)\n"                                                     \
   "  --print-ids          print the generated ids (space-separated) instead of text\n"                          \
   "  --dump-logits FILE   write the logits of every sampling step (vocab float32 rows, raw) to FILE\n"        \
-  "  --digest sha256:HEX  refuse to run unless the package matches this digest (printed by edgellm compile)\n"  \
-  "  --memory-budget N    bytes the model may use: weights held + one context's KV cache and arena (600MB =\n"  \
-  "                       600*10^6, 600M = 600MiB = 600*2^20); weights beyond it stream from the package\n"       \
-  "  --weight-policy P    resident (all weights in memory), window (stream what the budget cannot hold), experts\n" \
-  "                       (MoE: all but the experts held, experts cached in the budget), auto (default: resident\n" \
-  "                       when everything fits, else experts for MoE packages, else window)\n"                   \
-  "  --expert-eviction E  which cached expert makes room: freq (default: selected most lately), lru, lfu\n"       \
-  "  --expert-predict     run the package's guesses of later layers' experts and read them ahead (default: off)\n" \
-  "  --no-expert-warm     start with an empty expert cache (default: filled at load with the experts calibration\n" \
-  "                       selected most)\n"                                                                     \
-  "  --storage PROFILE    shape streamed reads like: native (default), sd, emmc, ufs3, ufs4 (ufs: modelled)\n"   \
-  "  --io-threads N       reader threads for streamed weights (1-4, default 2)\n"                               \
-  "  --direct-io          O_DIRECT reads for streamed weights (default: buffered, dropped from the page cache)\n" \
-  "  --huge-pages M       resident weights in transparent huge pages: auto (default), on, off (plain mmap)\n"    \
-  "  --ffn-threshold T    neuron-bundled packages: skip FFN neuron groups whose estimated output is below T\n"   \
-  "                       (0: exact; default: the package's, set at compile time)\n"                            \
-  "  --prefill-backend B  android-npu packages: prefill prompts on the NPU (npu), the CPU (cpu), or the NPU when\n" \
-  "                       ONNX Runtime with the QNN EP loads (auto, default). Libraries: EDGELLM_ORT_LIB\n"       \
-  "                       (default libonnxruntime.so), EDGELLM_QNN_EP_LIB (plugin EP; unset: QNN built into\n"   \
-  "                       ORT), EDGELLM_QNN_BACKEND (default libQnnHtp.so)\n"                                   \
-  "  --npu-soc SOC        sm8550, sm8650, sm8750: that SoC's prepared graphs (default: this phone's); none: the\n" \
-  "                       ONNX graphs, prepared at load\n"                                                      \
-  "  --device D           android-gpu / opencl packages: the OpenCL device, P:D (platform:device index) or part\n" \
-  "                       of its name (default: EDGELLM_OPENCL_DEVICE, else the first GPU); the driver is\n"     \
-  "                       libOpenCL.so (EDGELLM_OPENCL_LIBRARY: another path)\n"                                \
-  "  --version            print the runtime version\n"
+  "  --version            print the runtime version\n"                                                          \
+  "load options (the same table as edgellm run and Runtime.load: runtime/options.py):\n"                       \
+  EL_LOAD_OPTIONS_USAGE                                                                                          \
+  "  NPU libraries: EDGELLM_ORT_LIB (default libonnxruntime.so), EDGELLM_QNN_EP_LIB (plugin EP; unset: QNN built\n" \
+  "  into ORT), EDGELLM_QNN_BACKEND (default libQnnHtp.so); the OpenCL driver: libOpenCL.so\n"                  \
+  "  (EDGELLM_OPENCL_LIBRARY: another path)\n"
 
 #define MAX_STOPS 64
 
@@ -103,6 +79,50 @@ static int parse_float(const char* s, float* out) {
   return 0;
 }
 
+/* One load option from the generated table (load_options.h: runtime/options.py) into opt: 0, or a usage error. */
+static int set_load_option(el_load_options* opt, const el_cli_option* o, const char* v) {
+  char* field = (char*)opt + o->offset;
+  char msg[512];
+  long n;
+  float f;
+  switch (o->kind) {
+    case EL_OPT_FLAG:
+      *(int32_t*)field = 1;
+      return 0;
+    case EL_OPT_STR:
+      *(const char**)field = v;
+      return 0;
+    case EL_OPT_BYTES:
+      if (el_parse_bytes(v, (uint64_t*)field) == 0) return 0;
+      snprintf(msg, sizeof msg, "%s: %s", o->flag, el_last_error());
+      return usage_error("%s", msg);
+    case EL_OPT_INT:
+      if (parse_long(v, (long)o->lo, (long)o->hi, &n) == 0) return *(int32_t*)field = (int32_t)n, 0;
+      snprintf(msg, sizeof msg, "%s needs an integer from %g to %g, got '%%s'", o->flag, o->lo, o->hi);
+      return usage_error(msg, v);
+    case EL_OPT_FLOAT:
+      if (parse_float(v, &f) == 0 && f >= o->lo && f <= o->hi) return *(float*)field = f, 0;
+      snprintf(msg, sizeof msg, "%s needs a number from %g to %g, got '%%s'", o->flag, o->lo, o->hi);
+      return usage_error(msg, v);
+    default: { /* EL_OPT_CHOICE: "a|b" (a string field) or "a=N|b=M" (an int32 field) */
+      size_t len = strlen(v);
+      for (const char* c = o->choices; *c;) {
+        const char* end = c + strcspn(c, "|");
+        const char* eq = memchr(c, '=', (size_t)(end - c));
+        size_t name_len = (size_t)((eq ? eq : end) - c);
+        if (name_len == len && !strncmp(c, v, len)) {
+          if (eq) *(int32_t*)field = (int32_t)strtol(eq + 1, NULL, 10);
+          else *(const char**)field = v;
+          return 0;
+        }
+        c = *end ? end + 1 : end;
+      }
+      snprintf(msg, sizeof msg, "%s takes one of %s, got '%%s'", o->flag, o->choices);
+      return usage_error(msg, v);
+    }
+  }
+}
+
 /* "1,2, 3" -> ids; returns the count or -1 (bad number). */
 static int parse_ids(const char* s, int32_t** out) {
   int cap = 16, n = 0;
@@ -134,21 +154,15 @@ static int parse_ids(const char* s, int32_t** out) {
 }
 
 int main(int argc, char** argv) {
-  const char *pkg = NULL, *prompt = NULL, *ids_arg = NULL, *dump_path = NULL, *digest = NULL;
-  const char* npu_soc = NULL;
-  const char* device = NULL;
-  int prefill = EL_PREFILL_AUTO;
+  const char *pkg = NULL, *prompt = NULL, *ids_arg = NULL, *dump_path = NULL;
   const char* stops[MAX_STOPS];
   int n_stops = 0, print_ids = 0;
-  long max_new = -1, threads = 0, top_k = -1;
-  float ffn_threshold = -1;
+  long max_new = -1, top_k = -1;
   float temperature = NAN, top_p = NAN, min_p = NAN, rep = NAN, presence = NAN, frequency = NAN;
-  uint64_t seed = 0, budget = 0;
-  const char *policy = NULL, *storage = NULL, *eviction = NULL;
-  int predict = 0, no_warm = 0;
-  long io_threads = 0;
-  int direct_io = 0, huge_pages = -1;
+  uint64_t seed = 0;
   int have_seed = 0, ignore_eos = 0;
+  el_load_options opt;
+  el_load_options_init(&opt);
 
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
@@ -179,10 +193,6 @@ int main(int argc, char** argv) {
     FLOAT_OPT("--repetition-penalty", rep)
     FLOAT_OPT("--presence-penalty", presence)
     FLOAT_OPT("--frequency-penalty", frequency)
-    else if (!strcmp(a, "--ffn-threshold")) {
-      NEED_VALUE if (parse_float(v, &ffn_threshold) || ffn_threshold < 0)
-          return usage_error("--ffn-threshold needs a number >= 0 (0: exact), got '%s'", v);
-    }
     else if (!strcmp(a, "--top-k")) {
       NEED_VALUE if (parse_long(v, 0, INT32_MAX, &top_k))
           return usage_error("--top-k must be an integer >= 0 (0 = off), got '%s'", v);
@@ -196,53 +206,22 @@ int main(int argc, char** argv) {
       NEED_VALUE if (!*v) return usage_error("%s", "--stop needs a non-empty string");
       if (n_stops == MAX_STOPS) return usage_error("%s", "too many --stop strings (at most 64)");
       stops[n_stops++] = v;
-    } else if (!strcmp(a, "--threads")) {
-      NEED_VALUE if (parse_long(v, 0, 256, &threads))
-          return usage_error("--threads needs an integer in 0..256 (0: one per CPU), got '%s'", v);
     } else if (!strcmp(a, "--ignore-eos")) {
       ignore_eos = 1;
     } else if (!strcmp(a, "--print-ids")) {
       print_ids = 1;
     } else if (!strcmp(a, "--dump-logits")) {
       NEED_VALUE dump_path = v;
-    } else if (!strcmp(a, "--digest")) {
-      NEED_VALUE digest = v;
-    } else if (!strcmp(a, "--prefill-backend")) {
-      NEED_VALUE if (!strcmp(v, "auto")) prefill = EL_PREFILL_AUTO;
-      else if (!strcmp(v, "cpu")) prefill = EL_PREFILL_CPU;
-      else if (!strcmp(v, "npu")) prefill = EL_PREFILL_NPU;
-      else return usage_error("--prefill-backend takes auto, cpu or npu, got '%s'", v);
-    } else if (!strcmp(a, "--npu-soc")) {
-      NEED_VALUE npu_soc = v;
-    } else if (!strcmp(a, "--device")) {
-      NEED_VALUE device = v;
-    } else if (!strcmp(a, "--memory-budget")) {
-      NEED_VALUE if (el_parse_bytes(v, &budget)) return usage_error("--memory-budget: %s", el_last_error());
-    } else if (!strcmp(a, "--weight-policy")) {
-      NEED_VALUE policy = v;
-    } else if (!strcmp(a, "--direct-io")) {
-      direct_io = 1;
-    } else if (!strcmp(a, "--expert-eviction")) {
-      NEED_VALUE if (strcmp(v, "freq") && strcmp(v, "lru") && strcmp(v, "lfu"))
-          return usage_error("--expert-eviction takes freq, lru or lfu, got '%s'", v);
-      eviction = v;
-    } else if (!strcmp(a, "--expert-predict")) {
-      predict = 1;
-    } else if (!strcmp(a, "--no-expert-warm")) {
-      no_warm = 1;
-    } else if (!strcmp(a, "--huge-pages")) {
-      NEED_VALUE if (!strcmp(v, "auto")) huge_pages = -1;
-      else if (!strcmp(v, "on")) huge_pages = 1;
-      else if (!strcmp(v, "off")) huge_pages = 0;
-      else return usage_error("--huge-pages takes auto, on or off, got '%s'", v);
-    } else if (!strcmp(a, "--storage")) {
-      NEED_VALUE storage = v;
-    } else if (!strcmp(a, "--io-threads")) {
-      char* end;
-      NEED_VALUE io_threads = strtol(v, &end, 10);
-      if (*end || end == v || io_threads < 1 || io_threads > 4) return usage_error("--io-threads takes 1 to 4, got '%s'", v);
     } else if (a[0] == '-' && a[1]) {
-      return usage_error("unknown option %s", a);
+      const el_cli_option* o = NULL;
+      for (size_t k = 0; k < sizeof EL_LOAD_OPTIONS / sizeof *EL_LOAD_OPTIONS && !o; k++)
+        if (!strcmp(a, EL_LOAD_OPTIONS[k].flag)) o = &EL_LOAD_OPTIONS[k];
+      if (!o) return usage_error("unknown option %s", a);
+      if (o->kind != EL_OPT_FLAG) {
+        NEED_VALUE
+      }
+      int rc = set_load_option(&opt, o, o->kind == EL_OPT_FLAG ? NULL : v);
+      if (rc) return rc;
     } else if (!pkg) {
       pkg = a;
     } else {
@@ -260,28 +239,11 @@ int main(int argc, char** argv) {
   el_context* c = NULL;
   int32_t* ids = NULL;
   FILE* dump = NULL;
-  el_load_options opt;
-  el_load_options_init(&opt);
-  opt.n_threads = (int)threads;
-  opt.digest = digest;
-  opt.memory_budget = budget;
-  opt.weight_policy = policy;
-  opt.storage = storage;
-  opt.io_threads = (int32_t)io_threads;
-  opt.direct_io = direct_io;
-  opt.huge_pages = huge_pages;
-  opt.ffn_threshold = ffn_threshold;
-  opt.expert_eviction = eviction;
-  opt.expert_predict = predict;
-  opt.no_expert_warm = no_warm;
-  opt.prefill_backend = prefill;
-  opt.npu_soc = npu_soc;
-  opt.device = device;
   opt.ort_library = getenv("EDGELLM_ORT_LIB");
   opt.qnn_ep_library = getenv("EDGELLM_QNN_EP_LIB");
   opt.qnn_backend = getenv("EDGELLM_QNN_BACKEND");
   /* Qualcomm's HTP libraries print a banner on stdout when they load; the generated text owns stdout here. */
-  int saved_stdout = prefill != EL_PREFILL_CPU ? dup(1) : -1;
+  int saved_stdout = opt.prefill_backend != EL_PREFILL_CPU ? dup(1) : -1;
   if (saved_stdout >= 0) fflush(stdout), dup2(2, 1);
   m = el_model_load(pkg, &opt);
   if (saved_stdout >= 0) fflush(stdout), dup2(saved_stdout, 1), close(saved_stdout);
@@ -289,7 +251,7 @@ int main(int argc, char** argv) {
     fail("cannot load the package");
     goto done;
   }
-  if (budget) { /* how the budget was read, as every front end reads it (el_parse_bytes) */
+  if (opt.memory_budget) { /* how the budget was read, as every front end reads it (el_parse_bytes) */
     el_memory_plan mp;
     if (el_model_memory(m, &mp) == 0)
       fprintf(stderr, "edgellm-run: memory budget %llu bytes (weight policy %s)\n", (unsigned long long)mp.budget,

@@ -4,6 +4,7 @@
  *   plan.c            plan.bin read, every byte checked, programs built; their backends looked up by name
  *   loader.c          el_model: plan, backends opened, the weight store (offload/policy.c), tokenizer
  *   backends.c        the backend registry (edgellm_backend.h): built-ins and registered backends, by name
+ *   steps.c           a program's steps walked for any backend: calls, routed bodies, expert guesses
  *   backend_tvm_cpu.c the TVM CPU backend: kernels.so (or linked-in kernels), runs a program's steps
  *   backend_opencl.c  the OpenCL backend: kernels.cl + kernels.cltab on a dlopened OpenCL driver
  *   context.c         el_context: KV cache, arena, position; prefill / decode over the programs
@@ -86,6 +87,19 @@ typedef struct {
 /* plan.c: parses m->plan (m->plan_size bytes) into m->h, m->weights, m->kernels, m->prog and m->backends (the
  * backends looked up, not opened); 0, or -1 with the error set */
 EL_HIDDEN int el_plan_read(el_model* m);
+
+/* steps.c: walks program prog's steps for a backend, which makes each kernel call: call(user, c, prog, step index,
+ * pos, expert, slot) with expert / slot the routed entry the call serves (-1 outside a route). */
+typedef int (*el_step_call)(void* user, el_context* c, int prog, uint32_t si, int pos, int expert, int slot);
+typedef struct {
+  /* expert predictions (PREDICT steps): per weight w, predicted[w] = the run that guessed expert weight w and
+   * predicted[n_weights + w] = the run that made a guess for the route whose first expert weight is w; a ROUTE
+   * compares its selection with the guess of the same run (recall) */
+  uint32_t* predicted; /* NULL until the first prediction */
+  uint32_t serial;     /* runs so far */
+} el_step_walk;        /* per context and backend, zeroed */
+EL_HIDDEN int el_run_steps(el_context* c, int prog, int pos, el_step_walk* w, el_step_call call, void* user);
+EL_HIDDEN void el_step_walk_free(el_step_walk* w);
 
 /* weight_order.c: how the programs use the weights (for stores that stream them) */
 typedef struct {

@@ -1,0 +1,228 @@
+"""The load options, declared once: name, kind, default, range or choices, help, and which front ends expose each.
+
+From this table come the command-line options of `edgellm run` / `bench` / `chat` / `serve` / `plan` (click), the
+checks and C fields of `Runtime.load`, `bin/edgellm-run`'s parser and usage (`runtime/load_options.h`, generated:
+`python -m edgellm.runtime.gen_load_options`), and the Kotlin `LoadOptions` the JNI bridge takes
+(tests/test_options.py keeps the generated header, the Kotlin class, the ctypes struct and `Runtime.load`'s
+signature in step with it). Sizes are read by the one C reader (`el_parse_bytes`) everywhere.
+
+Adding a load option: a field in `el_load_options` (edgellm.h, and its ctypes twin in lib.py), its row here, a
+`Runtime.load` keyword, and the regenerated header; the front ends pick it up from the row.
+"""
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+
+# front ends: Runtime.load ("api"), edgellm run and bench ("run"), chat, serve, plan, bin/edgellm-run ("runner"),
+# the Kotlin LoadOptions over JNI ("jni")
+FRONTS = ("api", "run", "chat", "serve", "plan", "runner", "jni")
+_ALL = frozenset(FRONTS)
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str                   # the Runtime.load keyword
+    kind: str                   # int | float | bytes | str | choice | flag | tristate
+    help: str
+    default: object = None      # the Python / CLI default (None: the runtime's own)
+    choices: tuple = ()         # choice: names, or (name, C int value) pairs for int fields
+    lo: float | None = None     # int / float: inclusive range
+    hi: float | None = None
+    metavar: str = ""
+    c_field: str = ""           # the el_load_options field ("": the name)
+    invert: bool = False        # flag: the C field holds the opposite (expert_warm -> no_expert_warm)
+    fronts: frozenset = field(default=_ALL)
+    kotlin: str = ""            # the Kotlin property ("": camelCase of the name)
+
+    @property
+    def field(self) -> str:
+        return self.c_field or self.name
+
+    @property
+    def flag(self) -> str:
+        """The command-line spelling (a flag defaulting to on is spelled as its negation)."""
+        return "--" + (("no-" if self.invert else "") + self.name).replace("_", "-")
+
+    @property
+    def choice_names(self) -> tuple[str, ...]:
+        return tuple(c[0] if isinstance(c, tuple) else c for c in self.choices)
+
+    @property
+    def kotlin_name(self) -> str:
+        head, *rest = self.name.split("_")
+        return self.kotlin or head + "".join(w.title() for w in rest)
+
+
+LOAD_OPTIONS = (
+    Option("threads", "int", "CPU threads of the model's contexts (0: one per CPU) [default: one per CPU]", lo=0, hi=256,
+           metavar="N", c_field="n_threads", fronts=_ALL - {"plan"}),
+    Option("digest", "str", "refuse to run unless the package matches this sha256:... digest (printed by edgellm "
+           "compile): every file is checked before anything is loaded", metavar="sha256:HEX",
+           fronts=_ALL - {"plan"}),
+    Option("memory_budget", "bytes", "memory the model may use, e.g. 600MB: the weights it holds + one context's KV "
+           "cache and activations; weights beyond it stream from the package every token (600MB = 600*10^6 bytes, "
+           "600M = 600MiB = 600*2^20) [default: no limit]", metavar="SIZE"),
+    Option("weight_policy", "choice", "resident: all weights in memory; window: stream what the budget cannot hold; "
+           "experts (MoE): all but the experts held, experts cached in the budget; auto: resident when everything "
+           "fits, else experts for MoE packages, else window", default="auto",
+           choices=("auto", "resident", "window", "experts"), fronts=_ALL - {"chat", "serve"}),
+    Option("expert_eviction", "choice", "--weight-policy experts: which cached expert makes room [default: freq]",
+           choices=("freq", "lru", "lfu"), fronts=frozenset({"api", "run", "runner"})),
+    Option("expert_predict", "flag", "--weight-policy experts: run the package's guesses of the next layers' experts "
+           "and read the guessed ones ahead [default: off: on this project's hosts they cost more reads than they "
+           "save; README \"MoE models bigger than RAM\"]", default=False, fronts=frozenset({"api", "run", "runner"})),
+    Option("expert_warm", "flag", "--weight-policy experts: start with an empty expert cache [default: filled at load "
+           "with the experts calibration selected most]", default=True, c_field="no_expert_warm", invert=True,
+           fronts=frozenset({"api", "run", "runner"})),
+    Option("storage", "choice", "shape streamed reads like this storage (ufs3/ufs4: modelled from RAM)",
+           default="native", choices=("native", "sd", "emmc", "ufs3", "ufs4"),
+           fronts=frozenset({"api", "run", "plan", "runner"})),
+    Option("io_threads", "int", "reader threads for streamed weights [default: 2]", lo=1, hi=4, metavar="N",
+           fronts=frozenset({"api", "run", "runner"})),
+    Option("direct_io", "flag", "O_DIRECT reads for streamed weights [default: buffered reads dropped from the page "
+           "cache behind them]", default=False, fronts=frozenset({"api", "run", "plan", "runner"})),
+    Option("huge_pages", "tristate", "resident weights in transparent huge pages: auto (default), on, off (plain "
+           "mmap; EDGELLM_HUGEPAGES=0/1 sets it for the Python API)", choices=(("auto", -1), ("on", 1), ("off", 0)),
+           fronts=frozenset({"api", "runner"})),
+    Option("ffn_threshold", "float", "--layout bundled packages: skip FFN neuron groups whose estimated output is below "
+           "this (0: exact) [default: the package's]", lo=0, hi=1e6, metavar="T",
+           fronts=frozenset({"api", "run", "runner"})),
+    Option("prefill_backend", "choice", "android-npu / host-npu packages: prefill prompts on the NPU (ONNX Runtime + "
+           "QNN EP), the CPU, or the NPU when it loads", default="auto",
+           choices=(("auto", 0), ("cpu", 1), ("npu", 2)), fronts=_ALL - {"chat", "serve", "plan"}, kotlin="prefill"),
+    Option("npu_soc", "str", "the SoC whose prepared NPU graphs to load (sm8550, sm8650, sm8750; none: the ONNX "
+           "graphs) [default: this phone's]", metavar="SOC", fronts=frozenset({"api", "run", "runner"})),
+    Option("device", "str", "android-gpu / opencl packages: the OpenCL device, \"P:D\" or part of its name [default: "
+           "$EDGELLM_OPENCL_DEVICE, else the first GPU]", metavar="D", fronts=_ALL - {"plan"}),
+)
+BY_NAME = {o.name: o for o in LOAD_OPTIONS}
+
+
+def for_front(front: str) -> tuple[Option, ...]:
+    return tuple(o for o in LOAD_OPTIONS if front in o.fronts)
+
+
+# ---- checks (Runtime.load) ----------------------------------------------------------------------------------------
+
+def check(name: str, value):
+    """The value as the C field takes it (None: leave the runtime's default), or an InputError naming the option."""
+    from ..errors import InputError
+    from .package import parse_bytes
+
+    o = BY_NAME[name]
+    if value is None:
+        return None
+    if o.kind == "bytes":
+        return parse_bytes(value, name)
+    if o.kind in ("flag", "tristate") and not isinstance(value, bool):
+        raise InputError(f"{name} {value!r}: True or False" + (" (or None: automatic)" if o.kind == "tristate" else ""))
+    if o.kind == "flag":
+        return int(value != o.invert)
+    if o.kind == "tristate":
+        return 1 if value else 0
+    if o.kind == "choice":
+        names = o.choice_names
+        if value not in names:
+            raise InputError(f"{name} {value!r}: choose one of {', '.join(names)}")
+        return dict(c for c in o.choices if isinstance(c, tuple)).get(value, value)
+    if o.kind in ("int", "float"):
+        ok = (isinstance(value, int) if o.kind == "int" else isinstance(value, (int, float))) and \
+            not isinstance(value, bool) and o.lo <= value <= o.hi
+        if not ok:
+            what = "an integer" if o.kind == "int" else "a number"
+            raise InputError(f"{name} {value!r}: {what} from {o.lo:g} to {o.hi:g}")
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"{name} {value!r}: a non-empty string ({o.metavar or 'text'})")
+    return value
+
+
+def apply(opts, values: dict) -> list:
+    """Checks each given value (None: the runtime's default) and sets its el_load_options field on opts (a ctypes
+    LoadOptions). Returns the byte strings the struct points to: keep them alive until the load returns."""
+    keep = []
+    for name, value in values.items():
+        v = check(name, value)
+        if v is None:
+            continue
+        if isinstance(v, str):
+            keep.append(v.encode())
+            v = keep[-1]
+        setattr(opts, BY_NAME[name].field, v)
+    return keep
+
+
+# ---- click (the edgellm CLI) --------------------------------------------------------------------------------------
+
+def click_options(front: str, skip: tuple[str, ...] = ()) -> list:
+    """The click options of this front end's load options, in table order."""
+    import click
+
+    out = []
+    for o in for_front(front):
+        if o.name in skip:
+            continue
+        if o.kind in ("flag",):
+            out.append(click.option(o.flag, is_flag=True, help=o.help))
+        elif o.kind in ("choice", "tristate"):
+            out.append(click.option(o.flag, type=click.Choice(list(o.choice_names)), default=o.default,
+                                    show_default=o.default is not None, help=o.help))
+        elif o.kind == "int":
+            out.append(click.option(o.flag, type=click.IntRange(int(o.lo), int(o.hi)), default=None, help=o.help,
+                                    metavar=o.metavar or None))
+        elif o.kind == "float":
+            out.append(click.option(o.flag, type=click.FloatRange(o.lo, o.hi), default=None, help=o.help,
+                                    metavar=o.metavar or None))
+        else:
+            out.append(click.option(o.flag, default=None, help=o.help, metavar=o.metavar or None))
+    return out
+
+
+def api_kwargs(cli_values: dict) -> dict:
+    """Runtime.load keywords from click's parameters (click names a negated flag after its spelling)."""
+    out = {}
+    for o in LOAD_OPTIONS:
+        key = o.flag[2:].replace("-", "_")
+        if key in cli_values:
+            v = cli_values[key]
+            out[o.name] = (not v) if o.invert else v
+    return out
+
+
+# ---- bin/edgellm-run (C) ------------------------------------------------------------------------------------------
+
+_C_KIND = {"int": "EL_OPT_INT", "float": "EL_OPT_FLOAT", "bytes": "EL_OPT_BYTES", "str": "EL_OPT_STR",
+           "choice": "EL_OPT_CHOICE", "flag": "EL_OPT_FLAG", "tristate": "EL_OPT_CHOICE"}
+
+
+def _c_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_c_header() -> str:
+    """runtime/load_options.h: edgellm-run's table of load options and their usage lines."""
+    rows, usage = [], []
+    for o in for_front("runner"):
+        choices = "|".join(f"{c[0]}={c[1]}" if isinstance(c, tuple) else c for c in o.choices)
+        lo = "0" if o.lo is None else repr(float(o.lo))
+        hi = "0" if o.hi is None else repr(float(o.hi))
+        rows.append(f"    {{{_c_str(o.flag)}, {_C_KIND[o.kind]}, offsetof(el_load_options, {o.field}), "
+                    f"{_c_str(choices) if choices else 'NULL'}, {lo}, {hi}}},")
+        arg = "" if o.kind == "flag" else " " + (o.metavar or ("|".join(o.choice_names) if o.choices else "X"))
+        head = f"  {o.flag}{arg}"
+        lines = textwrap.wrap(o.help, 112 - 24)
+        first = head.ljust(23) + " " + lines[0] if len(head) < 23 else head + "\n" + " " * 24 + lines[0]
+        usage.append("\n".join([first] + [" " * 24 + ln for ln in lines[1:]]))
+    body = "\n".join('  "' + line.replace("\\", "\\\\").replace('"', '\\"') + '\\n"'
+                     for line in "\n".join(usage).splitlines())
+    return (
+        "/* Generated from runtime/options.py by python -m edgellm.runtime.gen_load_options; do not edit:\n"
+        " * tests/test_options.py fails when it and the table differ. bin/edgellm-run's load options. */\n"
+        "#ifndef EDGELLM_LOAD_OPTIONS_H\n#define EDGELLM_LOAD_OPTIONS_H\n#include <stddef.h>\n\n#include \"edgellm.h\"\n\n"
+        "enum { EL_OPT_INT, EL_OPT_FLOAT, EL_OPT_BYTES, EL_OPT_STR, EL_OPT_CHOICE, EL_OPT_FLAG };\n\n"
+        "/* choices: \"a|b|c\" (the field is a string: the chosen name) or \"a=N|b=M\" (an int32 field: N or M) */\n"
+        "typedef struct {\n  const char* flag;\n  int kind;\n  size_t offset;\n  const char* choices;\n"
+        "  double lo, hi; /* EL_OPT_INT / EL_OPT_FLOAT: inclusive range */\n} el_cli_option;\n\n"
+        "static const el_cli_option EL_LOAD_OPTIONS[] = {\n" + "\n".join(rows) + "\n};\n\n"
+        "#define EL_LOAD_OPTIONS_USAGE \\\n" + " \\\n".join(body.splitlines()) + "\n\n#endif\n")
