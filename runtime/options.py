@@ -34,6 +34,7 @@ class Option:
     invert: bool = False        # flag: the C field holds the opposite (expert_warm -> no_expert_warm)
     fronts: frozenset = field(default=_ALL)
     kotlin: str = ""            # the Kotlin property ("": camelCase of the name)
+    what: str = ""              # str: what to give, for the error message
 
     @property
     def field(self) -> str:
@@ -59,7 +60,7 @@ LOAD_OPTIONS = (
            metavar="N", c_field="n_threads", fronts=_ALL - {"plan"}),
     Option("digest", "str", "refuse to run unless the package matches this sha256:... digest (printed by edgellm "
            "compile): every file is checked before anything is loaded", metavar="sha256:HEX",
-           fronts=_ALL - {"plan"}),
+           fronts=_ALL - {"plan"}, what="the sha256:... digest edgellm compile printed"),
     Option("memory_budget", "bytes", "memory the model may use, e.g. 600MB: the weights it holds + one context's KV "
            "cache and activations; weights beyond it stream from the package every token (600MB = 600*10^6 bytes, "
            "600M = 600MiB = 600*2^20) [default: no limit]", metavar="SIZE"),
@@ -92,9 +93,11 @@ LOAD_OPTIONS = (
            "QNN EP), the CPU, or the NPU when it loads", default="auto",
            choices=(("auto", 0), ("cpu", 1), ("npu", 2)), fronts=_ALL - {"chat", "serve", "plan"}, kotlin="prefill"),
     Option("npu_soc", "str", "the SoC whose prepared NPU graphs to load (sm8550, sm8650, sm8750; none: the ONNX "
-           "graphs) [default: this phone's]", metavar="SOC", fronts=frozenset({"api", "run", "runner"})),
+           "graphs) [default: this phone's]", metavar="SOC", fronts=frozenset({"api", "run", "runner"}),
+           what="a SoC name (sm8550, sm8650, sm8750) or none"),
     Option("device", "str", "android-gpu / opencl packages: the OpenCL device, \"P:D\" or part of its name [default: "
-           "$EDGELLM_OPENCL_DEVICE, else the first GPU]", metavar="D", fronts=_ALL - {"plan"}),
+           "$EDGELLM_OPENCL_DEVICE, else the first GPU]", metavar="D", fronts=_ALL - {"plan"},
+           what="an OpenCL device as \"P:D\" or part of its name"),
 )
 BY_NAME = {o.name: o for o in LOAD_OPTIONS}
 
@@ -134,7 +137,7 @@ def check(name: str, value):
             raise InputError(f"{name} {value!r}: {what} from {o.lo:g} to {o.hi:g}")
         return value
     if not isinstance(value, str) or not value.strip():
-        raise InputError(f"{name} {value!r}: a non-empty string ({o.metavar or 'text'})")
+        raise InputError(f"{name} {value!r}: give {o.what or 'a non-empty string'}")
     return value
 
 

@@ -80,7 +80,7 @@ SLOW_TESTS = {   # module -> test functions (every parameter)
                             "test_recompile_keeps_the_users_files", "test_sigterm_during_compile_leaves_nothing",
                             "test_user_dir_with_a_manifest_is_not_replaced"),
     "test_serve.py": ("test_api_key_and_network_binding", "test_flags_checked_before_compiling"),
-    "test_sizes.py": ("test_plan_and_load_agree",),
+    "test_sizes.py": ("test_every_front_end_reads_a_budget_alike",),
 }
 FAST_ANYWAY = {   # a slow function's one parameter that stands for its capability in the fast tier
     "test_opencl.py::test_same_tokens_and_logits_as_the_cpu[demo-llama-t2]",
