@@ -211,6 +211,10 @@ static int next_num(char** save, uint64_t lo, uint64_t hi, uint64_t* out) {
 static int read_table(opencl* b, const el_model* m, const char* dir) {
   char path[4096];
   snprintf(path, sizeof path, "%s/" EL_FILE_OPENCL_TABLE, dir);
+  struct stat st;
+  if (lstat(path, &st) != 0 && errno == ENOENT)
+    return el_error("this package has no OpenCL kernels (%s), yet its plan runs programs on the opencl backend: "
+                    "recompile it (--target android-gpu or opencl for the GPU)", EL_FILE_OPENCL_TABLE);
   if (el_check_listed(dir, EL_FILE_OPENCL_TABLE) || el_check_listed(dir, EL_FILE_OPENCL_SOURCE)) return -1;
   size_t size;
   char* text = el_read_small_file(path, "OpenCL launch table", (size_t)64 << 20, &size);
@@ -508,7 +512,8 @@ static int cl_open(el_model* m, const char* dir, uint32_t programs, void** state
       }
   }
   cl_int e = CL_SUCCESS;
-  if (load_driver(b) != 0 || choose_device(b, want) != 0 || read_table(b, m, dir) != 0) goto fail;
+  /* the package's launch table first: a package without OpenCL kernels is refused before any driver is touched */
+  if (read_table(b, m, dir) != 0 || load_driver(b) != 0 || choose_device(b, want) != 0) goto fail;
   if (!(b->ctx = b->api.clCreateContext(NULL, 1, &b->device, NULL, NULL, &e))) {
     CL_FAIL("clCreateContext", e);
     goto fail;

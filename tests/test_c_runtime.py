@@ -904,6 +904,12 @@ def test_unknown_backend_name_is_one_line(lib, kernels_so, tmp_path):
     assert 'runs on backend "nope", which this runtime does not have (it has: tvm_cpu, qnn_ort, opencl' in msg
     unterminated = _with_backend(tp.plan_bytes(), b"x" * tp.K.BACKEND_NAME_BYTES)
     assert "no NUL-terminated backend name" in load_error(lib, variant(kernels_so, tmp_path, unterminated))
+    # a CPU package's programs moved onto another built-in backend: refused by that backend, in one line, before it
+    # touches a driver (the fuzz campaign found PoCL initialising, and failing under ASan, for such a plan)
+    msg = load_error(lib, variant(kernels_so, tmp_path, _with_backend(tp.plan_bytes(), b"opencl")))
+    assert msg.startswith("this package has no OpenCL kernels (kernels.cltab)"), msg
+    msg = load_error(lib, variant(kernels_so, tmp_path, _with_backend(tp.plan_bytes(), b"qnn_ort")))
+    assert "qnn_ort backend runs a staged prefill's graphs" in msg, msg
 
 
 def test_an_extra_backend_registers_without_touching_the_library(lib, lib_path, kernels_so, tmp_path, ref):
