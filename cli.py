@@ -114,6 +114,13 @@ def tune_cmd(show, clear):
     click.echo(describe(cache))
 
 
+def _gen_options(front: str) -> list:
+    """This command's generation options, from the one table (runtime/options.py)."""
+    from .runtime.options import GEN_OPTIONS, click_options
+
+    return click_options(front, table=GEN_OPTIONS)
+
+
 def _load_options(front: str, skip: tuple[str, ...] = ()) -> list:
     """This command's load options, from the one table (runtime/options.py)."""
     from .runtime.options import click_options
@@ -144,23 +151,12 @@ def _store_note(rt) -> str | None:
 
 
 def _sampling_options(f):
-    opts = [
-        click.option("-n", "--max-new-tokens", type=click.IntRange(min=0), default=128, show_default=True),
-        click.option("--temperature", type=float, default=None,
-                     help="0 = greedy [default: the package's generation_config.json if it samples, else 0]"),
-        click.option("--top-k", type=click.IntRange(min=0), default=None, help="0 = off [default: the package's]"),
-        click.option("--top-p", type=float, default=None, help="1 = off [default: the package's]"),
-        click.option("--min-p", type=float, default=None, help="0 = off [default: the package's]"),
-        click.option("--repetition-penalty", type=float, default=None,
-                     help="1 = off; applies when greedy too [default: the package's]"),
-        click.option("--presence-penalty", type=float, default=None, help="0 = off [default: the package's]"),
-        click.option("--frequency-penalty", type=float, default=None, help="0 = off [default: the package's]"),
-        click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=None,
-                     help="sampling seed (default: random)"),
-        click.option("--stop", multiple=True, help="stop string (repeatable)"),
-        click.option("--ignore-eos", is_flag=True, help="keep generating past end-of-sequence tokens"),
-        *_load_options("run"),
-    ]
+    """edgellm run's generation and load options: the two tables (runtime/options.py), and --stop."""
+    from .runtime.options import GEN_OPTIONS, click_options
+
+    opts = [*click_options("run", table=GEN_OPTIONS),
+            click.option("--stop", multiple=True, help="stop string (repeatable)"),
+            *_load_options("run")]
     for o in reversed(opts):
         f = o(f)
     return f
@@ -168,7 +164,8 @@ def _sampling_options(f):
 
 DEMO_PROMPT = "def read_config(path):"
 DEMO_CHAT_TOKENS = 96   # the demo models learned 256-token windows: longer replies (after the template) turn to junk
-SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+            "frequency_penalty")   # the sampler's knobs, as runtime/options.py's SAMPLING (tests/test_options.py)
 NEUTRAL = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
            "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
@@ -325,11 +322,7 @@ def serve_cmd(package_or_model, host, port, parallel, api_key, name, quant, allo
 @click.option("--quant", "-q", default=None, help="scheme when compiling a model [default: f16; t2 for BitNet]")
 @click.option("-n", "--max-new-tokens", type=click.IntRange(min=1), default=None,
               help="longest reply [default: 512; the demo models: 96, inside the 256-token windows they learned]")
-@click.option("--temperature", type=float, default=None, help="0 = greedy [default: the package's]")
-@click.option("--top-k", type=click.IntRange(min=0), default=None, help="[default: the package's]")
-@click.option("--top-p", type=float, default=None, help="[default: the package's]")
-@click.option("--repetition-penalty", type=float, default=None, help="[default: the package's]")
-@click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=None, help="sampling seed")
+@_with(_gen_options("chat"))
 @_with(_load_options("chat"))
 def chat_cmd(package_or_model, system, quant, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed,
              **load):

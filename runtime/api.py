@@ -48,8 +48,7 @@ class GenerationResult:
     cached_tokens: int = 0               # prompt tokens the context already held (reuse_prefix): not prefilled again
 
 
-SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                 "frequency_penalty")
+SAMPLING_ARGS = O.SAMPLING   # the sampler's knobs (runtime/options.py GEN_OPTIONS)
 
 
 def _threads(threads) -> int:

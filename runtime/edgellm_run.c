@@ -18,29 +18,21 @@
 #include <unistd.h>
 
 #include "edgellm.h"
-#include "load_options.h"
+#include "option_table.h"
 
 #define USAGE                                                                                                       \
-  "usage: edgellm-run PKG (-p TEXT | --ids 1,2,3) [-n N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n" \
-  "                   [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--seed S]\n"      \
-  "                   [--stop STR ...] [--ignore-eos] [--print-ids] [--dump-logits FILE] [load options]\n"      \
+  "usage: edgellm-run PKG (-p TEXT | --ids 1,2,3) [generation options] [--stop STR ...] [--print-ids]\n"        \
+  "                   [--dump-logits FILE] [load options]\n"                                                   \
   "  PKG                  package directory (made by `edgellm compile`)\n"                                      \
   "  -p, --prompt TEXT    prompt text (needs PKG/tokenizer.bin)\n"                                              \
   "  --ids LIST           prompt as token ids, comma- or space-separated\n"                                     \
-  "  -n, --max-new-tokens N   tokens to generate (default 128)\n"                                               \
-  "  sampling options not given come from the package (its generation_config.json), else greedy:\n"            \
-  "  --temperature T      0 = greedy\n"                                                                         \
-  "  --top-k K            0 = off\n"                                                                            \
-  "  --top-p P            1 = off\n"                                                                            \
-  "  --min-p P            0 = off\n"                                                                            \
-  "  --repetition-penalty R   1 = off (applies when greedy too)\n"                                              \
-  "  --presence-penalty P, --frequency-penalty F   0 = off\n"                                                   \
-  "  --seed S             sampling seed (default: random)\n"                                                    \
   "  --stop STR           stop at this text (repeatable; the text never contains it)\n"                         \
-  "  --ignore-eos         keep generating past end-of-sequence tokens\n"                                        \
   "  --print-ids          print the generated ids (space-separated) instead of text\n"                          \
   "  --dump-logits FILE   write the logits of every sampling step (vocab float32 rows, raw) to FILE\n"        \
   "  --version            print the runtime version\n"                                                          \
+  "generation options (sampling options not given come from the package's generation_config.json, else greedy;\n" \
+  "the same table as edgellm run and Runtime.generate: runtime/options.py):\n"                                  \
+  EL_GEN_OPTIONS_USAGE                                                                                           \
   "load options (the same table as edgellm run and Runtime.load: runtime/options.py):\n"                       \
   EL_LOAD_OPTIONS_USAGE                                                                                          \
   "  NPU libraries: EDGELLM_ORT_LIB (default libonnxruntime.so), EDGELLM_QNN_EP_LIB (plugin EP; unset: QNN built\n" \
@@ -79,9 +71,9 @@ static int parse_float(const char* s, float* out) {
   return 0;
 }
 
-/* One load option from the generated table (load_options.h: runtime/options.py) into opt: 0, or a usage error. */
-static int set_load_option(el_load_options* opt, const el_cli_option* o, const char* v) {
-  char* field = (char*)opt + o->offset;
+/* One option from the generated tables (option_table.h: runtime/options.py) into its struct: 0, or a usage error. */
+static int set_option(void* dst, const el_cli_option* o, const char* v) {
+  char* field = (char*)dst + o->offset;
   char msg[512];
   long n;
   float f;
@@ -92,6 +84,14 @@ static int set_load_option(el_load_options* opt, const el_cli_option* o, const c
     case EL_OPT_STR:
       *(const char**)field = v;
       return 0;
+    case EL_OPT_U64: {
+      char* end;
+      errno = 0;
+      unsigned long long u = strtoull(v, &end, 10);
+      if (!errno && end != v && !*end && *v != '-') return *(uint64_t*)field = (uint64_t)u, 0;
+      snprintf(msg, sizeof msg, "%s needs an integer >= 0, got '%%s'", o->flag);
+      return usage_error(msg, v);
+    }
     case EL_OPT_BYTES:
       if (el_parse_bytes(v, (uint64_t*)field) == 0) return 0;
       snprintf(msg, sizeof msg, "%s: %s", o->flag, el_last_error());
@@ -157,12 +157,12 @@ int main(int argc, char** argv) {
   const char *pkg = NULL, *prompt = NULL, *ids_arg = NULL, *dump_path = NULL;
   const char* stops[MAX_STOPS];
   int n_stops = 0, print_ids = 0;
-  long max_new = -1, top_k = -1;
-  float temperature = NAN, top_p = NAN, min_p = NAN, rep = NAN, presence = NAN, frequency = NAN;
-  uint64_t seed = 0;
-  int have_seed = 0, ignore_eos = 0;
   el_load_options opt;
   el_load_options_init(&opt);
+  el_gen_params given; /* generation options as given; the rest come from the package (el_gen_params_default) */
+  memset(&given, 0, sizeof given);
+  uint32_t given_mask = 0; /* bit k: EL_GEN_OPTIONS[k] was given */
+  _Static_assert(sizeof EL_GEN_OPTIONS / sizeof *EL_GEN_OPTIONS <= 32, "a bit per generation option");
 
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
@@ -170,10 +170,6 @@ int main(int argc, char** argv) {
 #define NEED_VALUE \
   if (!v) return usage_error("option %s needs a value", a); \
   i++;
-#define FLOAT_OPT(flag, var)                                                            \
-  else if (!strcmp(a, flag)) {                                                          \
-    NEED_VALUE if (parse_float(v, &var)) return usage_error(flag " needs a number, got '%s'", v); \
-  }
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       fputs(USAGE, stdout);
       return 0;
@@ -184,43 +180,27 @@ int main(int argc, char** argv) {
       NEED_VALUE prompt = v;
     } else if (!strcmp(a, "--ids")) {
       NEED_VALUE ids_arg = v;
-    } else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) {
-      NEED_VALUE if (parse_long(v, 0, INT_MAX, &max_new)) return usage_error("-n needs an integer >= 0, got '%s'", v);
-    }
-    FLOAT_OPT("--temperature", temperature)
-    FLOAT_OPT("--top-p", top_p)
-    FLOAT_OPT("--min-p", min_p)
-    FLOAT_OPT("--repetition-penalty", rep)
-    FLOAT_OPT("--presence-penalty", presence)
-    FLOAT_OPT("--frequency-penalty", frequency)
-    else if (!strcmp(a, "--top-k")) {
-      NEED_VALUE if (parse_long(v, 0, INT32_MAX, &top_k))
-          return usage_error("--top-k must be an integer >= 0 (0 = off), got '%s'", v);
-    } else if (!strcmp(a, "--seed")) {
-      NEED_VALUE char* end;
-      errno = 0;
-      unsigned long long sv = strtoull(v, &end, 10);
-      if (errno || end == v || *end || *v == '-') return usage_error("--seed needs an integer >= 0, got '%s'", v);
-      seed = (uint64_t)sv, have_seed = 1;
     } else if (!strcmp(a, "--stop")) {
       NEED_VALUE if (!*v) return usage_error("%s", "--stop needs a non-empty string");
       if (n_stops == MAX_STOPS) return usage_error("%s", "too many --stop strings (at most 64)");
       stops[n_stops++] = v;
-    } else if (!strcmp(a, "--ignore-eos")) {
-      ignore_eos = 1;
     } else if (!strcmp(a, "--print-ids")) {
       print_ids = 1;
     } else if (!strcmp(a, "--dump-logits")) {
       NEED_VALUE dump_path = v;
-    } else if (a[0] == '-' && a[1]) {
+    } else if (a[0] == '-' && a[1]) { /* the tables: generation options, then load options */
       const el_cli_option* o = NULL;
+      void* dst = &given;
+      for (size_t k = 0; k < sizeof EL_GEN_OPTIONS / sizeof *EL_GEN_OPTIONS && !o; k++)
+        if (!strcmp(a, EL_GEN_OPTIONS[k].flag) || (EL_GEN_OPTIONS[k].short_flag && !strcmp(a, EL_GEN_OPTIONS[k].short_flag)))
+          o = &EL_GEN_OPTIONS[k], given_mask |= 1u << k;
       for (size_t k = 0; k < sizeof EL_LOAD_OPTIONS / sizeof *EL_LOAD_OPTIONS && !o; k++)
-        if (!strcmp(a, EL_LOAD_OPTIONS[k].flag)) o = &EL_LOAD_OPTIONS[k];
+        if (!strcmp(a, EL_LOAD_OPTIONS[k].flag)) o = &EL_LOAD_OPTIONS[k], dst = &opt;
       if (!o) return usage_error("unknown option %s", a);
       if (o->kind != EL_OPT_FLAG) {
         NEED_VALUE
       }
-      int rc = set_load_option(&opt, o, o->kind == EL_OPT_FLAG ? NULL : v);
+      int rc = set_option(dst, o, o->kind == EL_OPT_FLAG ? NULL : v);
       if (rc) return rc;
     } else if (!pkg) {
       pkg = a;
@@ -228,7 +208,6 @@ int main(int argc, char** argv) {
       return usage_error("unexpected argument '%s': give one package directory", a);
     }
 #undef NEED_VALUE
-#undef FLOAT_OPT
   }
   if (!pkg) return usage_error("%s", "give a package directory");
   if (!prompt == !ids_arg) return usage_error("%s", "give the prompt with exactly one of -p TEXT or --ids 1,2,3");
@@ -286,16 +265,10 @@ int main(int argc, char** argv) {
 
   el_gen_params gp;
   el_gen_params_default(m, &gp);
-  if (max_new >= 0) gp.max_new_tokens = (int32_t)max_new;
-  if (!isnan(temperature)) gp.temperature = temperature;
-  if (top_k >= 0) gp.top_k = (int32_t)top_k;
-  if (!isnan(top_p)) gp.top_p = top_p;
-  if (!isnan(min_p)) gp.min_p = min_p;
-  if (!isnan(rep)) gp.repetition_penalty = rep;
-  if (!isnan(presence)) gp.presence_penalty = presence;
-  if (!isnan(frequency)) gp.frequency_penalty = frequency;
-  if (have_seed) gp.seed = seed;
-  gp.ignore_eos = ignore_eos;
+  for (size_t k = 0; k < sizeof EL_GEN_OPTIONS / sizeof *EL_GEN_OPTIONS; k++)
+    if (given_mask >> k & 1) /* what was given replaces the package's default */
+      memcpy((char*)&gp + EL_GEN_OPTIONS[k].offset, (const char*)&given + EL_GEN_OPTIONS[k].offset,
+             EL_GEN_OPTIONS[k].kind == EL_OPT_U64 ? sizeof(uint64_t) : sizeof(int32_t));
   gp.n_stop_strings = n_stops;
   gp.stop_strings = stops;
 

@@ -1,13 +1,15 @@
-"""The load options, declared once: name, kind, default, range or choices, help, and which front ends expose each.
+"""The load and generation options, declared once: name, kind, default, range or choices, help, and which front ends
+expose each.
 
-From this table come the command-line options of `edgellm run` / `bench` / `chat` / `serve` / `plan` (click), the
-checks and C fields of `Runtime.load`, `bin/edgellm-run`'s parser and usage (`runtime/load_options.h`, generated:
-`python -m edgellm.runtime.gen_load_options`), and the Kotlin `LoadOptions` the JNI bridge takes
-(tests/test_options.py keeps the generated header, the Kotlin class, the ctypes struct and `Runtime.load`'s
-signature in step with it). Sizes are read by the one C reader (`el_parse_bytes`) everywhere.
+From these tables come the command-line options of `edgellm run` / `bench` / `chat` / `serve` / `plan` (click), the
+checks and C fields of `Runtime.load`, `bin/edgellm-run`'s parser and usage (`runtime/option_table.h`, generated:
+`python -m edgellm.runtime.gen_option_table`); the Kotlin `LoadOptions` and `GenerateParams`, the server's request
+fields and `Runtime.load`'s signature are checked against them (tests/test_options.py). Sizes are read by the one C
+reader (`el_parse_bytes`) everywhere.
 
 Adding a load option: a field in `el_load_options` (edgellm.h, and its ctypes twin in lib.py), its row here, a
-`Runtime.load` keyword, and the regenerated header; the front ends pick it up from the row.
+`Runtime.load` keyword, and the regenerated header; the front ends pick it up from the row. A generation option:
+its `el_gen_params` field, its row in GEN_OPTIONS, and the regenerated header.
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ class Option:
     fronts: frozenset = field(default=_ALL)
     kotlin: str = ""            # the Kotlin property ("": camelCase of the name)
     what: str = ""              # str: what to give, for the error message
+    short: str = ""             # a one-letter command-line alias ("-n")
+    openai: str = ""            # generation options: the OpenAI request field ("": the name; "-": none)
 
     @property
     def field(self) -> str:
@@ -101,9 +105,32 @@ LOAD_OPTIONS = (
 )
 BY_NAME = {o.name: o for o in LOAD_OPTIONS}
 
+# Generation options (el_gen_params): a sampling value not given takes the package's default (its
+# generation_config.json), on every front end alike; the C sampler checks the ranges it does not state here.
+_GEN = frozenset({"api", "run", "serve", "runner", "jni"})
+_SAMPLED = _GEN | {"chat"}
+GEN_OPTIONS = (
+    Option("max_new_tokens", "int", "tokens to generate at most", default=128, lo=0, hi=2**31 - 1, metavar="N",
+           short="-n", fronts=_GEN, openai="max_tokens"),
+    Option("temperature", "float", "0 = greedy [default: the package's generation_config.json if it samples, else 0]",
+           metavar="T", fronts=_SAMPLED),
+    Option("top_k", "int", "0 = off [default: the package's]", lo=0, hi=2**31 - 1, metavar="K", fronts=_SAMPLED),
+    Option("top_p", "float", "1 = off [default: the package's]", metavar="P", fronts=_SAMPLED),
+    Option("min_p", "float", "0 = off [default: the package's]", metavar="P", fronts=_GEN),
+    Option("repetition_penalty", "float", "1 = off; applies when greedy too [default: the package's]", metavar="R",
+           fronts=_SAMPLED),
+    Option("presence_penalty", "float", "0 = off [default: the package's]", metavar="P", fronts=_GEN),
+    Option("frequency_penalty", "float", "0 = off [default: the package's]", metavar="F", fronts=_GEN),
+    Option("seed", "u64", "sampling seed [default: random]", lo=0, hi=2**64 - 1, metavar="S", fronts=_SAMPLED),
+    Option("ignore_eos", "flag", "keep generating past end-of-sequence tokens", default=False,
+           fronts=_GEN - {"serve"}),
+)
+GEN_BY_NAME = {o.name: o for o in GEN_OPTIONS}
+SAMPLING = tuple(o.name for o in GEN_OPTIONS if o.kind == "float" or o.name == "top_k")   # the sampler's knobs
 
-def for_front(front: str) -> tuple[Option, ...]:
-    return tuple(o for o in LOAD_OPTIONS if front in o.fronts)
+
+def for_front(front: str, table: tuple[Option, ...] = LOAD_OPTIONS) -> tuple[Option, ...]:
+    return tuple(o for o in table if front in o.fronts)
 
 
 # ---- checks (Runtime.load) ----------------------------------------------------------------------------------------
@@ -158,27 +185,28 @@ def apply(opts, values: dict) -> list:
 
 # ---- click (the edgellm CLI) --------------------------------------------------------------------------------------
 
-def click_options(front: str, skip: tuple[str, ...] = ()) -> list:
-    """The click options of this front end's load options, in table order."""
+def click_options(front: str, skip: tuple[str, ...] = (), table: tuple[Option, ...] = LOAD_OPTIONS) -> list:
+    """The click options of this front end's rows, in table order."""
     import click
 
     out = []
-    for o in for_front(front):
+    for o in for_front(front, table):
         if o.name in skip:
             continue
+        names = [o.short, o.flag] if o.short else [o.flag]
         if o.kind in ("flag",):
-            out.append(click.option(o.flag, is_flag=True, help=o.help))
+            out.append(click.option(*names, is_flag=True, help=o.help))
         elif o.kind in ("choice", "tristate"):
-            out.append(click.option(o.flag, type=click.Choice(list(o.choice_names)), default=o.default,
+            out.append(click.option(*names, type=click.Choice(list(o.choice_names)), default=o.default,
                                     show_default=o.default is not None, help=o.help))
-        elif o.kind == "int":
-            out.append(click.option(o.flag, type=click.IntRange(int(o.lo), int(o.hi)), default=None, help=o.help,
-                                    metavar=o.metavar or None))
+        elif o.kind in ("int", "u64"):
+            out.append(click.option(*names, type=click.IntRange(int(o.lo), int(o.hi)), default=o.default,
+                                    show_default=o.default is not None, help=o.help, metavar=o.metavar or None))
         elif o.kind == "float":
-            out.append(click.option(o.flag, type=click.FloatRange(o.lo, o.hi), default=None, help=o.help,
-                                    metavar=o.metavar or None))
+            rng = click.FloatRange(o.lo, o.hi) if o.lo is not None else float
+            out.append(click.option(*names, type=rng, default=None, help=o.help, metavar=o.metavar or None))
         else:
-            out.append(click.option(o.flag, default=None, help=o.help, metavar=o.metavar or None))
+            out.append(click.option(*names, default=None, help=o.help, metavar=o.metavar or None))
     return out
 
 
@@ -196,36 +224,55 @@ def api_kwargs(cli_values: dict) -> dict:
 # ---- bin/edgellm-run (C) ------------------------------------------------------------------------------------------
 
 _C_KIND = {"int": "EL_OPT_INT", "float": "EL_OPT_FLOAT", "bytes": "EL_OPT_BYTES", "str": "EL_OPT_STR",
-           "choice": "EL_OPT_CHOICE", "flag": "EL_OPT_FLAG", "tristate": "EL_OPT_CHOICE"}
+           "choice": "EL_OPT_CHOICE", "flag": "EL_OPT_FLAG", "tristate": "EL_OPT_CHOICE", "u64": "EL_OPT_U64"}
 
 
 def _c_str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def render_c_header() -> str:
-    """runtime/load_options.h: edgellm-run's table of load options and their usage lines."""
-    rows, usage = [], []
-    for o in for_front("runner"):
+def _c_rows(table, struct: str) -> list[str]:
+    rows = []
+    for o in for_front("runner", table):
         choices = "|".join(f"{c[0]}={c[1]}" if isinstance(c, tuple) else c for c in o.choices)
-        lo = "0" if o.lo is None else repr(float(o.lo))
-        hi = "0" if o.hi is None else repr(float(o.hi))
-        rows.append(f"    {{{_c_str(o.flag)}, {_C_KIND[o.kind]}, offsetof(el_load_options, {o.field}), "
-                    f"{_c_str(choices) if choices else 'NULL'}, {lo}, {hi}}},")
+        lo = "0" if o.lo is None or o.kind == "u64" else repr(float(o.lo))
+        hi = "0" if o.hi is None or o.kind == "u64" else repr(float(o.hi))
+        if o.kind == "float" and o.lo is None:
+            lo, hi = "-1e30", "1e30"   # the sampler checks these ranges when a generation starts
+        rows.append(f"    {{{_c_str(o.flag)}, {_c_str(o.short) if o.short else 'NULL'}, {_C_KIND[o.kind]}, "
+                    f"offsetof({struct}, {o.field}), {_c_str(choices) if choices else 'NULL'}, {lo}, {hi}}},")
+    return rows
+
+
+def _usage(table) -> list[str]:
+    usage = []
+    for o in for_front("runner", table):
         arg = "" if o.kind == "flag" else " " + (o.metavar or ("|".join(o.choice_names) if o.choices else "X"))
-        head = f"  {o.flag}{arg}"
+        head = f"  {o.short + ', ' if o.short else ''}{o.flag}{arg}"
         lines = textwrap.wrap(o.help, 112 - 24)
         first = head.ljust(23) + " " + lines[0] if len(head) < 23 else head + "\n" + " " * 24 + lines[0]
         usage.append("\n".join([first] + [" " * 24 + ln for ln in lines[1:]]))
-    body = "\n".join('  "' + line.replace("\\", "\\\\").replace('"', '\\"') + '\\n"'
-                     for line in "\n".join(usage).splitlines())
+    return "\n".join(usage).splitlines()
+
+
+def _c_macro(name: str, lines: list[str]) -> str:
+    body = ['  "' + ln.replace("\\", "\\\\").replace('"', '\\"') + '\\n"' for ln in lines]
+    return f"#define {name} \\\n" + " \\\n".join(body) + "\n"
+
+
+def render_c_header() -> str:
+    """runtime/option_table.h: edgellm-run's load and generation options and their usage lines."""
     return (
-        "/* Generated from runtime/options.py by python -m edgellm.runtime.gen_load_options; do not edit:\n"
-        " * tests/test_options.py fails when it and the table differ. bin/edgellm-run's load options. */\n"
-        "#ifndef EDGELLM_LOAD_OPTIONS_H\n#define EDGELLM_LOAD_OPTIONS_H\n#include <stddef.h>\n\n#include \"edgellm.h\"\n\n"
-        "enum { EL_OPT_INT, EL_OPT_FLOAT, EL_OPT_BYTES, EL_OPT_STR, EL_OPT_CHOICE, EL_OPT_FLAG };\n\n"
+        "/* Generated from runtime/options.py by python -m edgellm.runtime.gen_option_table; do not edit:\n"
+        " * tests/test_options.py fails when it and the tables differ. bin/edgellm-run's options. */\n"
+        "#ifndef EDGELLM_OPTION_TABLE_H\n#define EDGELLM_OPTION_TABLE_H\n#include <stddef.h>\n\n#include \"edgellm.h\"\n\n"
+        "enum { EL_OPT_INT, EL_OPT_FLOAT, EL_OPT_BYTES, EL_OPT_STR, EL_OPT_CHOICE, EL_OPT_FLAG, EL_OPT_U64 };\n\n"
         "/* choices: \"a|b|c\" (the field is a string: the chosen name) or \"a=N|b=M\" (an int32 field: N or M) */\n"
-        "typedef struct {\n  const char* flag;\n  int kind;\n  size_t offset;\n  const char* choices;\n"
-        "  double lo, hi; /* EL_OPT_INT / EL_OPT_FLOAT: inclusive range */\n} el_cli_option;\n\n"
-        "static const el_cli_option EL_LOAD_OPTIONS[] = {\n" + "\n".join(rows) + "\n};\n\n"
-        "#define EL_LOAD_OPTIONS_USAGE \\\n" + " \\\n".join(body.splitlines()) + "\n\n#endif\n")
+        "typedef struct {\n  const char* flag;\n  const char* short_flag; /* or NULL */\n  int kind;\n  size_t offset;\n"
+        "  const char* choices;\n  double lo, hi; /* EL_OPT_INT / EL_OPT_FLOAT: inclusive range */\n} el_cli_option;\n\n"
+        "/* into el_load_options */\nstatic const el_cli_option EL_LOAD_OPTIONS[] = {\n"
+        + "\n".join(_c_rows(LOAD_OPTIONS, "el_load_options")) + "\n};\n\n"
+        "/* into el_gen_params (a value given replaces the package's default) */\nstatic const el_cli_option EL_GEN_OPTIONS[] = {\n"
+        + "\n".join(_c_rows(GEN_OPTIONS, "el_gen_params")) + "\n};\n\n"
+        + _c_macro("EL_LOAD_OPTIONS_USAGE", _usage(LOAD_OPTIONS)) + "\n"
+        + _c_macro("EL_GEN_OPTIONS_USAGE", _usage(GEN_OPTIONS)) + "\n#endif\n")

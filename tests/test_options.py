@@ -21,8 +21,8 @@ PLUMBING = {"use_mmap", "plan_only", "ort_library", "qnn_ep_library", "qnn_backe
 
 
 def test_generated_header_is_in_step():
-    """runtime/load_options.h is what the table renders (regenerate: python -m edgellm.runtime.gen_load_options)."""
-    assert (ROOT / "runtime" / "load_options.h").read_text() == O.render_c_header()
+    """runtime/option_table.h is what the table renders (regenerate: python -m edgellm.runtime.gen_option_table)."""
+    assert (ROOT / "runtime" / "option_table.h").read_text() == O.render_c_header()
 
 
 def test_every_struct_field_has_one_row():
@@ -58,6 +58,38 @@ def test_kotlin_load_options_are_the_jni_rows():
     assert sorted(props) == sorted(o.kotlin_name for o in O.for_front("jni"))
 
 
+def test_sampling_names_agree():
+    from edgellm import cli
+    from edgellm.runtime.api import SAMPLING_ARGS
+
+    assert SAMPLING_ARGS == O.SAMPLING == cli.SAMPLING
+
+
+@pytest.mark.parametrize("command,front", [("run", "run"), ("chat", "chat")])
+def test_commands_spell_the_generation_rows(command, front):
+    from edgellm.cli import cli
+
+    help_text = CliRunner().invoke(cli, [command, "--help"], terminal_width=200).output
+    for o in O.for_front(front, O.GEN_OPTIONS):
+        assert o.flag in help_text, (command, o.flag)
+
+
+def test_server_requests_take_the_serve_rows():
+    """The OpenAI request fields edgellm serve accepts include every generation row meant for it (OpenAI's names)."""
+    from edgellm.runtime.serve import openai_api as oa
+
+    fields = set(oa._Request.model_fields)
+    for o in O.for_front("serve", O.GEN_OPTIONS):
+        assert (o.openai or o.name) in fields, o.name
+
+
+def test_kotlin_generate_params_have_the_jni_rows():
+    kt = (ROOT / "android_app" / "edgellm" / "src" / "main" / "java" / "ai" / "edgellm" / "GenerateParams.kt").read_text()
+    body = kt[kt.index("data class GenerateParams("):]
+    props = set(re.findall(r"val (\w+):", body[:body.index("\n)\n")]))
+    assert {o.kotlin_name for o in O.for_front("jni", O.GEN_OPTIONS)} <= props
+
+
 def test_python_checks_name_the_option():
     from edgellm.errors import InputError
 
@@ -72,17 +104,18 @@ def test_python_checks_name_the_option():
 
 
 def test_edgellm_run_parses_by_the_table(tmp_path):
-    """bin/edgellm-run (built from the shipped sources) knows every runner row and refuses a bad value of each kind
-    as a usage error (exit 2) naming the option; a good value gets as far as loading the (missing) package."""
+    """bin/edgellm-run (built from the shipped sources) knows every runner row of both tables and refuses a bad value
+    of each kind as a usage error (exit 2) naming the option; a good value gets as far as loading the (missing)
+    package."""
     from edgellm.compiler.device_binary import CLI, LIB_SOURCES
 
     exe = tmp_path / "edgellm-run"
     subprocess.run(["gcc", "-std=c11", "-O1", str(CLI), *map(str, LIB_SOURCES), f"-I{CLI.parent}",
                     f"-I{CLI.parent.parent / 'offload'}", "-o", str(exe), "-lpthread", "-ldl", "-lm"], check=True)
     usage = subprocess.run([str(exe), "--help"], capture_output=True, text=True).stdout
-    good = {"int": "1", "float": "0.5", "bytes": "600MiB", "str": "x", "flag": None}
-    bad = {"int": "999999", "float": "-5", "bytes": "600 furlongs", "choice": "nope"}
-    for o in O.for_front("runner"):
+    good = {"int": "1", "float": "0.5", "bytes": "600MiB", "str": "x", "flag": None, "u64": "18446744073709551615"}
+    bad = {"int": "-7", "float": "x", "bytes": "600 furlongs", "choice": "nope", "u64": "-1"}
+    for o in O.for_front("runner") + O.for_front("runner", O.GEN_OPTIONS):
         assert o.flag in usage
         value = good.get(o.kind, o.choice_names[0] if o.choices else None)
         args = [str(exe), str(tmp_path / "none"), "--ids", "1", o.flag] + ([] if value is None else [value])
