@@ -1,4 +1,4 @@
-"""Build `bin/edgellm-run`, the package's own command-line runner (runtime/edgellm_run.c), for its target.
+"""Build `bin/edgellm-run`, the package's own command-line runner (runtime/cli/edgellm_run.c), for its target.
 
 The binary is libedgellm's C sources compiled straight in (no shared libedgellm to install) with the target's C
 compiler (targets/registry.py): dynamically linked against libc for the host and the Raspberry Pi targets (it
@@ -27,11 +27,14 @@ from .kernels_build import SHIM, TABLE_SOURCE, uses_barrier
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME, OFFLOAD = ROOT / "runtime", ROOT / "offload"
 # libedgellm's C sources (also the extension pyproject.toml builds; tests/test_contract.py checks the two lists agree)
-LIB_SOURCES = tuple(RUNTIME / f for f in ("util.c", "plan.c", "loader.c", "backends.c", "steps.c", "backend_tvm_cpu.c", "backend_qnn_ort.c", "backend_opencl.c",
-                                          "context.c", "generate.c", "sampler.c", "digest.c", "threadpool.c",
-                                          "tokenizer.c", "weight_order.c", "options.c")) + \
+LIB_SOURCES = tuple(RUNTIME / "core" / f for f in ("util.c", "plan.c", "loader.c", "steps.c", "context.c", "generate.c",
+                                                   "sampler.c", "digest.c", "threadpool.c", "weight_order.c",
+                                                   "options.c")) + \
+    tuple(RUNTIME / "backends" / f for f in ("backends.c", "backend_tvm_cpu.c", "backend_qnn_ort.c",
+                                             "backend_opencl.c")) + \
+    (RUNTIME / "tokenizer" / "tokenizer.c",) + \
     tuple(OFFLOAD / f for f in ("policy.c", "resident.c", "window.c", "experts.c", "io.c", "routed_cache.c"))
-CLI = RUNTIME / "edgellm_run.c"
+CLI = RUNTIME / "cli" / "edgellm_run.c"
 BIN_DIR, BINARY = "bin", "edgellm-run"
 CFLAGS = ("-std=c11", "-O2")
 

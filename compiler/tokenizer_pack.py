@@ -1,5 +1,5 @@
 """tokenizer.json -> tokenizer.bin: the compact form of a Hugging Face tokenizer that the C tokenizer
-(runtime/tokenizer.c, format documented in runtime/tokenizer.h) reads on the device, where there is no Python.
+(runtime/tokenizer/tokenizer.c, format documented in runtime/tokenizer/tokenizer.h) reads on the device, where there is no Python.
 
 Two families are supported, each reproducing `tokenizers` exactly (encoding and decoding); a BPE tokenizer whose
 normalizer or pre-tokenizer is outside them but whose decoder is one of theirs (ByteLevel, or SentencePiece's "▁"
@@ -32,7 +32,7 @@ LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{
 QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
 PATTERNS = {GPT2_PATTERN: PRE_GPT2, LLAMA3_PATTERN: PRE_LLAMA3, QWEN2_PATTERN: PRE_QWEN2}
 
-# header flags: keep in sync with EL_TOKF_* in runtime/tokenizer.c
+# header flags: keep in sync with EL_TOKF_* in runtime/tokenizer/tokenizer.c
 F_IGNORE_MERGES, F_BYTE_FALLBACK, F_FUSE_UNK, F_NFC = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 F_PREPEND, F_REPLACE_SPACE, F_METASPACE, F_MS_SPLIT = 1 << 4, 1 << 5, 1 << 6, 1 << 7
 F_MS_ALWAYS, F_MS_FIRST, F_PREFIX_SPACE, F_DIGITS_EACH, F_DIGITS_RUNS = 1 << 8, 1 << 9, 1 << 10, 1 << 11, 1 << 12

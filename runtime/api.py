@@ -5,7 +5,7 @@
     ctx = rt.new_context()             # more conversations over the same weights: KV cache + arena each
     ctx.generate("...")                # distinct contexts may run in distinct threads
 
-Generation runs in C (runtime/generate.c: el_generate_start / el_generate_next), the loop edgellm-run and every
+Generation runs in C (runtime/core/generate.c: el_generate_start / el_generate_next), the loop edgellm-run and every
 other front end use: sampling, penalties, stop ids and strings, and the defaults (the package's
 generation_config.json) are decided there, so the same arguments and seed give the same tokens everywhere.
 

@@ -1,4 +1,4 @@
-"""The C tokenizer of libedgellm (runtime/tokenizer.h) through ctypes: what edgellm-run does on the device, usable
+"""The C tokenizer of libedgellm (runtime/tokenizer/tokenizer.h) through ctypes: what edgellm-run does on the device, usable
 from Python for tests and for checking a package's tokenizer.bin against tokenizer.json."""
 from __future__ import annotations
 

@@ -43,11 +43,11 @@ BACKEND_TVM_CPU, BACKEND_QNN_ORT, BACKEND_OPENCL = "tvm_cpu", "qnn_ort", "opencl
 BACKENDS = (BACKEND_TVM_CPU, BACKEND_QNN_ORT, BACKEND_OPENCL)
 BACKEND_NAME_BYTES = 16
 PROGRAM_SKIPS_FIRST = 1                 # program flag: calibrated without the first token; position 0 runs via decode
-# android-gpu / opencl (read by runtime/backend_opencl.c; written by compiler/opencl/build.py)
+# android-gpu / opencl (read by runtime/backends/backend_opencl.c; written by compiler/opencl/build.py)
 OPENCL_SOURCE, OPENCL_TABLE, OPENCL_CACHE_DIR = "kernels.cl", "kernels.cltab", "opencl-cache"
 PROGRAMS = ("prefill", "prefill_logits", "decode", "head", "prefill_short", "npu_embed", "npu_prefill")
 OPTIONAL_PROGRAMS = ("prefill_short", "npu_embed", "npu_prefill")
-# android-npu (read by runtime/backend_qnn_ort.c)
+# android-npu (read by runtime/backends/backend_qnn_ort.c)
 NPU_DIR, NPU_DESCRIPTOR, NPU_ROPE, NPU_OUTLIERS = "npu", "npu/npu.txt", "npu/rope.bin", "npu/outliers.bin"
 KERNEL_WRITES_KV = 1
 KERNEL_INFO_SYMBOL, KERNEL_INFO_COUNT_SYMBOL = "__edgellm_kernel_info", "__edgellm_kernel_info_count"

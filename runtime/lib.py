@@ -125,7 +125,7 @@ _SIGS = {
     "el_reset_stats": (None, [P]),
 }
 
-# runtime/tokenizer.h (the C tokenizer on its own, for tests and for checking a package's tokenizer.bin)
+# runtime/tokenizer/tokenizer.h (the C tokenizer on its own, for tests and for checking a package's tokenizer.bin)
 _TOK_SIGS = {
     "el_tok_load": (P, [C.c_char_p]),
     "el_tok_free": (None, [P]),

@@ -2,7 +2,7 @@
 expose each.
 
 From these tables come the command-line options of `edgellm run` / `bench` / `chat` / `serve` / `plan` (click), the
-checks and C fields of `Runtime.load`, `bin/edgellm-run`'s parser and usage (`runtime/option_table.h`, generated:
+checks and C fields of `Runtime.load`, `bin/edgellm-run`'s parser and usage (`runtime/cli/option_table.h`, generated:
 `python -m edgellm.runtime.gen_option_table`); the Kotlin `LoadOptions` and `GenerateParams`, the server's request
 fields and `Runtime.load`'s signature are checked against them (tests/test_options.py). Sizes are read by the one C
 reader (`el_parse_bytes`) everywhere.
@@ -261,11 +261,11 @@ def _c_macro(name: str, lines: list[str]) -> str:
 
 
 def render_c_header() -> str:
-    """runtime/option_table.h: edgellm-run's load and generation options and their usage lines."""
+    """runtime/cli/option_table.h: edgellm-run's load and generation options and their usage lines."""
     return (
         "/* Generated from runtime/options.py by python -m edgellm.runtime.gen_option_table; do not edit:\n"
         " * tests/test_options.py fails when it and the tables differ. bin/edgellm-run's options. */\n"
-        "#ifndef EDGELLM_OPTION_TABLE_H\n#define EDGELLM_OPTION_TABLE_H\n#include <stddef.h>\n\n#include \"edgellm.h\"\n\n"
+        "#ifndef EDGELLM_OPTION_TABLE_H\n#define EDGELLM_OPTION_TABLE_H\n#include <stddef.h>\n\n#include \"../edgellm.h\"\n\n"
         "enum { EL_OPT_INT, EL_OPT_FLOAT, EL_OPT_BYTES, EL_OPT_STR, EL_OPT_CHOICE, EL_OPT_FLAG, EL_OPT_U64 };\n\n"
         "/* choices: \"a|b|c\" (the field is a string: the chosen name) or \"a=N|b=M\" (an int32 field: N or M) */\n"
         "typedef struct {\n  const char* flag;\n  const char* short_flag; /* or NULL */\n  int kind;\n  size_t offset;\n"

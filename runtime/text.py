@@ -1,6 +1,6 @@
 """Text side of the Python front end: prompts -> ids with the package's tokenizer (Hugging Face `tokenizers`, or the
 C tokenizer of tokenizer.bin when there is no tokenizer.json) and chat templates rendered in jinja2's sandbox.
-Generated text comes from the C generation loop (runtime/generate.c), not from here."""
+Generated text comes from the C generation loop (runtime/core/generate.c), not from here."""
 from __future__ import annotations
 
 import json

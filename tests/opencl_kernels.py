@@ -1,5 +1,5 @@
 """Test helper: runs kernels of a kernels.cl / kernels.cltab pair (compiler/opencl/build.py) through pyopencl, the
-way runtime/backend_opencl.c does (same table, same byte-offset parameters), so single kernels can be checked
+way runtime/backends/backend_opencl.c does (same table, same byte-offset parameters), so single kernels can be checked
 against their numpy references."""
 from __future__ import annotations
 

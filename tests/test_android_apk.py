@@ -35,7 +35,9 @@ def test_cmake_sources_are_libedgellm_sources():
     block = re.search(r"set\(LIBEDGELLM_SOURCES(.*?)\)", text, re.S).group(1)
     listed = {Path(p.replace("${RUNTIME}", "runtime").replace("${OFFLOAD}", "offload")).as_posix()
               for p in block.split()}
-    assert listed == {f"{p.parent.name}/{p.name}" for p in LIB_SOURCES}
+    from edgellm.compiler.device_binary import ROOT as SRC
+
+    assert listed == {p.relative_to(SRC).as_posix() for p in LIB_SOURCES}
 
 
 @pytest.mark.skipif(not shutil.which("cmake") or not shutil.which("gcc"), reason="no cmake (pip install cmake)")

@@ -28,7 +28,7 @@ from edgellm.compiler.device_binary import LIB_SOURCES  # noqa: E402
 from edgellm.runtime.lib import LoadOptions, SamplerParams, Stats, declare  # noqa: E402
 
 # the repo's copies of the sources the package builds libedgellm from (this test may run against an installed package)
-SOURCES = [str(p.relative_to(p.parents[1])) for p in LIB_SOURCES]
+SOURCES = [str(p.relative_to(ROOT)) for p in LIB_SOURCES]
 
 F32P, I32P = C.POINTER(C.c_float), C.POINTER(C.c_int32)
 
@@ -853,8 +853,9 @@ def test_thread_pool_unit(tmp_path):
     if not CC:
         pytest.skip("no C compiler")
     exe = tmp_path / "pool_test"
-    subprocess.run([CC, "-std=c11", "-O2", "-Wall", "-Wextra", f"-I{ROOT / 'runtime'}", str(ROOT / "tests/c/pool_test.c"),
-                    str(ROOT / "runtime/threadpool.c"), "-o", str(exe), "-lpthread"], check=True)
+    subprocess.run([CC, "-std=c11", "-O2", "-Wall", "-Wextra", f"-I{ROOT / 'runtime' / 'core'}",
+                    str(ROOT / "tests/c/pool_test.c"), str(ROOT / "runtime/core/threadpool.c"), "-o", str(exe),
+                    "-lpthread"], check=True)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("OK"), r.stderr
 

@@ -1,4 +1,4 @@
-"""The C tokenizer (runtime/tokenizer.c reading tokenizer.bin from compiler/tokenizer_pack.py) gives the ids of
+"""The C tokenizer (runtime/tokenizer/tokenizer.c reading tokenizer.bin from compiler/tokenizer_pack.py) gives the ids of
 Hugging Face `tokenizers` exactly: on the demo models' tokenizer, and on byte-level and SentencePiece-style BPE
 tokenizers trained here in the configurations of Llama-3, Qwen2, GPT-2, SmolLM, Llama-2 and newer Metaspace
 conversions. Also: decoding round trips, and corrupt files fail with a message instead of crashing."""

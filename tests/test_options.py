@@ -21,8 +21,8 @@ PLUMBING = {"use_mmap", "plan_only", "ort_library", "qnn_ep_library", "qnn_backe
 
 
 def test_generated_header_is_in_step():
-    """runtime/option_table.h is what the table renders (regenerate: python -m edgellm.runtime.gen_option_table)."""
-    assert (ROOT / "runtime" / "option_table.h").read_text() == O.render_c_header()
+    """runtime/cli/option_table.h is what the table renders (regenerate: python -m edgellm.runtime.gen_option_table)."""
+    assert (ROOT / "runtime" / "cli" / "option_table.h").read_text() == O.render_c_header()
 
 
 def test_every_struct_field_has_one_row():

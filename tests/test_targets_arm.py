@@ -151,7 +151,7 @@ def with_tokenizer_bin(pkg: Path) -> Path:
         try:
             from edgellm.compiler.tokenizer_pack import write_tokenizer_bin
         except ImportError:
-            pytest.skip("no C tokenizer in this build (compiler/tokenizer_pack.py, runtime/tokenizer.c)")
+            pytest.skip("no C tokenizer in this build (compiler/tokenizer_pack.py, runtime/tokenizer/tokenizer.c)")
         write_tokenizer_bin(pkg / "tokenizer.json", pkg / "tokenizer.bin")
     return pkg
 

@@ -220,7 +220,7 @@ class OnnxGraph:
         """llm.npu's shadow outlier execution, NPU side: the down projection sees its input clipped to the layer's
         calibrated threshold t (so 16-bit quantization resolves the ordinary values), and the raw values of the
         few channels that exceed t go out as outl<layer> for the CPU to add (a - clip(a)) @ W[:, channels].T in
-        float (npu_chunks.py, runtime/backend_qnn_ort.c)."""
+        float (npu_chunks.py, runtime/backends/backend_qnn_ort.c)."""
         if self.expose_act:
             self._op("Identity", [a], out=f"act{layer}")
             self.outputs.append((f"act{layer}", [self.C, n]))

@@ -73,7 +73,7 @@ class ChunkRunner:
     context's cache). `observe(group_index, feeds)`, when given, sees every group's feeds (calibration).
 
     first: the groups position 0 runs through instead (the float graphs: the stand-in for the CPU, which runs
-    position 0 of every context in the runtime, runtime/context.c). Trained LLMs park massive activations (10^3-10^4
+    position 0 of every context in the runtime, runtime/core/context.c). Trained LLMs park massive activations (10^3-10^4
     x the median, in a few residual channels) on the first token, the attention sink; a 16-bit range wide enough for
     them leaves every other token's residual stream, and the squares inside its RMSNorms, no resolution. Taking
     position 0 off the NPU takes them out of every graph's ranges (see the README, "Android NPU")."""

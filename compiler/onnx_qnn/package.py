@@ -298,7 +298,7 @@ def write_npu(pkg: Path, spec, weight, tokenizer_json: Path, *, chunk: int, kv_r
         "chunk": chunk, "kv_rows": kv_rows, "quant": quant, "act": act, "weights": "; ".join(sorted(formats)),
         "mask_value": MASK_VALUE,
         "descriptor": NPU_DESCRIPTOR,
-        "cpu_positions": 1,   # position 0 (the attention sink) runs on the CPU: runtime/context.c
+        "cpu_positions": 1,   # position 0 (the attention sink) runs on the CPU: runtime/core/context.c
         "precision": precision_table(quant, residual, min(scales), act),
         "outliers": {str(x): {"threshold": t, "channels": c} for x, (t, c) in sorted(chosen.items())},
         "groups": infos,
@@ -385,7 +385,7 @@ def precision_table(quant: str, residual: bool, scale: float = 1.0, act: str = "
 
 def _write_descriptor(pkg: Path, spec, chunk, kv_rows, qpaths, groups, soc_files, extra=(),
                       onnx_soc: str | None = None) -> None:
-    """npu/npu.txt and npu/rope.bin: what the C runtime's QNN backend (runtime/backend_qnn_ort.c) reads."""
+    """npu/npu.txt and npu/rope.bin: what the C runtime's QNN backend (runtime/backends/backend_qnn_ort.c) reads."""
     from .npu_chunks import rope_rows, rope_tables
 
     tables = rope_tables(spec)
@@ -395,7 +395,7 @@ def _write_descriptor(pkg: Path, spec, chunk, kv_rows, qpaths, groups, soc_files
     if len(tables) > 1:   # older runtimes read one table and no such line: packages with one table keep their bytes
         lines.append(f"rope_tables {len(tables)}")
     lines += [f"group {l0} {l1} {q.relative_to(pkg).as_posix()}" for q, (l0, l1) in zip(qpaths, groups)]
-    if onnx_soc:   # the HTP the ONNX graphs need where no SoC is detected (runtime/backend_qnn_ort.c)
+    if onnx_soc:   # the HTP the ONNX graphs need where no SoC is detected (runtime/backends/backend_qnn_ort.c)
         lines.append(f"onnx_soc {onnx_soc}")
     for soc, v in soc_files.items():
         lines += [f"soc {soc} {i} {g}" for i, g in enumerate(v["graphs"])]

@@ -2,7 +2,7 @@
 that the onnxruntime-qnn wheel ships) with CPU fallback disabled, or the CPU EP (float reference, calibration).
 
 For the compiler (calibration, error tables, EPContext preparation) and the tests; the C runtime's QNN backend
-(runtime/backend_qnn_ort.c) makes its own sessions. Imports onnxruntime lazily, never TVM."""
+(runtime/backends/backend_qnn_ort.c) makes its own sessions. Imports onnxruntime lazily, never TVM."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
 """OpenCL package build: every kernel through TVM's GPU schedule rules to OpenCL C, plus the launch table that
-libedgellm's OpenCL backend (runtime/backend_opencl.c) follows instead of TVM's host code.
+libedgellm's OpenCL backend (runtime/backends/backend_opencl.c) follows instead of TVM's host code.
 
 A plan kernel becomes one or more OpenCL kernels (TVM splits a PrimFunc at each global stage: activation
 quantization, integer block sums, the f32 sum, the output rows) with scratch buffers between them. TVM's host
@@ -230,7 +230,7 @@ def build_opencl(funcs: dict, out_dir: Path) -> tuple[Path, Path]:
     out_dir = Path(out_dir)
     src, tab = out_dir / SOURCE, out_dir / TABLE
     src.write_text("// edgellm: TVM-generated OpenCL C (buffer parameters take byte offsets: compiler/opencl/build.py)\n"
-                   "// the launch geometry kernels.cltab must give (runtime/backend_opencl.c checks it)\n"
+                   "// the launch geometry kernels.cltab must give (runtime/backends/backend_opencl.c checks it)\n"
                    + "".join(m + "\n" for m in marks) + add_offsets(source))
     tab.write_text("\n".join(lines) + "\n")
     return src, tab

@@ -1,5 +1,5 @@
-/* Unit test of runtime/threadpool.c (compiled in directly, so the hidden el_pool_* functions are reachable):
- *   gcc -std=c11 -O2 -Iruntime tests/c/pool_test.c runtime/threadpool.c -o pool_test -lpthread && ./pool_test
+/* Unit test of runtime/core/threadpool.c (compiled in directly, so the hidden el_pool_* functions are reachable):
+ *   gcc -std=c11 -O2 -Iruntime tests/c/pool_test.c runtime/core/threadpool.c -o pool_test -lpthread && ./pool_test
  * Prints "OK" and the fork/join latency; exits nonzero on the first failure. */
 #define _GNU_SOURCE
 #include <pthread.h>

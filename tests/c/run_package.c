@@ -1,7 +1,7 @@
 /* Smoke driver: load a package, prefill the ids given on the command line (all rows), decode one more token,
  * print every logits row. Used to check a cross-built libedgellm under qemu-user against the native one:
- *   aarch64-linux-gnu-gcc -std=c11 -O2 -Iruntime tests/c/run_package.c runtime/runtime.c runtime/threadpool.c \
- *       runtime/sampler.c offload/weight_store.c -o run_a64 -lpthread -ldl -lm
+ *   aarch64-linux-gnu-gcc -std=c11 -O2 -Iruntime tests/c/run_package.c runtime/runtime.c runtime/core/threadpool.c \
+ *       runtime/core/sampler.c offload/weight_store.c -o run_a64 -lpthread -ldl -lm
  *   qemu-aarch64 -L /usr/aarch64-linux-gnu ./run_a64 PKG 2 5 7 9 11 13
  * Usage: run_package PKG THREADS ID... (the last id is decoded, the others prefilled) */
 #include <stdio.h>

@@ -27,7 +27,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "el_internal.h"
+#include "../core/el_internal.h"
 #include "unicode_tables.h"
 
 #define TOK_MAGIC 0x4B544C45u /* "ELTK" */

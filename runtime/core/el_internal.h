@@ -19,12 +19,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../offload/store.h"
-#include "contract.h"
-#include "edgellm.h"
-#include "edgellm_backend.h"
-#include "tokenizer.h"
-#include "tvm_abi.h"
+#include "../../offload/store.h"
+#include "../contract.h"
+#include "../edgellm.h"
+#include "../edgellm_backend.h"
+#include "../tokenizer/tokenizer.h"
+#include "../tvm_abi.h"
 
 #define EL_API __attribute__((visibility("default")))
 #define EL_HIDDEN __attribute__((visibility("hidden")))

@@ -23,7 +23,7 @@
 #include <sys/auxv.h>
 #endif
 
-#include "el_internal.h"
+#include "../core/el_internal.h"
 
 #define MAX_STEP_ARGS 64
 

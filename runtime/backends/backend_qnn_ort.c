@@ -27,7 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "el_internal.h"
+#include "../core/el_internal.h"
 #include "ort_api.h"
 
 #define NPU_MAX_GROUPS 256

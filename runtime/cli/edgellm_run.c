@@ -1,6 +1,6 @@
 /* edgellm-run: the C runtime's own command line, the binary a package carries in bin/ for its device.
  *
- * It is a thin front end over el_generate (runtime/generate.c), the loop the Python Runtime and every other front
+ * It is a thin front end over el_generate (runtime/core/generate.c), the loop the Python Runtime and every other front
  * end use: same defaults (the package's generation_config.json), same sampler, same stop rules, so for the same
  * arguments and seed it gives the same tokens as `edgellm run` and Runtime.generate.
  *
@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "edgellm.h"
+#include "../edgellm.h"
 #include "option_table.h"
 
 #define USAGE                                                                                                       \

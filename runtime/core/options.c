@@ -7,7 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "edgellm.h"
+#include "../edgellm.h"
 #include "el_internal.h"
 
 static const struct { const char* unit; double bytes; } UNITS[] = {

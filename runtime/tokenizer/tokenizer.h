@@ -1,5 +1,5 @@
 /* Text <-> token ids without Python: a Hugging Face tokenizer.json reduced to tokenizer.bin
- * (compiler/tokenizer_pack.py writes it) and applied in plain C11 (runtime/tokenizer.c, part of libedgellm).
+ * (compiler/tokenizer_pack.py writes it) and applied in plain C11 (runtime/tokenizer/tokenizer.c, part of libedgellm).
  *
  * Two families, each reproducing `tokenizers` (Tokenizer.from_file(...).encode(text).ids) exactly:
  *   1. byte-level BPE (GPT-2, Llama-3, Qwen2/3, SmolLM, the edgellm demo models): optional NFC, a pre-tokenizer

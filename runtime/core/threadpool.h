@@ -3,7 +3,7 @@
 #define EDGELLM_THREADPOOL_H
 #include <stdint.h>
 
-#include "tvm_abi.h"
+#include "../tvm_abi.h"
 
 #ifndef EL_HIDDEN
 #define EL_HIDDEN __attribute__((visibility("hidden")))

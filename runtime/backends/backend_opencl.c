@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "el_internal.h"
+#include "../core/el_internal.h"
 #include "opencl_api.h"
 
 #define MAX_PARAMS 64

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "el_internal.h"
+#include "../core/el_internal.h"
 
 #define MAX_BACKENDS 32
 

@@ -4,7 +4,7 @@
 #define EDGELLM_OPTION_TABLE_H
 #include <stddef.h>
 
-#include "edgellm.h"
+#include "../edgellm.h"
 
 enum { EL_OPT_INT, EL_OPT_FLOAT, EL_OPT_BYTES, EL_OPT_STR, EL_OPT_CHOICE, EL_OPT_FLAG, EL_OPT_U64 };
 
