@@ -86,7 +86,7 @@ def test_every_front_end_reads_a_budget_alike(budget_pkg, s):
     assert r.returncode == 0 and f"memory budget {want:,} bytes" in r.stderr, r.stderr
     r = subprocess.run([str(budget_pkg / "bin" / "edgellm-run"), str(budget_pkg), "--ids", "1,2", "-n", "2",
                         "--memory-budget", s], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and f"memory budget {want} bytes" in r.stderr, r.stderr
+    assert r.returncode == 0 and f"[memory budget {want} bytes" in r.stderr, r.stderr
     p = subprocess.Popen([sys.executable, "-m", "edgellm.cli", "serve", str(budget_pkg), "--port", "0", "--threads",
                           "1", "--memory-budget", s], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

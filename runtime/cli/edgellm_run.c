@@ -230,12 +230,6 @@ int main(int argc, char** argv) {
     fail("cannot load the package");
     goto done;
   }
-  if (opt.memory_budget) { /* how the budget was read, as every front end reads it (el_parse_bytes) */
-    el_memory_plan mp;
-    if (el_model_memory(m, &mp) == 0)
-      fprintf(stderr, "edgellm-run: memory budget %llu bytes (weight policy %s)\n", (unsigned long long)mp.budget,
-              mp.policy);
-  }
   int V = el_vocab(m);
   if (prompt && !el_has_tokenizer(m)) {
     fprintf(stderr, "edgellm-run: error: this package has no tokenizer.bin: pass token ids with --ids\n");
@@ -322,6 +316,7 @@ int main(int argc, char** argv) {
   int on_npu = el_model_prefill_backend(m, note, sizeof note) == EL_PREFILL_NPU;
   if (!on_npu && note[0]) fprintf(stderr, "edgellm-run: note: prefill on the CPU: %s\n", note);
   el_memory_plan mp;
+  memset(&mp, 0, sizeof mp);
   el_stats st;
   el_get_stats(c, &st);
   if (el_model_memory(m, &mp) == 0 && (mp.streamed_bytes || mp.routed_cache_bytes < mp.routed_bytes))
@@ -345,6 +340,8 @@ int main(int argc, char** argv) {
             st.decode_tokens ? st.decode_weight_bytes_read / 1e6 / (double)st.decode_tokens : 0.0,
             mp.routed_cache_bytes / 1e6, mp.routed_bytes / 1e6, (unsigned long long)st.io_routed_hits,
             (unsigned long long)st.io_routed_misses);
+  if (mp.budget) /* how the budget was read, as every front end reads it (el_parse_bytes) */
+    fprintf(stderr, "[memory budget %llu bytes, weight policy %s]\n", (unsigned long long)mp.budget, mp.policy);
   fprintf(stderr, "[%d prompt tokens, %d generated (%s); prefill %.1f tok/s%s, decode %.1f tok/s, %d threads]\n",
           res.prompt_tokens, res.generated_tokens, reasons[res.finish < 6 ? res.finish : 0], pf,
           on_npu ? " (NPU)" : "", dc, el_context_threads(c));
