@@ -21,8 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CompileError
+from ..runtime import contract as K
 
-MAGIC, VERSION = b"ELTK", 1
+MAGIC, VERSION = K.TOKENIZER_MAGIC, K.TOKENIZER_VERSION   # runtime/contract.h
 FAMILY_BYTE_LEVEL, FAMILY_SENTENCEPIECE = 1, 2
 PRE_NONE, PRE_GPT2, PRE_LLAMA3, PRE_QWEN2 = 0, 1, 2, 3
 

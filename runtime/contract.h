@@ -88,6 +88,16 @@ enum { EL_STEP_CALL = 0, EL_STEP_ROUTE = 1, EL_STEP_PREDICT = 2 };
 #define EL_BACKEND_NAME_BYTES 16 /* el_plan_program.backend: a NUL-terminated registry name */
 /* The OpenCL backend's files (android-gpu / opencl packages): TVM's OpenCL C, the launch table, and the binaries a
  * device built from them (written beside the package at first load) */
+/* Every package file's marker and version, so that writer (compiler) and reader (runtime) name one place:
+ * tokenizer.bin starts with EL_TOKENIZER_MAGIC then uint32 EL_TOKENIZER_VERSION (runtime/tokenizer/tokenizer.h);
+ * kernels.cltab's first line is "EL_OPENCL_TABLE_MAGIC EL_OPENCL_TABLE_VERSION n"; npu/npu.txt's first line is
+ * "EL_NPU_MAGIC EL_NPU_VERSION"; plan.bin and routing.bin: above. */
+#define EL_TOKENIZER_MAGIC "ELTK"
+#define EL_TOKENIZER_VERSION 1
+#define EL_OPENCL_TABLE_MAGIC "edgellm-opencl"
+#define EL_OPENCL_TABLE_VERSION 1
+#define EL_NPU_MAGIC "edgellm-npu"
+#define EL_NPU_VERSION 1
 #define EL_FILE_OPENCL_SOURCE "kernels.cl"
 #define EL_FILE_OPENCL_TABLE "kernels.cltab"
 #define EL_DIR_OPENCL_CACHE "opencl-cache"

@@ -43,6 +43,10 @@ BACKEND_TVM_CPU, BACKEND_QNN_ORT, BACKEND_OPENCL = "tvm_cpu", "qnn_ort", "opencl
 BACKENDS = (BACKEND_TVM_CPU, BACKEND_QNN_ORT, BACKEND_OPENCL)
 BACKEND_NAME_BYTES = 16
 PROGRAM_SKIPS_FIRST = 1                 # program flag: calibrated without the first token; position 0 runs via decode
+# every package file's marker and version (contract.h): tokenizer.bin, kernels.cltab, npu/npu.txt
+TOKENIZER_MAGIC, TOKENIZER_VERSION = b"ELTK", 1
+OPENCL_TABLE_MAGIC, OPENCL_TABLE_VERSION = "edgellm-opencl", 1
+NPU_MAGIC, NPU_VERSION = "edgellm-npu", 1
 # android-gpu / opencl (read by runtime/backends/backend_opencl.c; written by compiler/opencl/build.py)
 OPENCL_SOURCE, OPENCL_TABLE, OPENCL_CACHE_DIR = "kernels.cl", "kernels.cltab", "opencl-cache"
 PROGRAMS = ("prefill", "prefill_logits", "decode", "head", "prefill_short", "npu_embed", "npu_prefill")

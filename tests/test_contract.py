@@ -24,6 +24,9 @@ CONSTANTS = {
     "EL_PLAN_VERSION_MIN": K.PLAN_VERSION_MIN, "EL_PLAN_MAGIC": K.PLAN_MAGIC.decode(),
     "EL_FILE_MANIFEST": K.MANIFEST, "EL_FILE_PLAN": K.PLAN, "EL_FILE_WEIGHTS": K.WEIGHTS, "EL_FILE_KERNELS": K.KERNELS,
     "EL_FILE_ROUTING": K.ROUTING, "EL_ROUTING_MAGIC": K.ROUTING_MAGIC.decode(), "EL_ROUTING_VERSION": K.ROUTING_VERSION,
+    "EL_TOKENIZER_MAGIC": K.TOKENIZER_MAGIC.decode(), "EL_TOKENIZER_VERSION": K.TOKENIZER_VERSION,
+    "EL_OPENCL_TABLE_MAGIC": K.OPENCL_TABLE_MAGIC, "EL_OPENCL_TABLE_VERSION": K.OPENCL_TABLE_VERSION,
+    "EL_NPU_MAGIC": K.NPU_MAGIC, "EL_NPU_VERSION": K.NPU_VERSION,
     "EL_FILE_TOKENIZER": K.TOKENIZER_BIN, "EL_FILE_SUMS": K.SUMS, "EL_DIR_BIN": K.BIN_DIR, "EL_FILE_RUNNER": K.RUNNER,
     "EL_WEIGHT_ALIGN": K.WEIGHT_ALIGN, "EL_TENSOR_ALIGN": K.TENSOR_ALIGN, "EL_MAX_EOS": K.MAX_EOS,
     "EL_MAX_ARGS_NDIM": K.MAX_ARGS_NDIM, "EL_ARCH_X86_64": K.ARCH["x86_64"], "EL_ARCH_AARCH64": K.ARCH["aarch64"],
@@ -140,3 +143,43 @@ def test_plan_writer_round_trip(tmp_path):
     s = K.STEP.unpack(b, at + K.KERNEL.size + K.PROGRAM.size)
     assert (s["kind"], s["kernel"], s["n_args"]) == (K.STEP_CALL, 0, 3)
     assert len(b) == at + K.KERNEL.size + K.PROGRAM.size + K.STEP.size + 3 * K.ARG.size
+
+
+# Every file of a package, with the test that writes it with the compiler and reads it back with the C runtime (the
+# full round trip; each needs a compiled package, so it lives beside its feature), the Python writer and the C reader.
+FORMATS = {
+    "plan.bin": ("test_c_runtime.py::test_prefill_decode_match_reference", "compiler/plan_writer.py",
+                 "runtime/core/plan.c"),
+    "manifest.json": ("test_packaging.py", "compiler/package_writer.py", "runtime/package.py"),
+    "weights.bin": ("test_c_runtime.py::test_prefill_decode_match_reference", "compiler/package_writer.py",
+                    "offload/resident.c"),
+    "tokenizer.bin": ("test_c_tokenizer.py::test_ids_match_hf", "compiler/tokenizer_pack.py",
+                      "runtime/tokenizer/tokenizer.c"),
+    "kernels.cltab": ("test_opencl.py::test_same_tokens_and_logits_as_the_cpu", "compiler/opencl/build.py",
+                      "runtime/backends/backend_opencl.c"),
+    "npu/npu.txt": ("test_npu_f16.py::test_runtime_without_a_soc", "compiler/onnx_qnn/package.py",
+                    "runtime/backends/backend_qnn_ort.c"),
+    "routing.bin": ("test_moe_offload.py::test_hot_experts_are_read_at_load", "compiler/expert_guess.py",
+                    "runtime/core/loader.c"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_every_format_has_its_round_trip(name):
+    """Each package file has a writer, a reader and a round-trip test that exist; the markers and versions the
+    binary and text formats start with come from the contract on both sides (no literal of its own on either)."""
+    test, writer, reader = FORMATS[name]
+    module, _, func = test.partition("::")
+    src = (ROOT / "tests" / module).read_text()
+    assert not func or re.search(rf"^def {func}\(", src, re.M), test
+    assert (ROOT / writer).is_file() and (ROOT / reader).is_file()
+    markers = {"tokenizer.bin": ("ELTK", "EL_TOKENIZER_MAGIC", "K.TOKENIZER_MAGIC"),
+               "kernels.cltab": ("edgellm-opencl", "EL_OPENCL_TABLE_MAGIC", "K.OPENCL_TABLE_MAGIC"),
+               "npu/npu.txt": ("edgellm-npu", "EL_NPU_MAGIC", "NPU_MAGIC"),
+               "routing.bin": ("EDGEROUT", "EL_ROUTING_MAGIC", "ROUTING_MAGIC"),
+               "plan.bin": ("EDGEPLAN", "EL_PLAN_MAGIC", "K.PLAN_MAGIC")}.get(name)
+    if markers:
+        literal, c_name, py_name = markers
+        c_src, py_src = (ROOT / reader).read_text(), (ROOT / writer).read_text()
+        assert f'"{literal}' not in c_src and c_name in c_src, (reader, c_name)
+        assert f'"{literal}' not in py_src and py_name in py_src, (writer, py_name)

@@ -12,7 +12,7 @@ import onnx
 
 from ...errors import CompileError, first_line
 from . import qnn_ort
-from ...runtime.contract import NPU_DESCRIPTOR, NPU_OUTLIERS, NPU_ROPE
+from ...runtime.contract import NPU_DESCRIPTOR, NPU_MAGIC, NPU_OUTLIERS, NPU_ROPE, NPU_VERSION
 from .npu_chunks import MASK_VALUE, ChunkRunner, Group
 from ..progress import log as _log
 from ..progress import layer_progress
@@ -391,7 +391,8 @@ def _write_descriptor(pkg: Path, spec, chunk, kv_rows, qpaths, groups, soc_files
     tables = rope_tables(spec)
     rows = [a.reshape(kv_rows, -1) for t in tables for a in rope_rows(spec, 0, kv_rows, t)]
     np.concatenate(rows).astype("<f4").tofile(pkg / NPU_ROPE)
-    lines = ["edgellm-npu 1", f"chunk {chunk}", f"kv_rows {kv_rows}", f"mask_value {MASK_VALUE}", f"rope {NPU_ROPE}"]
+    lines = [f"{NPU_MAGIC} {NPU_VERSION}", f"chunk {chunk}", f"kv_rows {kv_rows}", f"mask_value {MASK_VALUE}",
+             f"rope {NPU_ROPE}"]
     if len(tables) > 1:   # older runtimes read one table and no such line: packages with one table keep their bytes
         lines.append(f"rope_tables {len(tables)}")
     lines += [f"group {l0} {l1} {q.relative_to(pkg).as_posix()}" for q, (l0, l1) in zip(qpaths, groups)]

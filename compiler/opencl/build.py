@@ -25,10 +25,11 @@ import re
 from pathlib import Path
 
 from ...errors import CompileError
+from ...runtime import contract as K
 from ..kernel_table import written_args
 
-TABLE_MAGIC = "edgellm-opencl"
-TABLE_VERSION = 1
+TABLE_MAGIC = K.OPENCL_TABLE_MAGIC   # runtime/contract.h
+TABLE_VERSION = K.OPENCL_TABLE_VERSION
 SOURCE = "kernels.cl"
 TABLE = "kernels.cltab"
 MAX_THREADS = 256   # work-group size the schedules use: every OpenCL GPU driver allows 256 (Mali, Adreno, PoCL)

@@ -233,8 +233,8 @@ static int read_table(opencl* b, const el_model* m, const char* dir) {
   } while (0)
   char* t = strtok_r(buf, " \t\r\n", &save);
   uint64_t version, n;
-  if (!t || strcmp(t, "edgellm-opencl") != 0) goto bad;
-  NUM(version, 1, 1);
+  if (!t || strcmp(t, EL_OPENCL_TABLE_MAGIC) != 0) goto bad;
+  NUM(version, EL_OPENCL_TABLE_VERSION, EL_OPENCL_TABLE_VERSION);
   (void)version;
   NUM(n, 0, 1 << 20);
   b->n_kernels = m->h.n_kernels;

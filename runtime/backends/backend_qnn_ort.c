@@ -123,7 +123,7 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
     char a[512], b[512];
     int x, y;
     if (!*line || *line == '#') continue;
-    if (sscanf(line, "edgellm-npu %d", &version) == 1) continue;
+    if (sscanf(line, EL_NPU_MAGIC " %d", &version) == 1) continue;
     if (sscanf(line, "chunk %d", &q->chunk) == 1 || sscanf(line, "kv_rows %d", &q->kv_rows) == 1 ||
         sscanf(line, "mask_value %f", &q->mask_value) == 1 ||
         sscanf(line, "rope_tables %d", &q->rope_tables) == 1 || /* before "rope %s", which would take "_tables" */
@@ -159,7 +159,8 @@ static int read_descriptor(qnn* q, const char* dir, const char* soc) {
     goto bad;
   }
   free(text);
-  if (version != 1) return el_error("npu/npu.txt has version %d, this runtime reads 1: recompile the package", version);
+  if (version != EL_NPU_VERSION)
+    return el_error("npu/npu.txt has version %d, this runtime reads %d: recompile the package", version, EL_NPU_VERSION);
   if (q->chunk <= 0 || q->kv_rows <= 0 || q->n_groups == 0 || !rope[0])
     return el_error("npu/npu.txt is incomplete: recompile the package");
   if (q->rope_tables < 1 || q->rope_tables > 2)

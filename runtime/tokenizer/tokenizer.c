@@ -30,8 +30,9 @@
 #include "../core/el_internal.h"
 #include "unicode_tables.h"
 
-#define TOK_MAGIC 0x4B544C45u /* "ELTK" */
-#define TOK_VERSION 1u
+#define TOK_MAGIC ((uint32_t)EL_TOKENIZER_MAGIC[0] | (uint32_t)EL_TOKENIZER_MAGIC[1] << 8 | \
+                   (uint32_t)EL_TOKENIZER_MAGIC[2] << 16 | (uint32_t)EL_TOKENIZER_MAGIC[3] << 24)
+#define TOK_VERSION ((uint32_t)EL_TOKENIZER_VERSION)
 #define TOK_HEADER 64u
 #define TOK_MAX_AFFIX 16u
 #define TOK_MAX_FILE (1u << 30)
