@@ -2,7 +2,7 @@
 
 Parts: qweight u8[N, K] (codes q + 128, quant/packing.py panels: 1 code per byte, k = 4c + b), scales f32[N]
 in natural row order. 8 + 32/K bits per weight. K must be a multiple of the activation block QA = 32.
-Kernels: linear_q8, embed_q8 (compiler/ops/linear_quant.py, compiler/ops/elementwise.py)."""
+Kernels: linear_q8, embed_q8 (compiler/ops/linear_block.py, compiler/ops/elementwise.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -30,8 +30,9 @@ RMS error from the activations alone 0.54% on Gaussian x (K=4096), 0.93% with 4 
 (per-token absmax would give 0.86% / 10%); the q8 weight error is ~0.8%, q4's ~8-10%. t2: see quant/t2.py.
 
 Adding a scheme: a module with a Scheme subclass (or an instance of an existing one) and `register(...)`, its
-import in quant/__init__.py, and its kernels in compiler/ops (targets accept every body scheme unless their
-`quants` list in targets/registry.py says otherwise).
+import in quant/__init__.py, and its kernels: a family module in compiler/ops (linear_block.py, linear_t2.py, ...)
+and its op's line in linear_quant.py's maker table (targets accept every body scheme unless their `quants` list
+in targets/registry.py says otherwise).
 """
 from __future__ import annotations
 

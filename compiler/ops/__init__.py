@@ -47,7 +47,8 @@ one call (q/k/v, gate/up: compiler/lower.py); the kernel then takes one output p
 its last args, and linear_t2's scale is f32[nseg] (one per matrix). Named "_s<N_0>x<N_1>..." only when fused.
 attention's W: sliding window (query at position p attends keys p-W+1 .. p), default 0 = full causal attention;
 named "_w<W>" only when W > 0.
-Quantized ops (linear_quant.py): weights in the packed layouts of edgellm.quant.packing (produced by the
+Quantized ops (linear_quant.py dispatches by op to the family modules: linear_block.py q8/q4/q6, linear_t2.py t2,
+linear_naive.py the reference TIR; quant_common.py what they share): weights in the packed layouts of edgellm.quant.packing (produced by the
 schemes' quantize()); K must be a multiple of 32 (q8), of G (q4, G in 32/64/128) or of 16 (t2).
 """
 from __future__ import annotations

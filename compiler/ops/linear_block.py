@@ -1,0 +1,294 @@
+"""The block-quantized linear kernels: q8 and q4gG (block_kernel), q6 (q6_kernel): int8 activations per block of
+32 k, integer dot products per block, f32 sums of block results (the schedule: linear_quant.py)."""
+from __future__ import annotations
+
+from tvm.script import tirx as T
+
+from ...quant.packing import NR, Q6_CHUNKS, Q6_GROUP, QA
+from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, prefetch
+from .quant_common import (
+    I32, PREMUL_UNPACK, U8, _Geo, _act_blocks, _drop_bias, _outer, _tail_copy, _tt, _u8, _use_mmla, dot4,
+    dot4_sdot, dot4_signed_avx2, flush16, i16_capacity, madd16_avx2, mmla8, mmla_tokens, path_for,
+)
+
+
+def block_kernel(cpu, scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool):
+    """linear_q8 (G None) / linear_q4 (group G)."""
+    path = path_for(cpu)
+    g = _Geo(scheme, T_, N, K, G)
+    group = scheme == "q4"
+    signed_w = scheme == "q8" and path in ("avx2", "sdot")
+    corr_mul = 0 if signed_w else g.off
+    BPR, NCH, SUB, NBf, R, KB, KG = g.BPR, g.NCH, g.SUB, g.NBf, g.R, g.KB, g.KG
+    CPB = QA // g.kpc                       # chunks per activation block
+    BPG = (G // QA) if group else 1         # activation blocks per scale group
+    mm = _use_mmla(cpu, path, T_)
+    NPAIR = CPB * SUB // 2                  # SMMLA: 8-k operand pairs per block
+    Tt = _tt(path, T_, 8, mm)
+    # AVX2 q4: the block's 8 vpmaddubsw results per token add up in int16 (8 * 2 * 15 * 127 < 2^15) and are widened
+    # once per block; q8's signed products (<= 2 * 127^2) fill an int16 lane alone
+    i16 = path == "avx2" and not signed_w and CPB * g.SUB <= i16_capacity((1 << g.bits) - 1)
+    NA = 2 if Tt == 1 and not i16 else 1    # independent int accumulators per token (latency of the dot chain)
+    PF = cpu.prefetch_bytes if T_ == 1 else 0   # decode streams the weights once: prefetch ahead of the loads
+    NTB = (T_ + Tt - 1) // Tt
+    rag_t = T_ % Tt != 0
+    S_shape, S_dt = ((N, KG), "float16") if group else ((N,), F32)
+    B_shape = (N,) if bias else (1,)
+    act = _act_blocks(cpu, g, corr_mul)
+    tail_copy = _tail_copy(g)
+    par = (N * K >= PARALLEL_MIN_ELEMS) if T_ == 1 else (T_ * N * K >= 4 * PARALLEL_MIN_ELEMS)
+    outer = _outer(par)
+    bits = g.bits
+
+    def trow(tb, ti):
+        return T.min(tb * Tt + ti, T_ - 1) if rag_t else tb * Tt + ti
+
+    # GEMV on VNNI: each nibble has its own accumulator, so the high nibble needs no shift: (v & 0xF0) gives
+    # 16 * code and the accumulator is shifted back (exactly) once per block; saves a shift per operand
+    premul = PREMUL_UNPACK and path == "vnni" and NA == SUB and SUB > 1
+
+    def operand(v, h):
+        if signed_w:
+            return v ^ _u8(128)   # signed code q as int8 bits
+        if SUB == 1:
+            return v
+        if premul:
+            return v & T.Broadcast(T.Cast(U8, ((1 << bits) - 1) << (h * bits)), 64)
+        return (v >> T.Broadcast(T.Cast(U8, h * bits), 64)) & _u8((1 << bits) - 1)
+
+    def block_isum(iacc, ti, l):
+        if NA == 1:
+            return iacc[ti * 16 + l]
+        hi = iacc[(ti * NA + 1) * 16 + l]
+        return iacc[ti * NA * 16 + l] + (T.shift_right(hi, bits) if premul else hi)
+
+    def dot(acc, w, xq, off):
+        if signed_w and path == "sdot":
+            return dot4_sdot(acc, T.reinterpret("int8x64", w), xq, off)
+        if signed_w:
+            return dot4_signed_avx2(acc, T.reinterpret("int8x64", w), xq, off)
+        return dot4(path, acc, w, xq, off)
+
+    def scale_vec(Ssrc, sbase, kb, l):
+        if group:
+            return T.Cast(F32, Ssrc[sbase + (kb // BPG) * NR + l])
+        return T.float32(1)
+
+    @T.macro
+    def panel(Wsrc, wbase, wlen, Ssrc, sbase, X, Sr, Bs, O, xq, dx, cr, nb, full):
+        facc = T.alloc_buffer((Tt * 16,), F32, scope="global", annotations=STACK)
+        iacc = T.alloc_buffer((Tt * NA * 16,), I32, scope="global", annotations=STACK)
+        acc16 = T.alloc_buffer((Tt * 32,), "int16", scope="global", annotations=STACK)
+        for tb in range(NTB):
+            for l in T.vectorized(Tt * 16):
+                facc[l] = T.float32(0)
+            for kb in range(KB):
+                for l in T.vectorized(Tt * NA * 16):
+                    iacc[l] = 0
+                if mm:
+                    for m in T.unroll(NPAIR):   # operands 2m, 2m+1 (chunk c = i // SUB, sub h = i % SUB): k 8m..8m+7
+                        ua: T.let[T.uint8x64] = operand(Wsrc[T.Ramp(wbase + (kb * CPB + (2 * m) // SUB) * 64, 1, 64)],
+                                                        (2 * m) % SUB)
+                        ub: T.let[T.uint8x64] = operand(Wsrc[T.Ramp(wbase + (kb * CPB + (2 * m + 1) // SUB) * 64, 1, 64)],
+                                                        (2 * m + 1) % SUB)
+                        for tp in T.unroll(Tt // 2):
+                            iacc[T.Ramp(tp * 32, 1, 32)] = mmla8(iacc[T.Ramp(tp * 32, 1, 32)], ua, ub, xq,
+                                                                 trow(tb, 2 * tp) * K + kb * QA + 8 * m,
+                                                                 trow(tb, 2 * tp + 1) * K + kb * QA + 8 * m)
+                    for tp in T.unroll(Tt // 2):
+                        iacc[T.Ramp(tp * 32, 1, 32)] = mmla_tokens(iacc[T.Ramp(tp * 32, 1, 32)])
+                else:
+                    if i16:
+                        for l in T.vectorized(Tt * 32):
+                            acc16[l] = T.int16(0)
+                    for c in T.unroll(CPB):
+                        if PF > 0:
+                            prefetch(Wsrc, T.min(wbase + (kb * CPB + c) * 64 + PF, wlen - 1))
+                        v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + (kb * CPB + c) * 64, 1, 64)]
+                        for h in T.unroll(SUB):
+                            u: T.let[T.uint8x64] = operand(v, h)
+                            for ti in T.unroll(Tt):
+                                if i16:
+                                    acc16[T.Ramp(ti * 32, 1, 32)] = madd16_avx2(
+                                        acc16[T.Ramp(ti * 32, 1, 32)], u, xq,
+                                        trow(tb, ti) * K + kb * QA + c * g.kpc + h * 4)
+                                else:
+                                    iacc[T.Ramp((ti * NA + (c * SUB + h) % NA) * 16, 1, 16)] = dot(
+                                        iacc[T.Ramp((ti * NA + (c * SUB + h) % NA) * 16, 1, 16)], u, xq,
+                                        trow(tb, ti) * K + kb * QA + c * g.kpc + h * 4)
+                    if i16:
+                        for ti in T.unroll(Tt):
+                            iacc[T.Ramp(ti * 16, 1, 16)] = flush16(acc16[T.Ramp(ti * 32, 1, 32)])
+                for ti in T.unroll(Tt):
+                    for l in T.vectorized(16):
+                        facc[ti * 16 + l] = facc[ti * 16 + l] + T.Cast(
+                            F32, block_isum(iacc, ti, l) - cr[trow(tb, ti) * KB + kb]) * (
+                            scale_vec(Ssrc, sbase, kb, l) * dx[trow(tb, ti) * KB + kb])
+            for ti in T.unroll(Tt):
+                if full:
+                    if tb * Tt + ti < T_:
+                        for l in T.vectorized(16):
+                            if group:
+                                if bias:
+                                    O[tb * Tt + ti, nb * NR + l] = facc[ti * 16 + l] + Bs[nb * NR + l]
+                                else:
+                                    O[tb * Tt + ti, nb * NR + l] = facc[ti * 16 + l]
+                            else:
+                                if bias:
+                                    O[tb * Tt + ti, nb * NR + l] = facc[ti * 16 + l] * Sr[nb * NR + l] + Bs[nb * NR + l]
+                                else:
+                                    O[tb * Tt + ti, nb * NR + l] = facc[ti * 16 + l] * Sr[nb * NR + l]
+                else:
+                    if tb * Tt + ti < T_:
+                        for l in range(R):
+                            if group:
+                                if bias:
+                                    O[tb * Tt + ti, nb * NR + l] = facc[ti * 16 + l] + Bs[nb * NR + l]
+                                else:
+                                    O[tb * Tt + ti, nb * NR + l] = facc[ti * 16 + l]
+                            else:
+                                if bias:
+                                    O[tb * Tt + ti, nb * NR + l] = facc[ti * 16 + l] * Sr[nb * NR + l] + Bs[nb * NR + l]
+                                else:
+                                    O[tb * Tt + ti, nb * NR + l] = facc[ti * 16 + l] * Sr[nb * NR + l]
+
+    @T.macro
+    def tail_scales(Sf, Ss):
+        for kg in range(KG):
+            for l in range(16):
+                Ss[kg * 16 + l] = T.if_then_else(l < R, Sf[NBf * NR * KG + kg * R + T.min(l, R - 1)], T.float16(0))
+
+    SS_len = KG * 16 if (group and R) else 1
+    WS_len = NCH * 64 if R else 1
+
+    @T.prim_func
+    def linear_q(x: T.handle, w: T.handle, s: T.handle, b: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        X = T.match_buffer(x, (T_, K), F32)
+        W = T.match_buffer(w, (N, BPR), U8)
+        S = T.match_buffer(s, S_shape, S_dt)
+        Bs = T.match_buffer(b, B_shape, F32)
+        O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
+        Wf = T.decl_buffer((N * BPR,), U8, data=W.data)
+        Sf = T.decl_buffer((N * KG,), S_dt, data=S.data)
+        xq = T.alloc_buffer((T_ * K,), "int8", scope="global")
+        dx = T.alloc_buffer((T_ * KB,), F32, scope="global")
+        cr = T.alloc_buffer((T_ * KB,), I32, scope="global")
+        act(X, xq, dx, cr)
+        for nb in outer(NBf):
+            panel(Wf, nb * NR * BPR, N * BPR, Sf, nb * NR * KG, X, Sf, Bs, O, xq, dx, cr, nb, True)
+        if R > 0:
+            Ws = T.alloc_buffer((WS_len,), U8, scope="global")
+            Ss = T.alloc_buffer((SS_len,), S_dt, scope="global")
+            tail_copy(Wf, Ws)
+            if group:
+                tail_scales(Sf, Ss)
+            panel(Ws, 0, WS_len, Ss, 0, X, Sf, Bs, O, xq, dx, cr, NBf, False)
+
+    return _drop_bias(linear_q, bias, 3)
+
+
+# --------------------------------------------------------------------------------------------- q6 kernel
+def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
+    """linear_q6 (the embedding / lm_head scheme of --head-quant q6). Per panel and 32-k block: 6 chunks, 4 of low
+    nibbles (unpacked as q4's) and 2 of high bit pairs (as t2's); operand = low | high << 4 (u8 codes 0..63, so
+    vpmaddubsw pairs stay below 2^15), dot products as q4's, one f16 scale per block. No SMMLA / int16 variants:
+    the head runs one token at a time."""
+    path = path_for(cpu)
+    g = _Geo("q4", T_, N, K, Q6_GROUP)
+    g.bits, g.off, g.BPR, g.NCH = 6, 32, K * 6 // 8, K // QA * Q6_CHUNKS
+    BPR, NBf, R, KB = g.BPR, g.NBf, g.R, g.KB
+    BB = Q6_CHUNKS * 64                      # panel bytes per block
+    Tt = _tt(path, T_, 8)
+    NA = 2 if Tt == 1 else 1
+    PF = cpu.prefetch_bytes if T_ == 1 else 0
+    NTB = (T_ + Tt - 1) // Tt
+    rag_t = T_ % Tt != 0
+    B_shape = (N,) if bias else (1,)
+    act = _act_blocks(cpu, g, g.off)
+    tail_copy = _tail_copy(g)
+    outer = _outer((N * K >= PARALLEL_MIN_ELEMS) if T_ == 1 else (T_ * N * K >= 4 * PARALLEL_MIN_ELEMS))
+
+    def trow(tb, ti):
+        return T.min(tb * Tt + ti, T_ - 1) if rag_t else tb * Tt + ti
+
+    def isum(iacc, ti, l):
+        return iacc[ti * 16 + l] if NA == 1 else iacc[l] + iacc[16 + l]
+
+    def operand(v, hv, h, j):
+        lo = (v >> T.Broadcast(T.Cast(U8, 4 * h), 64)) & _u8(15)
+        hi = ((hv >> T.Broadcast(T.Cast(U8, 2 * j), 64)) & _u8(3)) << T.Broadcast(T.uint8(4), 64)
+        return lo | hi
+
+    @T.macro
+    def panel(Wsrc, wbase, wlen, Ssrc, sbase, Bs, O, xq, dx, cr, nb, full):
+        facc = T.alloc_buffer((Tt * 16,), F32, scope="global", annotations=STACK)
+        iacc = T.alloc_buffer((Tt * NA * 16,), I32, scope="global", annotations=STACK)
+        for tb in range(NTB):
+            for l in T.vectorized(Tt * 16):
+                facc[l] = T.float32(0)
+            for kb in range(KB):
+                for l in T.vectorized(Tt * NA * 16):
+                    iacc[l] = 0
+                if PF > 0:
+                    for c in T.unroll(Q6_CHUNKS):
+                        prefetch(Wsrc, T.min(wbase + kb * BB + c * 64 + PF, wlen - 1))
+                for c in T.unroll(4):
+                    v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + kb * BB + c * 64, 1, 64)]
+                    hv: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + kb * BB + (4 + c // 2) * 64, 1, 64)]
+                    for h in T.unroll(2):
+                        u: T.let[T.uint8x64] = operand(v, hv, h, 2 * (c % 2) + h)
+                        for ti in T.unroll(Tt):
+                            iacc[T.Ramp((ti * NA + (2 * c + h) % NA) * 16, 1, 16)] = dot4(
+                                path, iacc[T.Ramp((ti * NA + (2 * c + h) % NA) * 16, 1, 16)], u, xq,
+                                trow(tb, ti) * K + kb * QA + 8 * c + 4 * h)
+                for ti in T.unroll(Tt):
+                    for l in T.vectorized(16):
+                        facc[ti * 16 + l] = facc[ti * 16 + l] + T.Cast(
+                            F32, isum(iacc, ti, l) - cr[trow(tb, ti) * KB + kb]) * (
+                            T.Cast(F32, Ssrc[sbase + kb * NR + l]) * dx[trow(tb, ti) * KB + kb])
+            for ti in T.unroll(Tt):
+                if tb * Tt + ti < T_:
+                    if full:
+                        for l in T.vectorized(16):
+                            O[tb * Tt + ti, nb * NR + l] = facc[ti * 16 + l] + (Bs[nb * NR + l] if bias else T.float32(0))
+                    else:
+                        for l in range(R):
+                            O[tb * Tt + ti, nb * NR + l] = facc[ti * 16 + l] + (Bs[nb * NR + l] if bias else T.float32(0))
+
+    @T.macro
+    def tail_scales(Sf, Ss):
+        for kb in range(KB):
+            for l in range(16):
+                Ss[kb * 16 + l] = T.if_then_else(l < R, Sf[NBf * NR * KB + kb * R + T.min(l, R - 1)], T.float16(0))
+
+    SS_len = KB * 16 if R else 1
+    WS_len = g.NCH * 64 if R else 1
+
+    @T.prim_func
+    def linear_q6(x: T.handle, w: T.handle, s: T.handle, b: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        X = T.match_buffer(x, (T_, K), F32)
+        W = T.match_buffer(w, (N, BPR), U8)
+        S = T.match_buffer(s, (N, KB), "float16")
+        Bs = T.match_buffer(b, B_shape, F32)
+        O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
+        Wf = T.decl_buffer((N * BPR,), U8, data=W.data)
+        Sf = T.decl_buffer((N * KB,), "float16", data=S.data)
+        xq = T.alloc_buffer((T_ * K,), "int8", scope="global")
+        dx = T.alloc_buffer((T_ * KB,), F32, scope="global")
+        cr = T.alloc_buffer((T_ * KB,), I32, scope="global")
+        act(X, xq, dx, cr)
+        for nb in outer(NBf):
+            panel(Wf, nb * NR * BPR, N * BPR, Sf, nb * NR * KB, Bs, O, xq, dx, cr, nb, True)
+        if R > 0:
+            Ws = T.alloc_buffer((WS_len,), U8, scope="global")
+            Ss = T.alloc_buffer((SS_len,), "float16", scope="global")
+            tail_copy(Wf, Ws)
+            tail_scales(Sf, Ss)
+            panel(Ws, 0, WS_len, Ss, 0, Bs, O, xq, dx, cr, NBf, False)
+
+    return _drop_bias(linear_q6, bias, 3)
+
+
+# --------------------------------------------------------------------------------------------- t2 kernel
