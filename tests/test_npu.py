@@ -308,12 +308,12 @@ def test_runtime_npu_errors(host_npu, tmp_path, monkeypatch):
 def test_edgellm_run_npu_prefill(host_npu, runtimes):
     """The device binary shares the backend: bin/edgellm-run --prefill-backend npu prefills on the NPU (it says so)
     and gives the Python runtime's greedy tokens."""
-    from edgellm.runtime.api import _npu_options
+    from edgellm.runtime.api import _npu_libraries
     from edgellm.runtime.lib import LoadOptions
 
     npu, _ = runtimes
     opts = LoadOptions()
-    _npu_options(opts, None)
+    _npu_libraries(opts)
     env = {**os.environ, "EDGELLM_ORT_LIB": opts.ort_library.decode(), "EDGELLM_QNN_EP_LIB": opts.qnn_ep_library.decode(),
            "EDGELLM_QNN_BACKEND": opts.qnn_backend.decode()}
     prompt = list(range(40, 110))
