@@ -11,7 +11,6 @@
 
 #include "el_internal.h"
 
-
 /* Zeroed, page-aligned memory straight from the kernel: no memset of big caches, pages appear on first use. */
 static void* map_zeroed(size_t bytes) {
   void* p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
