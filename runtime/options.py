@@ -110,8 +110,8 @@ BY_NAME = {o.name: o for o in LOAD_OPTIONS}
 _GEN = frozenset({"api", "run", "serve", "runner", "jni"})
 _SAMPLED = _GEN | {"chat"}
 GEN_OPTIONS = (
-    Option("max_new_tokens", "int", "tokens to generate at most", default=128, lo=0, hi=2**31 - 1, metavar="N",
-           short="-n", fronts=_GEN, openai="max_tokens"),
+    Option("max_new_tokens", "int", "tokens to generate at most (more than the context holds: to its end)",
+           default=128, lo=0, metavar="N", short="-n", fronts=_GEN, openai="max_tokens"),
     Option("temperature", "float", "0 = greedy [default: the package's generation_config.json if it samples, else 0]",
            metavar="T", fronts=_SAMPLED),
     Option("top_k", "int", "0 = off [default: the package's]", lo=0, hi=2**31 - 1, metavar="K", fronts=_SAMPLED),
@@ -200,7 +200,8 @@ def click_options(front: str, skip: tuple[str, ...] = (), table: tuple[Option, .
             out.append(click.option(*names, type=click.Choice(list(o.choice_names)), default=o.default,
                                     show_default=o.default is not None, help=o.help))
         elif o.kind in ("int", "u64"):
-            out.append(click.option(*names, type=click.IntRange(int(o.lo), int(o.hi)), default=o.default,
+            hi = None if o.hi is None else int(o.hi)   # no bound: the runtime clamps (max_new_tokens)
+            out.append(click.option(*names, type=click.IntRange(int(o.lo), hi), default=o.default,
                                     show_default=o.default is not None, help=o.help, metavar=o.metavar or None))
         elif o.kind == "float":
             rng = click.FloatRange(o.lo, o.hi) if o.lo is not None else float
@@ -237,6 +238,8 @@ def _c_rows(table, struct: str) -> list[str]:
         choices = "|".join(f"{c[0]}={c[1]}" if isinstance(c, tuple) else c for c in o.choices)
         lo = "0" if o.lo is None or o.kind == "u64" else repr(float(o.lo))
         hi = "0" if o.hi is None or o.kind == "u64" else repr(float(o.hi))
+        if o.kind == "int" and o.hi is None:
+            hi = repr(float(2**31 - 1))   # an int32 field
         if o.kind == "float" and o.lo is None:
             lo, hi = "-1e30", "1e30"   # the sampler checks these ranges when a generation starts
         rows.append(f"    {{{_c_str(o.flag)}, {_c_str(o.short) if o.short else 'NULL'}, {_C_KIND[o.kind]}, "

@@ -89,7 +89,7 @@ static const el_cli_option EL_GEN_OPTIONS[] = {
 
 #define EL_GEN_OPTIONS_USAGE \
   "  -n, --max-new-tokens N\n" \
-  "                        tokens to generate at most\n" \
+  "                        tokens to generate at most (more than the context holds: to its end)\n" \
   "  --temperature T       0 = greedy [default: the package's generation_config.json if it samples, else 0]\n" \
   "  --top-k K             0 = off [default: the package's]\n" \
   "  --top-p P             1 = off [default: the package's]\n" \
