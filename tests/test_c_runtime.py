@@ -25,10 +25,12 @@ CC = shutil.which("gcc") or shutil.which("cc")
 
 # The ctypes declarations and the source list are the package's own; this test only builds its own library.
 from edgellm.compiler.device_binary import LIB_SOURCES  # noqa: E402
+from edgellm.compiler.device_binary import ROOT as PKG_ROOT  # noqa: E402
 from edgellm.runtime.lib import LoadOptions, SamplerParams, Stats, declare  # noqa: E402
 
 # the repo's copies of the sources the package builds libedgellm from (this test may run against an installed package)
-SOURCES = [str(p.relative_to(ROOT)) for p in LIB_SOURCES]
+# the repo's copies of the library's sources (LIB_SOURCES names the installed package's; CI installs a wheel)
+SOURCES = [str(p.relative_to(PKG_ROOT)) for p in LIB_SOURCES]
 
 F32P, I32P = C.POINTER(C.c_float), C.POINTER(C.c_int32)
 

@@ -113,7 +113,9 @@ def test_library_sources_agree():
     from edgellm.compiler.device_binary import LIB_SOURCES
 
     ext = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["ext-modules"][0]
-    assert sorted(ext["sources"]) == sorted(str(p.relative_to(ROOT)) for p in LIB_SOURCES)
+    from edgellm.compiler.device_binary import ROOT as PKG_ROOT   # the installed package's root (CI: a wheel)
+
+    assert sorted(ext["sources"]) == sorted(str(p.relative_to(PKG_ROOT)) for p in LIB_SOURCES)
 
 
 def test_plan_writer_round_trip(tmp_path):
