@@ -125,7 +125,6 @@ GEN_OPTIONS = (
     Option("ignore_eos", "flag", "keep generating past end-of-sequence tokens", default=False,
            fronts=_GEN - {"serve"}),
 )
-GEN_BY_NAME = {o.name: o for o in GEN_OPTIONS}
 SAMPLING = tuple(o.name for o in GEN_OPTIONS if o.kind == "float" or o.name == "top_k")   # the sampler's knobs
 
 
