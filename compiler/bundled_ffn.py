@@ -156,29 +156,6 @@ def bundle_ffns(nodes: list, g, G: int) -> list:
     return out
 
 
-class _Source:
-    """A stored matrix, dequantized once, cut into sub-matrices in the same scheme: t2 keeps the matrix's one scale
-    and its ternary codes; other schemes requantize the dequantized values (per-row and per-32-block schemes give
-    back the full matrix's codes and scales, since bundles cut at multiples of 32)."""
-
-    def __init__(self, scheme, parts: dict):
-        self.scheme = scheme
-        w = scheme.dequantize(parts)
-        if scheme.name == "t2":
-            self.scale = float(parts["scale"][0])
-            self.w = np.rint(w / self.scale).astype(np.int8)
-        else:
-            self.w = np.asarray(w, np.float32)
-
-    def parts(self, rows=slice(None), cols=slice(None)) -> dict:
-        sub = np.ascontiguousarray(self.w[rows, cols])
-        if self.scheme.name == "t2":
-            from ..quant.t2 import pack_t2
-
-            return pack_t2(sub, self.scale)
-        return self.scheme.quantize(sub)
-
-
 def pack_arrays(arrays: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
     """Arrays laid end to end, each at a 64-byte aligned offset: (bytes, offsets)."""
     offs, at = [], 0
@@ -196,8 +173,9 @@ def _bundle_weights(low, n: BundledFFN, G: int) -> tuple[int, list[tuple[str, tu
     ((dtype, shape, offset) per part: up's parts, then down's) and how many parts are up's."""
     scheme = low.scheme
     F = low._raw_shape(n.up)[0]
-    up = _Source(scheme, low._matrix_parts(n.up, scheme, False))
-    down = _Source(scheme, low._matrix_parts(n.down, scheme, False))
+    # sub-matrices in the matrix's scheme (Scheme.cutter: requantized, or t2's codes and one scale kept)
+    up = scheme.cutter(low._matrix_parts(n.up, scheme, False))
+    down = scheme.cutter(low._matrix_parts(n.down, scheme, False))
     first = len(low.weights.names)
     views = []
     for j in range(F // G):

@@ -43,11 +43,11 @@ def choose_schemes(spec, quant: str | None, head_quant: str | None, progress: bo
     """(body scheme, head scheme) for a model: the defaults, the checks, and the body scheme's compile warning
     (t2: post-training ternarization). The head scheme stores the lm_head and the embedding table (once, when they
     are tied). What a scheme allows comes from the scheme (quant/scheme.py), never from its name."""
-    if spec.family == "bitnet":
-        quant = quant or "t2"
-        if quant != "t2":
-            raise CompileError(f"{spec.arch} checkpoints hold ternary weights: compile them with --quant t2 "
-                               f"(got --quant {quant})")
+    if spec.native_quant:
+        quant = quant or spec.native_quant
+        if quant != spec.native_quant:
+            raise CompileError(f"{spec.arch} checkpoints hold {get_scheme(spec.native_quant).description.split(' (')[0]} "
+                               f"weights: compile them with --quant {spec.native_quant} (got --quant {quant})")
     scheme = get_scheme(quant or "f16")
     if not scheme.body:
         raise CompileError(f"--quant {scheme.name} is an embedding / lm_head scheme: pass it as --head-quant {scheme.name} "

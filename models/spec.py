@@ -39,6 +39,11 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     @property
+    def native_quant(self) -> str | None:
+        """The scheme the checkpoint's weights already are and must be compiled with (BitNet: ternary, t2)."""
+        return "t2" if self.family == "bitnet" else None
+
+    @property
     def lm_head_name(self) -> str:
         return "model.embed_tokens.weight" if self.tie_word_embeddings else "lm_head.weight"
 

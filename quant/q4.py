@@ -11,7 +11,9 @@ import numpy as np
 
 from .packing import (QA, _bias, _block_sums, pack_codes, pack_group_scales, quantize_act_blocks, unpack_codes,
                       unpack_group_scales)
-from .scheme import Scheme, register
+from .scheme import KernelTraits, Scheme, register
+
+GROUPS = (32, 64, 128)   # the group sizes the kernels take (param G)
 
 
 def quantize_q4(w: np.ndarray, G: int) -> dict[str, np.ndarray]:
@@ -77,6 +79,8 @@ class Q4Scheme(Scheme):
     gptq = True
     stacking = {"qweight": 4, "scales": 1}
     linear_ref = staticmethod(linear_q4_ref)
+    kernel_ops = {"linear_q4": KernelTraits("linear", "block", "q4", "group", "block", k_multiple=QA, groups=GROUPS),
+                  "embed_q4": KernelTraits("embed", "block", "q4", "group", groups=GROUPS)}
 
     def __init__(self, group: int):
         self.group = int(group)

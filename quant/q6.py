@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .packing import (Q6_CHUNKS, Q6_GROUP, QA, _bias, _block_sums, deinterleave_rows, interleave_rows,
+from .packing import (Q6_CHUNKS, Q6_GROUP, Q6_LAYOUT, QA, _bias, _block_sums, deinterleave_rows, interleave_rows,
                       pack_group_scales, quantize_act_blocks, unpack_group_scales)
-from .scheme import Scheme, register
+from .scheme import KernelTraits, Scheme, register
 
 
 def quantize_q6(w: np.ndarray) -> dict[str, np.ndarray]:
@@ -80,6 +80,8 @@ class Q6Scheme(Scheme):
     default_head = "q8"
     stacking = {"qweight": 4, "scales": 1}
     linear_ref = staticmethod(linear_q6_ref)
+    kernel_ops = {"linear_q6": KernelTraits("linear", "q6", Q6_LAYOUT, "group", "block", k_multiple=QA, group=Q6_GROUP),
+                  "embed_q6": KernelTraits("embed", "q6", Q6_LAYOUT, "group", k_multiple=Q6_GROUP, group=Q6_GROUP)}
 
     def _quantize(self, w):
         return quantize_q6(w)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .packing import QA, _bias, _block_sums, pack_codes, quantize_act_blocks, unpack_codes
-from .scheme import Scheme, register
+from .scheme import KernelTraits, Scheme, register
 
 
 def quantize_q8(w: np.ndarray) -> dict[str, np.ndarray]:
@@ -42,6 +42,8 @@ class Q8Scheme(Scheme):
     default_head = "q8"
     stacking = {"qweight": 4, "scales": "rows"}
     linear_ref = staticmethod(linear_q8_ref)
+    kernel_ops = {"linear_q8": KernelTraits("linear", "block", "q8", "row", "block", k_multiple=QA),
+                  "embed_q8": KernelTraits("embed", "block", "q8", "row", k_multiple=4)}   # D: whole chunks
 
     def _quantize(self, w):
         return quantize_q8(w)

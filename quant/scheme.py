@@ -29,16 +29,45 @@ can use integer dot products (AVX-512 VNNI / AVX2 / ARM dot); per-block scales k
 RMS error from the activations alone 0.54% on Gaussian x (K=4096), 0.93% with 4 channels 50x outliers
 (per-token absmax would give 0.86% / 10%); the q8 weight error is ~0.8%, q4's ~8-10%. t2: see quant/t2.py.
 
-Adding a scheme: a module with a Scheme subclass (or an instance of an existing one) and `register(...)`, its
-import in quant/__init__.py, and its kernels: a family module in compiler/ops (linear_block.py, linear_t2.py, ...)
-and its op's line in linear_quant.py's maker table (targets accept every body scheme unless their `quants` list
-in targets/registry.py says otherwise).
+Kernel traits. Each packed scheme also declares, as data, what its kernels read (`KernelTraits`: the kernel
+family, the code layout, the scale layout, the activation quantization, the K granularity and the scale groups)
+for each kernel op it names (`kernel_ops`). register() files those rows in KERNEL_OPS; the compiler builds its op
+table, its checks, its references and its CPU / OpenCL kernels from them (compiler/ops/linear_quant.FAMILIES,
+compiler/opencl/ops.FAMILIES: family -> kernel maker), so nothing outside quant/ tests a scheme by name.
+
+Adding a scheme: a module with a Scheme subclass (or an instance of an existing one), its `kernel_ops` rows and
+`register(...)`, and its import in quant/__init__.py (the one registration line). A scheme whose layout an
+existing kernel family reads (another q4 group size, a new block scheme with the q8/q4 chunk layouts) needs no
+compiler change; a new layout adds its family's kernels: a module in compiler/ops (as linear_block.py,
+linear_t2.py) and one line in each FAMILIES table (targets accept every body scheme unless their `quants` list in
+targets/registry.py says otherwise).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import CompileError
+
+
+@dataclass(frozen=True)
+class KernelTraits:
+    """What one kernel op of a packed scheme reads, as data (one row per op, like llama.cpp's type traits)."""
+
+    kind: str                    # "linear" (x f32[T, K] @ W.T) or "embed" (row gather of a [V, D] table)
+    family: str                  # the kernel family that builds it (compiler/ops/linear_quant.FAMILIES, ...)
+    layout: str                  # packed code layout: a quant.packing.LAYOUTS key ("q8", "q4", "t2"), or "q6"
+    scale: str                   # "row": f32[N]; "group": f16[N, K/G] panel-interleaved; "matrix": f32[nseg], one
+                                 # per stacked matrix (segs)
+    act: str = "block"           # int8 activations per "block" of 32 k, or per "token" (linear)
+    k_multiple: int = 1          # K (linear) / D (embed) must be a multiple of this
+    groups: tuple[int, ...] = ()  # the op takes the scale group as param G, one of these (default the first)
+    group: int = 0               # the scale group when the layout fixes it (no G param)
+
+    def group_of(self, G: int | None) -> int | None:
+        """The scale group along K of a kernel with param G (None: the scale is not per group)."""
+        return (G or self.groups[0]) if self.groups else (self.group or None)
 
 
 class Scheme:
@@ -60,6 +89,9 @@ class Scheme:
     # gate/up): "rows" natural row order, an int: panel-interleaved rows with that unit (quant/packing.py),
     # "matrix": one entry per matrix (t2's per-tensor scale). None: this scheme's matrices are not fused
     stacking: dict[str, object] | None = None
+    # the kernel ops this scheme's linear_kernel / embed_kernel name, with what they read (KernelTraits); float
+    # schemes name the float ops (linear, embed) and leave this empty
+    kernel_ops: dict[str, KernelTraits] = {}
 
     @property
     def part_order(self) -> tuple[str, ...]:
@@ -137,6 +169,13 @@ class Scheme:
         the parts in `parts` order, out f32[T, D]."""
         raise CompileError(f"{self.name} cannot store an embedding table")
 
+    def cutter(self, parts: dict[str, np.ndarray]):
+        """Sub-matrices of a stored matrix in this scheme (compiler/bundled_ffn.py cuts FFN neuron bundles):
+        cutter(parts).parts(rows, cols) -> the parts of w[rows, cols]. By default the dequantized values are
+        requantized (per-row and per-block schemes give back the matrix's own codes and scales, since bundles cut
+        at multiples of 32); a scheme whose scale belongs to the whole matrix (t2) keeps it."""
+        return _Requantize(self, self.dequantize(parts))
+
     @staticmethod
     def _params(T: int, N: int, K: int, bias: bool, segs=()) -> dict:
         p = {"T": int(T), "N": int(N), "K": int(K), "bias": bool(bias)}
@@ -144,6 +183,14 @@ class Scheme:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
+
+
+class _Requantize:
+    def __init__(self, scheme: Scheme, w: np.ndarray):
+        self.scheme, self.w = scheme, np.asarray(w, np.float32)
+
+    def parts(self, rows=slice(None), cols=slice(None)) -> dict:
+        return self.scheme.quantize(np.ascontiguousarray(self.w[rows, cols]))
 
 
 def split_rows(y: np.ndarray, segs) -> list[np.ndarray]:
@@ -155,12 +202,40 @@ def split_rows(y: np.ndarray, segs) -> list[np.ndarray]:
 SCHEMES: dict[str, Scheme] = {}   # name -> scheme, in registration order (quant/__init__.py imports)
 
 
+@dataclass(frozen=True)
+class KernelOp:
+    """A kernel op of the packed schemes: its traits and the scheme whose references model it."""
+
+    name: str
+    traits: KernelTraits
+    scheme: Scheme
+
+
+KERNEL_OPS: dict[str, KernelOp] = {}   # op name -> KernelOp, filed by register() from the schemes' kernel_ops
+
+
 def register(scheme: Scheme) -> Scheme:
-    """Adds a scheme to the registry (its name must be new); returns it."""
+    """Adds a scheme to the registry (its name must be new) and files its kernel ops (schemes sharing an op, as the
+    q4 group sizes do, must give it the same traits); returns it."""
     if scheme.name in SCHEMES:
         raise ValueError(f"quantization scheme {scheme.name!r} is already registered")
+    for op, traits in scheme.kernel_ops.items():
+        if op in KERNEL_OPS and KERNEL_OPS[op].traits != traits:
+            raise ValueError(f"kernel op {op!r} is already registered with other traits")
     SCHEMES[scheme.name] = scheme
+    for op, traits in scheme.kernel_ops.items():
+        KERNEL_OPS.setdefault(op, KernelOp(op, traits, scheme))
     return scheme
+
+
+def kernel_op(op: str) -> KernelOp | None:
+    """The packed-scheme kernel op of this name, or None (float and non-linear ops)."""
+    return KERNEL_OPS.get(op)
+
+
+def kernel_ops(kind: str) -> tuple[str, ...]:
+    """The names of the packed-scheme kernel ops of a kind ("linear" or "embed"), in registration order."""
+    return tuple(n for n, k in KERNEL_OPS.items() if k.traits.kind == kind)
 
 
 def get_scheme(name: str) -> Scheme:

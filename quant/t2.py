@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .packing import _bias, pack_codes, quantize_act_token, unpack_codes
-from .scheme import Scheme, register
+from .scheme import KernelTraits, Scheme, register
 
 # t2 kernel choice: linear_t2 (VNNI-style integer dot) beats linear_t2_lut for every shape measured on AVX-512
 # VNNI and AVX2 x86 (bench/quant_ops_bench.py); the LUT kernel stays selectable via T2_OP.
@@ -62,6 +62,8 @@ class T2Scheme(Scheme):
     default_head = "q8"
     stacking = {"qweight": 4, "scale": "matrix"}   # fused: one scale per matrix, f32[nseg]
     linear_ref = staticmethod(linear_t2_ref)
+    kernel_ops = {"linear_t2": KernelTraits("linear", "t2", "t2", "matrix", "token", k_multiple=16),
+                  "linear_t2_lut": KernelTraits("linear", "t2_lut", "t2", "matrix", "token", k_multiple=16)}
 
     def compile_warning(self, spec):
         if spec.family != "bitnet":
@@ -77,6 +79,20 @@ class T2Scheme(Scheme):
 
     def linear_kernel(self, T, N, K, bias, segs=()):
         return T2_OP, self._params(T, N, K, bias, segs)
+
+    def cutter(self, parts):
+        return _TernaryCutter(parts)
+
+
+class _TernaryCutter:
+    """Sub-matrices of a t2 matrix keep its codes and its one scale (requantizing would change both)."""
+
+    def __init__(self, parts):
+        self.scale = float(parts["scale"][0])
+        self.t = unpack_codes(parts["qweight"], "t2").astype(np.int8) - 1
+
+    def parts(self, rows=slice(None), cols=slice(None)) -> dict:
+        return pack_t2(np.ascontiguousarray(self.t[rows, cols]), self.scale)
 
 
 T2 = register(T2Scheme())

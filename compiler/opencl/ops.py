@@ -17,17 +17,19 @@ import math
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from ...quant.packing import EPS_BLOCK, EPS_TOKEN, Q6_GROUP, QA
+from ...quant.packing import EPS_BLOCK, EPS_TOKEN, Q6_GROUP, Q6_LAYOUT, QA
+from ...quant.scheme import KERNEL_OPS
 from ..ops import kernel_params
 from ..ops import _name as kernel_name
-from ..ops.linear_quant import _Geo, packed_code, weight_scale
+from ..ops.linear_naive import layout_geo, packed_code, weight_scale
 from ..ops.segments import offsets
 
 F32, I32, U16 = "float32", "int32", "uint16"
 
-# ops with an OpenCL definition here (everything a dense Llama / Qwen / Mistral / BitNet package uses)
-OPS = ("embed", "embed_q8", "embed_q4", "embed_q6", "rmsnorm", "linear", "linear_q8", "linear_q4", "linear_q6",
-       "linear_t2", "linear_t2_lut", "rope", "attention", "add", "swiglu", "copy", "relu2_mul", "gelu_mul", "scale")
+# ops with an OpenCL definition here (everything a dense Llama / Qwen / Mistral / BitNet package uses): these float
+# ops, and every packed scheme's ops (quant: KERNEL_OPS), built from their traits over the layouts the CPU's
+# reference kernels read (compiler/ops/linear_naive.py)
+OPS = ("embed", "rmsnorm", "linear", "rope", "attention", "add", "swiglu", "copy", "relu2_mul", "gelu_mul", "scale")
 ATTENTION_CHUNK_MAX = 128  # keys per chunk of the attention kernel: one work-item per key, then per output lane
 
 
@@ -105,23 +107,16 @@ def embed_q4(T_: int, V: int, D: int, G: int):
     return te.create_prim_func([ids, Q, S, te.compute((T_, D), f, name="out")])
 
 
-def _q6_geo(T_: int, N: int, K: int) -> _Geo:
-    """q6's packed geometry (compiler/ops/linear_quant.naive): q4's panels with 6 bits a weight, code = q + 32."""
-    g = _Geo("q4", T_, N, K, Q6_GROUP)
-    g.BPR, g.off = K * 6 // 8, 32
-    return g
-
-
-def embed_q6(T_: int, V: int, D: int):
+def embed_q6(traits, T_: int, V: int, D: int):
     """Rows of a q6 table: the linear's codes (packed_code) times the f16 scale of their 32-k block."""
-    g = _q6_geo(1, V, D)
+    g = layout_geo(traits, 1, V, D)
     ids = te.placeholder((T_,), I32, "ids")
     Q = te.placeholder((V * g.BPR,), "uint8", "Q")
     S = te.placeholder((V * g.KG,), U16, "S")
 
     def f(t, d):
         row = _row(ids, t, V)
-        return packed_code(g, True, Q, row, d).astype(F32) * weight_scale("q6", g, (), S, row, d // Q6_GROUP,
+        return packed_code(g, True, Q, row, d).astype(F32) * weight_scale(traits.scale, g, (), S, row, d // Q6_GROUP,
                                                                           half_to_f32)
     return te.create_prim_func([ids, Q, S, te.compute((T_, D), f, name="out")])
 
@@ -165,20 +160,30 @@ def linear(T_: int, N: int, K: int, wdtype: str, bias: bool, segs=()):
     return te.create_prim_func([x, W, *([b] if bias else []), *_outputs(rows_sum, T_, N, segs, b)])
 
 
-def linear_quant(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool, segs=()):
-    """q8 / q4 / q6 / t2 over the CPU's packed layouts: activations quantized to int8 per block of 32 (t2: per
-    token), exact integer dot products per block, then f32 sums of block results (linear_quant.naive's math)."""
-    q6 = scheme == "q6"
-    g = _q6_geo(T_, N, K) if q6 else _Geo(scheme, T_, N, K, G)
-    per_token = scheme == "t2"
+def embed_packed(traits, T_: int, V: int, D: int, G: int | None):
+    """Rows of a table in a packed scheme's layout (traits: the op's KernelTraits)."""
+    if traits.layout == Q6_LAYOUT:
+        return embed_q6(traits, T_, V, D)
+    if traits.scale == "row":
+        return embed_q8(T_, V, D)
+    return embed_q4(T_, V, D, traits.group_of(G))
+
+
+def linear_quant(traits, T_: int, N: int, K: int, G: int | None, bias: bool, segs=()):
+    """Any packed layout the CPU's reference reads (q8 / q4 / q6 / t2: compiler/ops/linear_naive.py; traits: the
+    op's KernelTraits): activations quantized to int8 per block of 32 (or per token), exact integer dot products
+    per block, then f32 sums of block results (linear_naive.naive's math)."""
+    q6 = traits.layout == Q6_LAYOUT
+    g = layout_geo(traits, T_, N, K, G)
+    per_token = traits.act == "token"
     QB = K if per_token else QA
     NQB = K // QB
-    GB = g.G if scheme in ("q4", "q6") else K
+    GB = g.G if traits.scale == "group" else K
     eps = EPS_TOKEN if per_token else EPS_BLOCK
     x = te.placeholder((T_, K), F32, "x")
     W = te.placeholder((N * g.BPR,), "uint8", "W")
-    S = te.placeholder({"q8": (N,), "q4": (N * g.KG,), "q6": (N * g.KG,), "t2": (max(1, len(segs)),)}[scheme],
-                       U16 if scheme in ("q4", "q6") else F32, "S")
+    S = te.placeholder({"row": (N,), "group": (N * g.KG,), "matrix": (max(1, len(segs)),)}[traits.scale],
+                       U16 if traits.scale == "group" else F32, "S")
     b = te.placeholder((N,), F32, "b") if bias else None
     r = te.reduce_axis((0, QB), "r")
     amax = te.compute((T_, NQB), lambda t, qb: te.max(tirx.abs(x[t, qb * QB + r]), axis=r), name="amax")
@@ -190,7 +195,7 @@ def linear_quant(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool
 
     def block(t, rr, qb):
         dx = tirx.max(amax[t, qb], tirx.const(eps, F32)) / tirx.const(127, F32)
-        return isum[t, rr, qb].astype(F32) * (weight_scale(scheme, g, segs, S, rr, qb * QB // GB, half_to_f32) * dx)
+        return isum[t, rr, qb].astype(F32) * (weight_scale(traits.scale, g, segs, S, rr, qb * QB // GB, half_to_f32) * dx)
 
     def rows_sum(n: int, o: int, name: str):
         if NQB == 1:   # t2 (one block per token): no reduction (a 1-long one with a bias stage was scheduled wrong)
@@ -310,19 +315,15 @@ def _build(op: str, p: dict):
         raise UnsupportedOp(f"{op} with routed rows (mixture-of-experts prefill)")
     if op == "embed":
         return embed(p["T"], p["V"], p["D"], p["wdtype"])
-    if op == "embed_q8":
-        return embed_q8(p["T"], p["V"], p["D"])
-    if op == "embed_q4":
-        return embed_q4(p["T"], p["V"], p["D"], p["G"])
-    if op == "embed_q6":
-        return embed_q6(p["T"], p["V"], p["D"])
+    if op in KERNEL_OPS:   # the packed schemes' ops: built from their traits
+        traits = KERNEL_OPS[op].traits
+        if traits.kind == "embed":
+            return embed_packed(traits, p["T"], p["V"], p["D"], p.get("G"))
+        return linear_quant(traits, p["T"], p["N"], p["K"], p.get("G"), p["bias"], p["segs"])
     if op == "rmsnorm":
         return rmsnorm(p["R"], p["D"], p["eps"])
     if op == "linear":
         return linear(p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
-    if op in ("linear_q8", "linear_q4", "linear_q6", "linear_t2", "linear_t2_lut"):
-        scheme = {"linear_q8": "q8", "linear_q4": "q4", "linear_q6": "q6"}.get(op, "t2")
-        return linear_quant(scheme, p["T"], p["N"], p["K"], p.get("G"), p["bias"], p["segs"])
     if op == "rope":
         return rope(p["T"], p["H"], p["D"])
     if op == "attention":
@@ -335,7 +336,7 @@ def _build(op: str, p: dict):
 
 def make_kernel(op: str, cpu=None, **params):
     """(name, prim_func) with global_symbol == name; the names are the CPU kernels' (compiler/ops)."""
-    if op not in OPS:
+    if op not in OPS and op not in KERNEL_OPS:
         raise UnsupportedOp(f"the OpenCL backend has no {op} kernel")
     p = kernel_params(op, params)
     return _make_cached(op, tuple(sorted(p.items())))

@@ -47,9 +47,11 @@ one call (q/k/v, gate/up: compiler/lower.py); the kernel then takes one output p
 its last args, and linear_t2's scale is f32[nseg] (one per matrix). Named "_s<N_0>x<N_1>..." only when fused.
 attention's W: sliding window (query at position p attends keys p-W+1 .. p), default 0 = full causal attention;
 named "_w<W>" only when W > 0.
-Quantized ops (linear_quant.py dispatches by op to the family modules: linear_block.py q8/q4/q6, linear_t2.py t2,
-linear_naive.py the reference TIR; quant_common.py what they share): weights in the packed layouts of edgellm.quant.packing (produced by the
-schemes' quantize()); K must be a multiple of 32 (q8), of G (q4, G in 32/64/128) or of 16 (t2).
+The packed schemes' ops (linear_q8 ... embed_q6 above) are declared by the schemes, with their traits (quant/:
+Scheme.kernel_ops, KernelTraits); their params, checks (K a multiple of 32 for q8 / q6, of G for q4 with G in
+32/64/128, of 16 for t2), references and kernels come from those traits: linear_quant.py dispatches by the
+traits' family to the family modules (linear_block.py q8/q4/q6, linear_t2.py t2; linear_naive.py the reference TIR
+of every layout; quant_common.py what they share). Weights are in the packed layouts of edgellm.quant.packing.
 """
 from __future__ import annotations
 
@@ -63,11 +65,12 @@ from . import elementwise as _ew
 from . import linear as _linear
 from . import linear_quant as _linear_quant
 from . import moe as _moe
+from ...quant.scheme import KERNEL_OPS
 from ._util import kernel_name
 from .reference import reference
 from .segments import check_segs
 
-__all__ = ["OPS", "QUANT_LINEAR_OPS", "CpuInfo", "prefetch_class", "host_cpu_info", "kernel_params", "llvm_target",
+__all__ = ["OPS", "CpuInfo", "prefetch_class", "host_cpu_info", "kernel_params", "llvm_target",
            "make_kernel", "reference"]
 
 log = logging.getLogger(__name__)
@@ -115,7 +118,7 @@ def prefetch_class(op: str, params: dict) -> str | None:
         return None
     if op == "linear":
         return "linear_f16" if params.get("wdtype") == "float16" else "linear_f32"
-    return op if op in QUANT_LINEAR_OPS else None
+    return op if op in KERNEL_OPS and KERNEL_OPS[op].traits.kind == "linear" else None
 
 
 # op -> ordered (param, short name in the kernel name, type, default or REQUIRED)
@@ -154,31 +157,32 @@ OPS = {
     "moe_scatter": [("T", "t", int, REQUIRED), ("D", "d", int, REQUIRED), ("TP", "tp", int, REQUIRED)],
     "zero": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "sigmoid_gate": [("T", "t", int, REQUIRED), ("D", "d", int, REQUIRED)],
-    "embed_q8": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED)],
-    "embed_q4": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED),
-                 ("G", "g", int, 32)],
-    "embed_q6": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED)],
-    "linear_q8": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                  ("bias", "b", bool, False), SEGS, ROWS],
-    "linear_q4": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                  ("G", "g", int, 32), ("bias", "b", bool, False), SEGS, ROWS],
-    "linear_q6": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                  ("bias", "b", bool, False), SEGS, ROWS],
-    "linear_t2": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                  ("bias", "b", bool, False), SEGS, ROWS],
-    "linear_t2_lut": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-                      ("bias", "b", bool, False), SEGS, ROWS],
 }
-QUANT_LINEAR_OPS = ("linear_q8", "linear_q4", "linear_q6", "linear_t2", "linear_t2_lut")
-# K granularity of the quantized linear ops (activation block 32 for q8/q4/q6, packed chunk of 16 k for t2)
-_K_MULTIPLE = {"linear_q8": 32, "linear_q6": 32, "linear_t2": 16, "linear_t2_lut": 16}
+
+
+def _packed_op_params(traits) -> list:
+    """The params of a packed scheme's kernel op, from its traits (quant/scheme.py KernelTraits)."""
+    g = [("G", "g", int, traits.groups[0])] if traits.groups else []
+    if traits.kind == "embed":
+        return [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED), *g]
+    return [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED), *g,
+            ("bias", "b", bool, False), SEGS, ROWS]
+
+
+def op_spec(op: str) -> list | None:
+    """The ordered params of an op: OPS's row, or a packed scheme's op (linear_q8, embed_q4, ...: declared by the
+    schemes themselves, quant/: KERNEL_OPS, so a scheme registered later gets its kernels too); None if unknown."""
+    if op in OPS:
+        return OPS[op]
+    return _packed_op_params(KERNEL_OPS[op].traits) if op in KERNEL_OPS else None
+
 
 
 def kernel_params(op: str, params: dict) -> dict:
     """Validate and normalize params (types, defaults); raises ValueError on bad input."""
-    if op not in OPS:
-        raise ValueError(f"unknown op {op!r}; known: {sorted(OPS)}")
-    spec = OPS[op]
+    spec = op_spec(op)
+    if spec is None:
+        raise ValueError(f"unknown op {op!r}; known: {sorted([*OPS, *KERNEL_OPS])}")
     names = {s[0] for s in spec}
     extra = set(params) - names
     if extra:
@@ -209,29 +213,31 @@ def kernel_params(op: str, params: dict) -> dict:
         out[name] = v
     if op == "attention" and out["NH"] % out["KVH"]:
         raise ValueError(f"attention: NH={out['NH']} is not a multiple of KVH={out['KVH']}")
-    if op == "embed_q8" and out["D"] % 4:
-        raise ValueError(f"embed_q8: D={out['D']} must be a multiple of 4")
-    if op == "embed_q4" and (out["G"] not in (32, 64, 128) or out["D"] % out["G"]):
-        raise ValueError(f"embed_q4: D={out['D']} must be a multiple of the group G={out['G']} (32, 64 or 128)")
-    if op == "embed_q6" and out["D"] % 32:
-        raise ValueError(f"embed_q6: D={out['D']} must be a multiple of 32")
+    if op in KERNEL_OPS:
+        _check_packed(op, KERNEL_OPS[op].traits, out)
     if op == "ffn_select" and out["F"] % out["G"]:
         raise ValueError(f"ffn_select: F={out['F']} is not a multiple of the group size G={out['G']}")
     if op == "rope" and out["D"] % 2:
         raise ValueError(f"rope: D={out['D']} must be even")
-    if op == "linear_q4":
-        if out["G"] not in (32, 64, 128):
-            raise ValueError(f"linear_q4: G must be 32, 64 or 128, got {out['G']}")
-        if out["K"] % out["G"]:
-            raise ValueError(f"linear_q4: K={out['K']} is not a multiple of the group size G={out['G']}")
-    if op in _K_MULTIPLE and out["K"] % _K_MULTIPLE[op]:
-        raise ValueError(f"{op}: K={out['K']} is not a multiple of {_K_MULTIPLE[op]}")
     return out
+
+
+def _check_packed(op: str, traits, p: dict) -> None:
+    """A packed op's shape rules, from its traits: the scale group G (one the kernels take) and the reduction
+    length (K; an embedding's row length D) a multiple of G and of the kernels' granularity."""
+    dim = "D" if traits.kind == "embed" else "K"
+    if traits.groups:
+        if p["G"] not in traits.groups:
+            raise ValueError(f"{op}: G must be one of {', '.join(map(str, traits.groups))}, got {p['G']}")
+        if p[dim] % p["G"]:
+            raise ValueError(f"{op}: {dim}={p[dim]} is not a multiple of the group size G={p['G']}")
+    if p[dim] % traits.k_multiple:
+        raise ValueError(f"{op}: {dim}={p[dim]} is not a multiple of {traits.k_multiple}")
 
 
 def _name(op: str, p: dict) -> str:
     return kernel_name(op, [(short, "x".join(map(str, p[name])) if typ is tuple else p[name])
-                            for name, short, typ, _ in OPS[op]
+                            for name, short, typ, _ in op_spec(op)
                             if not ((op, name) in ZERO_OFF and p[name] == 0) and not (typ is tuple and not p[name])
                             and not (name == "rows" and not p[name])])
 
@@ -249,10 +255,14 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
     if op == "attention":
         return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast, W=p["W"])
-    if op in QUANT_LINEAR_OPS:
-        maker = _linear_quant.make if fast else (lambda _op, _cpu, *a, **k: _linear_quant.make_naive(_op, *a, **k))
-        return maker(op, cpu, p["T"], p["N"], p["K"], G=p.get("G"), bias=p["bias"], segs=p["segs"])
     simple_cpu = cpu if fast else CpuInfo(vector_lanes=1, num_threads=1, arch=cpu.arch)
+    if op in KERNEL_OPS:
+        traits = KERNEL_OPS[op].traits
+        if traits.kind == "embed":
+            return _ew.embed_packed(simple_cpu, traits, p["T"], p["V"], p["D"], p.get("G"))
+        if fast:
+            return _linear_quant.make(traits, cpu, p["T"], p["N"], p["K"], G=p.get("G"), bias=p["bias"], segs=p["segs"])
+        return _linear_quant.make_naive(traits, p["T"], p["N"], p["K"], G=p.get("G"), bias=p["bias"], segs=p["segs"])
     if op == "embed":
         return _ew.embed(simple_cpu, p["T"], p["V"], p["D"], p["wdtype"])
     if op == "rmsnorm":
@@ -287,12 +297,6 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         return _moe.zero(simple_cpu, p["R"], p["N"])
     if op == "sigmoid_gate":
         return _moe.sigmoid_gate(simple_cpu, p["T"], p["D"])
-    if op == "embed_q8":
-        return _ew.embed_q8(simple_cpu, p["T"], p["V"], p["D"])
-    if op == "embed_q4":
-        return _ew.embed_q4(simple_cpu, p["T"], p["V"], p["D"], p["G"])
-    if op == "embed_q6":
-        return _ew.embed_q6(simple_cpu, p["T"], p["V"], p["D"])
     raise ValueError(op)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
+from ...quant.packing import Q6_LAYOUT
 from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, fast_exp, hsum, pow2_divisor
 
 
@@ -127,6 +128,15 @@ def embed(cpu, T_: int, V: int, D: int, wdtype: str = "float32"):
                 for d in range(Dm, D):
                     O[t, d] = w(Wb, I[t], d)
     return kern
+
+
+def embed_packed(cpu, traits, T_: int, V: int, D: int, G: int | None):
+    """Rows of a table in a packed scheme's layout (traits: the op's KernelTraits, quant/scheme.py)."""
+    if traits.layout == Q6_LAYOUT:
+        return embed_q6(cpu, T_, V, D)
+    if traits.scale == "row":
+        return embed_q8(cpu, T_, V, D)
+    return embed_q4(cpu, T_, V, D, traits.group_of(G))
 
 
 def embed_q8(cpu, T_: int, V: int, D: int):

@@ -12,12 +12,14 @@ from .quant_common import (
 )
 
 
-def block_kernel(cpu, scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool):
-    """linear_q8 (G None) / linear_q4 (group G)."""
+def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool):
+    """The chunk layouts with one scale per row (linear_q8; G None) or per group of G (linear_q4); traits: the
+    op's KernelTraits (quant/scheme.py)."""
     path = path_for(cpu)
-    g = _Geo(scheme, T_, N, K, G)
-    group = scheme == "q4"
-    signed_w = scheme == "q8" and path in ("avx2", "sdot")
+    g = _Geo(traits.layout, T_, N, K, G)
+    group = traits.scale == "group"
+    # 8-bit codes (0..255) are no valid signed operand: AVX2 / SDOT multiply |x| by sign-moved weights instead
+    signed_w = g.bits == 8 and path in ("avx2", "sdot")
     corr_mul = 0 if signed_w else g.off
     BPR, NCH, SUB, NBf, R, KB, KG = g.BPR, g.NCH, g.SUB, g.NBf, g.R, g.KB, g.KG
     CPB = QA // g.kpc                       # chunks per activation block

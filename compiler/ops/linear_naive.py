@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
-from ...quant.packing import EPS_BLOCK, EPS_TOKEN, NR, Q6_CHUNKS, Q6_GROUP, QA
+from ...quant.packing import EPS_BLOCK, EPS_TOKEN, NR, Q6_CHUNKS, Q6_GROUP, Q6_LAYOUT, QA
 from ._util import F32, STACK, VIEW_ALIGN
 from .segments import offsets
 from .quant_common import (
@@ -29,34 +29,41 @@ def packed_code(g: _Geo, q6: bool, Wf, n, k):
     return T.Cast(I32, (byte >> T.Cast(U8, bits * (w // 4))) & T.uint8((1 << bits) - 1)) - off
 
 
-def weight_scale(scheme: str, g: _Geo, segs, Sf, n, group, to_f32):
-    """The f32 scale of row n (q8), of row n's segment (t2) or of row n's group `group` (q4 / q6: panel-interleaved
-    f16 scales, converted by to_f32) in the flat scales Sf."""
-    if scheme == "q8":
+def layout_geo(traits, T_: int, N: int, K: int, G: int | None = None) -> _Geo:
+    """The packed geometry of an op's layout (traits: its KernelTraits); q6: q4's panels with 6 bits a weight,
+    code = q + 32 (read by packed_code's q6 branch)."""
+    if traits.layout == Q6_LAYOUT:
+        g = _Geo("q4", T_, N, K, Q6_GROUP)
+        g.BPR, g.off = K * 6 // 8, 32
+        return g
+    return _Geo(traits.layout, T_, N, K, traits.group_of(G))
+
+
+def weight_scale(scale: str, g: _Geo, segs, Sf, n, group, to_f32):
+    """The f32 scale of row n (scale "row": q8), of row n's matrix ("matrix": t2) or of row n's group `group`
+    ("group": q4 / q6, panel-interleaved f16 scales, converted by to_f32) in the flat scales Sf."""
+    if scale == "row":
         return Sf[n]
-    if scheme == "t2":   # the segment of row n: the number of segment starts <= n
+    if scale == "matrix":   # the segment of row n: the number of segment starts <= n
         return Sf[sum([T.Cast(I32, n >= o) for o in offsets(segs)[1:-1]], T.int32(0))] if segs else Sf[0]
     nb = n // NR
     rp = T.if_then_else(nb < g.NBf, NR, g.R) if g.R else NR
     return to_f32(Sf[nb * NR * g.KG + group * rp + n % NR])
 
 
-def naive(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool, segs=()):
+def naive(traits, T_: int, N: int, K: int, G: int | None, bias: bool, segs=()):
     """Serial scalar loops over the same packed layout and the same activation quantization: always valid,
-    slow. scheme: 'q8', 'q4', 't2' (linear_t2_lut falls back to this t2 version: same math)."""
-    q6 = scheme == "q6"
-    g = _Geo("q4" if q6 else scheme, T_, N, K, Q6_GROUP if q6 else G)
-    if q6:
-        g.BPR, g.off = K * 6 // 8, 32
+    slow. traits: the op's KernelTraits (linear_t2_lut falls back to this t2 version: same math)."""
+    q6 = traits.layout == Q6_LAYOUT
+    g = layout_geo(traits, T_, N, K, G)
     BPR, KG = g.BPR, g.KG
-    per_token = scheme == "t2"
+    per_token = traits.act == "token"
     QB = K if per_token else QA              # activation block
     NQB = K // QB
-    GB = g.G if scheme in ("q4", "q6") else K   # weight scale block
-    NS = max(1, len(segs))                   # t2: one scale per segment (matrix)
-    S_shape, S_dt = {"q8": ((N,), F32), "q4": ((N, KG), "float16"), "q6": ((N, KG), "float16"),
-                     "t2": ((NS,), F32)}[scheme]
-    S_len = {"q8": N, "q4": N * KG, "q6": N * KG, "t2": NS}[scheme]
+    GB = g.G if traits.scale == "group" else K   # weight scale block
+    NS = max(1, len(segs))                   # "matrix": one scale per segment (matrix)
+    S_shape, S_dt, S_len = {"row": ((N,), F32, N), "group": ((N, KG), "float16", N * KG),
+                            "matrix": ((NS,), F32, NS)}[traits.scale]
     B_shape = (N,) if bias else (1,)
     eps = EPS_TOKEN if per_token else EPS_BLOCK
 
@@ -64,7 +71,7 @@ def naive(scheme: str, T_: int, N: int, K: int, G: int | None, bias: bool, segs=
         return packed_code(g, q6, Wf, n, k)
 
     def wscale(Sf, n, kb):
-        return weight_scale(scheme, g, segs, Sf, n, kb * QB // GB, lambda v: T.Cast(F32, v))
+        return weight_scale(traits.scale, g, segs, Sf, n, kb * QB // GB, lambda v: T.Cast(F32, v))
 
     @T.prim_func
     def plain(x: T.handle, w: T.handle, s: T.handle, b: T.handle, o: T.handle):

@@ -61,37 +61,35 @@ t2_lut tables 16*T*K bytes. Register-sized accumulators are stack allocas.
 from __future__ import annotations
 
 from .linear_block import block_kernel, q6_kernel
-from .linear_naive import naive, packed_code, weight_scale  # noqa: F401 (packed_code, weight_scale: compiler/opencl)
+from .linear_naive import naive
 from .linear_t2 import t2_kernel, t2_lut_kernel
 from .quant_common import _Geo, path_for  # noqa: F401 (compiler/opencl, tests, bench)
 from .segments import split_output
 
-# The kernel makers by op: a scheme names its op (quant/: Scheme.linear_kernel), the op's row here names its maker
-# and the packing family its reference reads (a new scheme family: its module and its rows); each family's kernels
-# live in their own module (linear_block.py: q8/q4/q6, linear_t2.py: t2, linear_naive.py: the reference TIR).
-# maker(cpu, T, N, K, G, bias, n_scales) -> prim_func
-MAKERS = {
-    "linear_q8": (lambda cpu, T_, N, K, G, bias, ns: block_kernel(cpu, "q8", T_, N, K, None, bias), "q8"),
-    "linear_q4": (lambda cpu, T_, N, K, G, bias, ns: block_kernel(cpu, "q4", T_, N, K, G, bias), "q4"),
-    "linear_q6": (lambda cpu, T_, N, K, G, bias, ns: q6_kernel(cpu, T_, N, K, bias), "q6"),
-    "linear_t2": (lambda cpu, T_, N, K, G, bias, ns: t2_kernel(cpu, T_, N, K, bias, ns), "t2"),
-    "linear_t2_lut": (lambda cpu, T_, N, K, G, bias, ns: t2_lut_kernel(cpu, T_, N, K, bias, ns), "t2"),
+# The kernel makers by family: a scheme names its ops and their traits (quant/: Scheme.kernel_ops, KernelTraits),
+# the traits name the family whose kernels read that layout; each family's kernels live in their own module
+# (linear_block.py: the q8/q4 chunk layouts and q6, linear_t2.py: t2, linear_naive.py: the reference TIR of all).
+# A new layout: its module and its row here. maker(cpu, traits, T, N, K, G, bias, n_scales) -> prim_func
+FAMILIES = {
+    "block": lambda cpu, tr, T_, N, K, G, bias, ns: block_kernel(cpu, tr, T_, N, K, tr.group_of(G), bias),
+    "q6": lambda cpu, tr, T_, N, K, G, bias, ns: q6_kernel(cpu, T_, N, K, bias),
+    "t2": lambda cpu, tr, T_, N, K, G, bias, ns: t2_kernel(cpu, T_, N, K, bias, ns),
+    "t2_lut": lambda cpu, tr, T_, N, K, G, bias, ns: t2_lut_kernel(cpu, T_, N, K, bias, ns),
 }
-T2_OPS = ("linear_t2", "linear_t2_lut")   # one scale per stacked matrix (segs)
 
 
-def make(op: str, cpu, T_: int, N: int, K: int, G: int | None = None, bias: bool = False, segs=()):
-    """segs (row counts summing to N): the packed W stacks several matrices (q/k/v, gate/up) and each one's rows
-    go to its own output, out_s f32[T, N_s] (the last args, in order); t2's scale is then f32[nseg], one per
-    matrix. () keeps the single output."""
-    if op not in MAKERS:
-        raise ValueError(op)
-    func = MAKERS[op][0](cpu, T_, N, K, G, bias, max(1, len(segs)))
+def make(traits, cpu, T_: int, N: int, K: int, G: int | None = None, bias: bool = False, segs=()):
+    """traits: the op's KernelTraits. segs (row counts summing to N): the packed W stacks several matrices (q/k/v,
+    gate/up) and each one's rows go to its own output, out_s f32[T, N_s] (the last args, in order); a per-matrix
+    scale (t2) is then f32[nseg], one per matrix. () keeps the single output."""
+    if traits.family not in FAMILIES:
+        raise ValueError(f"no CPU kernels for the {traits.family!r} family")
+    func = FAMILIES[traits.family](cpu, traits, T_, N, K, G, bias, max(1, len(segs)))
     if not segs:
         return func
-    return split_output(func, segs, seg_param=2 if op in T2_OPS else None)
+    return split_output(func, segs, seg_param=2 if traits.scale == "matrix" else None)
 
 
-def make_naive(op: str, T_: int, N: int, K: int, G: int | None = None, bias: bool = False, segs=()):
-    func = naive(MAKERS[op][1], T_, N, K, G, bias, segs)
+def make_naive(traits, T_: int, N: int, K: int, G: int | None = None, bias: bool = False, segs=()):
+    func = naive(traits, T_, N, K, traits.group_of(G), bias, segs)
     return split_output(func, segs) if segs else func

@@ -3,21 +3,26 @@ from __future__ import annotations
 
 import numpy as np
 
-NINPUTS = {"embed": 2, "embed_q8": 3, "embed_q4": 3, "embed_q6": 3, "relu2_mul": 2, "gelu_mul": 2, "scale": 1, "rmsnorm": 2, "rope": 3,
-           "attention": 3, "add": 2, "swiglu": 2, "copy": 1}
-QUANT_LINEAR = ("linear_q8", "linear_q4", "linear_q6", "linear_t2", "linear_t2_lut")
-T2_OPS = ("linear_t2", "linear_t2_lut")
+from ...quant.scheme import KERNEL_OPS
+
+NINPUTS = {"embed": 2, "relu2_mul": 2, "gelu_mul": 2, "scale": 1, "rmsnorm": 2, "rope": 3, "attention": 3, "add": 2,
+           "swiglu": 2, "copy": 1}
 
 
 def _split(y, segs):
     return np.split(y, np.cumsum(segs)[:-1], axis=1)
 
 
-def _t2_fused(a, p, segs):
-    """t2 with stacked matrices: one scale per matrix."""
-    from ...quant import t2
-
-    return t2.linear_t2_ref(a[0], a[1], a[2], a[3] if p.get("bias", False) else None, segs=segs)
+def _packed(op: str, a, p, segs=()):
+    """A packed scheme's op, exactly as its kernels compute it (int8 activation quantization included): the
+    scheme's own numpy model (quant/: linear_ref, dequantize). Args: x (ids), the parts in the scheme's order, [b]."""
+    k = KERNEL_OPS[op]
+    parts = a[1:1 + len(k.scheme.parts)]
+    if k.traits.kind == "embed":
+        table = k.scheme.dequantize(dict(zip(k.scheme.parts, parts))).astype(np.float64)
+        return table[np.clip(np.asarray(a[0]), 0, table.shape[0] - 1)]
+    kw = {"segs": segs} if segs else {}   # only a per-matrix scale reads them: the others are split afterwards
+    return k.scheme.linear_ref(a[0], *parts, bias=a[1 + len(parts)] if p.get("bias", False) else None, **kw)
 
 
 def _f64(a):
@@ -30,16 +35,16 @@ def reference(op: str, args, **p):
     nin = NINPUTS.get(op)
     if op == "linear":
         nin = 3 if p.get("bias", False) else 2
-    if op in QUANT_LINEAR:  # x, qweight, scales / scale, [b]
-        nin = 4 if p.get("bias", False) else 3
+    if op in KERNEL_OPS:  # x (ids), the parts, [b]
+        nin = 1 + len(KERNEL_OPS[op].scheme.parts) + (KERNEL_OPS[op].traits.kind == "linear" and p.get("bias", False))
     if nin is None:
         raise ValueError(f"unknown op {op!r}")
     if len(args) not in (nin, nin + max(1, len(segs))):  # inputs, optionally followed by the output buffer(s)
         raise ValueError(f"{op}: expected {nin} inputs, got {len(args)} arrays")
     a = list(args[:nin])
     if segs:
-        return _split(reference(op, a, **{**p, "segs": ()}) if op == "linear" or op not in T2_OPS
-                      else _t2_fused(a, p, segs), segs)
+        per_matrix = op in KERNEL_OPS and KERNEL_OPS[op].traits.scale == "matrix"
+        return _split(_packed(op, a, p, segs) if per_matrix else reference(op, a, **{**p, "segs": ()}), segs)
     if op == "embed":
         ids, W = a
         return _f64(W)[np.asarray(ids).astype(np.int64)]
@@ -53,13 +58,8 @@ def reference(op: str, args, **p):
         if p.get("bias", False):
             y = y + _f64(a[2])
         return y
-    if op in QUANT_LINEAR:
-        # exactly what the kernels compute (int8 activation quantization included), see quant/packing.py
-        from ...quant import q4, q6, q8, t2
-
-        fn = {"linear_q8": q8.linear_q8_ref, "linear_q4": q4.linear_q4_ref, "linear_q6": q6.linear_q6_ref,
-              "linear_t2": t2.linear_t2_ref, "linear_t2_lut": t2.linear_t2_ref}[op]
-        return fn(a[0], a[1], a[2], a[3] if p.get("bias", False) else None)
+    if op in KERNEL_OPS:
+        return _packed(op, a, p)
     if op == "rope":
         x, c, s = (_f64(v) for v in a)
         half = x.shape[-1] // 2
@@ -97,10 +97,4 @@ def reference(op: str, args, **p):
         return gelu_tanh(_f64(a[0])) * _f64(a[1])
     if op == "scale":
         return _f64(a[0]) * float(p["c"])
-    if op in ("embed_q8", "embed_q4", "embed_q6"):
-        from ...quant import q4, q6, q8
-
-        deq = {"embed_q8": q8.dequantize_q8, "embed_q4": q4.dequantize_q4, "embed_q6": q6.dequantize_q6}[op]
-        table = deq({"qweight": a[1], "scales": a[2]}).astype(np.float64)
-        return table[np.clip(np.asarray(a[0]), 0, table.shape[0] - 1)]
     raise ValueError(f"unknown op {op!r}")
