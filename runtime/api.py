@@ -475,16 +475,10 @@ def _package_dir(name: str) -> Path | None:
     return Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
 
 
-def _npu_libraries(opts) -> list:
-    """ONNX Runtime and the QNN EP for the NPU backend, from the installed onnxruntime / onnxruntime-qnn wheels
-    (EDGELLM_ORT_LIB, EDGELLM_QNN_EP_LIB and EDGELLM_QNN_BACKEND override). Returns the byte strings opts points to."""
-    keep = []
-
-    def put(field: str, value: str | None):
-        if value:
-            keep.append(value.encode())
-            setattr(opts, field, keep[-1])
-
+def _npu_libraries() -> list[tuple[str, str, str]]:
+    """ONNX Runtime and the QNN EP for the NPU backend, from the installed onnxruntime / onnxruntime-qnn wheels, as
+    its backend options (EDGELLM_ORT_LIB, EDGELLM_QNN_EP_LIB and EDGELLM_QNN_BACKEND override; the backend reads
+    those itself too)."""
     ort_lib = os.environ.get("EDGELLM_ORT_LIB")
     ep_lib, backend = os.environ.get("EDGELLM_QNN_EP_LIB"), os.environ.get("EDGELLM_QNN_BACKEND")
     ort_dir, qnn_dir = _package_dir("onnxruntime"), _package_dir("onnxruntime_qnn")   # found, not imported
@@ -493,10 +487,8 @@ def _npu_libraries(opts) -> list:
     if qnn_dir and (qnn_dir / "libonnxruntime_providers_qnn.so").is_file():
         ep_lib = ep_lib or str(qnn_dir / "libonnxruntime_providers_qnn.so")
         backend = backend or str(qnn_dir / "libQnnHtp.so")
-    put("ort_library", ort_lib and str(ort_lib))
-    put("qnn_ep_library", ep_lib)
-    put("qnn_backend", backend)
-    return keep
+    found = {"ort_library": ort_lib and str(ort_lib), "qnn_ep_library": ep_lib, "qnn_backend": backend}
+    return [("qnn_ort", k, v) for k, v in found.items() if v]
 
 
 def _memory(lib, handle) -> dict:
@@ -544,7 +536,8 @@ class Runtime:
              prefill_backend: str = "auto", npu_soc: str | None = None, weight_policy: str | None = None,
              storage: str | None = None, io_threads: int | None = None, direct_io: bool = False,
              ffn_threshold: float | None = None, expert_eviction: str | None = None,
-             expert_predict: bool = False, expert_warm: bool = True, device: str | None = None) -> Runtime:
+             expert_predict: bool = False, expert_warm: bool = True, device: str | None = None,
+             backend_options: dict[str, str] | None = None) -> Runtime:
         """Load a package.
 
         threads: default threads of its contexts (None: one per CPU). memory_budget: bytes (or "600MB") the model
@@ -568,24 +561,26 @@ class Runtime:
         them). ffn_threshold: packages compiled with --layout bundled skip the FFN neuron groups whose estimated
         output is below it (0: exact; None: the package's default, manifest "ffn"). device: the OpenCL device of
         android-gpu / opencl packages ("P:D" platform and device index, or part of the device name; None:
-        $EDGELLM_OPENCL_DEVICE, else the first GPU, else the first OpenCL device); `device` says which ran."""
+        $EDGELLM_OPENCL_DEVICE, else the first GPU, else the first OpenCL device); `device` says which ran.
+        backend_options: the package's backends' own options, {"backend.key": "value"} (README "Backends")."""
         p = Path(path)
         opts = L.LoadOptions()
         L.lib().el_load_options_init(C.byref(opts))
         if huge_pages is None and os.environ.get("EDGELLM_HUGEPAGES", "") in ("0", "1"):
             huge_pages = os.environ["EDGELLM_HUGEPAGES"] == "1"
         # every option checked and set by its row of the one table (runtime/options.py)
-        keep = O.apply(opts, {  # noqa: F841 (the strings opts points to outlive the load)
+        values = {
             "threads": threads, "digest": digest, "memory_budget": memory_budget, "weight_policy": weight_policy,
             "expert_eviction": expert_eviction, "expert_predict": expert_predict, "expert_warm": expert_warm,
             "storage": storage, "io_threads": io_threads, "direct_io": direct_io, "huge_pages": huge_pages,
             "ffn_threshold": ffn_threshold, "prefill_backend": prefill_backend, "npu_soc": npu_soc,
-            "device": device})
+            "device": device, "backend_options": backend_options}
+        keep = O.apply(opts, values)   # the strings opts points to: alive until the load returns
+        manifest = read_manifest(p)
+        if prefill_backend != "cpu" and manifest.get("npu") is not None:   # where ONNX Runtime is, for NPU graphs
+            keep += O.apply(opts, values, backend_extra=_npu_libraries())
         if os.environ.get("EDGELLM_NO_MMAP", "0") not in ("", "0"):
             opts.use_mmap = 0
-        if prefill_backend != "cpu":
-            keep += _npu_libraries(opts)
-        manifest = read_manifest(p)
         if digest is not None:
             # the small files Python reads here; libedgellm checks everything before it loads any code
             verify_package(p, digest, only=[f for f in ("manifest.json", "tokenizer.json", "tokenizer_config.json",

@@ -43,12 +43,9 @@ def _one(rt: Runtime, ids: np.ndarray, gen_len: int) -> tuple[float, float, floa
 
 
 def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, threads: int | None = None,
-          reps: int = 3, warmup: int = 1, seed: int = 0, prefill_backend: str = "auto",
-          npu_soc: str | None = None, memory_budget=None, weight_policy: str | None = None,
-          storage: str | None = None, io_threads: int | None = None, direct_io: bool = False,
-          ffn_threshold: float | None = None, expert_eviction: str | None = None,
-          expert_predict: bool = False, expert_warm: bool = True, device: str | None = None) -> dict:
-    """Median prefill/decode tokens per second, time to first token and peak RSS of one package."""
+          reps: int = 3, warmup: int = 1, seed: int = 0, **load) -> dict:
+    """Median prefill/decode tokens per second, time to first token and peak RSS of one package; `load`: the
+    Runtime.load options (runtime/options.py)."""
     if prompt_len < 1:
         raise InputError(f"--prompt-len {prompt_len} is invalid: must be >= 1")
     if gen_len < 1:
@@ -56,11 +53,7 @@ def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, 
     if reps < 1:
         raise InputError(f"--reps {reps} is invalid: must be >= 1")
     t0 = time.perf_counter()
-    with Runtime.load(package, threads=threads, prefill_backend=prefill_backend, npu_soc=npu_soc,
-                      memory_budget=memory_budget, weight_policy=weight_policy, storage=storage,
-                      io_threads=io_threads, direct_io=direct_io, ffn_threshold=ffn_threshold,
-                      expert_eviction=expert_eviction, expert_predict=expert_predict,
-                      expert_warm=expert_warm, device=device) as rt:
+    with Runtime.load(package, threads=threads, **load) as rt:
         load_s = time.perf_counter() - t0
         backend = rt.prefill_backend
         gpu = rt.device

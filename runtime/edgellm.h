@@ -14,6 +14,7 @@
  */
 #ifndef EDGELLM_H
 #define EDGELLM_H
+#include <stddef.h>
 #include <stdint.h>
 #ifdef __cplusplus
 extern "C" {
@@ -42,13 +43,6 @@ typedef struct {
                                 MoE packages whose other weights fit, else window */
   const char* digest;        /* "sha256:<hex>" of the package's SHA256SUMS: every file is checked against it
                                 before anything is loaded or run (NULL: no check) */
-  /* NPU prefill (android-npu packages; see README "android-npu"): */
-  const char* npu_soc;        /* "sm8650", ...: load that SoC's prepared EPContext graphs; NULL/"auto": this phone's
-                                 SoC (/sys/devices/soc0/soc_id) when the package has it, else the ONNX graphs;
-                                 "none": the ONNX graphs (prepared at load: slow first load) */
-  const char* ort_library;    /* libonnxruntime.so to dlopen; NULL: "libonnxruntime.so" (the loader's search) */
-  const char* qnn_ep_library; /* the QNN EP as a plugin library (onnxruntime-qnn wheel); NULL: built into ORT */
-  const char* qnn_backend;    /* QNN backend library; NULL: "libQnnHtp.so" */
   /* Streamed weights (policy "window"): */
   const char* storage;        /* storage profile the reads are shaped to: "native" (NULL: this disk as it is),
                                  "sd", "emmc" (throttled real reads), "ufs3", "ufs4" (modelled: served from RAM) */
@@ -65,9 +59,18 @@ typedef struct {
                                   guessed ones ahead; 0 (default): read experts only once selected */
   int32_t no_expert_warm;      /* 1: start with an empty expert cache (default: fill it at load with the experts
                                   calibration selected most, from the package's routing.bin) */
-  /* GPU (android-gpu / opencl packages): */
-  const char* device;          /* the OpenCL device: "P:D" (platform and device index) or part of its name; NULL:
-                                  EDGELLM_OPENCL_DEVICE, else the first GPU, else the first OpenCL device */
+  /* The backends' own options, opaque to the core: "backend.key=value" lines (NULL: none), each read by the backend
+   * it names (el_backend_option); el_backend_options_add appends one. A key the backend does not declare is a load
+   * error, and so is a set value (other than "" or "auto") for a backend the package does not use. Built in:
+   *   qnn_ort.npu_soc         the SoC whose prepared EPContext graphs to load ("sm8650", ...); unset/"auto": this
+   *                           phone's (/sys/devices/soc0/soc_id) when the package has it, else the ONNX graphs;
+   *                           "none": the ONNX graphs (prepared at load: slow first load)
+   *   qnn_ort.ort_library     libonnxruntime.so to dlopen (unset: "libonnxruntime.so", the loader's search)
+   *   qnn_ort.qnn_ep_library  the QNN EP as a plugin library (onnxruntime-qnn wheel; unset: built into ORT)
+   *   qnn_ort.qnn_backend     the QNN backend library (unset: "libQnnHtp.so")
+   *   opencl.device           the OpenCL device: "P:D" (platform and device index) or part of its name; unset:
+   *                           EDGELLM_OPENCL_DEVICE, else the first GPU, else the first OpenCL device */
+  const char* backend_options;
 } el_load_options;
 
 /* el_load_options.prefill_backend. AUTO: the NPU when the package has NPU graphs and ONNX Runtime with the QNN EP
@@ -75,6 +78,9 @@ typedef struct {
 enum { EL_PREFILL_AUTO = 0, EL_PREFILL_CPU = 1, EL_PREFILL_NPU = 2 };
 
 void el_load_options_init(el_load_options* o); /* the defaults above */
+/* Appends "backend.key=value\n" to the NUL-terminated buf (cap bytes): 0, or -1 with el_last_error() set when it does
+ * not fit or a part is empty or holds a line break (or the backend / key a '.' or '='). */
+int el_backend_options_add(char* buf, size_t cap, const char* backend, const char* key, const char* value);
 /* A size as every front end spells it: bytes, or a decimal number with a unit (case-insensitive): K/KiB/M/MiB/G/GiB/
  * T/TiB are powers of 2^10, KB/MB/GB/TB of 10^3 ("600MB" = 600,000,000; "600M" = "600MiB" = 629,145,600). Returns 0,
  * or -1 with el_last_error() set. */

@@ -6,6 +6,10 @@
  * an application (or a test) may register more before it loads a package that names them, without changing the
  * library: see tests/test_backend_registry.py, which registers a backend that counts calls and delegates.
  *
+ * A backend's own settings are opaque to the core: it declares the keys it reads (`options`), the application passes
+ * "backend.key=value" lines (el_load_options.backend_options), the loader checks the names, and the backend reads
+ * its values with el_backend_option.
+ *
  * Every backend reads and writes the one KV layout the context owns and the context's arena (a program's input at
  * its in_offset, its output at its out_offset); `prog` below is a program's index in the runtime's table of program
  * names (el_program_name). This is ExecuTorch's BackendInterface at program granularity.
@@ -21,8 +25,7 @@ extern "C" {
 
 /* el_backend.caps */
 enum {
-  EL_BACKEND_DEVICE_WEIGHTS = 1, /* holds every weight in its own (device) memory: the weight store stays resident,
-                                    and the `device` load option applies */
+  EL_BACKEND_DEVICE_WEIGHTS = 1, /* holds every weight in its own (device) memory: the weight store stays resident */
 };
 
 typedef struct el_backend {
@@ -37,6 +40,10 @@ typedef struct el_backend {
   void (*unbind)(void* ctx_state);
   /* Runs program `prog` of context c with `pos` tokens already in its KV cache. 0, or -1 with the error set. */
   int (*run)(void* state, void* ctx_state, el_context* c, int prog, int pos);
+  /* The option keys it reads (NULL-terminated; NULL: none), and the packages that use it, for the error a set
+   * option gets on a package without it (e.g. "android-gpu / opencl packages (OpenCL kernels)"; NULL: its name). */
+  const char* const* options;
+  const char* packages;
 } el_backend;
 
 /* Adds a backend to the process-wide registry (the struct must outlive every model that uses it). 0, or -1 if the
@@ -46,6 +53,9 @@ int el_backend_register(const el_backend* b);
 const el_backend* el_backend_find(const char* name);
 /* The name of program index k ("prefill", "decode", ...), or NULL past the end. */
 const char* el_program_name(int k);
+/* The value of option `key` of backend `backend` given at load (el_load_options.backend_options), or NULL when
+ * unset. Valid while the model lives. */
+const char* el_backend_option(const el_model* m, const char* backend, const char* key);
 /* Sets the calling thread's error text (what el_last_error returns) and returns -1. */
 int el_backend_error(const char* message);
 

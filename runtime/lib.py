@@ -14,11 +14,10 @@ from ..errors import EdgeLLMError
 class LoadOptions(C.Structure):
     _fields_ = [("n_threads", C.c_int32), ("huge_pages", C.c_int32), ("use_mmap", C.c_int32),
                 ("prefill_backend", C.c_int32), ("memory_budget", C.c_uint64), ("weight_policy", C.c_char_p),
-                ("digest", C.c_char_p), ("npu_soc", C.c_char_p), ("ort_library", C.c_char_p),
-                ("qnn_ep_library", C.c_char_p), ("qnn_backend", C.c_char_p), ("storage", C.c_char_p),
-                ("io_threads", C.c_int32), ("direct_io", C.c_int32), ("plan_only", C.c_int32),
-                ("ffn_threshold", C.c_float), ("expert_eviction", C.c_char_p), ("expert_predict", C.c_int32),
-                ("no_expert_warm", C.c_int32), ("device", C.c_char_p)]
+                ("digest", C.c_char_p), ("storage", C.c_char_p), ("io_threads", C.c_int32),
+                ("direct_io", C.c_int32), ("plan_only", C.c_int32), ("ffn_threshold", C.c_float),
+                ("expert_eviction", C.c_char_p), ("expert_predict", C.c_int32), ("no_expert_warm", C.c_int32),
+                ("backend_options", C.c_char_p)]
 
 
 class MemoryPlan(C.Structure):
@@ -91,6 +90,8 @@ _SIGS = {
     "el_program_name": (C.c_char_p, [C.c_int]),
     "el_load_options_init": (None, [C.POINTER(LoadOptions)]),
     "el_parse_bytes": (C.c_int, [C.c_char_p, C.POINTER(C.c_uint64)]),
+    "el_backend_options_add": (C.c_int, [C.c_char_p, C.c_size_t, C.c_char_p, C.c_char_p, C.c_char_p]),
+    "el_backend_option": (C.c_char_p, [P, C.c_char_p, C.c_char_p]),
     "el_model_load": (P, [C.c_char_p, C.POINTER(LoadOptions)]),
     "el_model_free": (None, [P]),
     "el_vocab": (C.c_int, [P]),

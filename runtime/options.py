@@ -8,8 +8,10 @@ fields and `Runtime.load`'s signature are checked against them (tests/test_optio
 reader (`el_parse_bytes`) everywhere.
 
 Adding a load option: a field in `el_load_options` (edgellm.h, and its ctypes twin in lib.py), its row here, a
-`Runtime.load` keyword, and the regenerated header; the front ends pick it up from the row. A generation option:
-its `el_gen_params` field, its row in GEN_OPTIONS, and the regenerated header.
+`Runtime.load` keyword, and the regenerated header; the front ends pick it up from the row. A backend's own option
+touches no core file: the backend declares the key (its el_backend.options) and reads it (el_backend_option); a row
+here with `backend=` gives it a name on the front ends (else `--backend-option NAME.KEY=VALUE` reaches it). A
+generation option: its `el_gen_params` field, its row in GEN_OPTIONS, and the regenerated header.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ _ALL = frozenset(FRONTS)
 @dataclass(frozen=True)
 class Option:
     name: str                   # the Runtime.load keyword
-    kind: str                   # int | float | bytes | str | choice | flag | tristate
+    kind: str                   # int | float | bytes | str | choice | flag | tristate | backends
     help: str
     default: object = None      # the Python / CLI default (None: the runtime's own)
     choices: tuple = ()         # choice: names, or (name, C int value) pairs for int fields
@@ -39,15 +41,17 @@ class Option:
     what: str = ""              # str: what to give, for the error message
     short: str = ""             # a one-letter command-line alias ("-n")
     openai: str = ""            # generation options: the OpenAI request field ("": the name; "-": none)
+    backend: str = ""           # str: an option of this backend (el_load_options.backend_options "backend.name=v")
+    cli: str = ""               # the command-line spelling when it is not the name's ("backend-option")
 
     @property
     def field(self) -> str:
-        return self.c_field or self.name
+        return "backend_options" if self.backend or self.kind == "backends" else (self.c_field or self.name)
 
     @property
     def flag(self) -> str:
         """The command-line spelling (a flag defaulting to on is spelled as its negation)."""
-        return "--" + (("no-" if self.invert else "") + self.name).replace("_", "-")
+        return "--" + (self.cli or (("no-" if self.invert else "") + self.name).replace("_", "-"))
 
     @property
     def choice_names(self) -> tuple[str, ...]:
@@ -98,10 +102,13 @@ LOAD_OPTIONS = (
            choices=(("auto", 0), ("cpu", 1), ("npu", 2)), fronts=_ALL - {"chat", "serve", "plan"}, kotlin="prefill"),
     Option("npu_soc", "str", "the SoC whose prepared NPU graphs to load (sm8550, sm8650, sm8750; none: the ONNX "
            "graphs) [default: this phone's]", metavar="SOC", fronts=frozenset({"api", "run", "runner"}),
-           what="a SoC name (sm8550, sm8650, sm8750) or none"),
+           what="a SoC name (sm8550, sm8650, sm8750) or none", backend="qnn_ort"),
     Option("device", "str", "android-gpu / opencl packages: the OpenCL device, \"P:D\" or part of its name [default: "
            "$EDGELLM_OPENCL_DEVICE, else the first GPU]", metavar="D", fronts=_ALL - {"plan"},
-           what="an OpenCL device as \"P:D\" or part of its name"),
+           what="an OpenCL device as \"P:D\" or part of its name", backend="opencl"),
+    Option("backend_options", "backends", "an option of one of the package's backends, as BACKEND.KEY=VALUE "
+           "(repeatable; e.g. qnn_ort.qnn_backend=/path/libQnnHtp.so; README \"Backends\")", metavar="B.K=V",
+           fronts=frozenset({"api", "run", "runner"}), cli="backend-option"),
 )
 BY_NAME = {o.name: o for o in LOAD_OPTIONS}
 
@@ -144,6 +151,16 @@ def check(name: str, value):
         return None
     if o.kind == "bytes":
         return parse_bytes(value, name)
+    if o.kind == "backends":   # {"backend.key": value} -> [(backend, key, value)]
+        if not isinstance(value, dict):
+            raise InputError(f"{name} {value!r}: a dict of \"backend.key\": value")
+        out = []
+        for k, v in value.items():
+            b, _, key = str(k).partition(".")
+            if not b or not key or "=" in k or "\n" in k or not isinstance(v, str) or "\n" in v:
+                raise InputError(f"{name}: {k!r}: {v!r}: give \"backend.key\": \"value\" (one line each)")
+            out.append((b, key, v))
+        return out
     if o.kind in ("flag", "tristate") and not isinstance(value, bool):
         raise InputError(f"{name} {value!r}: True or False" + (" (or None: automatic)" if o.kind == "tristate" else ""))
     if o.kind == "flag":
@@ -167,18 +184,28 @@ def check(name: str, value):
     return value
 
 
-def apply(opts, values: dict) -> list:
+def apply(opts, values: dict, backend_extra=()) -> list:
     """Checks each given value (None: the runtime's default) and sets its el_load_options field on opts (a ctypes
-    LoadOptions). Returns the byte strings the struct points to: keep them alive until the load returns."""
-    keep = []
+    LoadOptions); the backends' options (rows with `backend`, the backend_options dict, and backend_extra's
+    (backend, key, value)) become its backend_options lines. Returns the byte strings the struct points to: keep
+    them alive until the load returns."""
+    keep, lines = [], []
     for name, value in values.items():
         v = check(name, value)
         if v is None:
+            continue
+        o = BY_NAME[name]
+        if o.backend or o.kind == "backends":
+            lines += [(o.backend, o.name, v)] if o.backend else v
             continue
         if isinstance(v, str):
             keep.append(v.encode())
             v = keep[-1]
         setattr(opts, BY_NAME[name].field, v)
+    lines += list(backend_extra)
+    if lines:
+        keep.append("".join(f"{b}.{k}={v}\n" for b, k, v in lines).encode())
+        opts.backend_options = keep[-1]
     return keep
 
 
@@ -195,6 +222,8 @@ def click_options(front: str, skip: tuple[str, ...] = (), table: tuple[Option, .
         names = [o.short, o.flag] if o.short else [o.flag]
         if o.kind in ("flag",):
             out.append(click.option(*names, is_flag=True, help=o.help))
+        elif o.kind == "backends":
+            out.append(click.option(*names, multiple=True, help=o.help, metavar=o.metavar or None))
         elif o.kind in ("choice", "tristate"):
             out.append(click.option(*names, type=click.Choice(list(o.choice_names)), default=o.default,
                                     show_default=o.default is not None, help=o.help))
@@ -217,14 +246,29 @@ def api_kwargs(cli_values: dict) -> dict:
         key = o.flag[2:].replace("-", "_")
         if key in cli_values:
             v = cli_values[key]
+            if o.kind == "backends":   # ("opencl.device=0:1", ...) -> {"opencl.device": "0:1"}
+                v = _backend_pairs(v)
             out[o.name] = (not v) if o.invert else v
     return out
+
+
+def _backend_pairs(values) -> dict | None:
+    from ..errors import InputError
+
+    out = {}
+    for s in values or ():
+        k, eq, v = s.partition("=")
+        if not eq:
+            raise InputError(f"--backend-option {s!r}: give BACKEND.KEY=VALUE")
+        out[k] = v
+    return out or None
 
 
 # ---- bin/edgellm-run (C) ------------------------------------------------------------------------------------------
 
 _C_KIND = {"int": "EL_OPT_INT", "float": "EL_OPT_FLOAT", "bytes": "EL_OPT_BYTES", "str": "EL_OPT_STR",
-           "choice": "EL_OPT_CHOICE", "flag": "EL_OPT_FLAG", "tristate": "EL_OPT_CHOICE", "u64": "EL_OPT_U64"}
+           "choice": "EL_OPT_CHOICE", "flag": "EL_OPT_FLAG", "tristate": "EL_OPT_CHOICE", "u64": "EL_OPT_U64",
+           "backends": "EL_OPT_BACKEND"}
 
 
 def _c_str(s: str) -> str:
@@ -235,13 +279,16 @@ def _c_rows(table, struct: str) -> list[str]:
     rows = []
     for o in for_front("runner", table):
         choices = "|".join(f"{c[0]}={c[1]}" if isinstance(c, tuple) else c for c in o.choices)
+        if o.backend:   # a named backend option: its "backend.key" where a choice list would be
+            choices = f"{o.backend}.{o.name}"
         lo = "0" if o.lo is None or o.kind == "u64" else repr(float(o.lo))
         hi = "0" if o.hi is None or o.kind == "u64" else repr(float(o.hi))
         if o.kind == "int" and o.hi is None:
             hi = repr(float(2**31 - 1))   # an int32 field
         if o.kind == "float" and o.lo is None:
             lo, hi = "-1e30", "1e30"   # the sampler checks these ranges when a generation starts
-        rows.append(f"    {{{_c_str(o.flag)}, {_c_str(o.short) if o.short else 'NULL'}, {_C_KIND[o.kind]}, "
+        kind = "EL_OPT_BACKEND" if o.backend else _C_KIND[o.kind]
+        rows.append(f"    {{{_c_str(o.flag)}, {_c_str(o.short) if o.short else 'NULL'}, {kind}, "
                     f"offsetof({struct}, {o.field}), {_c_str(choices) if choices else 'NULL'}, {lo}, {hi}}},")
     return rows
 
@@ -268,8 +315,9 @@ def render_c_header() -> str:
         "/* Generated from runtime/options.py by python -m edgellm.runtime.gen_option_table; do not edit:\n"
         " * tests/test_options.py fails when it and the tables differ. bin/edgellm-run's options. */\n"
         "#ifndef EDGELLM_OPTION_TABLE_H\n#define EDGELLM_OPTION_TABLE_H\n#include <stddef.h>\n\n#include \"../edgellm.h\"\n\n"
-        "enum { EL_OPT_INT, EL_OPT_FLOAT, EL_OPT_BYTES, EL_OPT_STR, EL_OPT_CHOICE, EL_OPT_FLAG, EL_OPT_U64 };\n\n"
-        "/* choices: \"a|b|c\" (the field is a string: the chosen name) or \"a=N|b=M\" (an int32 field: N or M) */\n"
+        "enum { EL_OPT_INT, EL_OPT_FLOAT, EL_OPT_BYTES, EL_OPT_STR, EL_OPT_CHOICE, EL_OPT_FLAG, EL_OPT_U64, EL_OPT_BACKEND };\n\n"
+        "/* choices: \"a|b|c\" (the field is a string: the chosen name) or \"a=N|b=M\" (an int32 field: N or M);\n"
+        " * EL_OPT_BACKEND: \"backend.key\" (the value is that option's), or NULL (the value is \"backend.key=value\") */\n"
         "typedef struct {\n  const char* flag;\n  const char* short_flag; /* or NULL */\n  int kind;\n  size_t offset;\n"
         "  const char* choices;\n  double lo, hi; /* EL_OPT_INT / EL_OPT_FLOAT: inclusive range */\n} el_cli_option;\n\n"
         "/* into el_load_options */\nstatic const el_cli_option EL_LOAD_OPTIONS[] = {\n"

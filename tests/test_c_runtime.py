@@ -917,7 +917,8 @@ def test_unknown_backend_name_is_one_line(lib, kernels_so, tmp_path):
 
 def test_an_extra_backend_registers_without_touching_the_library(lib, lib_path, kernels_so, tmp_path, ref):
     """A backend built outside libedgellm (tests/c/trace_backend.c, public headers only) registers by name, a plan
-    names it, and the runtime runs every program through it: it counts and delegates to tvm_cpu."""
+    names it, and the runtime runs every program through it: it counts and delegates to tvm_cpu. Its own load
+    option (trace.label) reaches it through el_load_options.backend_options, checked by name by the core."""
     so = tmp_path / "trace.so"
     subprocess.run([CC, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared",
                     f"-I{ROOT / 'runtime'}", str(Path(__file__).parent / "c" / "trace_backend.c"), str(lib_path),
@@ -930,9 +931,24 @@ def test_an_extra_backend_registers_without_touching_the_library(lib, lib_path, 
     runs = (C.c_long * 16).in_dll(trace, "trace_runs")
     counts = lambda name: C.c_long.in_dll(trace, name).value  # noqa: E731
     seq = [5, 7, 9, 11, 13, 2, 4]
-    m = load(lib, variant(kernels_so, tmp_path, _with_backend(tp.plan_bytes(), b"trace")))
+    pkg = variant(kernels_so, tmp_path, _with_backend(tp.plan_bytes(), b"trace"))
+    for bad, why in ((b"trace.colour=red\n", 'backend trace has no option "colour" (it takes: label)'),
+                     (b"tracer.label=x\n", 'there is no backend "tracer"'),
+                     (b"opencl.device=0:1\n", "device applies to android-gpu / opencl packages (OpenCL kernels); "
+                                               "this package has none"),
+                     (b"trace.label\n", "write it as backend.key=value")):
+        assert not lib.el_model_load(str(pkg).encode(), C.byref(options(lib, backend_options=bad))), bad
+        assert why in err(lib), (bad, err(lib))
+    buf = C.create_string_buffer(64)
+    assert lib.el_backend_options_add(buf, 64, b"trace", b"label", b"first") == 0
+    assert lib.el_backend_options_add(buf, 64, b"trace", b"label", b"second one") == 0   # the last one wins
+    assert lib.el_backend_options_add(buf, 64, b"trace", b"label", b"x" * 64) != 0       # does not fit: untouched
+    assert lib.el_backend_options_add(buf, 64, b"trace", b"label", b"a\nb") != 0
+    assert buf.value == b"trace.label=first\ntrace.label=second one\n"
+    m = load(lib, pkg, backend_options=buf.value)
     try:
         assert counts("trace_opens") == 1 and counts("trace_binds") == 1
+        assert C.string_at(C.addressof(C.c_char.in_dll(trace, "trace_label"))) == b"second one"
         names = [lib.el_program_name(k).decode() for k in range(4)]
         assert names == ["prefill", "prefill_logits", "decode", "head"] and lib.el_program_name(99) is None
         assert C.c_uint.in_dll(trace, "trace_programs").value == 0b1111  # the four programs the plan has

@@ -307,19 +307,21 @@ def test_runtime_npu_errors(host_npu, tmp_path, monkeypatch):
 @needs_qnn
 def test_edgellm_run_npu_prefill(host_npu, runtimes):
     """The device binary shares the backend: bin/edgellm-run --prefill-backend npu prefills on the NPU (it says so)
-    and gives the Python runtime's greedy tokens."""
+    and gives the Python runtime's greedy tokens. ONNX Runtime's libraries reach the NPU backend as its own options
+    (--backend-option qnn_ort.KEY=PATH) and from the environment (EDGELLM_QNN_BACKEND)."""
     from edgellm.runtime.api import _npu_libraries
-    from edgellm.runtime.lib import LoadOptions
 
     npu, _ = runtimes
-    opts = LoadOptions()
-    _npu_libraries(opts)
-    env = {**os.environ, "EDGELLM_ORT_LIB": opts.ort_library.decode(), "EDGELLM_QNN_EP_LIB": opts.qnn_ep_library.decode(),
-           "EDGELLM_QNN_BACKEND": opts.qnn_backend.decode()}
+    libs = {k: v for _, k, v in _npu_libraries()}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EDGELLM_ORT", "EDGELLM_QNN"))}
+    env["EDGELLM_QNN_BACKEND"] = libs["qnn_backend"]
     prompt = list(range(40, 110))
     r = subprocess.run([str(host_npu / "bin" / "edgellm-run"), str(host_npu), "--ids", ",".join(map(str, prompt)), "-n",
                         "12", "--ignore-eos", "--print-ids", "--temperature", "0", "--prefill-backend", "npu",
-                        "--npu-soc", "sm8650", "--threads", "2"], capture_output=True, text=True, env=env, timeout=300)
+                        "--npu-soc", "sm8650", "--threads", "2",
+                        "--backend-option", f"qnn_ort.ort_library={libs['ort_library']}",
+                        "--backend-option", f"qnn_ort.qnn_ep_library={libs['qnn_ep_library']}"],
+                       capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "(NPU)" in r.stderr.splitlines()[-1]
     want = npu.generate(prompt, max_new_tokens=12, temperature=0, ignore_eos=True).token_ids

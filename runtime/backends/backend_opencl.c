@@ -500,7 +500,8 @@ static int cl_open(el_model* m, const char* dir, uint32_t programs, void** state
   b->profiling = el_profiling();
   b->verified = m->verified;
   const char* want = getenv("EDGELLM_OPENCL_DEVICE");
-  if (m->opencl_device && *m->opencl_device) want = m->opencl_device; /* the load option wins over the environment */
+  const char* given = el_backend_option(m, "opencl", "device");
+  if (given && strcmp(given, "auto") != 0) want = given; /* the load option wins over the environment */
   for (int k = 0; k < EL_N_PROGRAMS; k++) {
     const el_program* pg = &m->prog[k];
     if (!pg->present || !(programs >> k & 1)) continue;
@@ -707,4 +708,6 @@ static int cl_run(void* state, void* ctx_state, el_context* c, int prog, int pos
   return rc;
 }
 
-const el_backend el_backend_opencl = {"opencl", EL_BACKEND_DEVICE_WEIGHTS, cl_open, cl_close, cl_bind, cl_unbind, cl_run};
+static const char* const cl_options[] = {"device", NULL};
+const el_backend el_backend_opencl = {"opencl", EL_BACKEND_DEVICE_WEIGHTS, cl_open, cl_close, cl_bind, cl_unbind, cl_run,
+                                      cl_options, "android-gpu / opencl packages (OpenCL kernels)"};

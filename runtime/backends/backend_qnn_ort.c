@@ -377,10 +377,16 @@ static OrtEnv* g_env;
 static int g_plugin_registered;
 static pthread_mutex_t g_env_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* A library location: the load option, else the environment variable, else NULL (the default). */
+static const char* library_option(const el_model* m, const char* key, const char* env) {
+  const char* v = el_backend_option(m, "qnn_ort", key);
+  if (!v) v = getenv(env);
+  return v && *v ? v : NULL;
+}
+
 static int open_sessions(el_model* m, const char* dir, qnn* q) {
-  const el_npu_options* o = &m->npu;
   q->dim = (int)m->h.dim, q->kvh = (int)m->h.n_kv_heads, q->hd = (int)m->h.head_dim;
-  const char* soc = o->soc;
+  const char* soc = el_backend_option(m, "qnn_ort", "npu_soc");
   if (!soc || !strcmp(soc, "auto")) soc = detect_soc();
   if (soc && !strcmp(soc, "none")) soc = NULL;
   if (read_descriptor(q, dir, soc) != 0) return -1;
@@ -400,7 +406,9 @@ static int open_sessions(el_model* m, const char* dir, qnn* q) {
       return el_error("npu/npu.txt: the groups do not cover the %u layers in order: recompile the package",
                       m->h.n_layers), -1;
 
-  const char* lib = o->ort_library && *o->ort_library ? o->ort_library : "libonnxruntime.so";
+  const char* lib = library_option(m, "ort_library", "EDGELLM_ORT_LIB");
+  if (!lib) lib = "libonnxruntime.so";
+  const char* ep_lib = library_option(m, "qnn_ep_library", "EDGELLM_QNN_EP_LIB");
 #ifdef EL_NO_DLOPEN
   return el_error("this edgellm-run is linked statically and cannot load %s: NPU prefill needs the NDK build "
                   "(compile the package with ANDROID_NDK_HOME set), or use --prefill-backend cpu", lib);
@@ -419,10 +427,10 @@ static int open_sessions(el_model* m, const char* dir, qnn* q) {
   pthread_mutex_lock(&g_env_mu);
   OrtStatus* st = NULL;
   if (!g_env) st = q->ort.CreateEnv(ORT_LOGGING_LEVEL_ERROR, "edgellm", &g_env);
-  if (!st && o->qnn_ep_library && *o->qnn_ep_library && !g_plugin_registered) {
+  if (!st && ep_lib && !g_plugin_registered) {
     if (!q->ort.RegisterExecutionProviderLibrary)
       st = q->ort.CreateStatus(ORT_FAIL, "this libonnxruntime cannot load plugin EP libraries (needs 1.22+)");
-    else if (!(st = q->ort.RegisterExecutionProviderLibrary(g_env, "QNNExecutionProvider", o->qnn_ep_library)))
+    else if (!(st = q->ort.RegisterExecutionProviderLibrary(g_env, "QNNExecutionProvider", ep_lib)))
       g_plugin_registered = 1;
   }
   pthread_mutex_unlock(&g_env_mu);
@@ -430,8 +438,8 @@ static int open_sessions(el_model* m, const char* dir, qnn* q) {
   q->env = g_env;
   if (ort_fail(q, q->ort.CreateCpuMemoryInfo(OrtArenaAllocator, OrtMemTypeDefault, &q->mem), "memory info")) return -1;
 
-  const char* backend = o->qnn_backend && *o->qnn_backend ? o->qnn_backend : "libQnnHtp.so";
-  const char* ep_lib = o->qnn_ep_library && *o->qnn_ep_library ? o->qnn_ep_library : NULL;
+  const char* backend = library_option(m, "qnn_backend", "EDGELLM_QNN_BACKEND");
+  if (!backend) backend = "libQnnHtp.so";
   for (int i = 0; i < q->n_groups; i++) {
     OrtSessionOptions* so;
     if (ort_fail(q, q->ort.CreateSessionOptions(&so), "session options")) return -1;
@@ -615,4 +623,6 @@ static int qnn_run(void* state, void* ctx_state, el_context* c, int prog, int po
   return 0;
 }
 
-const el_backend el_backend_qnn_ort = {"qnn_ort", 0, qnn_open, qnn_close, qnn_bind, qnn_unbind, qnn_run};
+static const char* const qnn_options[] = {"npu_soc", "ort_library", "qnn_ep_library", "qnn_backend", NULL};
+const el_backend el_backend_qnn_ort = {"qnn_ort", 0, qnn_open, qnn_close, qnn_bind, qnn_unbind, qnn_run,
+                                       qnn_options, "android-npu / host-npu packages (NPU graphs)"};

@@ -104,6 +104,24 @@ static int set_option(void* dst, const el_cli_option* o, const char* v) {
       if (parse_float(v, &f) == 0 && f >= o->lo && f <= o->hi) return *(float*)field = f, 0;
       snprintf(msg, sizeof msg, "%s needs a number from %g to %g, got '%%s'", o->flag, o->lo, o->hi);
       return usage_error(msg, v);
+    case EL_OPT_BACKEND: { /* a backend's option: "backend.key" in choices, or the value is "backend.key=value" */
+      static char lines[8192]; /* el_load_options.backend_options: the lines given so far */
+      const char* spec = o->choices ? o->choices : v;
+      const char *dot = strchr(spec, '.'), *eq = o->choices ? spec + strlen(spec) : strchr(v, '=');
+      char backend[64], key[64];
+      if (!dot || !eq || dot > eq || dot - spec >= (long)sizeof backend || eq - dot > (long)sizeof key) {
+        snprintf(msg, sizeof msg, "%s needs BACKEND.KEY=VALUE, got '%%s'", o->flag);
+        return usage_error(msg, v);
+      }
+      snprintf(backend, sizeof backend, "%.*s", (int)(dot - spec), spec);
+      snprintf(key, sizeof key, "%.*s", (int)(eq - dot - 1), dot + 1);
+      if (el_backend_options_add(lines, sizeof lines, backend, key, o->choices ? v : eq + 1) != 0) {
+        snprintf(msg, sizeof msg, "%s: %s", o->flag, el_last_error());
+        return usage_error("%s", msg);
+      }
+      *(const char**)field = lines;
+      return 0;
+    }
     default: { /* EL_OPT_CHOICE: "a|b" (a string field) or "a=N|b=M" (an int32 field) */
       size_t len = strlen(v);
       for (const char* c = o->choices; *c;) {
@@ -218,9 +236,7 @@ int main(int argc, char** argv) {
   el_context* c = NULL;
   int32_t* ids = NULL;
   FILE* dump = NULL;
-  opt.ort_library = getenv("EDGELLM_ORT_LIB");
-  opt.qnn_ep_library = getenv("EDGELLM_QNN_EP_LIB");
-  opt.qnn_backend = getenv("EDGELLM_QNN_BACKEND");
+  /* ONNX Runtime's libraries: the NPU backend reads EDGELLM_ORT_LIB / EDGELLM_QNN_EP_LIB / EDGELLM_QNN_BACKEND */
   /* Qualcomm's HTP libraries print a banner on stdout when they load; the generated text owns stdout here. */
   int saved_stdout = opt.prefill_backend != EL_PREFILL_CPU ? dup(1) : -1;
   if (saved_stdout >= 0) fflush(stdout), dup2(2, 1);

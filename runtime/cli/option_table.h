@@ -6,9 +6,10 @@
 
 #include "../edgellm.h"
 
-enum { EL_OPT_INT, EL_OPT_FLOAT, EL_OPT_BYTES, EL_OPT_STR, EL_OPT_CHOICE, EL_OPT_FLAG, EL_OPT_U64 };
+enum { EL_OPT_INT, EL_OPT_FLOAT, EL_OPT_BYTES, EL_OPT_STR, EL_OPT_CHOICE, EL_OPT_FLAG, EL_OPT_U64, EL_OPT_BACKEND };
 
-/* choices: "a|b|c" (the field is a string: the chosen name) or "a=N|b=M" (an int32 field: N or M) */
+/* choices: "a|b|c" (the field is a string: the chosen name) or "a=N|b=M" (an int32 field: N or M);
+ * EL_OPT_BACKEND: "backend.key" (the value is that option's), or NULL (the value is "backend.key=value") */
 typedef struct {
   const char* flag;
   const char* short_flag; /* or NULL */
@@ -33,8 +34,9 @@ static const el_cli_option EL_LOAD_OPTIONS[] = {
     {"--huge-pages", NULL, EL_OPT_CHOICE, offsetof(el_load_options, huge_pages), "auto=-1|on=1|off=0", 0, 0},
     {"--ffn-threshold", NULL, EL_OPT_FLOAT, offsetof(el_load_options, ffn_threshold), NULL, 0.0, 1000000.0},
     {"--prefill-backend", NULL, EL_OPT_CHOICE, offsetof(el_load_options, prefill_backend), "auto=0|cpu=1|npu=2", 0, 0},
-    {"--npu-soc", NULL, EL_OPT_STR, offsetof(el_load_options, npu_soc), NULL, 0, 0},
-    {"--device", NULL, EL_OPT_STR, offsetof(el_load_options, device), NULL, 0, 0},
+    {"--npu-soc", NULL, EL_OPT_BACKEND, offsetof(el_load_options, backend_options), "qnn_ort.npu_soc", 0, 0},
+    {"--device", NULL, EL_OPT_BACKEND, offsetof(el_load_options, backend_options), "opencl.device", 0, 0},
+    {"--backend-option", NULL, EL_OPT_BACKEND, offsetof(el_load_options, backend_options), NULL, 0, 0},
 };
 
 /* into el_gen_params (a value given replaces the package's default) */
@@ -85,7 +87,10 @@ static const el_cli_option EL_GEN_OPTIONS[] = {
   "  --npu-soc SOC         the SoC whose prepared NPU graphs to load (sm8550, sm8650, sm8750; none: the ONNX\n" \
   "                        graphs) [default: this phone's]\n" \
   "  --device D            android-gpu / opencl packages: the OpenCL device, \"P:D\" or part of its name [default:\n" \
-  "                        $EDGELLM_OPENCL_DEVICE, else the first GPU]\n"
+  "                        $EDGELLM_OPENCL_DEVICE, else the first GPU]\n" \
+  "  --backend-option B.K=V\n" \
+  "                        an option of one of the package's backends, as BACKEND.KEY=VALUE (repeatable; e.g.\n" \
+  "                        qnn_ort.qnn_backend=/path/libQnnHtp.so; README \"Backends\")\n"
 
 #define EL_GEN_OPTIONS_USAGE \
   "  -n, --max-new-tokens N\n" \

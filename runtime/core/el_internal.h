@@ -120,13 +120,15 @@ EL_HIDDEN extern const el_backend el_backend_opencl;
 EL_HIDDEN const char* el_backend_legacy_name(uint32_t index);
 EL_HIDDEN int el_backend_names(char* out, size_t cap);
 
-/* The NPU backend's load options (copies: el_load_options' strings belong to the caller). */
+/* One backend option given at load (backend_options.c): pointers into el_model.backend_opts_text. */
 typedef struct {
-  char* soc;
-  char* ort_library;
-  char* qnn_ep_library;
-  char* qnn_backend;
-} el_npu_options;
+  const char* backend;
+  const char* key;
+  const char* value;
+} el_backend_opt;
+#define EL_MAX_BACKEND_OPTIONS 32
+/* Checks el_load_options.backend_options against the registry and the package's backends and keeps a copy. */
+EL_HIDDEN int el_backend_options_parse(el_model* m, const char* text);
 
 struct el_model {
   el_plan_header h;
@@ -138,7 +140,9 @@ struct el_model {
   el_backend_slot backends[EL_MAX_MODEL_BACKENDS];
   int n_backends;
   el_weight_store* store;
-  el_npu_options npu;
+  char* backend_opts_text; /* el_load_options.backend_options, copied and split */
+  el_backend_opt backend_opts[EL_MAX_BACKEND_OPTIONS];
+  int n_backend_opts;
   int staged_prefill;     /* prompts prefill through the staged programs (their backend opened) */
   char prefill_note[1024]; /* why not, when the staged prefill was asked for with AUTO and its backend did not open */
   el_tokenizer* tok; /* NULL: no tokenizer.bin */
@@ -148,7 +152,6 @@ struct el_model {
   int plan_only;          /* loaded to report its memory plan: no backends, no contexts */
   float settings[EL_N_SETTINGS]; /* run-time settings kernels read (EL_ARG_SETTINGS), from the load options */
   int expert_predict;     /* el_load_options.expert_predict */
-  char* opencl_device;    /* el_load_options.device (a copy; NULL: EDGELLM_OPENCL_DEVICE or the first GPU) */
   char device_note[512];  /* the device a GPU backend runs on, for el_model_device */
   int verified;           /* loaded with a digest: run only what SHA256SUMS covers (no cached GPU binaries) */
   uint32_t* routing;      /* routing.bin: per weight, calibration selections (NULL: none) */

@@ -34,8 +34,7 @@ static void model_destroy(el_model* m) {
     if (m->backends[b].open) m->backends[b].be->close(m->backends[b].state);
   if (m->store) m->store->close(m->store);
   if (m->tok) el_tok_free(m->tok);
-  free(m->npu.soc), free(m->npu.ort_library), free(m->npu.qnn_ep_library), free(m->npu.qnn_backend);
-  free(m->opencl_device);
+  free(m->backend_opts_text);
   free(m->plan), free(m->routing);
   pthread_mutex_destroy(&m->mu);
   free(m);
@@ -139,18 +138,11 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   pthread_mutex_init(&m->mu, NULL);
   m->verified = opt->digest != NULL;
   el_plan_header* h = &m->h;
-  const char* npu_strs[5] = {opt->npu_soc, opt->ort_library, opt->qnn_ep_library, opt->qnn_backend, opt->device};
-  char** npu_copies[5] = {&m->npu.soc, &m->npu.ort_library, &m->npu.qnn_ep_library, &m->npu.qnn_backend,
-                          &m->opencl_device};
-  for (int i = 0; i < 5; i++)
-    if (npu_strs[i] && !(*npu_copies[i] = strdup(npu_strs[i]))) {
-      el_error("out of memory");
-      goto fail;
-    }
-
   if (join(path, sizeof path, dir, EL_FILE_PLAN) != 0) goto fail;
   if (!(m->plan = el_read_small_file(path, "plan", PLAN_MAX_BYTES, &m->plan_size))) goto fail;
   if (el_plan_read(m) != 0 || el_weight_order(m) != 0) goto fail;
+  /* the backends' own options: names checked here, values theirs (a set one the package has no backend for fails) */
+  if (el_backend_options_parse(m, opt->backend_options) != 0) goto fail;
   m->memory_budget = opt->memory_budget;
   m->plan_only = opt->plan_only;
   for (int i = 0; i < EL_N_SETTINGS; i++) m->settings[i] = -1; /* the package's defaults */
@@ -175,20 +167,12 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   }
 
   /* options the package has nothing for are errors, not silently ignored (the Python API says the same first) */
-  int gpu = device_backend(m) != NULL, reads_settings = 0;
+  int reads_settings = 0;
   for (int k = 0; k < EL_N_PROGRAMS; k++) {
     if (!m->prog[k].present) continue;
     for (uint32_t si = 0; si < m->prog[k].n_steps; si++)
       for (uint32_t ai = 0; ai < m->prog[k].steps[si].n_args; ai++)
         reads_settings |= m->prog[k].steps[si].args[ai].kind == EL_ARG_SETTINGS;
-  }
-  if (opt->npu_soc && *opt->npu_soc && strcmp(opt->npu_soc, "auto") != 0 && !m->prog[EL_PROG_STAGE_RUN].present) {
-    el_error("npu-soc applies to android-npu / host-npu packages (NPU graphs); this package has none");
-    goto fail;
-  }
-  if (opt->device && *opt->device && !gpu) {
-    el_error("device applies to android-gpu / opencl packages (OpenCL kernels); this package has none");
-    goto fail;
   }
   if (opt->ffn_threshold >= 0 && !reads_settings) {
     el_error("ffn-threshold applies to packages compiled with --layout bundled; this package is not one");

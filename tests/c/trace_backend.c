@@ -1,6 +1,7 @@
 /* A backend outside libedgellm: counts what the runtime asks of it and delegates everything to another registered
  * backend (tests/test_c_runtime.py registers it as "trace" over "tvm_cpu"). It sees only the public headers and links
  * against libedgellm like any application would. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "edgellm_backend.h"
@@ -12,6 +13,7 @@ typedef struct {
 static const el_backend* inner;
 long trace_opens, trace_closes, trace_binds, trace_unbinds, trace_runs[16];
 unsigned trace_programs; /* the programs open was given */
+char trace_label[64];    /* its own load option "label" (backend option trace.label), as open read it */
 
 static int t_open(el_model* m, const char* dir, unsigned programs, void** state) {
   trace_state* s = calloc(1, sizeof *s);
@@ -21,6 +23,8 @@ static int t_open(el_model* m, const char* dir, unsigned programs, void** state)
     return -1;
   }
   trace_opens++, trace_programs = programs;
+  const char* label = el_backend_option(m, "trace", "label");
+  snprintf(trace_label, sizeof trace_label, "%s", label ? label : "");
   *state = s;
   return 0;
 }
@@ -47,7 +51,9 @@ static int t_run(void* state, void* ctx_state, el_context* c, int prog, int pos)
   return inner->run(((trace_state*)state)->inner, ctx_state, c, prog, pos);
 }
 
-const el_backend trace_backend = {"trace", 0, t_open, t_close, t_bind, t_unbind, t_run};
+static const char* const trace_options[] = {"label", NULL};
+const el_backend trace_backend = {"trace", 0, t_open, t_close, t_bind, t_unbind, t_run, trace_options,
+                                  "packages whose plan names the trace backend"};
 
 /* Registers "trace" over the backend called `over`: 0, or -1 with el_last_error set. */
 int trace_register(const char* over) {

@@ -63,16 +63,19 @@ JNIEXPORT jlong JNICALL FN(modelLoad)(JNIEnv* env, jclass cls, jbyteArray path, 
   el_model* m = NULL;
   el_load_options o;
   el_load_options_init(&o);
+  char backend_opts[1024] = ""; /* the device is the OpenCL backend's own option */
   if (!p) {
     jclass e = (*env)->FindClass(env, "ai/edgellm/EdgeLLMException");
     if (e) (*env)->ThrowNew(env, e, "no package path given");
   } else if (bud && el_parse_bytes(bud, &o.memory_budget) != 0) { /* the one reader of sizes every front end uses */
     throw_error(env, "memoryBudget");
+  } else if (dev && el_backend_options_add(backend_opts, sizeof backend_opts, "opencl", "device", dev) != 0) {
+    throw_error(env, "device");
   } else {
     o.n_threads = threads;
     o.weight_policy = pol;
     o.prefill_backend = prefill;
-    o.device = dev;
+    o.backend_options = backend_opts[0] ? backend_opts : NULL;
     o.digest = dig;
     m = el_model_load(p, &o);
     if (!m) throw_error(env, NULL);
