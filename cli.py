@@ -115,15 +115,15 @@ def tune_cmd(show, clear):
 
 
 def _gen_options(front: str) -> list:
-    """This command's generation options, from the one table (runtime/options.py)."""
-    from .runtime.options import GEN_OPTIONS, click_options
+    """This command's generation options, from the one table (runtime/python/options.py)."""
+    from .runtime.python.options import GEN_OPTIONS, click_options
 
     return click_options(front, table=GEN_OPTIONS)
 
 
 def _load_options(front: str, skip: tuple[str, ...] = ()) -> list:
-    """This command's load options, from the one table (runtime/options.py)."""
-    from .runtime.options import click_options
+    """This command's load options, from the one table (runtime/python/options.py)."""
+    from .runtime.python.options import click_options
 
     return click_options(front, skip)
 
@@ -151,8 +151,8 @@ def _store_note(rt) -> str | None:
 
 
 def _sampling_options(f):
-    """edgellm run's generation and load options: the two tables (runtime/options.py), and --stop."""
-    from .runtime.options import GEN_OPTIONS, click_options
+    """edgellm run's generation and load options: the two tables (runtime/python/options.py), and --stop."""
+    from .runtime.python.options import GEN_OPTIONS, click_options
 
     opts = [*click_options("run", table=GEN_OPTIONS),
             click.option("--stop", multiple=True, help="stop string (repeatable)"),
@@ -165,7 +165,7 @@ def _sampling_options(f):
 DEMO_PROMPT = "def read_config(path):"
 DEMO_CHAT_TOKENS = 96   # the demo models learned 256-token windows: longer replies (after the template) turn to junk
 SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-            "frequency_penalty")   # the sampler's knobs, as runtime/options.py's SAMPLING (tests/test_options.py)
+            "frequency_penalty")   # the sampler's knobs, as runtime/python/options.py's SAMPLING (tests/test_options.py)
 NEUTRAL = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
            "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
@@ -225,7 +225,7 @@ def run_cmd(package, model, prompt, ids, quant, quiet, max_new_tokens, temperatu
     given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
              "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty,
              "frequency_penalty": frequency_penalty}
-    from .runtime.options import api_kwargs
+    from .runtime.python.options import api_kwargs
 
     with Runtime.load(package, **api_kwargs(load)) as rt:
         r: dict = {}
@@ -301,7 +301,7 @@ def serve_cmd(package_or_model, host, port, parallel, api_key, name, quant, allo
     /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics. Bound to 127.0.0.1 unless told otherwise."""
     from pathlib import Path
 
-    from .runtime.options import api_kwargs
+    from .runtime.python.options import api_kwargs
     from .runtime.serve.server import serve
 
     load = api_kwargs(load)
@@ -330,7 +330,7 @@ def chat_cmd(package_or_model, system, quant, max_new_tokens, temperature, top_k
     the conversation kept in the KV cache (each turn prefills only its new tokens). /reset, /system TEXT, /quit.
     Reads one message per line from stdin when it is not a terminal."""
     from .runtime import Runtime
-    from .runtime.chat_repl import chat_repl
+    from .runtime.python.chat_repl import chat_repl
 
     pkg = _package_arg(package_or_model, quant)
     demo = _is_demo_name(package_or_model or "demo")
@@ -340,7 +340,7 @@ def chat_cmd(package_or_model, system, quant, max_new_tokens, temperature, top_k
     max_new_tokens = max_new_tokens or (DEMO_CHAT_TOKENS if demo else 512)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                 "repetition_penalty": repetition_penalty, "seed": seed}
-    from .runtime.options import api_kwargs
+    from .runtime.python.options import api_kwargs
 
     with Runtime.load(pkg, **api_kwargs(load)) as rt:
         chat_repl(rt, system=system, sampling=sampling)
@@ -375,7 +375,7 @@ def eval_ppl_cmd(packages_or_models, text_file, context, stride, max_tokens, qua
     from .errors import InputError
     from .models.demo import HELDOUT
     from .runtime import Runtime
-    from .runtime.perplexity import perplexity
+    from .runtime.python.perplexity import perplexity
 
     path = Path(text_file) if text_file else HELDOUT
     if not path.is_file():
@@ -421,10 +421,10 @@ def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, **load
     """Prefill and decode speed of PACKAGE: tok/s, time to first token, peak RSS (one warm-up, median of --reps)."""
     import json
 
-    from .runtime.bench import bench, format_bench
+    from .runtime.python.bench import bench, format_bench
 
     package = _package_arg(package, None)
-    from .runtime.options import api_kwargs
+    from .runtime.python.options import api_kwargs
 
     r = bench(package, prompt_len=prompt_len, gen_len=gen_len, threads=threads, reps=reps, seed=seed,
               **api_kwargs(load))
@@ -440,8 +440,8 @@ def plan_cmd(package, as_json, **load):
     speed the storage allows. Reads no weights."""
     import json
 
-    from .runtime.memory_plan import format_plan, plan
-    from .runtime.options import api_kwargs
+    from .runtime.python.memory_plan import format_plan, plan
+    from .runtime.python.options import api_kwargs
 
     package = _package_arg(package, None)
     p = plan(package, **api_kwargs(load))
@@ -455,7 +455,7 @@ def info_cmd(package):
     package = _package_arg(package, None)
     from pathlib import Path
 
-    from .runtime.package import package_digest, read_manifest
+    from .runtime.python.package import package_digest, read_manifest
 
     from .models.rope import table_of as rope_table_of
 

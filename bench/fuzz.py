@@ -356,7 +356,7 @@ def campaign(pkg: Path, files, per_file: int, seed: int = 0, sanitize: bool = Fa
         base_runner = _probe_runner(target, timeout)
         # every other edgellm-run probe streams half the weights through the window store (offload/window.c), so
         # mutated plans and weights reach its layout, reads and ring as well as the resident store
-        from edgellm.runtime.api import Runtime
+        from edgellm.runtime.python.api import Runtime
 
         window = []
         if runner and policy == "window":   # (CPU packages: the other kinds keep their weights resident)

@@ -97,7 +97,7 @@ def gguf_q4(work: Path, jobs: int) -> tuple[Path, Path] | None:
 
 
 def budget_for(pkg: Path, pct: int, storage: str) -> int:
-    from edgellm.runtime.api import Runtime
+    from edgellm.runtime.python.api import Runtime
 
     p = Runtime.plan(pkg, weight_policy="experts", storage=storage)
     return p["pinned_bytes"] + p["routed_bytes"] * pct // 100 + p["context_bytes"] + p["cache_bytes"]
@@ -109,7 +109,7 @@ def layers(pkg: Path) -> int:
 
 def cache_slots(pkg: Path, budget: int, storage: str) -> int:
     """Expert slots the store makes of this budget (every demo-moe expert has one size)."""
-    from edgellm.runtime.api import Runtime
+    from edgellm.runtime.python.api import Runtime
 
     p = Runtime.plan(pkg, weight_policy="experts", storage=storage, memory_budget=budget)
     moe = json.loads((pkg / "manifest.json").read_text())["moe"]

@@ -93,7 +93,7 @@ def score(rt, ids: list[int]) -> dict:
 def reads_at_minimum(pkg: Path, ids: list[int], t: float, n: int = 64) -> float:
     """MB read from storage per decode token at the package's minimum budget (the most it streams), teacher-forced
     over ids[:n]."""
-    from edgellm.runtime.api import Runtime
+    from edgellm.runtime.python.api import Runtime
 
     b = Runtime.plan(pkg, memory_budget=1 << 40, weight_policy="window")["minimum_budget"]
     with Runtime.load(pkg, memory_budget=b, weight_policy="window", threads=2, ffn_threshold=t) as rt:
@@ -105,7 +105,7 @@ def reads_at_minimum(pkg: Path, ids: list[int], t: float, n: int = 64) -> float:
 
 
 def threshold_table(pkg: Path, ids: list[int], thresholds: list[float]) -> list[dict]:
-    from edgellm.runtime.api import Runtime
+    from edgellm.runtime.python.api import Runtime
 
     m = json.loads((pkg / "manifest.json").read_text())
     gate, bundles = ffn_bytes(m)
@@ -124,7 +124,7 @@ def threshold_table(pkg: Path, ids: list[int], thresholds: list[float]) -> list[
 
 
 def budget_runs(pkgs: dict, budgets: list[int], tokens: int, thresholds: list[float]) -> list[dict]:
-    from edgellm.runtime.api import Runtime
+    from edgellm.runtime.python.api import Runtime
 
     rows = []
     for pct in budgets:

@@ -34,7 +34,7 @@ import numpy as np
 
 import edgellm
 from edgellm.models.demo import HELDOUT, demo_path
-from edgellm.runtime.perplexity import nll_sum
+from edgellm.runtime.python.perplexity import nll_sum
 
 
 def prompts(tok, n: int, rng) -> list[list[int]]:

@@ -489,7 +489,7 @@ def main(argv=None):
         ap.error("--rounds >= 1, --tokens and --slow-tokens >= 2")
 
     from edgellm.errors import EdgeLLMError
-    from edgellm.runtime.api import Runtime
+    from edgellm.runtime.python.api import Runtime
 
     parent = cgroup_parent()
     if parent is None:

@@ -23,7 +23,7 @@ import numpy as np
 
 import edgellm
 from edgellm.models.demo import HELDOUT
-from edgellm.runtime.perplexity import perplexity
+from edgellm.runtime.python.perplexity import perplexity
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from ..errors import EdgeLLMError
-from ..runtime.text import TextCodec
+from ..runtime.python.text import TextCodec
 
 FILE = "chat_format.json"
 SYS, USER1, REPLY, USER2 = ("\u2402sys\u2402", "\u2402user-1\u2402", "\u2402reply\u2402", "\u2402user-2\u2402")

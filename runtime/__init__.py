@@ -1,4 +1,4 @@
 """Run-time side: ctypes over libedgellm plus tokenization. Never imports TVM."""
-from .api import Context, GenerationResult, Runtime
+from .python.api import Context, GenerationResult, Runtime
 
 __all__ = ["Runtime", "Context", "GenerationResult"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from edgellm.android_app import host_build
-from edgellm.runtime.api import Runtime
+from edgellm.runtime.python.api import Runtime
 
 pytest.importorskip("tvm")
 

@@ -8,7 +8,7 @@ import pytest
 import edgellm
 from edgellm.cli import main
 from edgellm.models.synthetic import make_checkpoint
-from edgellm.runtime.bench import bench, prompt_ids
+from edgellm.runtime.python.bench import bench, prompt_ids
 
 
 @pytest.fixture(scope="module")

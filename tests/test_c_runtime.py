@@ -26,7 +26,7 @@ CC = shutil.which("gcc") or shutil.which("cc")
 # The ctypes declarations and the source list are the package's own; this test only builds its own library.
 from edgellm.compiler.device_binary import LIB_SOURCES  # noqa: E402
 from edgellm.compiler.device_binary import ROOT as PKG_ROOT  # noqa: E402
-from edgellm.runtime.lib import LoadOptions, SamplerParams, Stats, declare  # noqa: E402
+from edgellm.runtime.python.lib import LoadOptions, SamplerParams, Stats, declare  # noqa: E402
 
 # the repo's copies of the sources the package builds libedgellm from (this test may run against an installed package)
 # the repo's copies of the library's sources (LIB_SOURCES names the installed package's; CI installs a wheel)
@@ -468,7 +468,7 @@ def test_bad_kernel_index_and_counts(lib, kernels_so, tmp_path):
 FUZZ = textwrap.dedent("""
     import ctypes as C, random, sys
     sys.path.insert(0, sys.argv[4])
-    from edgellm.runtime.lib import LoadOptions, declare
+    from edgellm.runtime.python.lib import LoadOptions, declare
     L = declare(C.CDLL(sys.argv[1]))
     d = sys.argv[2]; good = open(d + "/plan.bin", "rb").read(); rng = random.Random(1); loaded = 0
     ids = (C.c_int32 * 6)(1, 2, 3, 4, 5, 6); out = (C.c_float * (6 * 64))()
@@ -642,7 +642,7 @@ def test_second_context_costs_kv_and_arena_only(lib, pkg):
 # --- generation -----------------------------------------------------------------------------------------------------
 
 def gen_params(lib, m, **kw):
-    from edgellm.runtime.lib import GenParams
+    from edgellm.runtime.python.lib import GenParams
 
     p = GenParams()
     lib.el_gen_params_default(m, C.byref(p))
@@ -652,7 +652,7 @@ def gen_params(lib, m, **kw):
 
 
 def run_generate(lib, c, prompt, p):
-    from edgellm.runtime.lib import Event, GenResult
+    from edgellm.runtime.python.lib import Event, GenResult
 
     ids = np.ascontiguousarray(prompt, np.int32)
     assert lib.el_generate_start(c, ptr(ids, I32P), len(ids), C.byref(p)) == 0, err(lib)
@@ -709,7 +709,7 @@ def test_generate_greedy_stops_and_limits(lib, pkg, ref):
 
 
 def test_generate_reset_cancels(lib, pkg):
-    from edgellm.runtime.lib import Event
+    from edgellm.runtime.python.lib import Event
 
     m = load(lib, pkg)
     try:

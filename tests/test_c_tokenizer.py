@@ -24,8 +24,8 @@ from edgellm.compiler.tokenizer_pack import (  # noqa: E402
 from edgellm.errors import CompileError, InputError, PackageError  # noqa: E402
 
 try:
-    from edgellm.runtime.c_tokenizer import CTokenizer
-    from edgellm.runtime.lib import lib
+    from edgellm.runtime.python.c_tokenizer import CTokenizer
+    from edgellm.runtime.python.lib import lib
 
     lib().el_tok_load  # noqa: B018 - an old build without tokenizer.c fails here
 except Exception as e:  # pragma: no cover

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgellm.compiler.chat_format import FILE, derive, write_chat_format
-from edgellm.runtime.text import TextCodec
+from edgellm.runtime.python.text import TextCodec
 
 DEMO = Path(__file__).resolve().parents[1] / "models" / "demo" / "demo-llama"
 
@@ -95,7 +95,7 @@ def test_no_template_writes_no_file(tmp_path):
 
 
 def test_compiled_package_carries_it(demo_q8):
-    from edgellm.runtime.package import verify_package
+    from edgellm.runtime.python.package import verify_package
 
     pkg = demo_q8
     fmt = json.loads((pkg / FILE).read_text())

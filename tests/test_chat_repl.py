@@ -13,7 +13,7 @@ import pytest
 pexpect = pytest.importorskip("pexpect")
 pytest.importorskip("tvm")
 
-from edgellm.runtime.api import Runtime  # noqa: E402
+from edgellm.runtime.python.api import Runtime  # noqa: E402
 
 U1, U2 = "Write a function that adds two numbers", "Now make it multiply"
 STATS = r"\[prefill (\d+) new tokens \((\d+) cached\)"

@@ -1,5 +1,5 @@
 """The package contract is written twice, runtime/contract.py (the compiler writes with it) and runtime/contract.h
-(the C runtime reads with it); the C API structs twice too, runtime/edgellm.h and runtime/lib.py (ctypes). This
+(the C runtime reads with it); the C API structs twice too, runtime/edgellm.h and runtime/python/lib.py (ctypes). This
 compiles a probe against the headers and checks every constant, struct size and field offset against Python."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edgellm.runtime import contract as K
-from edgellm.runtime import lib as L
+from edgellm.runtime.python import lib as L
 
 ROOT = Path(__file__).resolve().parents[1]
 CC = shutil.which("gcc") or shutil.which("cc")
@@ -152,7 +152,7 @@ def test_plan_writer_round_trip(tmp_path):
 FORMATS = {
     "plan.bin": ("test_c_runtime.py::test_prefill_decode_match_reference", "compiler/plan_writer.py",
                  "runtime/core/plan.c"),
-    "manifest.json": ("test_packaging.py", "compiler/package_writer.py", "runtime/package.py"),
+    "manifest.json": ("test_packaging.py", "compiler/package_writer.py", "runtime/python/package.py"),
     "weights.bin": ("test_c_runtime.py::test_prefill_decode_match_reference", "compiler/package_writer.py",
                     "offload/resident.c"),
     "tokenizer.bin": ("test_c_tokenizer.py::test_ids_match_hf", "compiler/tokenizer_pack.py",

@@ -12,7 +12,7 @@ import pytest
 from edgellm.models import load_checkpoint
 from edgellm.models.demo import DEMO_DIR, HELDOUT
 from edgellm.models.numpy_backend import NumpyModel
-from edgellm.runtime.perplexity import nll_sum, windows
+from edgellm.runtime.python.perplexity import nll_sum, windows
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

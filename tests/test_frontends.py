@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import edgellm
-from edgellm.runtime import lib as L
+from edgellm.runtime.python import lib as L
 
 PROMPT = "def read_config(path):"
 

@@ -16,7 +16,7 @@ RULES = [
     ("edgellm.runtime", "edgellm.quant", (), "the runtime reads packages, not checkpoints"),
     ("edgellm.offload", "edgellm.compiler", (), "the weight store is runtime-side"),
     ("edgellm.offload", "edgellm.models", (), "the weight store is runtime-side"),
-    ("edgellm.compiler", "edgellm.runtime", ("edgellm.runtime.contract", "edgellm.runtime.text"),
+    ("edgellm.compiler", "edgellm.runtime", ("edgellm.runtime.contract", "edgellm.runtime.python.text"),
      "the compiler writes the contract; runtime.text reads a package's tokenizer and chat template exactly as a run "
      "does (calibration text in the chat format, the derived chat markers)"),
     ("edgellm.quant", "edgellm.models.demo.train", (), "the built-in text is quant/corpus.py, not the training script "

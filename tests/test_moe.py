@@ -119,7 +119,7 @@ def test_gptq_package_matches_oracle(ckpts, packages):
 def test_expert_layout_and_bytes_read_per_token(ckpts, packages, tmp_path):
     """Each expert is one contiguous 16 KiB-aligned weight, the experts of a layer consecutive; a decode token reads
     the non-expert weights (one embedding row) and exactly top-k experts per MoE layer (runtime counters)."""
-    from edgellm.runtime.bench import bench
+    from edgellm.runtime.python.bench import bench
 
     pkg = packages("qwen2-moe", "q8")
     m = json.loads((pkg / "manifest.json").read_text())

@@ -16,7 +16,7 @@ import pytest
 import edgellm
 from edgellm.compiler.driver import compile_model
 from edgellm.models.synthetic import make_checkpoint
-from edgellm.runtime.api import Runtime
+from edgellm.runtime.python.api import Runtime
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_window import FIXED_OVERHEAD, PROMPT, _memory_cgroup, budget_for, greedy, run_in_memory_limit  # noqa: E402

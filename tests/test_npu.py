@@ -309,7 +309,7 @@ def test_edgellm_run_npu_prefill(host_npu, runtimes):
     """The device binary shares the backend: bin/edgellm-run --prefill-backend npu prefills on the NPU (it says so)
     and gives the Python runtime's greedy tokens. ONNX Runtime's libraries reach the NPU backend as its own options
     (--backend-option qnn_ort.KEY=PATH) and from the environment (EDGELLM_QNN_BACKEND)."""
-    from edgellm.runtime.api import _npu_libraries
+    from edgellm.runtime.python.api import _npu_libraries
 
     npu, _ = runtimes
     libs = {k: v for _, k, v in _npu_libraries()}

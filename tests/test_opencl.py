@@ -15,7 +15,7 @@ pytest.importorskip("tvm")
 
 from edgellm.compiler.driver import compile_model  # noqa: E402
 from edgellm.errors import CompileError, EdgeLLMError  # noqa: E402
-from edgellm.runtime.api import Runtime  # noqa: E402
+from edgellm.runtime.python.api import Runtime  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "models" / "demo" / "demo-llama"
 CHUNK, CTX = 16, 128   # a 40-token prompt runs as three prefill chunks, the last one partial
@@ -107,7 +107,7 @@ def test_program_binary_is_cached_and_reused(packages, tmp_path):
     third = Runtime.load(pkg)
     assert "built from source" in third.device
     # a digest-pinned load runs only what SHA256SUMS covers: the source
-    from edgellm.runtime.package import package_digest
+    from edgellm.runtime.python.package import package_digest
 
     pinned = Runtime.load(pkg, digest=package_digest(pkg))
     assert "built from source" in pinned.device
@@ -126,7 +126,7 @@ def test_device_choice(packages):
 
 def test_missing_driver_and_platform_are_one_line_errors(packages, tmp_path):
     pkg = packages("demo-llama", "f32")[0]
-    code = ("import sys\nfrom edgellm.runtime.api import Runtime\nfrom edgellm.errors import EdgeLLMError\n"
+    code = ("import sys\nfrom edgellm.runtime.python.api import Runtime\nfrom edgellm.errors import EdgeLLMError\n"
             f"try:\n    Runtime.load({str(pkg)!r})\nexcept EdgeLLMError as e:\n    print(e)\n    sys.exit(3)\n")
     for env, want in (({"EDGELLM_OPENCL_LIBRARY": str(tmp_path / "libOpenCL.so")}, "cannot load the OpenCL library"),
                       ({"OCL_ICD_VENDORS": str(tmp_path / "no-vendors")}, "no OpenCL platform")):

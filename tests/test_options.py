@@ -1,4 +1,4 @@
-"""The load options are declared once (runtime/options.py); every front end's spelling comes from that table or is
+"""The load options are declared once (runtime/python/options.py); every front end's spelling comes from that table or is
 checked against it here: the generated header bin/edgellm-run parses with, the ctypes struct, Runtime.load's
 keywords, the edgellm commands' options and the Kotlin LoadOptions the JNI bridge takes."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgellm.runtime import lib as L
-from edgellm.runtime import options as O
-from edgellm.runtime.api import Runtime
+from edgellm.runtime.python import lib as L
+from edgellm.runtime.python import options as O
+from edgellm.runtime.python.api import Runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 # el_load_options fields no front end spells: set by the Python API from the environment
@@ -21,7 +21,7 @@ PLUMBING = {"use_mmap", "plan_only"}
 
 
 def test_generated_header_is_in_step():
-    """runtime/cli/option_table.h is what the table renders (regenerate: python -m edgellm.runtime.gen_option_table)."""
+    """runtime/cli/option_table.h is what the table renders (regenerate: python -m edgellm.runtime.python.gen_option_table)."""
     assert (ROOT / "runtime" / "cli" / "option_table.h").read_text() == O.render_c_header()
 
 
@@ -60,7 +60,7 @@ def test_kotlin_load_options_are_the_jni_rows():
 
 def test_sampling_names_agree():
     from edgellm import cli
-    from edgellm.runtime.api import SAMPLING_ARGS
+    from edgellm.runtime.python.api import SAMPLING_ARGS
 
     assert SAMPLING_ARGS == O.SAMPLING == cli.SAMPLING
 

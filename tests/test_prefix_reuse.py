@@ -14,8 +14,8 @@ pytest.importorskip("tvm")
 
 from edgellm.compiler.driver import compile_model  # noqa: E402
 from edgellm.errors import InputError  # noqa: E402
-from edgellm.runtime import lib as L  # noqa: E402
-from edgellm.runtime.api import Runtime  # noqa: E402
+from edgellm.runtime.python import lib as L  # noqa: E402
+from edgellm.runtime.python.api import Runtime  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "models" / "demo" / "demo-llama"
 

@@ -299,7 +299,7 @@ def test_stream_reentry_in_one_thread_is_an_error(pkg):
 # --- trust: digests, verify, sandboxed templates --------------------------------------------------------------------
 
 def test_digest_pins_every_file(pkg, tmp_path):
-    from edgellm.runtime.package import package_digest
+    from edgellm.runtime.python.package import package_digest
 
     digest = package_digest(pkg)
     with edgellm.Runtime.load(pkg, digest=digest) as rt:
@@ -331,7 +331,7 @@ def test_kernels_constructor_never_runs_without_a_matching_digest(pkg, tmp_path)
     """A package is native code: kernels.so's constructors run at dlopen. A tampered kernels.so (here one whose
     constructor writes a marker file) is refused by the digest check before dlopen, in Python and edgellm-run."""
     p = copy(pkg, tmp_path / "evil")
-    from edgellm.runtime.package import package_digest
+    from edgellm.runtime.python.package import package_digest
 
     digest_before = package_digest(pkg)
     marker = tmp_path / "pwned"
@@ -470,7 +470,7 @@ def test_chat_template_renders_like_transformers(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
     from edgellm.models.demo import DEMO_DIR
-    from edgellm.runtime.text import TextCodec
+    from edgellm.runtime.python.text import TextCodec
 
     tmpl = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
             "<|{{ m.role }}|>{{ m.content | trim }}{{ eos_token }}{% if loop.index > 6 %}{% break %}{% endif %}"
@@ -487,7 +487,7 @@ def test_chat_template_renders_like_transformers(tmp_path):
 
 def test_chat_template_file_of_its_own(pkg, tmp_path):
     """Newer checkpoints keep the template in chat_template.jinja: it is copied into the package and wins."""
-    from edgellm.runtime.text import TextCodec
+    from edgellm.runtime.python.text import TextCodec
 
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "old {{ messages[0].content }}"}))
     (tmp_path / "chat_template.jinja").write_text("new {{ messages[0].content }}")

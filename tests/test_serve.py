@@ -20,7 +20,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("tvm")
 pytest.importorskip("fastapi")
 
-from edgellm.runtime.api import Runtime  # noqa: E402
+from edgellm.runtime.python.api import Runtime  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "models" / "demo" / "demo-llama"
 SLOTS = 4

@@ -16,7 +16,7 @@ pytest.importorskip("tvm")
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-from edgellm.runtime.api import Runtime  # noqa: E402
+from edgellm.runtime.python.api import Runtime  # noqa: E402
 
 from test_serve import start_server, stop_server  # noqa: E402
 

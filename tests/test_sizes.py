@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from edgellm.errors import EdgeLLMError
-from edgellm.runtime.package import parse_bytes
+from edgellm.runtime.python.package import parse_bytes
 
 M, G = 2**20, 2**30
 EXPECTED = {"1048576": 1048576, "600MB": 600_000_000, "600mb": 600_000_000, "600M": 600 * M, "600MiB": 600 * M,

@@ -115,7 +115,7 @@ def calibration_sequences(pkg: Path, tokenizer_json: Path, calib: str | None) ->
     (Python source and English prose) plus, when the package has a chat template, conversations of that prose in
     the model's own template (a chat model is prompted that way: its special tokens set ranges too)."""
     from ...quant.calibration import builtin_calibration_docs, calibration_ids
-    from ...runtime.text import TextCodec
+    from ...runtime.python.text import TextCodec
 
     seqs = calibration_ids(tokenizer_json, calib, n_tokens=CALIB_TOKENS + CALIB_SEQ, seq_len=CALIB_SEQ)
     held, seqs = (seqs[-1], seqs[:-1]) if len(seqs) > 1 else (seqs[0], seqs)

@@ -1,4 +1,4 @@
-/* Generated from runtime/options.py by python -m edgellm.runtime.gen_option_table; do not edit:
+/* Generated from runtime/python/options.py by python -m edgellm.runtime.python.gen_option_table; do not edit:
  * tests/test_options.py fails when it and the tables differ. bin/edgellm-run's options. */
 #ifndef EDGELLM_OPTION_TABLE_H
 #define EDGELLM_OPTION_TABLE_H

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...errors import EdgeLLMError
-from ..api import SAMPLING_ARGS, Runtime
+from ..python.api import SAMPLING_ARGS, Runtime
 from . import openai_api as oa
 from .guard import MAX_BODY, BodyTooLarge, Guard
 from .slots import Finished, SlotPool

@@ -43,7 +43,7 @@ def serve(package, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1,
           allowed_hosts=(), allowed_origins=(), max_body: int | str | None = None, aliases=()) -> None:
     import uvicorn
 
-    from ..api import Runtime
+    from ..python.api import Runtime
     from .app import create_app
 
     if not is_loopback(host) and not api_key:
@@ -51,7 +51,7 @@ def serve(package, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1,
                          "'Authorization: Bearer KEY')")
     if not 1 <= parallel <= 64:
         raise InputError(f"--parallel {parallel} is invalid: give 1..64 slots")
-    from ..package import parse_bytes
+    from ..python.package import parse_bytes
     from .guard import MAX_BODY
 
     limit = MAX_BODY if max_body is None else parse_bytes(max_body, "--max-body")
@@ -59,7 +59,7 @@ def serve(package, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1,
         parse_bytes(load["memory_budget"], "--memory-budget")
     digest = (load or {}).get("digest")
     if digest is not None:
-        from ..package import check_digest_form
+        from ..python.package import check_digest_form
 
         check_digest_form(digest)
     sock = bind(host, port)   # every option and the port checked before a model is compiled or loaded

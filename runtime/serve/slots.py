@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from ..api import Context, Runtime
+from ..python.api import Context, Runtime
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, RuntimeLoadError
+from ...errors import InputError, RuntimeLoadError
 from . import lib as L
 from . import options as O
 from .package import parse_bytes, read_manifest, verify_package
@@ -48,7 +48,7 @@ class GenerationResult:
     cached_tokens: int = 0               # prompt tokens the context already held (reuse_prefix): not prefilled again
 
 
-SAMPLING_ARGS = O.SAMPLING   # the sampler's knobs (runtime/options.py GEN_OPTIONS)
+SAMPLING_ARGS = O.SAMPLING   # the sampler's knobs (runtime/python/options.py GEN_OPTIONS)
 
 
 def _threads(threads) -> int:
@@ -568,7 +568,7 @@ class Runtime:
         L.lib().el_load_options_init(C.byref(opts))
         if huge_pages is None and os.environ.get("EDGELLM_HUGEPAGES", "") in ("0", "1"):
             huge_pages = os.environ["EDGELLM_HUGEPAGES"] == "1"
-        # every option checked and set by its row of the one table (runtime/options.py)
+        # every option checked and set by its row of the one table (runtime/python/options.py)
         values = {
             "threads": threads, "digest": digest, "memory_budget": memory_budget, "weight_policy": weight_policy,
             "expert_eviction": expert_eviction, "expert_predict": expert_predict, "expert_warm": expert_warm,

@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from ..errors import InputError
+from ...errors import InputError
 from .api import Runtime
-from .contract import weights_read_per_token
+from ..contract import weights_read_per_token
 
 
 def prompt_ids(vocab: int, n: int, exclude: set[int], seed: int = 0) -> np.ndarray:
@@ -45,7 +45,7 @@ def _one(rt: Runtime, ids: np.ndarray, gen_len: int) -> tuple[float, float, floa
 def bench(package: str | os.PathLike, prompt_len: int = 128, gen_len: int = 64, threads: int | None = None,
           reps: int = 3, warmup: int = 1, seed: int = 0, **load) -> dict:
     """Median prefill/decode tokens per second, time to first token and peak RSS of one package; `load`: the
-    Runtime.load options (runtime/options.py)."""
+    Runtime.load options (runtime/python/options.py)."""
     if prompt_len < 1:
         raise InputError(f"--prompt-len {prompt_len} is invalid: must be >= 1")
     if gen_len < 1:

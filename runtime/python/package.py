@@ -8,8 +8,8 @@ import math
 import re
 from pathlib import Path
 
-from ..errors import InputError, PackageError
-from .contract import (FORMAT_VERSION, KERNELS, MANIFEST, OPENCL_CACHE_DIR, OPENCL_SOURCE, OPENCL_TABLE, REQUIRED_FILES,
+from ...errors import InputError, PackageError
+from ..contract import (FORMAT_VERSION, KERNELS, MANIFEST, OPENCL_CACHE_DIR, OPENCL_SOURCE, OPENCL_TABLE, REQUIRED_FILES,
                        SUMS, file_sha256)
 
 # What the runtime and `edgellm info` read from manifest.json, with the type each must have.

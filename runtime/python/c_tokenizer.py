@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes as C
 from pathlib import Path
 
-from ..errors import InputError, PackageError
+from ...errors import InputError, PackageError
 from .lib import last_error, lib
 
 

@@ -7,8 +7,8 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from ..errors import InputError, PackageError, first_line
-from ..errors import rust_panics_silenced as _rust_panics_silenced
+from ...errors import InputError, PackageError, first_line
+from ...errors import rust_panics_silenced as _rust_panics_silenced
 from .template_env import TemplateLimit, bounded_render, template_env
 
 

@@ -8,7 +8,7 @@ import glob
 import os
 from pathlib import Path
 
-from ..errors import EdgeLLMError
+from ...errors import EdgeLLMError
 
 
 class LoadOptions(C.Structure):
@@ -144,7 +144,7 @@ def library_path() -> Path:
     env = os.environ.get("EDGELLM_LIB")
     if env:
         return Path(env)
-    here = Path(__file__).parent
+    here = Path(__file__).parent.parent   # the extension is built into edgellm/runtime/
     found = sorted(glob.glob(str(here / "_libedgellm*.so")))
     if not found:
         raise EdgeLLMError(f"libedgellm is not built (no _libedgellm*.so in {here}): reinstall with `pip install .`")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..errors import InputError
+from ...errors import InputError
 
 TEMPLATE_SECONDS = 2.0            # a real chat template renders in milliseconds
 TEMPLATE_MAX_CHARS = 8 * 2**20    # its output: the prompt (a context of tokens is far less)

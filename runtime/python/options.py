@@ -3,7 +3,7 @@ expose each.
 
 From these tables come the command-line options of `edgellm run` / `bench` / `chat` / `serve` / `plan` (click), the
 checks and C fields of `Runtime.load`, `bin/edgellm-run`'s parser and usage (`runtime/cli/option_table.h`, generated:
-`python -m edgellm.runtime.gen_option_table`); the Kotlin `LoadOptions` and `GenerateParams`, the server's request
+`python -m edgellm.runtime.python.gen_option_table`); the Kotlin `LoadOptions` and `GenerateParams`, the server's request
 fields and `Runtime.load`'s signature are checked against them (tests/test_options.py). Sizes are read by the one C
 reader (`el_parse_bytes`) everywhere.
 
@@ -143,7 +143,7 @@ def for_front(front: str, table: tuple[Option, ...] = LOAD_OPTIONS) -> tuple[Opt
 
 def check(name: str, value):
     """The value as the C field takes it (None: leave the runtime's default), or an InputError naming the option."""
-    from ..errors import InputError
+    from ...errors import InputError
     from .package import parse_bytes
 
     o = BY_NAME[name]
@@ -253,7 +253,7 @@ def api_kwargs(cli_values: dict) -> dict:
 
 
 def _backend_pairs(values) -> dict | None:
-    from ..errors import InputError
+    from ...errors import InputError
 
     out = {}
     for s in values or ():
@@ -312,7 +312,7 @@ def _c_macro(name: str, lines: list[str]) -> str:
 def render_c_header() -> str:
     """runtime/cli/option_table.h: edgellm-run's load and generation options and their usage lines."""
     return (
-        "/* Generated from runtime/options.py by python -m edgellm.runtime.gen_option_table; do not edit:\n"
+        "/* Generated from runtime/python/options.py by python -m edgellm.runtime.python.gen_option_table; do not edit:\n"
         " * tests/test_options.py fails when it and the tables differ. bin/edgellm-run's options. */\n"
         "#ifndef EDGELLM_OPTION_TABLE_H\n#define EDGELLM_OPTION_TABLE_H\n#include <stddef.h>\n\n#include \"../edgellm.h\"\n\n"
         "enum { EL_OPT_INT, EL_OPT_FLOAT, EL_OPT_BYTES, EL_OPT_STR, EL_OPT_CHOICE, EL_OPT_FLAG, EL_OPT_U64, EL_OPT_BACKEND };\n\n"

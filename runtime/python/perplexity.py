@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from ..errors import InputError
+from ...errors import InputError
 
 
 def windows(n: int, context: int, stride: int) -> Iterator[tuple[int, int, int]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import EdgeLLMError
+from ...errors import EdgeLLMError
 
 HELP = "/reset: new conversation · /system TEXT: set the system prompt (and reset) · /quit · Ctrl-C stops a reply"
 
