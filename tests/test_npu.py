@@ -425,8 +425,10 @@ def test_outliers_on_the_cpu(outlier_pkgs, heldout):
         with edgellm.Runtime.load(p, prefill_backend="npu", npu_soc="sm8650", threads=2) as n, \
                 edgellm.Runtime.load(p, prefill_backend="cpu", threads=2) as c:
             assert n.prefill_backend == "npu"
+            # 4 windows of 100 tokens (measured: auto 0.21 0.19 0.18 0.21, off 0.26 0.30 0.23 0.26; the 8 windows of
+            # 150-token steps gave medians 0.20 vs 0.26, the same ratio at twice the emulator time)
             err[o] = float(np.median([rel(n.logits(heldout[s:s + 100]), c.logits(heldout[s:s + 100]))
-                                      for s in range(0, 1200, 150)]))
+                                      for s in range(0, 1200, 300)]))
     assert err["auto"] < 0.8 * err["off"], (sim, err)
 
 
