@@ -83,8 +83,8 @@ def cli():
               help="MoE: experts each guess names (the most likely ones), top-k .. all [default: top-k]")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune,
-                npu_chunk, npu_quant, npu_act, soc, npu_weights, npu_residual, npu_outliers, layout, bundle_neurons, ffn_threshold,
-                expert_prefetch_distance, expert_guesser, expert_guess_width, quiet):
+                npu_chunk, npu_quant, npu_act, soc, npu_weights, npu_residual, npu_outliers, layout, bundle_neurons,
+                ffn_threshold, expert_prefetch_distance, expert_guesser, expert_guess_width, quiet):
     """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
     from .compiler.driver import compile_model
 

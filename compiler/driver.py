@@ -15,12 +15,13 @@ from ..models import load_checkpoint
 from ..models.rope import cos_sin
 from ..models.rope import table_of as rope_table_of
 from ..quant import SCHEMES, body_schemes, get_scheme, head_schemes
-from ..runtime.contract import FORMAT_VERSION, KERNELS, MANIFEST, OPENCL_SOURCE, OPENCL_TABLE, PLAN, ROUTING, WEIGHTS
+from ..runtime.contract import FORMAT_VERSION, MANIFEST, PLAN, ROUTING, WEIGHTS
 from ..targets import get_target, short_prefill_chunk
 from .device_binary import BIN_DIR, BINARY, build_edgellm_run
-from .kernels_build import build_kernels
+from .backends import kernel_backend
 from .lower import lower_model
 from .moe import manifest as moe_manifest
+from .onnx_qnn.options import NPU_CHUNK, npu_options  # noqa: F401 (NPU_CHUNK: its old home)
 from .package_writer import check_destination, staged_package, write_sums, write_weights
 from .plan_writer import write_plan
 from .progress import Step, layer_progress
@@ -32,7 +33,6 @@ from .tokenizer_pack import maybe_write_tokenizer_bin
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "chat_template.json")   # the last two: newer checkpoints' chat templates
 DEFAULT_MAX_CONTEXT = 4096
-NPU_CHUNK = 128   # android-npu prefill chunk: the HTP runs one static shape; 128 rows keep its matmuls busy
 
 
 def default_output(model: str, quant: str, target: str) -> Path:
@@ -105,55 +105,11 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
             raise CompileError(f"{name} {v} is out of range: use {lo}..{hi}")
     tgt = get_target(target)
+    kernels = kernel_backend(tgt)   # the backend the programs run on (compiler/backends/)
     tune_mode = resolve_mode(tune, tgt)
-    if not tgt.npu and (npu_chunk is not None or soc is not None or npu_quant != "w8a16" or npu_outliers or
-                        npu_weights != "rtn" or npu_residual is not None or npu_act is not None):
-        raise CompileError(f"--npu-chunk, --npu-quant, --npu-act, --npu-weights, --npu-residual, --npu-outliers and --soc apply "
-                           f"to --target android-npu, not {tgt.name}")
-    socs = []
-    if tgt.npu:
-        from .onnx_qnn.package import NPU_ACTS, NPU_WEIGHTS, parse_socs
-        from .onnx_qnn.quantize import NPU_QUANTS
-
-        socs = parse_socs(soc)
-        if npu_quant not in NPU_QUANTS:
-            raise CompileError(f"--npu-quant {npu_quant} is not supported (choose one of {', '.join(NPU_QUANTS)})")
-        if npu_residual not in (None, "int4", "off") or (npu_residual == "int4" and npu_quant != "w8a16"):
-            raise CompileError(f"--npu-residual {npu_residual}: choose int4 or off (int4 applies to --npu-quant w8a16)")
-        npu_residual = npu_residual or ("int4" if npu_quant == "w8a16" else "off")
-        npu_act = npu_act or "f16"
-        if npu_act not in NPU_ACTS:
-            raise CompileError(f"--npu-act {npu_act}: choose {' or '.join(NPU_ACTS)}")
-        if npu_weights not in NPU_WEIGHTS or (npu_weights != "rtn" and npu_quant != "w8a16" and npu_act != "f16"):
-            raise CompileError(f"--npu-weights {npu_weights}: choose {' or '.join(NPU_WEIGHTS)} (gptq applies to "
-                               "--npu-quant w8a16, and to w4a16 with --npu-act f16)")
-        if npu_outliers and npu_act != "int16":
-            raise CompileError("--npu-outliers applies to --npu-act int16 (float16 activations need no outlier split)")
-        if npu_quant == "w4a16-mixed" and npu_act != "f16":
-            raise CompileError("--npu-quant w4a16-mixed applies to --npu-act f16")
-        npu_chunk = npu_chunk or NPU_CHUNK
-    if layout not in ("dense", "bundled"):
-        raise CompileError(f"--layout {layout}: choose dense or bundled")
-    if layout != "bundled" and (bundle_neurons is not None or ffn_threshold is not None):
-        raise CompileError("--bundle-neurons and --ffn-threshold apply to --layout bundled")
-    if layout == "bundled" and (gptq or tgt.npu):
-        raise CompileError(f"--layout bundled does not combine with {'--gptq' if gptq else '--target ' + tgt.name} yet")
-    if ffn_threshold is not None and not (0 <= ffn_threshold < 1e6):
-        raise CompileError(f"--ffn-threshold {ffn_threshold}: give a number >= 0 (0: exact)")
-    if quant is not None:
-        get_scheme(quant)
-    if head_quant is not None:
-        get_scheme(head_quant)
-    if quant is not None and quant not in tgt.quants and not get_scheme(quant).body:
-        raise CompileError(f"--quant {quant} is an embedding / lm_head scheme: pass it as --head-quant {quant} "
-                           f"(body schemes on {tgt.name}: {', '.join(tgt.quants)})")
-    if quant is not None and quant not in tgt.quants:
-        raise CompileError(f"--quant {quant} is not supported on target {tgt.name} (supported: {', '.join(tgt.quants)})")
-    if calib is not None and not Path(calib).is_file():
-        what = "is a directory" if Path(calib).is_dir() else ("is not a regular file" if Path(calib).exists() else
-                                                                "does not exist")
-        raise CompileError(f"calibration file {calib} {what}: pass a text file to --calib (or drop it to use "
-                           "the built-in sample)")
+    npu = npu_options(tgt, npu_chunk, npu_quant, soc, npu_outliers, npu_weights, npu_residual, npu_act)
+    _check_layout(layout, bundle_neurons, ffn_threshold, gptq, npu, tgt)
+    _check_schemes_and_calib(quant, head_quant, calib, tgt)
     if out is not None:
         check_destination(out)   # fail before any work when the output place is wrong
     spec, ck, model_dir = load_checkpoint(model)
@@ -164,32 +120,14 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     check_tokenizer_files(model_dir)
     sampling = generation_defaults(model_dir)
     scheme, head_scheme = choose_schemes(spec, quant, head_quant, progress)
-    if tgt.gpu and (spec.n_experts or layout == "bundled"):
-        raise CompileError(f"--target {tgt.name} runs dense models only for now: "
-                           + ("mixture-of-experts layers" if spec.n_experts else "--layout bundled")
-                           + " need a CPU target (host, rpi5, android-cpu)")
-    if spec.n_experts and (tgt.npu or layout == "bundled"):
+    why = kernels.refuses(spec, layout)
+    if why:
+        raise CompileError(f"--target {tgt.name} runs dense models only for now: {why}")
+    if spec.n_experts and (npu or layout == "bundled"):
         raise CompileError(f"{spec.arch} is a mixture-of-experts model: "
-                           + (f"--target {tgt.name} does not run MoE layers yet (use android-cpu)" if tgt.npu else
+                           + (f"--target {tgt.name} does not run MoE layers yet (use android-cpu)" if npu else
                               "--layout bundled applies to dense FFNs (a token already reads only its experts)"))
-    if expert_prefetch_distance is not None:
-        if not spec.n_experts:
-            raise CompileError("--expert-prefetch-distance applies to mixture-of-experts checkpoints")
-        if isinstance(expert_prefetch_distance, bool) or not isinstance(expert_prefetch_distance, int) or \
-                not 0 <= expert_prefetch_distance <= spec.n_layers:
-            raise CompileError(f"--expert-prefetch-distance {expert_prefetch_distance} is out of range: use "
-                               f"0..{spec.n_layers}")
-    lookahead = (1 if expert_prefetch_distance is None else expert_prefetch_distance) if spec.n_experts else 0
-    if expert_guesser not in ("fitted", "router"):
-        raise CompileError(f"--expert-guesser {expert_guesser}: choose fitted or router")
-    if expert_guess_width is not None:
-        if not spec.n_experts:
-            raise CompileError("--expert-guess-width applies to mixture-of-experts checkpoints")
-        if isinstance(expert_guess_width, bool) or not isinstance(expert_guess_width, int) or \
-                not spec.n_experts_per_tok <= expert_guess_width <= spec.n_experts:
-            raise CompileError(f"--expert-guess-width {expert_guess_width} is out of range: use "
-                               f"{spec.n_experts_per_tok}..{spec.n_experts} (top-k .. every expert)")
-    width = expert_guess_width or (spec.n_experts_per_tok if spec.n_experts else 0)
+    lookahead, width = expert_options(spec, expert_prefetch_distance, expert_guesser, expert_guess_width)
     quant = scheme.name
     if gptq and not scheme.gptq:
         raise CompileError(f"--gptq applies to the int4 schemes ({', '.join(n for n, s in SCHEMES.items() if s.gptq)}), "
@@ -209,7 +147,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                                            (prefill_chunk, cpu))
     chunk = int(prefill_chunk if prefill_chunk is not None else
                 (tgt.float_prefill_chunk if scheme.float_math and tgt.float_prefill_chunk else tgt.prefill_chunk))
-    kv_rows = max_ctx + max(chunk, npu_chunk or 0)   # a padded last chunk may write up to chunk-1 rows past max_ctx
+    kv_rows = max_ctx + max(chunk, npu.chunk if npu else 0)   # a padded last chunk may write up to chunk-1 rows past max_ctx
     short = short_prefill_chunk(chunk)
     out = Path(out) if out else default_output(model, quant, tgt.name)
     _log(progress, f"compiling {spec.arch} ({spec.n_layers} layers, dim {spec.hidden_size}, vocab {spec.vocab_size}) "
@@ -255,22 +193,11 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             a = guess.raw(name)
             return plain_raw(name) if a is None else a
 
-    gpu = {}
-    if tgt.gpu:
-        from ..runtime.contract import BACKEND_OPENCL
-        from .opencl.ops import make_kernel as opencl_kernel
-
-        gpu = {"make_kernel": opencl_kernel, "backend": BACKEND_OPENCL}
-    try:
-        low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre,
-                                    short_chunk=short, fuse=fuse, npu_chunk=npu_chunk if tgt.npu else None,
-                                    bundles=bundles, expert_lookahead=lookahead,
-                                    guessed_layers=guess.weights if guess else (), guess_width=width, **gpu)
-    except ValueError as e:
-        if not tgt.gpu or type(e).__name__ != "UnsupportedOp":
-            raise
-        raise CompileError(f"--target {tgt.name} has no OpenCL {str(e).split(' no ')[-1]}: compile this model for a "
-                           "CPU target") from None
+    low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre,
+                                short_chunk=short, fuse=fuse, npu_chunk=npu.chunk if npu else None,
+                                bundles=bundles, expert_lookahead=lookahead,
+                                guessed_layers=guess.weights if guess else (), guess_width=width,
+                                **kernels.lower_args())
     if tuner is not None:
         tuner.guarded("decode knobs", lambda: tuner.decode_prefetch(
             low.kernels, next(p for p in programs if p.name == "decode")), None)
@@ -290,14 +217,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         _log(progress, f"weights: {wbytes / 2**20:.1f} MiB written")
         t0 = time.perf_counter()
         with Step(f"building {len(low.kernels.names)} kernels with TVM for {tgt.name}", progress):
-            if tgt.gpu:
-                from .opencl.build import build_opencl
-
-                build_opencl(low.kernels.funcs, tmp)
-                kobj = None
-            else:
-                kobj = build_kernels(low.kernels.funcs, tgt, tmp / KERNELS, keep_object=tgt.static_binary,
-                                     table=kernel_table)
+            kobj = kernels.build(low.kernels.funcs, tgt, tmp, kernel_table)
         t_kernels = time.perf_counter() - t0
         build_edgellm_run(tgt, tmp / BIN_DIR / BINARY, kernels_obj=kobj, build_id=build_id.hex())   # the device's runner
         if kobj is not None:
@@ -310,15 +230,16 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         write_chat_format(tmp)   # the chat template as strings, for the Android app
         if "tokenizer.json" not in tok_files:
             _log(progress, "warning: no tokenizer.json in the checkpoint: the package accepts token ids only")
-        npu = None
-        if tgt.npu:
+        npu_section = None
+        if npu:
             from .onnx_qnn.package import write_npu
 
             if "tokenizer.json" not in tok_files:
                 raise CompileError("--target android-npu calibrates on text: the checkpoint needs a tokenizer.json")
-            npu = write_npu(tmp, spec, raw, model_dir / "tokenizer.json", chunk=npu_chunk, kv_rows=kv_rows,
-                            quant=npu_quant, socs=socs, calib=calib, gptq=pre, outliers=npu_outliers, weights=npu_weights,
-                            residual=npu_residual == "int4", act=npu_act, release=ck.release, progress=progress)
+            npu_section = write_npu(tmp, spec, raw, model_dir / "tokenizer.json", chunk=npu.chunk, kv_rows=kv_rows,
+                                    quant=npu.quant, socs=list(npu.socs), calib=calib, gptq=pre, outliers=npu.outliers,
+                                    weights=npu.weights, residual=npu.residual == "int4", act=npu.act,
+                                    release=ck.release, progress=progress)
         manifest = {
             "format_version": FORMAT_VERSION,
             "edgellm_version": _version(),
@@ -334,7 +255,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                       "n_params": n_params},
             "max_context": max_ctx, "prefill_chunk": chunk, "prefill_short_chunk": short, "kv_rows": kv_rows,
             "files": {"plan": PLAN, "weights": WEIGHTS, "binary": f"{BIN_DIR}/{BINARY}",
-                      **({"opencl": OPENCL_SOURCE, "opencl_table": OPENCL_TABLE} if tgt.gpu else {"kernels": KERNELS}),
+                      **kernels.files,
                       "tokenizer": "tokenizer.json" if "tokenizer.json" in tok_files else None,
                       "tokenizer_bin": "tokenizer.bin" if (tmp / "tokenizer.bin").is_file() else None},
             "weights_bytes": wbytes,
@@ -349,7 +270,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                         **({"guess": guess.manifest()} if guess else {}),
                         **({"routing": ROUTING} if guess else {})}}
                if spec.n_experts else {}),
-            **({"npu": npu} if npu else {}),
+            **({"npu": npu_section} if npu_section else {}),
             "build": {"seconds": round(time.perf_counter() - t_start, 2), "kernel_seconds": round(t_kernels, 2)},
             "tensors": table,
         }
@@ -364,6 +285,56 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                    f"{len(low.kernels.names)} kernels)\npackage digest {digest} (check it with "
                    f"`edgellm run {out} --digest {digest}` or Runtime.load(..., digest=...))")
     return out
+
+
+def _check_layout(layout: str, bundle_neurons, ffn_threshold, gptq: bool, npu, tgt) -> None:
+    if layout not in ("dense", "bundled"):
+        raise CompileError(f"--layout {layout}: choose dense or bundled")
+    if layout != "bundled" and (bundle_neurons is not None or ffn_threshold is not None):
+        raise CompileError("--bundle-neurons and --ffn-threshold apply to --layout bundled")
+    if layout == "bundled" and (gptq or npu):
+        raise CompileError(f"--layout bundled does not combine with {'--gptq' if gptq else '--target ' + tgt.name} yet")
+    if ffn_threshold is not None and not (0 <= ffn_threshold < 1e6):
+        raise CompileError(f"--ffn-threshold {ffn_threshold}: give a number >= 0 (0: exact)")
+
+
+def _check_schemes_and_calib(quant: str | None, head_quant: str | None, calib: str | None, tgt) -> None:
+    """The scheme names the target takes and the calibration file, before the checkpoint is read."""
+    if quant is not None:
+        get_scheme(quant)
+    if head_quant is not None:
+        get_scheme(head_quant)
+    if quant is not None and quant not in tgt.quants and not get_scheme(quant).body:
+        raise CompileError(f"--quant {quant} is an embedding / lm_head scheme: pass it as --head-quant {quant} "
+                           f"(body schemes on {tgt.name}: {', '.join(tgt.quants)})")
+    if quant is not None and quant not in tgt.quants:
+        raise CompileError(f"--quant {quant} is not supported on target {tgt.name} (supported: {', '.join(tgt.quants)})")
+    if calib is not None and not Path(calib).is_file():
+        what = "is a directory" if Path(calib).is_dir() else ("is not a regular file" if Path(calib).exists() else
+                                                                "does not exist")
+        raise CompileError(f"calibration file {calib} {what}: pass a text file to --calib (or drop it to use "
+                           "the built-in sample)")
+
+
+def expert_options(spec, distance: int | None, guesser: str, width: int | None) -> tuple[int, int]:
+    """(look-ahead, guess width) of a model's expert guesses from the --expert-* options (0, 0 for dense models);
+    a CompileError names a wrong one."""
+    if distance is not None:
+        if not spec.n_experts:
+            raise CompileError("--expert-prefetch-distance applies to mixture-of-experts checkpoints")
+        if isinstance(distance, bool) or not isinstance(distance, int) or not 0 <= distance <= spec.n_layers:
+            raise CompileError(f"--expert-prefetch-distance {distance} is out of range: use 0..{spec.n_layers}")
+    lookahead = (1 if distance is None else distance) if spec.n_experts else 0
+    if guesser not in ("fitted", "router"):
+        raise CompileError(f"--expert-guesser {guesser}: choose fitted or router")
+    if width is not None:
+        if not spec.n_experts:
+            raise CompileError("--expert-guess-width applies to mixture-of-experts checkpoints")
+        if isinstance(width, bool) or not isinstance(width, int) or \
+                not spec.n_experts_per_tok <= width <= spec.n_experts:
+            raise CompileError(f"--expert-guess-width {width} is out of range: use "
+                               f"{spec.n_experts_per_tok}..{spec.n_experts} (top-k .. every expert)")
+    return lookahead, width or (spec.n_experts_per_tok if spec.n_experts else 0)
 
 
 def count_params(spec) -> int:

@@ -52,7 +52,14 @@ class Target:
     run_prefix: tuple[str, ...] = ()   # how this machine runs the target's binaries (qemu-user), () natively
     host_cpu: bool = False        # `tvm` lacks mcpu: it is this machine's CPU as LLVM names it (see tvm_dict)
     npu: bool = False             # also prefill graphs for the Hexagon NPU (ONNX Runtime's QNN EP): npu/ in the package
-    gpu: bool = False             # every program on the OpenCL backend: kernels.cl + kernels.cltab instead of kernels.so
+    # the backend its programs run on, whose compile side builds their kernels (compiler/backends/): "tvm_cpu"
+    # (kernels.so, or linked into a static edgellm-run), "opencl" (kernels.cl + kernels.cltab), ...
+    kernel_backend: str = "tvm_cpu"
+
+    @property
+    def gpu(self) -> bool:
+        """Every program on the GPU (OpenCL)."""
+        return self.kernel_backend == "opencl"
 
     def tvm_dict(self) -> dict:
         """The TVM target dict with everything resolved: for the host target, `mcpu` is asked of TVM's LLVM here
@@ -247,14 +254,14 @@ def _gpu_targets() -> dict[str, Target]:
         "android-gpu", "Android phones' GPUs through OpenCL (Adreno 6xx-8xx, Mali-G7x/G6xx/Immortalis): every op as "
         "TVM-generated OpenCL C, run by libedgellm's OpenCL backend on the phone's libOpenCL.so", "aarch64",
         {"kind": "opencl"}, shlex.quote(ndk) if ndk else _a64_cc(), (), 4, page_size=16384, kernels="opencl",
-        run_prefix=QEMU_A64, gpu=True,
+        run_prefix=QEMU_A64, kernel_backend="opencl",
         notes={"binary": "dynamic (it dlopens the phone's libOpenCL.so)",
                "toolchain": "NDK clang" if ndk else "aarch64-linux-gnu-gcc (glibc: runs on ARM Linux boards with an "
                "OpenCL driver; set ANDROID_NDK_HOME for a bionic binary that runs from adb shell)",
                "runs": "any OpenCL 1.2 GPU; fp32 arithmetic, weights read in their stored format"})}
     if host:
         out["opencl"] = Target("opencl", "any OpenCL 1.2 device on this machine (a GPU's driver, or PoCL on the CPU)",
-                               "x86_64", {"kind": "opencl"}, "gcc", (), 8, kernels="opencl", gpu=True,
+                               "x86_64", {"kind": "opencl"}, "gcc", (), 8, kernels="opencl", kernel_backend="opencl",
                                notes={"binary": "dynamic (it dlopens libOpenCL.so)"})
     return out
 

@@ -188,12 +188,12 @@ def test_unknown_option_values(ckpt, tmp_path):
 
 
 def test_failed_build_leaves_nothing_behind(ckpt, tmp_path, monkeypatch):
-    import edgellm.compiler.driver as drv
+    import edgellm.compiler.kernels_build as kb
 
     def boom(*a, **k):
         raise CompileError("injected failure")
 
-    monkeypatch.setattr(drv, "build_kernels", boom)
+    monkeypatch.setattr(kb, "build_kernels", boom)   # the tvm_cpu kernel backend's build (compiler/backends/)
     with pytest.raises(CompileError, match="injected"):
         edgellm.compile(str(ckpt), out=tmp_path / "o", progress=False)
     assert list(tmp_path.iterdir()) == []

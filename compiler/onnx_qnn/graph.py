@@ -3,7 +3,8 @@ static prefill-chunk graph per group of layers, for ONNX Runtime's QNN execution
 
 A group graph maps
     x [C, hidden] (the residual stream entering the group's first layer), cos/sin [C, 1, head_dim] (RoPE of the
-    chunk's positions, halves repeated; cos_local/sin_local: the sliding-window layers' own table, Gemma 3), mask [C, kv_rows + C] (additive: 0 visible, npu_chunks.MASK_VALUE
+    chunk's positions, halves repeated; cos_local/sin_local: the sliding-window layers' own table, Gemma 3),
+    mask [C, kv_rows + C] (additive: 0 visible, npu_chunks.MASK_VALUE
     hidden; one per distinct sliding window),
     past_k{l}/past_v{l} [kv_rows, kv_heads, head_dim] (the context's KV cache of layer l, in the runtime's own layout)
 to

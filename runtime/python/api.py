@@ -29,7 +29,7 @@ import numpy as np
 from ...errors import InputError, RuntimeLoadError
 from . import lib as L
 from . import options as O
-from .package import parse_bytes, read_manifest, verify_package
+from .package import read_manifest, verify_package
 from .text import TextCodec
 
 INT32_MAX = 2**31 - 1

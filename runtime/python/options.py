@@ -322,7 +322,8 @@ def render_c_header() -> str:
         "  const char* choices;\n  double lo, hi; /* EL_OPT_INT / EL_OPT_FLOAT: inclusive range */\n} el_cli_option;\n\n"
         "/* into el_load_options */\nstatic const el_cli_option EL_LOAD_OPTIONS[] = {\n"
         + "\n".join(_c_rows(LOAD_OPTIONS, "el_load_options")) + "\n};\n\n"
-        "/* into el_gen_params (a value given replaces the package's default) */\nstatic const el_cli_option EL_GEN_OPTIONS[] = {\n"
+        "/* into el_gen_params (a value given replaces the package's default) */\n"
+        "static const el_cli_option EL_GEN_OPTIONS[] = {\n"
         + "\n".join(_c_rows(GEN_OPTIONS, "el_gen_params")) + "\n};\n\n"
         + _c_macro("EL_LOAD_OPTIONS_USAGE", _usage(LOAD_OPTIONS)) + "\n"
         + _c_macro("EL_GEN_OPTIONS_USAGE", _usage(GEN_OPTIONS)) + "\n#endif\n")
