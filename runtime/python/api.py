@@ -97,7 +97,17 @@ class _Lock:
                 self.owner = None
 
 
-class Context:
+class _Closes:
+    """`with x:` closes x at the end (Context, Runtime)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Context(_Closes):
     """One conversation over a loaded package: its own KV cache, arena and position."""
 
     def __init__(self, runtime: Runtime, threads: int | None = None):
@@ -136,12 +146,6 @@ class Context:
                 self._free()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _handle(self):
         if self._h is None or self._closing:
@@ -506,7 +510,7 @@ def _memory(lib, handle) -> dict:
 
 
 
-class Runtime:
+class Runtime(_Closes):
     """A loaded package: the model (plan, kernels, weights, tokenizer; read-only and shared) and a default context.
     The generation methods run on the default context; new_context() makes more conversations over the same
     weights, each costing only its KV cache and arena."""
@@ -691,12 +695,6 @@ class Runtime:
                 self._model = None
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # ---- the default context --------------------------------------------------------------------------------------
     @property
