@@ -31,9 +31,9 @@
   "  --dump-logits FILE   write the logits of every sampling step (vocab float32 rows, raw) to FILE\n"        \
   "  --version            print the runtime version\n"                                                          \
   "generation options (sampling options not given come from the package's generation_config.json, else greedy;\n" \
-  "the same table as edgellm run and Runtime.generate: runtime/python/options.py):\n"                                  \
+  "the same table as edgellm run and Runtime.generate: runtime/python/options.py):\n"                           \
   EL_GEN_OPTIONS_USAGE                                                                                           \
-  "load options (the same table as edgellm run and Runtime.load: runtime/python/options.py):\n"                       \
+  "load options (the same table as edgellm run and Runtime.load: runtime/python/options.py):\n"                 \
   EL_LOAD_OPTIONS_USAGE                                                                                          \
   "  NPU libraries: EDGELLM_ORT_LIB (default libonnxruntime.so), EDGELLM_QNN_EP_LIB (plugin EP; unset: QNN built\n" \
   "  into ORT), EDGELLM_QNN_BACKEND (default libQnnHtp.so); the OpenCL driver: libOpenCL.so\n"                  \
@@ -71,7 +71,8 @@ static int parse_float(const char* s, float* out) {
   return 0;
 }
 
-/* One option from the generated tables (option_table.h: runtime/python/options.py) into its struct: 0, or a usage error. */
+/* One option from the generated tables (option_table.h: runtime/python/options.py) into its struct: 0, or a usage
+ * error. */
 static int set_option(void* dst, const el_cli_option* o, const char* v) {
   char* field = (char*)dst + o->offset;
   char msg[512];
