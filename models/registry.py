@@ -140,9 +140,14 @@ def _rope(cfg: dict, head_dim: int) -> tuple[float, dict | None]:
                                  "transformers")
         _check_float(f"{src}.factor", rope["factor"])
         return theta, {"rope_type": "linear", "factor": rope["factor"]}
+    if rtype == "dynamic":   # NTK-aware scaling that starts past max_position_embeddings: a package never gets there
+        _check_float(f"{src}.factor", rope.get("factor"))
+        return theta, {"rope_type": "dynamic", "factor": rope["factor"]}
+    if rtype == "yarn":
+        return theta, _yarn(rope, src)
     if rtype != "llama3":
         raise ModelLoadError(f"rope scaling type {short_repr(rtype)} is not supported yet (supported: default, linear, "
-                             "llama3)")
+                             "dynamic, yarn, llama3)")
     if "factor" not in rope:
         raise ModelLoadError(f"config.json: {src} of type llama3 has no 'factor'; re-export the checkpoint with transformers")
     _check_float(f"{src}.factor", rope["factor"])
@@ -154,6 +159,27 @@ def _rope(cfg: dict, head_dim: int) -> tuple[float, dict | None]:
     if "original_max_position_embeddings" in rope:
         _check_int(f"{src}.original_max_position_embeddings", rope["original_max_position_embeddings"])
     return theta, dict(rope)
+
+
+def _yarn(rope: dict, src: str) -> dict:
+    """YaRN (arXiv 2309.00071) as transformers reads it: the factor (or max_position_embeddings over
+    original_max_position_embeddings), the ramp's beta_fast / beta_slow, the cos/sin attention factor or the
+    mscale / mscale_all_dim it is derived from, and truncate."""
+    out = {"rope_type": "yarn"}
+    for key in ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        if rope.get(key) is not None:
+            out[key] = _check_float(f"{src}.{key}", rope[key])
+    if rope.get("original_max_position_embeddings") is not None:
+        out["original_max_position_embeddings"] = _check_int(f"{src}.original_max_position_embeddings",
+                                                             rope["original_max_position_embeddings"], 1, 1 << 24)
+    if "factor" not in out and "original_max_position_embeddings" not in out:
+        raise ModelLoadError(f"config.json: {src} of type yarn has no 'factor'; re-export the checkpoint with "
+                             "transformers")
+    if "truncate" in rope:
+        if not isinstance(rope["truncate"], bool):
+            raise _bad(f"{src}.truncate", "true or false", rope["truncate"])
+        out["truncate"] = rope["truncate"]
+    return out
 
 
 def _llama_like(cfg: dict, arch: str, acts=("silu", "swish"), **extra) -> ModelSpec:

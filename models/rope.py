@@ -1,4 +1,7 @@
-"""Rotary position embedding tables (default, linear and llama3 frequency scaling), computed once in float64.
+"""Rotary position embedding tables (default, linear, dynamic, YaRN and llama3 frequency scaling), computed once in
+float64. Dynamic NTK scaling changes the frequencies only past max_position_embeddings, which no package reaches
+(--max-context is at most that), so its tables are the default ones. YaRN also scales cos and sin by its attention
+factor, as transformers does.
 
 A model may rotate with more than one table (Gemma 3: a local base on its sliding-window layers); each is named
 (ModelSpec.rope_table) and stored as "<table>.cos" / "<table>.sin" weights of [rows, head_dim/2]."""
@@ -23,6 +26,8 @@ def inv_freq(spec: ModelSpec, table: str = "rope") -> np.ndarray:
     rs = spec.rope_scaling
     if rs and rs.get("rope_type", rs.get("type")) == "linear":
         f = f / float(rs["factor"])
+    if rs and rs.get("rope_type", rs.get("type")) == "yarn":
+        f = _yarn_inv_freq(spec, rs)
     if rs and rs.get("rope_type", rs.get("type")) == "llama3":
         factor = float(rs["factor"])
         lo, hi = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
@@ -36,10 +41,56 @@ def inv_freq(spec: ModelSpec, table: str = "rope") -> np.ndarray:
     return f
 
 
+def _yarn_factor(spec: ModelSpec, rs: dict) -> float:
+    old = rs.get("original_max_position_embeddings", spec.max_position_embeddings)
+    return float(rs["factor"]) if rs.get("factor") is not None else spec.max_position_embeddings / old
+
+
+def _yarn_inv_freq(spec: ModelSpec, rs: dict) -> np.ndarray:
+    """Frequencies below the ramp interpolated (divided by the factor), above it kept, blended linearly across the
+    dimensions whose wavelengths fall between beta_fast and beta_slow rotations over the original context."""
+    d, base = spec.head_dim, spec.rope_theta
+    factor = _yarn_factor(spec, rs)
+    old = rs.get("original_max_position_embeddings", spec.max_position_embeddings)
+    fast, slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return d * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    lo, hi = correction_dim(fast), correction_dim(slow)
+    if rs.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, d - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = np.clip((np.arange(d // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
+    pos = base ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    keep = 1 - ramp   # 1: the original frequency (extrapolation), 0: divided by the factor (interpolation)
+    return (1 / (factor * pos)) * (1 - keep) + (1 / pos) * keep
+
+
+def attention_factor(spec: ModelSpec, table: str = "rope") -> float:
+    """What cos and sin are multiplied by (YaRN's attention factor; 1 for every other scaling)."""
+    rs = spec.rope_scaling
+    if table == "rope_local" or not rs or rs.get("rope_type", rs.get("type")) != "yarn":
+        return 1.0
+    if rs.get("attention_factor") is not None:
+        return float(rs["attention_factor"])
+    factor = _yarn_factor(spec, rs)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if rs.get("mscale") and rs.get("mscale_all_dim"):
+        return mscale(factor, rs["mscale"]) / mscale(factor, rs["mscale_all_dim"])
+    return mscale(factor)
+
+
 def cos_sin(spec: ModelSpec, positions: np.ndarray, table: str = "rope") -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin of shape [len(positions), head_dim/2] in float64."""
+    """cos, sin of shape [len(positions), head_dim/2] in float64 (times YaRN's attention factor)."""
     ang = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq(spec, table)[None, :]
-    return np.cos(ang), np.sin(ang)
+    a = attention_factor(spec, table)
+    return np.cos(ang) * a, np.sin(ang) * a
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

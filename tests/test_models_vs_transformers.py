@@ -22,6 +22,24 @@ def test_mixtral_numpy_matches_transformers(tmp_path):
     check_against_transformers(make_checkpoint(tmp_path / "moe", "MixtralForCausalLM", seed=11))
 
 
+# RoPE scalings beyond the TINY set (llama3 is there): YaRN as Qwen2.5 / DeepSeek-style configs write it, and
+# dynamic NTK (its tables equal the default ones inside max_position_embeddings)
+ROPE_SCALINGS = {
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16, "mscale": 0.707,
+                    "mscale_all_dim": 1.0, "beta_fast": 16, "beta_slow": 2, "truncate": False},
+    "yarn-attention-factor": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64,
+                              "attention_factor": 1.3},
+    "dynamic": {"rope_type": "dynamic", "factor": 4.0},
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROPE_SCALINGS))
+def test_rope_scalings_match_transformers(name, tmp_path):
+    check_against_transformers(make_checkpoint(tmp_path / name, "LlamaForCausalLM", seed=3, max_position_embeddings=128,
+                                               rope_theta=10000.0, rope_scaling=ROPE_SCALINGS[name]))
+
+
 def test_numpy_matches_transformers(tiny_model):
     check_against_transformers(tiny_model)
 
