@@ -114,7 +114,7 @@ for key in ("rope_scaling", "rope_parameters"):
                      ("original_max_position_embeddings", 64.5), ("original_max_position_embeddings", -1),
                      ("original_max_position_embeddings", "64"), ("original_max_position_embeddings", 10**12),
                      ("rope_theta", None), ("rope_theta", "5e5"), ("rope_theta", -1), ("rope_type", 3),
-                     ("rope_type", ["llama3"]), ("rope_type", "yarn")]:
+                     ("rope_type", ["llama3"]), ("rope_type", "longrope")]:
         CASES.append(("llama", key, {**L3, field: v}, field if field != "rope_type" else "rope"))
     CASES.append(("llama", key, {k: v for k, v in L3.items() if k != "factor"}, "factor"))
     CASES.append(("llama", key, {"rope_type": "default", "rope_theta": None}, "rope_theta"))

@@ -43,6 +43,20 @@ def test_logits_and_greedy_match_numpy(name, packages, tiny_models):
     assert out.token_ids == ref.greedy(PROMPT, 32)
 
 
+def test_yarn_package_matches_numpy(tmp_path):
+    """YaRN's tables (interpolated frequencies, cos/sin times its attention factor) reach the package as they reach
+    the numpy model, which matches transformers (tests/test_models_vs_transformers.py)."""
+    ck_dir = make_checkpoint(tmp_path / "yarn", "LlamaForCausalLM", seed=5, max_position_embeddings=128,
+                             rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32})
+    spec, ck, _ = load_checkpoint(str(ck_dir))
+    ref = NumpyModel(spec, ck.get)
+    pkg = edgellm.compile(str(ck_dir), quant="f32", out=tmp_path / "p", max_context=96, prefill_chunk=CHUNK,
+                          progress=False)
+    with edgellm.Runtime.load(pkg, threads=2) as rt:
+        assert relerr(rt.logits(PROMPT), ref.logits(PROMPT)) < 1e-4
+        assert rt.generate(PROMPT, max_new_tokens=32, ignore_eos=True).token_ids == ref.greedy(PROMPT, 32)
+
+
 def test_chunked_prefill_equals_token_by_token(packages):
     with edgellm.Runtime.load(packages["llama-gqa"], threads=2) as rt:
         chunked = rt.logits(PROMPT)
