@@ -127,6 +127,9 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         raise CompileError(f"{spec.arch} is a mixture-of-experts model: "
                            + (f"--target {tgt.name} does not run MoE layers yet (use android-cpu)" if npu else
                               "--layout bundled applies to dense FFNs (a token already reads only its experts)"))
+    if layout == "bundled" and spec.mlp_bias:
+        raise CompileError(f"--layout bundled does not handle MLP biases yet ({spec.arch} with mlp_bias): compile it "
+                           "with the dense layout")
     lookahead, width = expert_options(spec, expert_prefetch_distance, expert_guesser, expert_guess_width)
     quant = scheme.name
     if gptq and not scheme.gptq:

@@ -1,4 +1,5 @@
-"""Llama-family forward pass (Llama 2/3, TinyLlama, SmolLM, Mistral, Qwen2 with qkv bias, Qwen3 with q/k norm) and
+"""Llama-family forward pass (Llama 2/3 with or without attention / MLP biases, TinyLlama, SmolLM, Mistral, Qwen2
+with qkv bias, Qwen3 with q/k norm) and
 its mixture-of-experts relatives (Mixtral, Qwen2-MoE with a sigmoid-gated shared expert, Qwen3-MoE, OLMoE with
 q/k norm over all heads), written once against models.graph.Graph."""
 from __future__ import annotations
@@ -27,15 +28,16 @@ def body(g: Graph, ids: Value) -> Value:
         q = g.rope(q, s.n_heads)
         k = g.rope(k, s.n_kv_heads)
         g.kv_store(i, k, v)
-        x = g.add(x, g.linear(g.attention(q, i), a + "o_proj.weight"))
+        x = g.add(x, g.linear(g.attention(q, i), a + "o_proj.weight", a + "o_proj.bias" if s.o_bias else None))
         h = g.rmsnorm(x, p + "post_attention_layernorm.weight")
-        x = g.add(x, _moe(g, i, h) if s.is_moe_layer(i) else _mlp(g, dense_mlp(s, i), h))
+        x = g.add(x, _moe(g, i, h) if s.is_moe_layer(i) else _mlp(g, dense_mlp(s, i), h, s.mlp_bias))
     return x
 
 
-def _mlp(g: Graph, names: tuple[str, str, str], h: Value) -> Value:
+def _mlp(g: Graph, names: tuple[str, str, str], h: Value, bias: bool = False) -> Value:
     gate, up, down = names
-    return g.linear(g.swiglu(g.linear(h, gate), g.linear(h, up)), down)
+    b = (lambda w: w.removesuffix(".weight") + ".bias") if bias else (lambda w: None)
+    return g.linear(g.swiglu(g.linear(h, gate, b(gate)), g.linear(h, up, b(up))), down, b(down))
 
 
 def dense_mlp(s: ModelSpec, i: int) -> tuple[str, str, str]:
@@ -106,8 +108,13 @@ def weight_shapes(s: ModelSpec) -> dict[str, tuple[int, ...]]:
                 w[n["shared_gate"]] = (1, d)
         else:
             ffn(dense_mlp(s, i), f)
+            if s.mlp_bias:
+                gate, up, down = (n.removesuffix(".weight") + ".bias" for n in dense_mlp(s, i))
+                w.update({gate: (f,), up: (f,), down: (d,)})
         if s.attention_bias:
             w.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
+        if s.o_bias:
+            w[a + "o_proj.bias"] = (d,)
         if s.qk_norm:
             w.update({a + "q_norm.weight": (q if s.qk_norm_full else hd,), a + "k_norm.weight": (kv if s.qk_norm_full else hd,)})
     return w

@@ -204,8 +204,6 @@ def _llama_like(cfg: dict, arch: str, acts=("silu", "swish"), **extra) -> ModelS
     act = cfg.get("hidden_act", "silu")
     if not isinstance(act, str) or act not in acts:
         raise ModelLoadError(f"{arch} with hidden_act {short_repr(act)} is not supported (only {'/'.join(acts)})")
-    if _bool(cfg, "mlp_bias") and arch == "LlamaForCausalLM":
-        raise ModelLoadError(f"{arch} with mlp_bias: true (biases on the MLP projections) is not supported yet")
     rope_theta, rope = _rope(cfg, head_dim)
     tied = _bool(cfg, "tie_word_embeddings", False)
     bos = cfg.get("bos_token_id")
@@ -257,10 +255,9 @@ def _layer_windows(cfg: dict, arch: str, n_layers: int) -> tuple[int, ...]:
 
 @register("LlamaForCausalLM")
 def _llama(cfg: dict) -> ModelSpec:
-    if _bool(cfg, "attention_bias"):   # transformers' Llama then has an o_proj bias too, which models/llama.py lacks
-        raise ModelLoadError("LlamaForCausalLM with attention_bias: true (biases on the q/k/v/o projections) is not "
-                             "supported yet")
-    return _llama_like(cfg, "LlamaForCausalLM")
+    # transformers' Llama: attention_bias puts biases on q/k/v and o; mlp_bias on gate/up/down
+    bias = _bool(cfg, "attention_bias")
+    return _llama_like(cfg, "LlamaForCausalLM", attention_bias=bias, o_bias=bias, mlp_bias=_bool(cfg, "mlp_bias"))
 
 
 @register("MistralForCausalLM")

@@ -21,6 +21,8 @@ class ModelSpec:
     rope_scaling: dict | None = None
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    o_bias: bool = False          # the output projection too (Llama with attention_bias)
+    mlp_bias: bool = False        # the dense MLP's gate/up/down projections carry biases (Llama with mlp_bias)
     qk_norm: bool = False         # per-head RMSNorm on q and k before RoPE (Qwen3)
     n_experts: int = 0            # MoE: experts per layer (0 = dense MLP)
     n_experts_per_tok: int = 0    # MoE: top-k experts per token

@@ -34,6 +34,15 @@ ROPE_SCALINGS = {
 }
 
 
+def test_llama_biases_match_transformers(tmp_path):
+    """Llama with attention_bias (q/k/v and o) and mlp_bias (gate/up/down), the random biases nonzero."""
+    d = make_checkpoint(tmp_path / "b", "LlamaForCausalLM", seed=4, attention_bias=True, mlp_bias=True)
+    spec, ck, _ = load_checkpoint(str(d))
+    assert spec.o_bias and spec.mlp_bias
+    assert np.abs(np.asarray(ck.get("model.layers.0.self_attn.o_proj.bias"))).max() > 0
+    check_against_transformers(d)
+
+
 @pytest.mark.parametrize("name", sorted(ROPE_SCALINGS))
 def test_rope_scalings_match_transformers(name, tmp_path):
     check_against_transformers(make_checkpoint(tmp_path / name, "LlamaForCausalLM", seed=3, max_position_embeddings=128,

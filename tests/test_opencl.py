@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("tvm")
 
 from edgellm.compiler.driver import compile_model  # noqa: E402
+from edgellm.models.synthetic import make_checkpoint  # noqa: E402
 from edgellm.errors import CompileError, EdgeLLMError  # noqa: E402
 from edgellm.runtime.python.api import Runtime  # noqa: E402
 
@@ -24,8 +25,8 @@ PROMPT = [int(t) for t in np.random.default_rng(3).integers(2, 900, 40)]
 # int8 activation that rounds the other way after such a difference, so they get a looser bound
 TOL = {"f32": 1e-4, "q8": 2e-3, "q4g32": 2e-3, "t2": 5e-3}
 CASES = [("demo-llama", "f32"), ("demo-llama", "q8"), ("demo-llama", "q4g32"), ("demo-llama", "t2"),
-         ("qwen2", "f32"), ("qwen3", "q4g32"), ("gemma3", "q8")]   # + Qwen2's biases and tied head, Qwen3's q/k norms,
-# Gemma 3's GeGLU, scaled embedding, post-norms and two RoPE tables
+         ("qwen2", "f32"), ("qwen3", "q4g32"), ("gemma3", "q8"), ("llama-bias", "f32")]   # + Qwen2's biases and tied head,
+# Qwen3's q/k norms, Gemma 3's GeGLU, scaled embedding, post-norms and two RoPE tables, Llama's attention and MLP biases
 
 
 def _opencl_device() -> bool:
@@ -49,7 +50,9 @@ def packages(tmp_path_factory, tiny_models):
 
     def get(model: str, quant: str):
         if (model, quant) not in made:
-            src = DEMO if model == "demo-llama" else tiny_models[model]
+            src = DEMO if model == "demo-llama" else (
+                make_checkpoint(root / model, "LlamaForCausalLM", seed=4, attention_bias=True, mlp_bias=True)
+                if model == "llama-bias" else tiny_models[model])
             kw = dict(quant=quant, prefill_chunk=CHUNK, max_context=CTX, progress=False)
             made[model, quant] = tuple(compile_model(src, target=t, out=root / f"{model}-{quant}-{t}", **kw)
                                        for t in ("opencl", "host"))

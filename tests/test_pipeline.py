@@ -57,6 +57,29 @@ def test_yarn_package_matches_numpy(tmp_path):
         assert rt.generate(PROMPT, max_new_tokens=32, ignore_eos=True).token_ids == ref.greedy(PROMPT, 32)
 
 
+@pytest.mark.parametrize("quant", ["f32", "q8"])
+def test_llama_biases_package_matches_numpy(quant, tmp_path):
+    """Llama's attention_bias (q/k/v fused with their biases, o_proj's) and mlp_bias (gate/up fused, down) through
+    the compiled package: f32 against the numpy model, q8 against the numpy model of its quantized weights'
+    tolerance (the same top token at every position)."""
+    ck_dir = make_checkpoint(tmp_path / "b", "LlamaForCausalLM", seed=4, attention_bias=True, mlp_bias=True)
+    spec, ck, _ = load_checkpoint(str(ck_dir))
+    ref = NumpyModel(spec, ck.get)
+    pkg = edgellm.compile(str(ck_dir), quant=quant, out=tmp_path / "p", max_context=96, prefill_chunk=CHUNK,
+                          progress=False)
+    with edgellm.Runtime.load(pkg, threads=2) as rt:
+        got, want = rt.logits(PROMPT), ref.logits(PROMPT)
+        if quant == "f32":
+            assert relerr(got, want) < 1e-4
+            assert rt.generate(PROMPT, max_new_tokens=32, ignore_eos=True).token_ids == ref.greedy(PROMPT, 32)
+        else:
+            assert relerr(got, want) < 0.05 and (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
+    if quant == "f32":   # the neuron-bundled layout would drop the MLP biases: refused in one line
+        with pytest.raises(edgellm.EdgeLLMError, match="--layout bundled does not handle MLP biases"):
+            edgellm.compile(str(ck_dir), quant="f16", layout="bundled", out=tmp_path / "bundled", progress=False)
+        assert not (tmp_path / "bundled").exists()
+
+
 def test_chunked_prefill_equals_token_by_token(packages):
     with edgellm.Runtime.load(packages["llama-gqa"], threads=2) as rt:
         chunked = rt.logits(PROMPT)
