@@ -21,7 +21,7 @@ from .device_binary import BIN_DIR, BINARY, build_edgellm_run
 from .backends import kernel_backend
 from .lower import lower_model
 from .moe import manifest as moe_manifest
-from .onnx_qnn.options import NPU_CHUNK, npu_options  # noqa: F401 (NPU_CHUNK: its old home)
+from .onnx_qnn.options import npu_options
 from .package_writer import check_destination, staged_package, write_sums, write_weights
 from .plan_writer import write_plan
 from .progress import Step, layer_progress

@@ -228,16 +228,6 @@ def register(scheme: Scheme) -> Scheme:
     return scheme
 
 
-def kernel_op(op: str) -> KernelOp | None:
-    """The packed-scheme kernel op of this name, or None (float and non-linear ops)."""
-    return KERNEL_OPS.get(op)
-
-
-def kernel_ops(kind: str) -> tuple[str, ...]:
-    """The names of the packed-scheme kernel ops of a kind ("linear" or "embed"), in registration order."""
-    return tuple(n for n, k in KERNEL_OPS.items() if k.traits.kind == kind)
-
-
 def get_scheme(name: str) -> Scheme:
     if name not in SCHEMES:
         raise CompileError(f"unknown quantization scheme '{name}': choose one of {', '.join(SCHEMES)}")
