@@ -9,7 +9,8 @@ anything else raises CompileError:
     ByteLevel (its own GPT-2 regex, or use_regex=false after a Split with the GPT-2, Llama-3 or Qwen2 pattern),
     optionally after Digits;
   * SentencePiece-style BPE (Llama-2, TinyLlama, Mistral v0.1, Gemma): normalizer Prepend("▁") / Replace(" ", "▁")
-    and/or a Metaspace("▁") pre-tokenizer; byte_fallback with <0xXX> tokens, unk (fused or not).
+    and/or a Metaspace("▁") pre-tokenizer (or Gemma's Split(" "), a no-op after that Replace); byte_fallback with
+    <0xXX> tokens, unk (fused or not).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ F_IGNORE_MERGES, F_BYTE_FALLBACK, F_FUSE_UNK, F_NFC = 1 << 0, 1 << 1, 1 << 2, 1 
 F_PREPEND, F_REPLACE_SPACE, F_METASPACE, F_MS_SPLIT = 1 << 4, 1 << 5, 1 << 6, 1 << 7
 F_MS_ALWAYS, F_MS_FIRST, F_PREFIX_SPACE, F_DIGITS_EACH, F_DIGITS_RUNS = 1 << 8, 1 << 9, 1 << 10, 1 << 11, 1 << 12
 F_DECODE_ONLY = 1 << 13
+F_SPACE_SPLIT = 1 << 30   # compile-time only (never written): a Split(" ") that finds nothing after Replace(" ", "▁")
 TOK_KEY, TOK_SPECIAL, TOK_ADDED = 1, 2, 4
 ADD_SPECIAL, ADD_NORMALIZED, ADD_LSTRIP, ADD_RSTRIP = 1, 2, 4, 8
 MAX_AFFIX = 16
@@ -116,6 +118,10 @@ def _pre_tokenizer(pre: dict | None) -> tuple[int, int, int]:
         return FAMILY_BYTE_LEVEL, pretok, flags
     if types == []:
         return FAMILY_SENTENCEPIECE, PRE_NONE, 0
+    if types == ["Split"] and _is_space_split(items[0]):
+        # Gemma: a split on " " after the normalizer turned every " " into "▁" finds nothing to split
+        # (pack_tokenizer checks that Replace(" ", "▁") is there)
+        return FAMILY_SENTENCEPIECE, PRE_NONE, F_SPACE_SPLIT
     if types == ["Metaspace"]:
         m = items[0]
         if m.get("replacement") != META:
@@ -126,6 +132,11 @@ def _pre_tokenizer(pre: dict | None) -> tuple[int, int, int]:
             flags |= F_MS_SPLIT
         return FAMILY_SENTENCEPIECE, PRE_NONE, flags
     raise _fail(f"pre-tokenizer chain {types} is not supported")
+
+
+def _is_space_split(p: dict) -> bool:
+    return (p.get("pattern") == {"String": " "} and not p.get("invert")
+            and p.get("behavior") in ("MergedWithPrevious", "MergedWithNext", "Isolated", "Removed"))
 
 
 def _decoder_family(dec: dict | None) -> int:
@@ -235,6 +246,9 @@ def pack_tokenizer(tokenizer_json: Path) -> bytes:
             raise _fail("byte_fallback in a byte-level tokenizer is not supported")
         if family == FAMILY_SENTENCEPIECE and not flags & (F_REPLACE_SPACE | F_METASPACE):
             raise _fail("a BPE without ByteLevel needs SentencePiece spaces (Replace ' ' -> '▁' or Metaspace)")
+        if flags & F_SPACE_SPLIT and not norm_flags & F_REPLACE_SPACE:
+            raise _fail("a Split on ' ' is supported only after a Replace(' ', '▁') normalizer (Gemma)")
+        flags &= ~F_SPACE_SPLIT
     except CompileError as e:   # the encoder is out of reach; the decoder may not be
         decode_only = str(e)
         family, pretok, flags = _decoder_family(d.get("decoder")), PRE_NONE, F_DECODE_ONLY

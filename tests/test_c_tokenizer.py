@@ -118,16 +118,20 @@ def sentencepiece_parts() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab, merges
 
 
-def _sentencepiece(parts, *, byte_fallback=True, fuse_unk=True, normalizer=True, metaspace=None) -> Tokenizer:
+def _sentencepiece(parts, *, byte_fallback=True, fuse_unk=True, normalizer=True, metaspace=None,
+                   gemma=False) -> Tokenizer:
     vocab, merges = parts
     tok = Tokenizer(models.BPE(vocab=dict(vocab), merges=list(merges), unk_token="<unk>", fuse_unk=fuse_unk,
                                byte_fallback=byte_fallback))
-    if normalizer:
+    if gemma:   # Gemma's tokenizer.json: no prefix "▁", and a Split on " " that the normalizer leaves nothing for
+        tok.normalizer = normalizers.Replace(" ", "▁")
+        tok.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
+    elif normalizer:
         tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     if metaspace:
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", **metaspace)
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+                                     *([] if gemma else [decoders.Strip(" ", 1, 0)])])
     tok.add_special_tokens(["<unk>", "<s>", "</s>"])
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     return tok
@@ -174,6 +178,7 @@ SENTENCEPIECE = {
     "metaspace-split": {"normalizer": False, "metaspace": {"prepend_scheme": "always", "split": True}},
     "no-fallback": {"byte_fallback": False, "fuse_unk": False},
     "fused-unk": {"byte_fallback": False, "fuse_unk": True},
+    "gemma": {"gemma": True},   # Replace(" ", "▁") + Split(" "), no prefix space (Gemma 2/3)
 }
 
 
