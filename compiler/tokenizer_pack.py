@@ -22,16 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CompileError
+from ..models.tokenizer_patterns import GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN
 from ..runtime import contract as K
 
 MAGIC, VERSION = K.TOKENIZER_MAGIC, K.TOKENIZER_VERSION   # runtime/contract.h
 FAMILY_BYTE_LEVEL, FAMILY_SENTENCEPIECE = 1, 2
 PRE_NONE, PRE_GPT2, PRE_LLAMA3, PRE_QWEN2 = 0, 1, 2, 3
 
-GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                  r"\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
 PATTERNS = {GPT2_PATTERN: PRE_GPT2, LLAMA3_PATTERN: PRE_LLAMA3, QWEN2_PATTERN: PRE_QWEN2}
 
 # header flags: keep in sync with EL_TOKF_* in runtime/tokenizer/tokenizer.c

@@ -22,9 +22,12 @@ def load_checkpoint(model: str):
     from .checkpoint import Checkpoint, read_config, resolve_model_dir
     from .registry import spec_from_config
 
+    from . import gguf
+
     d = resolve_model_dir(model)
-    spec = spec_from_config(read_config(d))
-    ck = Checkpoint(d)
+    cfg = read_config(d)
+    spec = spec_from_config(cfg)
+    ck = gguf.open_checkpoint(d, cfg) if gguf.is_sidecar(d) else Checkpoint(d)
     embed = "model.embed_tokens.weight"
     if spec.tie_word_embeddings and embed not in ck and "lm_head.weight" in ck:
         ck.alias(embed, "lm_head.weight")

@@ -21,15 +21,21 @@ _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.txt"]
 
 def resolve_model_dir(model: str | os.PathLike) -> Path:
     """A local directory as is; otherwise a hub id fetched (or found in the cache) through huggingface-hub."""
+    from . import gguf
+
     p = Path(model).expanduser()
     if p.is_dir():
-        return p
+        inside = gguf.gguf_in_dir(p)
+        return gguf.sidecar(inside) if inside else p
+    if gguf.is_gguf_file(p):
+        return gguf.sidecar(p)
     from .demo import demo_path
 
     if (d := demo_path(str(model))) is not None:
         return d
     if p.exists():
-        raise ModelLoadError(f"{p} is a file; pass the checkpoint directory that holds config.json")
+        raise ModelLoadError(f"{p} is a file but not a GGUF model; pass a GGUF file or the checkpoint directory "
+                             "that holds config.json")
     s = str(model)
     if s.count("/") != 1 or s.startswith((".", "/", "~")):
         raise ModelLoadError(f"model '{s}' is neither a local directory nor a Hugging Face id (owner/name)")

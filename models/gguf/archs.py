@@ -1,0 +1,179 @@
+"""GGUF architectures edgellm compiles: llama.cpp's `general.architecture` -> the Hugging Face config it stands for,
+the tensor names, and how llama.cpp's converter changed the weights (so they can be changed back).
+
+One row per architecture; a new one is a GGUFArch plus one line in ARCHS."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ...errors import ModelLoadError
+from .file import GGUFFile
+
+# llama.cpp's per-layer tensor names -> the Hugging Face names of the Llama layout
+LAYER = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+}
+# stacked expert tensors [n_expert, rows, cols] -> one HF tensor per expert ({e}: its index)
+EXPERTS = {"ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
+           "ffn_down_exps": "mlp.experts.{e}.down_proj"}
+GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+@dataclass(frozen=True)
+class GGUFArch:
+    hf_arch: str                                   # architectures[0] of the config this file stands for
+    config: Callable[[GGUFFile, dict], dict] = lambda f, cfg: cfg   # arch-specific config keys on top of the common
+    layer: dict = field(default_factory=dict)      # per-layer name overrides on top of LAYER
+    experts: dict = field(default_factory=dict)    # expert name overrides on top of EXPERTS
+    permuted_qk: bool = False   # llama.cpp's converter interleaved q/k rows for its rotary layout (LLaMA)
+    norm_shift: float = 0.0     # llama.cpp's converter stored every norm weight w as w + shift (Gemma: 1)
+
+
+def _llama(f: GGUFFile, cfg: dict) -> dict:
+    if f.number("expert_count", 0):   # Mixtral is a LLaMA with experts to llama.cpp
+        cfg = {**cfg, "architectures": ["MixtralForCausalLM"], "num_local_experts": f.number("expert_count"),
+               "num_experts_per_tok": f.number("expert_used_count")}
+    cfg["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
+    return cfg
+
+
+def _mixtral_names(f: GGUFFile) -> tuple[dict, dict]:
+    return ({"ffn_gate_inp": "block_sparse_moe.gate"},
+            {"ffn_gate_exps": "block_sparse_moe.experts.{e}.w1", "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
+             "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"})
+
+
+def _moe(f: GGUFFile, cfg: dict) -> dict:
+    cfg.update(num_experts=f.number("expert_count"), num_experts_per_tok=f.number("expert_used_count"),
+               moe_intermediate_size=f.number("expert_feed_forward_length", cfg["intermediate_size"]))
+    shared = f.number("expert_shared_feed_forward_length", 0)
+    if shared:
+        cfg["shared_expert_intermediate_size"] = shared
+    return cfg
+
+
+def _qwen2moe(f: GGUFFile, cfg: dict) -> dict:
+    cfg = _moe(f, cfg)
+    if "shared_expert_intermediate_size" not in cfg and "blk.0.ffn_up_shexp.weight" in f.tensors:
+        cfg["shared_expert_intermediate_size"] = int(f.tensors["blk.0.ffn_up_shexp.weight"].shape[1])
+    cfg.setdefault("norm_topk_prob", False)
+    return cfg
+
+
+def _qwen3moe(f: GGUFFile, cfg: dict) -> dict:
+    return {**_moe(f, cfg), "norm_topk_prob": True}
+
+
+def _olmoe(f: GGUFFile, cfg: dict) -> dict:
+    return {**_moe(f, cfg), "norm_topk_prob": False}
+
+
+def _gemma3(f: GGUFFile, cfg: dict) -> dict:
+    # what llama.cpp assumes where the file is silent: every 6th layer global, a local RoPE base of 10000, and the
+    # attention scale 1/sqrt(key_length) (1/sqrt(hidden/heads) for the 62-layer 27B)
+    n = cfg["num_hidden_layers"]
+    window = f.number("attention.sliding_window", 0)
+    pattern = f.arch_get("attention.sliding_window_pattern", 6)
+    if not window:
+        types = ["full_attention"] * n
+    elif isinstance(pattern, list):   # per layer: true = sliding
+        if len(pattern) != n:
+            raise ModelLoadError(f"{f.path.name}: attention.sliding_window_pattern lists {len(pattern)} layers, the "
+                                 f"model has {n}")
+        types = ["sliding_attention" if p else "full_attention" for p in pattern]
+    else:
+        types = ["full_attention" if pattern and (i + 1) % int(pattern) == 0 else "sliding_attention" for i in range(n)]
+    scalar = cfg["hidden_size"] // cfg["num_attention_heads"] if n == 62 else cfg["head_dim"]
+    cfg.update(rope_local_base_freq=f.number("rope.freq_base_swa", 10000.0, float), sliding_window=window or 4096,
+               layer_types=types, query_pre_attn_scalar=scalar, hidden_activation="gelu_pytorch_tanh",
+               final_logit_softcapping=f.number("final_logit_softcapping", None, float))
+    return cfg
+
+
+ARCHS: dict[str, GGUFArch] = {
+    "llama": GGUFArch("LlamaForCausalLM", _llama, permuted_qk=True),
+    "qwen2": GGUFArch("Qwen2ForCausalLM", lambda f, cfg: {**cfg, "attention_bias": True}),
+    "qwen3": GGUFArch("Qwen3ForCausalLM"),
+    "qwen2moe": GGUFArch("Qwen2MoeForCausalLM", _qwen2moe),
+    "qwen3moe": GGUFArch("Qwen3MoeForCausalLM", _qwen3moe),
+    "olmoe": GGUFArch("OlmoeForCausalLM", _olmoe),
+    "gemma3": GGUFArch("Gemma3ForCausalLM", _gemma3, norm_shift=1.0,
+                       layer={"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+                              "post_ffw_norm": "post_feedforward_layernorm"}),
+}
+
+
+def arch_of(f: GGUFFile) -> GGUFArch:
+    a = ARCHS.get(f.arch)
+    if a is None:
+        raise ModelLoadError(f"{f.path.name}: GGUF architecture {f.arch!r} is not supported yet (supported: "
+                             f"{', '.join(sorted(ARCHS))})")
+    return a
+
+
+def names(f: GGUFFile, arch: GGUFArch, cfg: dict) -> dict[str, tuple[str, int | None]]:
+    """HF weight name -> (GGUF tensor name, expert index or None) for every tensor of the file."""
+    layer, experts = {**LAYER, **arch.layer}, {**EXPERTS, **arch.experts}
+    if cfg["architectures"][0] == "MixtralForCausalLM":
+        lo, ex = _mixtral_names(f)
+        layer, experts = {**layer, **lo}, {**experts, **ex}
+    out: dict[str, tuple[str, int | None]] = {}
+    for name, t in f.tensors.items():
+        base, _, kind = name.rpartition(".")     # kind: weight / bias
+        if base in GLOBAL:
+            out[f"{GLOBAL[base]}.{kind}"] = (name, None)
+            continue
+        parts = base.split(".")
+        if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit():
+            continue   # rope_freqs and other tables llama.cpp keeps: not weights of the HF model
+        i, short = int(parts[1]), parts[2]
+        if short in experts:
+            for e in range(int(t.shape[-1])):
+                out[f"model.layers.{i}.{experts[short].format(e=e)}.{kind}"] = (name, e)
+        elif short in layer:
+            out[f"model.layers.{i}.{layer[short]}.{kind}"] = (name, None)
+    return out
+
+
+def config(f: GGUFFile, arch: GGUFArch) -> dict:
+    """The Hugging Face config.json this file's metadata stands for."""
+    tokens = f.get("tokenizer.ggml.tokens", None)
+    embd = f.tensors.get("token_embd.weight")
+    vocab = f.number("vocab_size", None) or (len(tokens) if tokens else None) or (int(embd.shape[1]) if embd else None)
+    heads = f.number("attention.head_count")
+    if isinstance(heads, list):
+        raise ModelLoadError(f"{f.path.name}: per-layer head counts are not supported")
+    hidden = f.number("embedding_length")
+    cfg = {
+        "architectures": [arch.hf_arch], "model_type": f.arch, "vocab_size": vocab, "hidden_size": hidden,
+        "num_hidden_layers": f.number("block_count"), "num_attention_heads": heads,
+        "num_key_value_heads": f.number("attention.head_count_kv", heads),
+        "intermediate_size": f.number("feed_forward_length", 0),
+        "rms_norm_eps": f.number("attention.layer_norm_rms_epsilon", 1e-6, float),
+        "rope_theta": f.number("rope.freq_base", 10000.0, float),
+        "max_position_embeddings": f.number("context_length", 4096),
+        "head_dim": f.number("attention.key_length", hidden // heads),
+        "tie_word_embeddings": "output.weight" not in f.tensors,
+        "hidden_act": "silu",
+    }
+    kind = f.arch_get("rope.scaling.type", None)
+    if kind not in (None, "none"):
+        cfg["rope_scaling"] = {"rope_type": kind, "factor": f.number("rope.scaling.factor", 1.0, float)}
+        orig = f.number("rope.scaling.original_context_length", None)
+        if orig:
+            cfg["rope_scaling"]["original_max_position_embeddings"] = orig
+    bos, eos = f.get("tokenizer.ggml.bos_token_id", None), f.get("tokenizer.ggml.eos_token_id", None)
+    ends = [e for e in (eos, f.get("tokenizer.ggml.eot_token_id", None), f.get("tokenizer.ggml.eom_token_id", None))
+            if isinstance(e, int)]
+    if bos is not None:
+        cfg["bos_token_id"] = bos
+    if ends:
+        cfg["eos_token_id"] = list(dict.fromkeys(ends)) if len(set(ends)) > 1 else ends[0]
+    return arch.config(f, cfg)

@@ -1,0 +1,98 @@
+"""A GGUF file as a Checkpoint: Hugging Face tensor names and shapes, each weight dequantized to f32 as it is read
+(the blocks themselves stay reachable through `blocks()` for schemes that keep them bit for bit)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import ModelLoadError
+from .archs import GGUFArch
+from .file import GGUFFile
+
+NORM_SUFFIXES = ("norm.weight",)
+# GGUF types edgellm reads (dequantized by the gguf package); the IQ and ternary types are refused by name
+READABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's LLaMA q/k row permutation (convert_hf_to_gguf's `permute`): rows [head, half, pair] back to
+    [head, pair, half], the rotate-half layout transformers and edgellm rotate with."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+class GGUFCheckpoint:
+    """Checkpoint's interface (models/checkpoint.py) over one GGUF file."""
+
+    def __init__(self, f: GGUFFile, arch: GGUFArch, cfg: dict, names: dict[str, tuple[str, int | None]], sidecar):
+        self.file, self.arch, self.cfg = f, arch, cfg
+        self.dir = sidecar                       # the folder holding the rebuilt tokenizer and config files
+        self.notes: list[str] = []
+        self._names = dict(names)
+        self._transforms: dict = {}
+
+    # ---- the Checkpoint interface
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._names
+
+    def alias(self, name: str, stored: str) -> None:
+        self._names[name] = self._names[stored]
+
+    def transform(self, name: str, fn) -> None:
+        self._transforms[name] = fn
+
+    def release(self) -> None:
+        pass   # the reader's map stays; dequantized arrays are the caller's
+
+    def tensor_type(self, name: str) -> str:
+        """The GGUF type of a weight's blocks (F32, Q8_0, Q4_K, ...)."""
+        return self.file.tensors[self._names[name][0]].tensor_type.name
+
+    def entry(self, name: str) -> dict:
+        g, e = self._names[name]
+        t = self.file.tensors[g]
+        shape = [int(d) for d in reversed(t.shape.tolist())]   # ggml lists the fastest dimension first
+        return {"dtype": t.tensor_type.name, "shape": shape[1:] if e is not None else shape}
+
+    def check_readable(self, name: str) -> None:
+        t = self.file.tensors[self._names[name][0]]
+        if t.tensor_type.name not in READABLE:
+            raise ModelLoadError(f"{self.file.path.name}: tensor {t.name} is of GGUF type {t.tensor_type.name}, which "
+                                 f"edgellm does not read (readable: {', '.join(READABLE)}); use a file of one of those")
+
+    def dtype(self, name: str) -> str:
+        return self.entry(name)["dtype"]
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self._names:
+            raise ModelLoadError(f"weight '{name}' is missing from {self.file.path}")
+        arr = self._dequantized(name)
+        fn = self._transforms.get(name)
+        return np.asarray(fn(arr), np.float32) if fn else arr
+
+    # ---- GGUF specifics
+    def _dequantized(self, name: str) -> np.ndarray:
+        import gguf
+
+        g, e = self._names[name]
+        t = self.file.tensors[g]
+        data = t.data if e is None else t.data[e]
+        try:
+            w = np.asarray(gguf.quants.dequantize(np.asarray(data), t.tensor_type), np.float32)
+        except Exception as err:
+            raise ModelLoadError(f"{self.file.path.name}: tensor {g} cannot be dequantized "
+                                 f"({type(err).__name__}: {err})") from err
+        w = w.reshape(self.entry(name)["shape"])
+        return self.undo_convert(name, w)
+
+    def undo_convert(self, name: str, w: np.ndarray) -> np.ndarray:
+        """What llama.cpp's converter did to this weight, undone (q/k row order, norm offsets)."""
+        if self.arch.permuted_qk and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                                    "self_attn.q_proj.bias", "self_attn.k_proj.bias")):
+            heads = self.cfg["num_attention_heads"] if ".q_proj." in name else self.cfg["num_key_value_heads"]
+            w = _unpermute(w, heads)
+        if self.arch.norm_shift and name.endswith(NORM_SUFFIXES):
+            w = w - np.float32(self.arch.norm_shift)
+        return w

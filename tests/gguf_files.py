@@ -1,0 +1,137 @@
+"""Tiny GGUF files written the way llama.cpp's convert_hf_to_gguf.py writes them (its tensor names, its LLaMA q/k row
+permutation, Gemma's norms stored as 1 + w, its metadata keys, the byte-level tokenizer's tokens/merges/types),
+from a Hugging Face checkpoint folder, with the gguf package's writer and numpy quantizers (F32, F16, BF16, Q8_0,
+Q4_0, Q4_1, Q5_0, Q5_1: the K-quants have no numpy quantizer; the real-model tier covers them).
+
+Deliberately independent of edgellm's reader (models/gguf/): the tests check the two against transformers' own
+GGUF loader."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from edgellm.models.checkpoint import Checkpoint, read_config
+
+ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+        "Gemma3ForCausalLM": "gemma3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe"}
+LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+         "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+         "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+         "mlp.down_proj": "ffn_down", "post_attention_layernorm": "ffn_norm", "mlp.gate": "ffn_gate_inp",
+         "block_sparse_moe.gate": "ffn_gate_inp"}
+GEMMA_LAYER = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+               "post_feedforward_layernorm": "post_ffw_norm"}
+EXPERT = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps",
+          "w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps"}
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:   # convert_hf_to_gguf.LlamaModel.permute
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") -> Path:
+    import gguf
+    from gguf import GGMLQuantizationType as T
+
+    hf_dir = Path(hf_dir)
+    cfg = read_config(hf_dir)
+    hf_arch = cfg["architectures"][0]
+    arch = ARCH[hf_arch]
+    gemma = arch == "gemma3"
+    ck = Checkpoint(hf_dir)
+    w = gguf.GGUFWriter(str(out), arch)
+    n_layers, heads, kv = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w.add_block_count(n_layers)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    rp = cfg.get("rope_parameters") or {}
+    w.add_rope_freq_base(float(rp.get("full_attention", {}).get("rope_theta", cfg.get("rope_theta", 10000.0))))
+    w.add_vocab_size(cfg["vocab_size"])
+    if "num_local_experts" in cfg or "num_experts" in cfg:
+        w.add_expert_count(cfg.get("num_local_experts", cfg.get("num_experts")))
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if "moe_intermediate_size" in cfg:
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if gemma:
+        w.add_sliding_window(cfg["sliding_window"])
+        types = cfg["layer_types"]
+        w.add_array(f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in types])
+        w.add_float32(f"{arch}.rope.freq_base_swa", float(rp.get("sliding_attention", {}).get("rope_theta", 10000.0)))
+    _tokenizer(w, hf_dir, pre)
+
+    qt = T[qtype]
+    experts: dict[tuple[int, str], dict[int, np.ndarray]] = {}
+
+    def put(name: str, a: np.ndarray, quantize: bool):
+        a = np.ascontiguousarray(a, np.float32)
+        if quantize and qt not in (T.F32,) and a.shape[-1] % 32 == 0:
+            data = gguf.quants.quantize(a, qt)
+            w.add_tensor(name, data, raw_dtype=qt)
+        else:
+            w.add_tensor(name, a)
+
+    for name in ck.names():
+        a = np.asarray(ck.get(name), np.float32)
+        if gemma and name.endswith("norm.weight"):
+            a = a + 1.0
+        if name == "model.embed_tokens.weight":
+            put("token_embd.weight", a, True)
+            continue
+        if name == "model.norm.weight":
+            put("output_norm.weight", a, False)
+            continue
+        if name == "lm_head.weight":
+            put("output.weight", a, True)
+            continue
+        parts = name.split(".")
+        i, rest, kind = int(parts[2]), ".".join(parts[3:-1]), parts[-1]
+        if ".experts." in name:
+            e = int(parts[parts.index("experts") + 1])
+            experts.setdefault((i, EXPERT[parts[-2]]), {})[e] = a
+            continue
+        if arch == "llama" and rest in ("self_attn.q_proj", "self_attn.k_proj"):
+            a = _permute(a, heads if rest == "self_attn.q_proj" else kv)
+        short = (GEMMA_LAYER.get(rest) if gemma else None) or LAYER[rest]
+        put(f"blk.{i}.{short}.{kind}", a, a.ndim == 2 and short != "ffn_gate_inp")
+    for (i, short), by_e in sorted(experts.items()):
+        put(f"blk.{i}.{short}.weight", np.stack([by_e[e] for e in sorted(by_e)]), True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def _tokenizer(w, hf_dir: Path, pre: str) -> None:
+    """A byte-level tokenizer.json as llama.cpp's _set_vocab_gpt2 writes it."""
+    tj = json.loads((hf_dir / "tokenizer.json").read_text())
+    tc = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    vocab = {**tj["model"]["vocab"], **{a["content"]: a["id"] for a in tj["added_tokens"]}}
+    n = max(vocab.values()) + 1
+    tokens = [f"[PAD{i}]" for i in range(n)]
+    for t, i in vocab.items():
+        tokens[i] = t
+    special = {a["id"] for a in tj["added_tokens"] if a.get("special")}
+    types = [3 if i in special else 1 for i in range(n)]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    ids = {t: i for i, t in enumerate(tokens)}
+    if tc.get("bos_token") in ids:
+        w.add_bos_token_id(ids[tc["bos_token"]])
+    if tc.get("eos_token") in ids:
+        w.add_eos_token_id(ids[tc["eos_token"]])
+    w.add_add_bos_token(bool(tc.get("add_bos_token", False)))
+    if tc.get("chat_template"):
+        w.add_chat_template(tc["chat_template"])

@@ -1,0 +1,204 @@
+"""GGUF in (models/gguf/): tiny files written with llama.cpp's conventions (tests/gguf_files.py) read back as the
+model they came from — logits against transformers on the original checkpoint and on the same GGUF file (its own
+loader), greedy tokens, the rebuilt tokenizer, a compiled package — and every bad file refused in one line."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgellm.errors import ModelLoadError
+from edgellm.models import load_checkpoint
+from edgellm.models.numpy_backend import NumpyModel
+from edgellm.models.synthetic import make_checkpoint
+
+from gguf_files import write_gguf
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+PROMPT = [5, 17, 33, 2, 99, 250, 7, 64, 128, 3, 11, 300]
+# architecture -> config overrides (Gemma 3: one global layer in three, q scale from head_dim as llama.cpp assumes)
+ARCHS = {
+    "LlamaForCausalLM": {},
+    "Qwen2ForCausalLM": {"tie_word_embeddings": True},
+    "Qwen3ForCausalLM": {},
+    "Gemma3ForCausalLM": {"num_hidden_layers": 3, "query_pre_attn_scalar": 16, "tie_word_embeddings": True},
+    "MixtralForCausalLM": {},
+    "Qwen3MoeForCausalLM": {},
+}
+# the architectures transformers' own GGUF loader reads back exactly (it assumes head_dim = hidden/heads for Qwen3,
+# has no Gemma 3 sliding pattern key, and no Mixtral-as-LLaMA)
+TRANSFORMERS_READS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))   # the GGUF sidecars land here
+
+
+def _rel(a, b) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def _hf_logits(d: Path, **kw) -> np.ndarray:
+    m = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, **kw).eval()
+    with torch.no_grad():
+        return m(torch.tensor([PROMPT])).logits[0].numpy(), m
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_f32_gguf_is_the_original_model(arch, tmp_path):
+    """A GGUF of a checkpoint reads back as that checkpoint: the spec, logits within 1e-4 of transformers on the
+    original, 32 greedy tokens identical."""
+    d = make_checkpoint(tmp_path / "hf", arch, seed=2, **ARCHS[arch])
+    g = write_gguf(d, tmp_path / "model.gguf", "F32")
+    spec, ck, side = load_checkpoint(str(g))
+    ref_spec, _, _ = load_checkpoint(str(d))
+    assert spec.rms_eps == pytest.approx(ref_spec.rms_eps, rel=1e-6)   # GGUF stores float32
+    assert dataclasses.replace(spec, rms_eps=ref_spec.rms_eps) == ref_spec
+    ref, hf = _hf_logits(d)
+    ours = NumpyModel(spec, ck.get)
+    assert _rel(ours.logits(PROMPT), ref) < 1e-4
+    want = hf.generate(torch.tensor([PROMPT]), max_new_tokens=32, min_new_tokens=32, do_sample=False,
+                       pad_token_id=0, eos_token_id=None)[0, len(PROMPT):].tolist()
+    assert ours.greedy(PROMPT, 32) == want
+
+
+@pytest.mark.parametrize("qtype", ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+@pytest.mark.parametrize("arch", TRANSFORMERS_READS)
+def test_quantized_gguf_equals_transformers_on_the_same_file(arch, qtype, tmp_path):
+    """Every block type dequantizes to what transformers' GGUF loader makes of the same file (logits within 1e-4),
+    and the file really is quantized (the weights differ from the original's)."""
+    d = make_checkpoint(tmp_path / "hf", arch, seed=3, **ARCHS[arch])
+    g = write_gguf(d, tmp_path / "model.gguf", qtype)
+    spec, ck, _ = load_checkpoint(str(g))
+    ref, _ = _hf_logits(g.parent, gguf_file=g.name)
+    assert _rel(NumpyModel(spec, ck.get).logits(PROMPT), ref) < 1e-4
+    orig, _ = _hf_logits(d)
+    assert _rel(ref, orig) > 1e-6
+    assert ck.tensor_type("model.layers.0.mlp.up_proj.weight") == qtype
+
+
+def test_tokenizer_rebuilt_from_metadata(tmp_path):
+    """The byte-level tokenizer rebuilt from tokenizer.ggml.* encodes like the original tokenizer.json, its special
+    tokens, BOS/EOS and chat template carried over."""
+    from tokenizers import Tokenizer
+
+    from test_c_tokenizer import CORPUS, fuzz_corpus
+
+    tmpl = "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>{% endfor %}"
+    d = make_checkpoint(tmp_path / "hf", "LlamaForCausalLM", seed=1)
+    tc = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**tc, "chat_template": tmpl}))
+    _, _, side = load_checkpoint(str(write_gguf(d, tmp_path / "m.gguf", "Q8_0")))
+    a, b = Tokenizer.from_file(str(side / "tokenizer.json")), Tokenizer.from_file(str(d / "tokenizer.json"))
+    for t in CORPUS + fuzz_corpus(200):
+        assert a.encode(t).ids == b.encode(t).ids, t
+    cfg = json.loads((side / "tokenizer_config.json").read_text())
+    assert (cfg["bos_token"], cfg["eos_token"], cfg["add_bos_token"], cfg["chat_template"]) == ("<s>", "</s>", False, tmpl)
+    assert a.token_to_id("</s>") == 1 and a.encode("x</s>").ids[-1] == 1
+
+
+def test_compiled_package_from_gguf(tmp_path):
+    """`edgellm compile model.gguf`: the f32 package's logits equal transformers on the same file within 1e-4, its
+    C tokenizer encodes like the rebuilt tokenizer, and the CLI's q8 package stays within q8's error of it."""
+    from edgellm.compiler.driver import compile_model
+    from edgellm.runtime.python.api import Runtime
+
+    d = make_checkpoint(tmp_path / "hf", "LlamaForCausalLM", seed=5)
+    g = write_gguf(d, tmp_path / "model.gguf", "Q8_0")
+    ref, _ = _hf_logits(g.parent, gguf_file=g.name)
+    pkg = compile_model(str(g), quant="f32", out=tmp_path / "pkg", progress=False)
+    with Runtime.load(pkg) as rt:
+        assert _rel(np.asarray(rt.logits(PROMPT)), ref) < 1e-4
+        text = "def f(x):\n    return x  # the 12 answers"
+        from tokenizers import Tokenizer
+
+        assert rt.encode(text) == Tokenizer.from_file(str(pkg / "tokenizer.json")).encode(text).ids
+    out = subprocess.run([sys.executable, "-m", "edgellm.cli", "compile", str(g), "--quant", "q8", "-o",
+                          str(tmp_path / "q8")], capture_output=True, text=True, env=_env(tmp_path))
+    assert out.returncode == 0, out.stderr
+    with Runtime.load(tmp_path / "q8") as rt:   # requantized from the file's dequantized Q8_0 blocks
+        q8 = np.asarray(rt.logits(PROMPT))
+    assert 1e-5 < _rel(q8, ref) < 5e-2
+
+
+def _env(tmp_path):
+    import os
+
+    return {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+
+def _edit_gguf(src: Path, out: Path, arch: str | None = None, replace=None) -> Path:
+    """A copy of an F32 GGUF with another general.architecture and/or tensors replaced (name -> (data, type))."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(out), arch or r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        key = k.replace("llama.", f"{arch}.", 1) if arch and k.startswith("llama.") else k
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(key, f.contents())
+        else:
+            w.add_key_value(key, f.contents(), f.types[0])
+    for t in r.tensors:
+        if replace and t.name in replace:
+            data, qt = replace[t.name]
+            w.add_tensor(t.name, data, raw_dtype=qt)
+        else:
+            w.add_tensor(t.name, np.asarray(t.data, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def test_bad_files_are_refused_in_one_line(tmp_path):
+    d = make_checkpoint(tmp_path / "hf", "LlamaForCausalLM", seed=6)
+    g = write_gguf(d, tmp_path / "ok.gguf", "Q8_0")
+    cases = {}
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(g.read_bytes()[: g.stat().st_size // 2])
+    cases[cut] = "truncated or corrupt"
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + b"\xff" * 64)
+    cases[junk] = "truncated or corrupt"
+    f32 = write_gguf(d, tmp_path / "f32.gguf", "F32")
+    cases[_edit_gguf(f32, tmp_path / "phi.gguf", arch="phi3")] = "GGUF architecture 'phi3' is not supported yet"
+    two = tmp_path / "two"
+    two.mkdir()
+    for n in ("a.gguf", "b.gguf"):
+        (two / n).write_bytes(g.read_bytes())
+    cases[two] = "holds 2 GGUF files"
+    for path, why in cases.items():
+        with pytest.raises(ModelLoadError, match=why) as e:
+            load_checkpoint(str(path))
+        assert "\n" not in str(e.value)
+    out = subprocess.run([sys.executable, "-m", "edgellm.cli", "compile", str(junk), "-o", str(tmp_path / "p")],
+                         capture_output=True, text=True, env=_env(tmp_path))
+    assert out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_unreadable_block_type_is_named(tmp_path):
+    """A tensor of a type edgellm does not read (here TQ2_0, a ternary type) is refused naming the type."""
+    import gguf
+
+    d = make_checkpoint(tmp_path / "hf", "LlamaForCausalLM", seed=7, intermediate_size=256)
+    g = write_gguf(d, tmp_path / "ok.gguf", "F32")
+    tq = gguf.GGMLQuantizationType.TQ2_0   # rows of 256
+    bad = _edit_gguf(g, tmp_path / "tq.gguf", replace={
+        "blk.0.ffn_down.weight": (gguf.quants.quantize(np.zeros((64, 256), np.float32), tq), tq)})
+    with pytest.raises(ModelLoadError, match="TQ2_0") as e:
+        load_checkpoint(str(bad))
+    assert "\n" not in str(e.value)
