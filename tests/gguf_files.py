@@ -31,6 +31,26 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:   # convert_hf_to_gguf.L
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _llama3_factors(cfg: dict, rs: dict) -> np.ndarray:
+    """convert_hf_to_gguf's LlamaModel rope_freqs: the divisor of each rotary frequency under llama3 scaling."""
+    import math
+
+    d, base = cfg["head_dim"], cfg["rope_theta"]
+    factor, lo, hi = rs["factor"], rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+    old = rs.get("original_max_position_embeddings", 8192)
+    out = []
+    for i in range(0, d, 2):
+        wavelen = 2 * math.pi * base ** (i / d)
+        if wavelen < old / hi:
+            out.append(1.0)
+        elif wavelen > old / lo:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - lo) / (hi - lo)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)
+
+
 def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") -> Path:
     import gguf
     from gguf import GGMLQuantizationType as T
@@ -66,6 +86,9 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") 
         w.add_array(f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in types])
         w.add_float32(f"{arch}.rope.freq_base_swa", float(rp.get("sliding_attention", {}).get("rope_theta", 10000.0)))
     _tokenizer(w, hf_dir, pre)
+    rs = cfg.get("rope_scaling") or {}
+    if arch == "llama" and rs.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", _llama3_factors(cfg, rs))
 
     qt = T[qtype]
     experts: dict[tuple[int, str], dict[int, np.ndarray]] = {}

@@ -53,16 +53,27 @@ def _hf_logits(d: Path, **kw) -> np.ndarray:
         return m(torch.tensor([PROMPT])).logits[0].numpy(), m
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_f32_gguf_is_the_original_model(arch, tmp_path):
+# Llama 3.1+: llama.cpp keeps the llama3 RoPE scaling only as a table of per-frequency divisors (rope_freqs)
+LLAMA3 = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64, "rope_theta": 500000.0,
+          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                           "original_max_position_embeddings": 64}}
+CASES = {**{a: (a, kw) for a, kw in ARCHS.items()}, "llama3-rope-freqs": ("LlamaForCausalLM", LLAMA3)}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_f32_gguf_is_the_original_model(case, tmp_path):
     """A GGUF of a checkpoint reads back as that checkpoint: the spec, logits within 1e-4 of transformers on the
     original, 32 greedy tokens identical."""
-    d = make_checkpoint(tmp_path / "hf", arch, seed=2, **ARCHS[arch])
+    arch, kw = CASES[case]
+    d = make_checkpoint(tmp_path / "hf", arch, seed=2, **kw)
     g = write_gguf(d, tmp_path / "model.gguf", "F32")
     spec, ck, side = load_checkpoint(str(g))
     ref_spec, _, _ = load_checkpoint(str(d))
     assert spec.rms_eps == pytest.approx(ref_spec.rms_eps, rel=1e-6)   # GGUF stores float32
-    assert dataclasses.replace(spec, rms_eps=ref_spec.rms_eps) == ref_spec
+    if spec.rope_scaling:   # recovered from the rope_freqs table: equal to float32 precision
+        for k, v in ref_spec.rope_scaling.items():
+            assert spec.rope_scaling[k] == (pytest.approx(v, rel=1e-5) if isinstance(v, float) else v), k
+    assert dataclasses.replace(spec, rms_eps=ref_spec.rms_eps, rope_scaling=ref_spec.rope_scaling) == ref_spec
     ref, hf = _hf_logits(d)
     ours = NumpyModel(spec, ck.get)
     assert _rel(ours.logits(PROMPT), ref) < 1e-4

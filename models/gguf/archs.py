@@ -41,7 +41,49 @@ def _llama(f: GGUFFile, cfg: dict) -> dict:
         cfg = {**cfg, "architectures": ["MixtralForCausalLM"], "num_local_experts": f.number("expert_count"),
                "num_experts_per_tok": f.number("expert_used_count")}
     cfg["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
+    if "rope_freqs.weight" in f.tensors:   # Llama 3.1+: llama.cpp stores the llama3 scaling as per-pair divisors
+        cfg["rope_scaling"] = llama3_from_freq_factors(f, cfg)
     return cfg
+
+
+def llama3_from_freq_factors(f: GGUFFile, cfg: dict) -> dict:
+    """The llama3 rope_scaling whose frequency divisors are the file's rope_freqs table. Its smooth band is linear
+    in 1/wavelength, so the factor (the largest divisor) and two points of that line fix it; low_freq_factor is
+    taken as 1 (any other choice with the same line gives the same table). Checked by recomputing the table."""
+    import math
+
+    import numpy as np
+
+    from ..rope import inv_freq
+    from ..spec import ModelSpec
+
+    r = np.asarray(f.tensors["rope_freqs.weight"].data, np.float64).reshape(-1)
+    d = cfg["head_dim"]
+    base = 1.0 / (cfg["rope_theta"] ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    if r.shape != base.shape or not np.all(np.isfinite(r)) or r.min() <= 0:
+        raise ModelLoadError(f"{f.path.name}: rope_freqs.weight has {r.size} entries, the heads need {base.size}")
+    factor = float(r.max())
+    wavelen = 2 * math.pi / base
+    smooth = (1 / r - 1 / factor) / (1 - 1 / factor) if factor > 1 else np.zeros_like(r)   # 0 at F, 1 at 1
+    band = (r > 1 + 1e-6) & (r < factor * (1 - 1e-6))
+    if band.sum() >= 2:
+        a, b = np.polyfit(1 / wavelen[band], smooth[band], 1)   # smooth = a / wavelen + b
+        hi = 1 - 1 / b
+        old = a * (hi - 1)
+    else:   # a step from 1 to F: put the band's ends at the step
+        old = float(wavelen[r >= factor * (1 - 1e-6)].min()) if factor > 1 else 8192.0
+        hi = old / float(wavelen[r <= 1 + 1e-6].max()) if (r <= 1 + 1e-6).any() else 4.0
+        hi = max(hi, 1.0 + 1e-3)
+    rs = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": round(float(hi), 5),
+          "original_max_position_embeddings": int(round(old))}
+    probe = ModelSpec(arch="", family="llama", vocab_size=1, hidden_size=d, n_layers=1, n_heads=1, n_kv_heads=1,
+                      head_dim=d, intermediate_size=1, rms_eps=1e-6, rope_theta=cfg["rope_theta"],
+                      max_position_embeddings=1, rope_scaling=rs)
+    got = base / inv_freq(probe)
+    if not np.allclose(got, r, rtol=1e-4):
+        raise ModelLoadError(f"{f.path.name}: rope_freqs.weight is not a llama3 RoPE scaling (the only kind of "
+                             "per-frequency table edgellm reads)")
+    return rs
 
 
 def _mixtral_names(f: GGUFFile) -> tuple[dict, dict]:
