@@ -267,7 +267,10 @@ def _package_arg(package_or_model: str | None, quant: str | None, progress: bool
         raise InputError("an empty package or model name: give a package directory, a checkpoint, or leave it out "
                          "for the demo")
     p = Path(package_or_model or "demo")
-    if p.exists() and not (p / "config.json").is_file():
+    from .models.gguf import gguf_in_dir, is_gguf_file
+
+    gguf = is_gguf_file(p) or (p.is_dir() and not (p / "manifest.json").is_file() and gguf_in_dir(p) is not None)
+    if p.exists() and not (p / "config.json").is_file() and not gguf:
         return str(p)   # a package (or what should be one: its loader says what is wrong), never compiled
     s = str(package_or_model or "")
     if not p.exists() and (p.is_absolute() or s.startswith((".", "~")) or s.count("/") > 1):

@@ -139,6 +139,12 @@ def test_compiled_package_from_gguf(tmp_path):
     with Runtime.load(tmp_path / "q8") as rt:   # requantized from the file's dequantized Q8_0 blocks
         q8 = np.asarray(rt.logits(PROMPT))
     assert 1e-5 < _rel(q8, ref) < 5e-2
+    # `edgellm run --model model.gguf`: compiled into the cache on first use, then found there
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-m", "edgellm.cli", "run", "--model", str(g), "--quant", "q8",
+                              "--ids", "5,17,33", "-n", "4"], capture_output=True, text=True, env=_env(tmp_path))
+        assert out.returncode == 0 and "4 generated" in out.stderr + out.stdout, out.stderr
+    assert len(list((tmp_path / "cache" / "edgellm" / "packages").iterdir())) >= 1
 
 
 def _env(tmp_path):
