@@ -36,9 +36,8 @@ def gguf_in_dir(d: Path) -> Path | None:
 
 
 def _sidecar_root() -> Path:
-    from ...compiler.cache_dir import cache_root
-
-    return cache_root() / "gguf"
+    # the root of edgellm's cache (compiler/cache_dir.py), which this layer may not import
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgellm" / "gguf"
 
 
 def sidecar(path: Path, progress=None) -> Path:
@@ -85,11 +84,15 @@ def is_sidecar(d: Path) -> bool:
 
 def open_checkpoint(d: Path, cfg: dict):
     """The GGUFCheckpoint of a sidecar folder."""
-    from ..checkpoint import read_json_object
     from .archs import arch_of, names
     from .checkpoint import GGUFCheckpoint
 
-    src = read_json_object(d / SOURCE)
+    try:
+        src = json.loads((d / SOURCE).read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{d / SOURCE} is unreadable ({e}); delete {d} and compile the GGUF file again") from e
+    if not isinstance(src, dict):
+        raise ModelLoadError(f"{d / SOURCE} is not a JSON object; delete {d} and compile the GGUF file again")
     path = Path(str(src.get("file")))
     if not path.is_file():
         raise ModelLoadError(f"{path} (the GGUF file {d.name} stands for) is gone; compile the file again")
