@@ -94,7 +94,7 @@ def test_quantized_gguf_equals_transformers_on_the_same_file(arch, qtype, tmp_pa
     assert _rel(NumpyModel(spec, ck.get).logits(PROMPT), ref) < 1e-4
     orig, _ = _hf_logits(d)
     assert _rel(ref, orig) > 1e-6
-    assert ck.tensor_type("model.layers.0.mlp.up_proj.weight") == qtype
+    assert ck.dtype("model.layers.0.mlp.up_proj.weight") == qtype
 
 
 def test_tokenizer_rebuilt_from_metadata(tmp_path):

@@ -2,7 +2,7 @@
 
 `sidecar(path)` turns the file into a checkpoint folder edgellm reads like any other — config.json and the tokenizer
 rebuilt from the file's metadata, plus gguf.json pointing at the file — kept in the cache, keyed by the file's
-path, size and time (built once; a few seconds for a 262k vocabulary). `open_checkpoint(folder)` reads the weights
+path, size and time (built once: tens of seconds for a 262k vocabulary). `open_checkpoint(folder)` reads the weights
 straight from the GGUF (models/gguf/checkpoint.py); nothing is copied."""
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _sidecar_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgellm" / "gguf"
 
 
-def sidecar(path: Path, progress=None) -> Path:
+def sidecar(path: Path) -> Path:
     """The checkpoint folder standing for a GGUF file (built on first use)."""
     path = Path(path).resolve()
     st = path.stat()
@@ -53,8 +53,6 @@ def sidecar(path: Path, progress=None) -> Path:
     from .tokenizer import build
 
     cfg = config(f, arch_of(f))
-    if progress:
-        progress(f"reading the tokenizer of {path.name} ({len(f.get('tokenizer.ggml.tokens', []) or [])} tokens)")
     tok_json, tok_cfg = build(f)
     h = hashlib.sha256()
     with open(path, "rb") as fh:

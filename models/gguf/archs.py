@@ -50,6 +50,7 @@ def llama3_from_freq_factors(f: GGUFFile, cfg: dict) -> dict:
     """The llama3 rope_scaling whose frequency divisors are the file's rope_freqs table. Its smooth band is linear
     in 1/wavelength, so the factor (the largest divisor) and two points of that line fix it; low_freq_factor is
     taken as 1 (any other choice with the same line gives the same table). Checked by recomputing the table."""
+    import dataclasses
     import math
 
     import numpy as np
@@ -59,7 +60,10 @@ def llama3_from_freq_factors(f: GGUFFile, cfg: dict) -> dict:
 
     r = np.asarray(f.tensors["rope_freqs.weight"].data, np.float64).reshape(-1)
     d = cfg["head_dim"]
-    base = 1.0 / (cfg["rope_theta"] ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    probe = ModelSpec(arch="", family="llama", vocab_size=1, hidden_size=d, n_layers=1, n_heads=1, n_kv_heads=1,
+                      head_dim=d, intermediate_size=1, rms_eps=1e-6, rope_theta=cfg["rope_theta"],
+                      max_position_embeddings=1)
+    base = inv_freq(probe)
     if r.shape != base.shape or not np.all(np.isfinite(r)) or r.min() <= 0:
         raise ModelLoadError(f"{f.path.name}: rope_freqs.weight has {r.size} entries, the heads need {base.size}")
     factor = float(r.max())
@@ -76,20 +80,17 @@ def llama3_from_freq_factors(f: GGUFFile, cfg: dict) -> dict:
         hi = max(hi, 1.0 + 1e-3)
     rs = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": round(float(hi), 5),
           "original_max_position_embeddings": int(round(old))}
-    probe = ModelSpec(arch="", family="llama", vocab_size=1, hidden_size=d, n_layers=1, n_heads=1, n_kv_heads=1,
-                      head_dim=d, intermediate_size=1, rms_eps=1e-6, rope_theta=cfg["rope_theta"],
-                      max_position_embeddings=1, rope_scaling=rs)
-    got = base / inv_freq(probe)
+    got = base / inv_freq(dataclasses.replace(probe, rope_scaling=rs))
     if not np.allclose(got, r, rtol=1e-4):
         raise ModelLoadError(f"{f.path.name}: rope_freqs.weight is not a llama3 RoPE scaling (the only kind of "
                              "per-frequency table edgellm reads)")
     return rs
 
 
-def _mixtral_names(f: GGUFFile) -> tuple[dict, dict]:
-    return ({"ffn_gate_inp": "block_sparse_moe.gate"},
-            {"ffn_gate_exps": "block_sparse_moe.experts.{e}.w1", "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
-             "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"})
+# Mixtral's HF names for llama.cpp's router and stacked experts
+MIXTRAL_LAYER = {"ffn_gate_inp": "block_sparse_moe.gate"}
+MIXTRAL_EXPERTS = {"ffn_gate_exps": "block_sparse_moe.experts.{e}.w1", "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
+                   "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"}
 
 
 def _moe(f: GGUFFile, cfg: dict) -> dict:
@@ -164,8 +165,7 @@ def names(f: GGUFFile, arch: GGUFArch, cfg: dict) -> dict[str, tuple[str, int | 
     """HF weight name -> (GGUF tensor name, expert index or None) for every tensor of the file."""
     layer, experts = {**LAYER, **arch.layer}, {**EXPERTS, **arch.experts}
     if cfg["architectures"][0] == "MixtralForCausalLM":
-        lo, ex = _mixtral_names(f)
-        layer, experts = {**layer, **lo}, {**experts, **ex}
+        layer, experts = {**layer, **MIXTRAL_LAYER}, {**experts, **MIXTRAL_EXPERTS}
     out: dict[str, tuple[str, int | None]] = {}
     for name, t in f.tensors.items():
         base, _, kind = name.rpartition(".")     # kind: weight / bias

@@ -1,5 +1,5 @@
-"""A GGUF file as a Checkpoint: Hugging Face tensor names and shapes, each weight dequantized to f32 as it is read
-(the blocks themselves stay reachable through `blocks()` for schemes that keep them bit for bit)."""
+"""A GGUF file as a Checkpoint: Hugging Face tensor names and shapes, each weight dequantized to f32 as it is read;
+`dtype(name)` is the GGUF block type it was stored in (F32, Q8_0, Q4_K, ...)."""
 from __future__ import annotations
 
 import numpy as np
@@ -45,10 +45,6 @@ class GGUFCheckpoint:
 
     def release(self) -> None:
         pass   # the reader's map stays; dequantized arrays are the caller's
-
-    def tensor_type(self, name: str) -> str:
-        """The GGUF type of a weight's blocks (F32, Q8_0, Q4_K, ...)."""
-        return self.file.tensors[self._names[name][0]].tensor_type.name
 
     def entry(self, name: str) -> dict:
         g, e = self._names[name]
