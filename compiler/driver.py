@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import CompileError
 from ..models import load_checkpoint
-from ..models.rope import cos_sin
+from ..models.rope import cos_sin, resolve_longrope
 from ..models.rope import table_of as rope_table_of
 from ..quant import SCHEMES, body_schemes, get_scheme, head_schemes
 from ..runtime.contract import FORMAT_VERSION, MANIFEST, PLAN, ROUTING, WEIGHTS
@@ -136,6 +136,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         raise CompileError(f"--gptq applies to the int4 schemes ({', '.join(n for n, s in SCHEMES.items() if s.gptq)}), "
                            f"not to {scheme.name}")
     max_ctx = int(max_context if max_context is not None else min(spec.max_position_embeddings, DEFAULT_MAX_CONTEXT))
+    spec = resolve_longrope(spec, max_ctx)   # LongRoPE's short/long factors, fixed by the package's context
     if not 1 <= max_ctx <= spec.max_position_embeddings:
         raise CompileError(f"--max-context {max_ctx} is out of range: this model supports 1..{spec.max_position_embeddings}")
     from ..compiler.ops import CpuInfo

@@ -7,10 +7,22 @@ from .spec import ModelSpec
 
 
 def family(spec: ModelSpec) -> ModuleType:
-    """The module holding body()/head()/weight_shapes() for this spec's forward-pass family."""
-    from . import bitnet, gemma, llama
+    """The module holding body()/head()/weight_shapes() (and optionally weight_transforms()/weight_sources()) for
+    this spec's forward-pass family: models/<family>.py, so a new family is one new file."""
+    import importlib
 
-    return {"llama": llama, "bitnet": bitnet, "gemma": gemma}[spec.family]
+    from ..errors import ModelLoadError
+
+    fam = spec.family
+    mod = None
+    if isinstance(fam, str) and fam.isidentifier() and not fam.startswith("_"):
+        try:
+            mod = importlib.import_module(f".{fam}", __name__)
+        except ModuleNotFoundError:
+            pass
+    if mod is None or not all(hasattr(mod, f) for f in ("body", "head", "weight_shapes")):
+        raise ModelLoadError(f"unknown model family {fam!r} (a package or spec from another edgellm version?)")
+    return mod
 
 
 def load_checkpoint(model: str):
@@ -33,6 +45,9 @@ def load_checkpoint(model: str):
         ck.alias(embed, "lm_head.weight")
         ck.notes.append("tied embeddings read from lm_head.weight (the checkpoint has no model.embed_tokens.weight)")
     fam = family(spec)
+    for name, (stored, lo, hi) in getattr(fam, "weight_sources", lambda s: {})(spec).items():
+        if name not in ck and stored in ck:
+            ck.derive(name, stored, lo, hi)
     for name, fn in getattr(fam, "weight_transforms", lambda s: {})(spec).items():
         ck.transform(name, fn)
     for name, shape in fam.weight_shapes(spec).items():

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelLoadError, short_repr
+from .fused import derived_entry
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
               "I8": np.int8, "U8": np.uint8, "I32": np.int32, "I64": np.int64, "I16": np.int16}
@@ -220,6 +221,7 @@ class Checkpoint:
         self.notes: list[str] = []           # what the caller may want to tell the user (one line each)
         self._stored: dict[str, str] = {}     # name asked for -> name in the file, where they differ (aliases)
         self._transforms: dict = {}          # name -> fn applied to the stored tensor as it is read (models/gemma.py)
+        self._rows: dict[str, tuple[int, int]] = {}   # name -> the rows of its stored (fused) tensor it is
         index = model_dir / "model.safetensors.index.json"
         single = model_dir / "model.safetensors"
         self._where: dict[str, SafetensorsFile] = {}
@@ -262,6 +264,11 @@ class Checkpoint:
         """Make `name` read as fn(stored tensor): a family's fold of a constant into a weight (Gemma's 1 + w norms)."""
         self._transforms[name] = fn
 
+    def derive(self, name: str, stored: str, lo: int, hi: int) -> None:
+        """Make `name` read rows [lo, hi) of the tensor `stored` (a fused projection, Phi-3's qkv_proj)."""
+        self.alias(name, stored)
+        self._rows[name] = (lo, hi)
+
     def names(self) -> list[str]:
         return list(self._where)
 
@@ -269,8 +276,9 @@ class Checkpoint:
         return name in self._where
 
     def entry(self, name: str) -> dict:
-        """The header entry (dtype, shape, data_offsets) of a tensor."""
-        return self._where[name].entries[self._stored.get(name, name)]
+        """The header entry (dtype, shape, data_offsets) of a tensor (a derived one: its dtype and shape only)."""
+        e = self._where[name].entries[self._stored.get(name, name)]
+        return derived_entry(e, self._rows.get(name))
 
     def check_readable(self, name: str) -> None:
         self._where[name].check_readable(self._stored.get(name, name))
@@ -284,6 +292,8 @@ class Checkpoint:
         if name not in self._where:
             raise ModelLoadError(f"weight '{name}' is missing from the checkpoint in {self.dir}")
         arr = self._where[name].get(self._stored.get(name, name))
+        if name in self._rows:
+            arr = arr[self._rows[name][0]:self._rows[name][1]]
         fn = self._transforms.get(name)
         return np.asarray(fn(arr), np.float32) if fn else arr
 

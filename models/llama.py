@@ -1,9 +1,11 @@
 """Llama-family forward pass (Llama 2/3 with or without attention / MLP biases, TinyLlama, SmolLM, Mistral, Qwen2
-with qkv bias, Qwen3 with q/k norm) and
+with qkv bias, Qwen3 with q/k norm, SmolLM3 with its NoPE layers, Granite with its multipliers folded into the
+weights (models/folds.py), Phi-3/4 with fused projections split as they are read and partial rotary) and
 its mixture-of-experts relatives (Mixtral, Qwen2-MoE with a sigmoid-gated shared expert, Qwen3-MoE, OLMoE with
 q/k norm over all heads), written once against models.graph.Graph."""
 from __future__ import annotations
 
+from .folds import llama_folds
 from .graph import Graph, Value
 from .spec import ModelSpec
 
@@ -25,8 +27,8 @@ def body(g: Graph, ids: Value) -> Value:
         if s.qk_norm:
             q = g.head_rmsnorm(q, a + "q_norm.weight", 1 if s.qk_norm_full else s.n_heads)
             k = g.head_rmsnorm(k, a + "k_norm.weight", 1 if s.qk_norm_full else s.n_kv_heads)
-        q = g.rope(q, s.n_heads)
-        k = g.rope(k, s.n_kv_heads)
+        if s.uses_rope(i):
+            q, k = g.rope(q, s.n_heads), g.rope(k, s.n_kv_heads)
         g.kv_store(i, k, v)
         x = g.add(x, g.linear(g.attention(q, i), a + "o_proj.weight", a + "o_proj.bias" if s.o_bias else None))
         h = g.rmsnorm(x, p + "post_attention_layernorm.weight")
@@ -75,6 +77,27 @@ def _predict(g: Graph, j: int, x: Value) -> None:
     s = g.spec
     g.predict_experts(x, f"model.layers.{j}.post_attention_layernorm.weight", moe_names(s, j)["router"],
                       s.n_experts_per_tok, moe_names(s, j)["experts"], j)
+
+
+def weight_transforms(s: ModelSpec) -> dict:
+    """Checkpoint name -> what the stored tensor becomes as it is read (models/folds.py)."""
+    return llama_folds(s, dense_mlp)
+
+
+def weight_sources(s: ModelSpec) -> dict[str, tuple[str, int, int]]:
+    """Weights the checkpoint stores inside a fused tensor: name -> (stored name, first row, end row). Phi-3 keeps
+    q, k, v as one qkv_proj (in that order) and gate, up as one gate_up_proj."""
+    out: dict[str, tuple[str, int, int]] = {}
+    q, kv, f = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim, s.intermediate_size
+    for i in range(s.n_layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        if s.fused_qkv:
+            for n, lo, hi in (("q", 0, q), ("k", q, q + kv), ("v", q + kv, q + 2 * kv)):
+                out[a + f"{n}_proj.weight"] = (a + "qkv_proj.weight", lo, hi)
+        if s.fused_gate_up and not s.is_moe_layer(i):
+            out[m + "gate_proj.weight"] = (m + "gate_up_proj.weight", 0, f)
+            out[m + "up_proj.weight"] = (m + "gate_up_proj.weight", f, 2 * f)
+    return out
 
 
 def head(g: Graph, x: Value) -> Value:

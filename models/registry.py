@@ -145,9 +145,11 @@ def _rope(cfg: dict, head_dim: int) -> tuple[float, dict | None]:
         return theta, {"rope_type": "dynamic", "factor": rope["factor"]}
     if rtype == "yarn":
         return theta, _yarn(rope, src)
+    if rtype in ("longrope", "su"):
+        return theta, _longrope(cfg, rope, src, head_dim)
     if rtype != "llama3":
         raise ModelLoadError(f"rope scaling type {short_repr(rtype)} is not supported yet (supported: default, linear, "
-                             "dynamic, yarn, llama3)")
+                             "dynamic, yarn, longrope, llama3)")
     if "factor" not in rope:
         raise ModelLoadError(f"config.json: {src} of type llama3 has no 'factor'; re-export the checkpoint with transformers")
     _check_float(f"{src}.factor", rope["factor"])
@@ -159,6 +161,28 @@ def _rope(cfg: dict, head_dim: int) -> tuple[float, dict | None]:
     if "original_max_position_embeddings" in rope:
         _check_int(f"{src}.original_max_position_embeddings", rope["original_max_position_embeddings"])
     return theta, dict(rope)
+
+
+def _longrope(cfg: dict, rope: dict, src: str, rot_dim: int) -> dict:
+    """LongRoPE (Phi-3.5 / Phi-4-mini) as transformers reads it: one short and one long factor per rotated pair, the
+    original context (rope_scaling's, else the config's top-level original_max_position_embeddings), and the
+    attention factor or the factor it derives from (default: max_position_embeddings / original)."""
+    out: dict = {"rope_type": "longrope"}
+    for key in ("short_factor", "long_factor"):
+        v = rope.get(key)
+        if (not isinstance(v, list) or len(v) != rot_dim // 2
+                or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in v)):
+            raise _bad(f"{src}.{key}", f"a list of {rot_dim // 2} numbers (one per rotated pair)", v)
+        out[key] = [_check_float(f"{src}.{key}", x) for x in v]
+    old = rope.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+    if old is None:
+        raise ModelLoadError(f"config.json: {src} of type longrope needs original_max_position_embeddings; re-export "
+                             "the checkpoint with transformers")
+    out["original_max_position_embeddings"] = _check_int("original_max_position_embeddings", old, 2)
+    for key in ("factor", "attention_factor"):
+        if rope.get(key) is not None:
+            out[key] = _check_float(f"{src}.{key}", rope[key])
+    return out
 
 
 def _yarn(rope: dict, src: str) -> dict:
@@ -182,7 +206,7 @@ def _yarn(rope: dict, src: str) -> dict:
     return out
 
 
-def _llama_like(cfg: dict, arch: str, acts=("silu", "swish"), **extra) -> ModelSpec:
+def _llama_like(cfg: dict, arch: str, acts=("silu", "swish"), partial_rotary: float = 1.0, **extra) -> ModelSpec:
     vocab = _int(cfg, "vocab_size")
     hidden = _int(cfg, "hidden_size")
     n_layers = _int(cfg, "num_hidden_layers")
@@ -198,13 +222,19 @@ def _llama_like(cfg: dict, arch: str, acts=("silu", "swish"), **extra) -> ModelS
         head_dim = hidden // heads
     if head_dim % 2:
         raise ModelLoadError(f"config.json: head_dim must be even (rotary embeddings rotate pairs), got {head_dim}")
+    rot = int(head_dim * partial_rotary)   # transformers' int(head_dim * partial_rotary_factor)
+    if not 2 <= rot <= head_dim or rot % 2 or (head_dim - rot) % 2:
+        raise ModelLoadError(f"config.json: partial_rotary_factor {partial_rotary:g} of head_dim {head_dim} rotates "
+                             f"{rot} dims; it must be an even number of dims, leaving an even number unrotated")
+    if rot != head_dim:
+        extra["rotary_dim"] = rot
     intermediate = _int(cfg, "intermediate_size")
     max_pos = _int(cfg, "max_position_embeddings", 2048)
     rms_eps = _float(cfg, "rms_norm_eps", 1e-6)
     act = cfg.get("hidden_act", "silu")
     if not isinstance(act, str) or act not in acts:
         raise ModelLoadError(f"{arch} with hidden_act {short_repr(act)} is not supported (only {'/'.join(acts)})")
-    rope_theta, rope = _rope(cfg, head_dim)
+    rope_theta, rope = _rope(cfg, extra.get("rotary_dim") or head_dim)
     tied = _bool(cfg, "tie_word_embeddings", False)
     bos = cfg.get("bos_token_id")
     if bos is not None:
@@ -234,6 +264,15 @@ def _layer_windows(cfg: dict, arch: str, n_layers: int) -> tuple[int, ...]:
     elif arch == "Qwen3MoeForCausalLM":   # transformers' Qwen3-MoE: every layer, whenever sliding_window is set
         w = cfg.get("sliding_window")
         types = ["sliding_attention"] * n_layers
+    elif arch == "Phi3ForCausalLM":   # transformers' Phi-3: every layer, whenever sliding_window is set
+        w = cfg.get("sliding_window")
+        types = ["sliding_attention"] * n_layers
+    elif arch == "SmolLM3ForCausalLM":   # by default the NoPE layers, only with use_sliding_window
+        w = cfg.get("sliding_window") if _bool(cfg, "use_sliding_window", False) else None
+        types = cfg.get("layer_types")
+        if types is None:
+            nope = _nope_layers(cfg, n_layers)
+            types = ["sliding_attention" if w is not None and i in nope else "full_attention" for i in range(n_layers)]
     elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM"):
         w = cfg.get("sliding_window", 4096) if _bool(cfg, "use_sliding_window", False) else None
         types = cfg.get("layer_types")
@@ -258,6 +297,66 @@ def _llama(cfg: dict) -> ModelSpec:
     # transformers' Llama: attention_bias puts biases on q/k/v and o; mlp_bias on gate/up/down
     bias = _bool(cfg, "attention_bias")
     return _llama_like(cfg, "LlamaForCausalLM", attention_bias=bias, o_bias=bias, mlp_bias=_bool(cfg, "mlp_bias"))
+
+
+def _nope_layers(cfg: dict, n_layers: int) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: `no_rope_layers` flags each layer 1 (RoPE) or 0 (none); absent, every
+    `no_rope_layer_interval`-th layer (default 4) has none."""
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        every = _int(cfg, "no_rope_layer_interval", 4)
+        flags = [int((i + 1) % every != 0) for i in range(n_layers)]
+    if not isinstance(flags, list) or len(flags) != n_layers or any(f not in (0, 1) or isinstance(f, float)
+                                                                    for f in flags):
+        raise _bad("no_rope_layers", f"a list of {n_layers} flags (1: the layer uses RoPE, 0: it does not)", flags)
+    return tuple(i for i, f in enumerate(flags) if not f)
+
+
+@register("SmolLM3ForCausalLM")
+def _smollm3(cfg: dict) -> ModelSpec:
+    bias = _bool(cfg, "attention_bias")   # transformers' SmolLM3: on q/k/v and o
+    n = _int(cfg, "num_hidden_layers")
+    return _llama_like({"tie_word_embeddings": True, **cfg}, "SmolLM3ForCausalLM", attention_bias=bias, o_bias=bias,
+                       mlp_bias=_bool(cfg, "mlp_bias"), nope_layers=_nope_layers(cfg, n))
+
+
+@register("GraniteForCausalLM")
+def _granite(cfg: dict) -> ModelSpec:
+    """Granite 3.x: Llama with four multipliers, all folded into weights (models/folds.py): the embedding's, the
+    residual branches', the attention scale (in place of 1/sqrt(head_dim)) and the logits' divisor."""
+    bias = _bool(cfg, "attention_bias")
+    spec = _llama_like(cfg, "GraniteForCausalLM", attention_bias=bias, o_bias=bias, mlp_bias=_bool(cfg, "mlp_bias"))
+    attn = _float(cfg, "attention_multiplier", 1.0)
+    return dataclasses.replace(spec, embed_scale=_float(cfg, "embedding_multiplier", 1.0),
+                               residual_scale=_float(cfg, "residual_multiplier", 1.0),
+                               q_scale=attn * math.sqrt(spec.head_dim),
+                               logit_scale=1.0 / _float(cfg, "logits_scaling", 1.0))
+
+
+@register("Phi3ForCausalLM")
+def _phi3(cfg: dict) -> ModelSpec:
+    """Phi-3 / 3.5 / Phi-4-mini: q/k/v and gate/up stored fused (split as they are read), partial rotary
+    (Phi-4-mini: 3/4 of each head), LongRoPE; transformers' Phi3Config reads rope types su and yarn as longrope."""
+    cfg = dict(cfg)
+    rope_key = next((k for k in ("rope_scaling", "rope_parameters") if isinstance(cfg.get(k), dict)), None)
+    rope = dict(cfg[rope_key]) if rope_key else {}
+    if rope.get("rope_type", rope.get("type")) in ("su", "yarn"):
+        rope["rope_type"] = "longrope"
+        cfg[rope_key] = rope
+    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    partial = _check_float("partial_rotary_factor", partial)
+    if partial > 1:
+        raise _bad("partial_rotary_factor", "a number in (0, 1]", partial)
+    return _llama_like(cfg, "Phi3ForCausalLM", partial_rotary=partial, fused_qkv=True, fused_gate_up=True)
+
+
+@register("Olmo2ForCausalLM")
+def _olmo2(cfg: dict) -> ModelSpec:
+    """OLMo 2: norms after attention and after the FFN (none before), q/k RMSNorm over all heads (models/olmo2.py)."""
+    if _bool(cfg, "attention_bias"):
+        raise ModelLoadError("Olmo2ForCausalLM with attention_bias: true is not supported yet")
+    return dataclasses.replace(_llama_like(cfg, "Olmo2ForCausalLM", qk_norm=True, qk_norm_full=True),
+                               family="olmo2")
 
 
 @register("MistralForCausalLM")

@@ -37,6 +37,12 @@ class ModelSpec:
     rope_local_theta: float = 0.0  # RoPE base of the sliding-window layers (Gemma 3); 0: every layer uses rope_theta
     embed_scale: float = 1.0       # embedding rows are multiplied by this (Gemma: sqrt(hidden_size))
     q_scale: float = 1.0           # extra factor on q before attention's 1/sqrt(head_dim), folded into weights at load
+    rotary_dim: int = 0            # dims of each head RoPE rotates (Phi-3/4's partial_rotary_factor); 0: all of them
+    nope_layers: tuple[int, ...] = ()   # layers that apply no RoPE at all (SmolLM3's NoPE layers)
+    residual_scale: float = 1.0    # each block's output times this before its residual add (Granite), folded at load
+    logit_scale: float = 1.0       # logits times this (Granite: 1 / logits_scaling), folded into the final norm
+    fused_qkv: bool = False        # the checkpoint stores q/k/v as one qkv_proj (Phi-3), split as it is read
+    fused_gate_up: bool = False    # ... and gate/up as one gate_up_proj
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
@@ -60,6 +66,9 @@ class ModelSpec:
         """Attention window of a layer (0: full causal attention)."""
         return self.layer_windows[layer] if self.layer_windows else 0
 
+    def uses_rope(self, layer: int) -> bool:
+        return layer not in self.nope_layers
+
     def rope_table(self, layer: int) -> str:
         """The RoPE table a layer rotates q/k with (models/rope.py): "rope", or "rope_local" for the sliding-window
         layers of a model with a separate local base."""
@@ -70,6 +79,7 @@ class ModelSpec:
         d["eos_token_ids"] = list(self.eos_token_ids)
         d["layer_windows"] = list(self.layer_windows)
         d["dense_layers"] = list(self.dense_layers)
+        d["nope_layers"] = list(self.nope_layers)
         return d
 
     @classmethod
@@ -78,4 +88,5 @@ class ModelSpec:
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
         d["layer_windows"] = tuple(d.get("layer_windows", ()))
         d["dense_layers"] = tuple(d.get("dense_layers", ()))
+        d["nope_layers"] = tuple(d.get("nope_layers", ()))
         return cls(**d)

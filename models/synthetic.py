@@ -34,6 +34,13 @@ _BASE = {
                           "attn_logit_softcapping": None, "final_logit_softcapping": None,
                           "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                               "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}},
+    "Olmo2ForCausalLM": {"model_type": "olmo2", "attention_bias": False},
+    "SmolLM3ForCausalLM": {"model_type": "smollm3", "no_rope_layer_interval": 2, "pad_token_id": None, "use_sliding_window": False},
+    # every multiplier away from 1, so that each fold is exercised
+    "GraniteForCausalLM": {"model_type": "granite", "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
+                           "attention_multiplier": 0.1, "logits_scaling": 4.0},
+    "Phi3ForCausalLM": {"model_type": "phi3", "pad_token_id": None, "original_max_position_embeddings": 512,
+                        "sliding_window": None},
 }
 
 
@@ -114,6 +121,19 @@ def save_random_weights_streaming(path, cfg: dict, seed: int = 0, ternary: bool 
     tmp.replace(path)
 
 
+def fused(spec, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The weights as the architecture's checkpoints store them: parts its family reads out of a fused tensor
+    (weight_sources: Phi-3's qkv_proj, gate_up_proj) concatenated back in row order."""
+    sources = getattr(family(spec), "weight_sources", lambda s: {})(spec)
+    out = {n: w for n, w in weights.items() if n not in sources}
+    groups: dict[str, list] = {}
+    for name, (stored, lo, _) in sources.items():
+        groups.setdefault(stored, []).append((lo, name))
+    for stored, parts in groups.items():
+        out[stored] = np.concatenate([weights[n] for _, n in sorted(parts)])
+    return out
+
+
 def make_tokenizer(out_dir: Path, vocab_size: int = 1000, chat_template: str | None = None) -> None:
     (out_dir / "tokenizer.json").write_text(_tokenizer_json(vocab_size))
     tc = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "tokenizer_class": "PreTrainedTokenizerFast",
@@ -131,6 +151,8 @@ def make_checkpoint(out_dir, arch: str = "LlamaForCausalLM", seed: int = 0, dtyp
     out.mkdir(parents=True, exist_ok=True)
     cfg = make_config(arch, torch_dtype=dtype, **overrides)
     if streaming:
+        if getattr(family(spec_from_config(cfg)), "weight_sources", lambda s: {})(spec_from_config(cfg)):
+            raise ValueError(f"{arch} stores fused tensors: write it without streaming")
         save_random_weights_streaming(out / "model.safetensors", cfg, seed, ternary, dtype)
         (out / "config.json").write_text(json.dumps(cfg, indent=2))
         if tokenizer:
@@ -143,7 +165,7 @@ def make_checkpoint(out_dir, arch: str = "LlamaForCausalLM", seed: int = 0, dtyp
         import ml_dtypes
 
         w = {k: v.astype(ml_dtypes.bfloat16) for k, v in w.items()}
-    save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(fused(spec_from_config(cfg), w), str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     if tokenizer:
         make_tokenizer(out, vocab_size=cfg["vocab_size"])

@@ -25,7 +25,8 @@ class QuantizedGraph(NumpyGraph):
         key = (w, "dequantized:" + self.head_scheme.name)
         if key not in self._parts:
             self._parts[key] = self.head_scheme.dequantize(self._stored(w, self.head_scheme)).astype(self.dtype)
-        return self._parts[key][np.asarray(ids)]
+        rows = self._parts[key][np.asarray(ids)]
+        return rows * self.dtype(self.spec.embed_scale) if self.spec.embed_scale != 1.0 else rows
 
     def linear(self, x, w, b=None):
         head = w in (self.spec.lm_head_name, "lm_head.weight")

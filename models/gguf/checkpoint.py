@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ModelLoadError
+from ..fused import derived_entry
 from .archs import GGUFArch
 from .file import GGUFFile
 
@@ -29,6 +30,7 @@ class GGUFCheckpoint:
         self.notes: list[str] = []
         self._names = dict(names)
         self._transforms: dict = {}
+        self._rows: dict[str, tuple[int, int]] = {}
 
     # ---- the Checkpoint interface
     def names(self) -> list[str]:
@@ -43,6 +45,10 @@ class GGUFCheckpoint:
     def transform(self, name: str, fn) -> None:
         self._transforms[name] = fn
 
+    def derive(self, name: str, stored: str, lo: int, hi: int) -> None:
+        self._names[name] = self._names[stored]
+        self._rows[name] = (lo, hi)
+
     def release(self) -> None:
         pass   # the reader's map stays; dequantized arrays are the caller's
 
@@ -50,7 +56,8 @@ class GGUFCheckpoint:
         g, e = self._names[name]
         t = self.file.tensors[g]
         shape = [int(d) for d in reversed(t.shape.tolist())]   # ggml lists the fastest dimension first
-        return {"dtype": t.tensor_type.name, "shape": shape[1:] if e is not None else shape}
+        return derived_entry({"dtype": t.tensor_type.name, "shape": shape[1:] if e is not None else shape},
+                             self._rows.get(name))
 
     def check_readable(self, name: str) -> None:
         t = self.file.tensors[self._names[name][0]]
@@ -80,7 +87,9 @@ class GGUFCheckpoint:
         except Exception as err:
             raise ModelLoadError(f"{self.file.path.name}: tensor {g} cannot be dequantized "
                                  f"({type(err).__name__}: {err})") from err
-        w = w.reshape(self.entry(name)["shape"])
+        w = w.reshape([-1] + self.entry(name)["shape"][1:])
+        if name in self._rows:
+            w = w[self._rows[name][0]:self._rows[name][1]]
         return self.undo_convert(name, w)
 
     def undo_convert(self, name: str, w: np.ndarray) -> np.ndarray:
