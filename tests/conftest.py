@@ -25,19 +25,6 @@ TINY = {
     "qwen2": ("Qwen2ForCausalLM", {"tie_word_embeddings": True}),
     "qwen3": ("Qwen3ForCausalLM", {"num_hidden_layers": 3}),
     "gemma3": ("Gemma3ForCausalLM", {"num_hidden_layers": 3, "tie_word_embeddings": True}),
-    # q/k norms over all heads, post-attention and post-FFN norms and none before
-    "olmo2": ("Olmo2ForCausalLM", {}),
-    # layer 1 of 3 without RoPE (no_rope_layer_interval 2), tied head
-    "smollm3": ("SmolLM3ForCausalLM", {"num_hidden_layers": 3, "tie_word_embeddings": True}),
-    # embedding, residual, attention and logit multipliers all away from 1 (models/synthetic.py)
-    "granite": ("GraniteForCausalLM", {"tie_word_embeddings": True}),
-    # Phi-4-mini's shape: fused qkv/gate_up, 3/4 of each head rotated, LongRoPE past its original context (8 < the
-    # 12-token prompt: the long factors from the first token, in transformers as in a package of 96)
-    "phi4-mini": ("Phi3ForCausalLM", {"partial_rotary_factor": 0.75, "original_max_position_embeddings": 8,
-                                      "tie_word_embeddings": True,
-                                      "rope_scaling": {"rope_type": "longrope",
-                                                       "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
-                                                       "long_factor": [1.5, 2.5, 4.0, 6.0, 9.0, 14.0]}}),
 }
 
 

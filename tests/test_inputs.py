@@ -256,7 +256,9 @@ def test_gemma3_config_forms():
 @pytest.mark.parametrize("cls, arch", [("LlamaConfig", "LlamaForCausalLM"), ("MistralConfig", "MistralForCausalLM"),
                                        ("MixtralConfig", "MixtralForCausalLM"), ("Qwen2Config", "Qwen2ForCausalLM"),
                                        ("Qwen3Config", "Qwen3ForCausalLM"), ("BitNetConfig", "BitNetForCausalLM"),
-                                       ("Gemma3TextConfig", "Gemma3ForCausalLM")])
+                                       ("Gemma3TextConfig", "Gemma3ForCausalLM"), ("Olmo2Config", "Olmo2ForCausalLM"),
+                                       ("SmolLM3Config", "SmolLM3ForCausalLM"), ("GraniteConfig", "GraniteForCausalLM"),
+                                       ("Phi3Config", "Phi3ForCausalLM")])
 def test_transformers_written_configs_are_accepted(cls, arch):
     """config.json as transformers itself writes it (its defaults and null fields included) is accepted."""
     transformers = pytest.importorskip("transformers")

@@ -1,0 +1,211 @@
+"""The families beyond Llama/Qwen/Gemma 3 (OLMo 2, SmolLM3, Granite, Phi-3/3.5/4-mini): the numpy model against
+transformers (logits within 1e-4, 32 greedy tokens identical), their compiled packages against the numpy model of
+their weights, and the config corners each brings (NoPE layers, multipliers, fused projections, partial rotary,
+LongRoPE's short and long factors)."""
+import json
+
+import numpy as np
+import pytest
+
+import edgellm
+from edgellm.errors import ModelLoadError
+from edgellm.models import load_checkpoint
+from edgellm.models.numpy_backend import NumpyGraph, NumpyModel
+from edgellm.models.registry import spec_from_config
+from edgellm.models.rope import resolve_longrope
+from edgellm.models.synthetic import make_checkpoint, make_config
+from edgellm.quant import get_scheme
+from edgellm.quant.reference_model import QuantizedModel
+
+PROMPT = [5, 17, 33, 2, 99, 250, 7, 64, 128, 3, 11, 300]
+SHORT = [1.0, 1.1, 1.3, 1.6, 2.0, 2.5]
+LONG = [1.5, 2.5, 4.0, 6.0, 9.0, 14.0]
+
+FAMILIES = {
+    # q/k norms over all heads; norms after attention and after the FFN, none before
+    "olmo2": ("Olmo2ForCausalLM", {}),
+    # layer 1 of 3 without RoPE (no_rope_layer_interval 2), tied head
+    "smollm3": ("SmolLM3ForCausalLM", {"num_hidden_layers": 3, "tie_word_embeddings": True}),
+    # embedding, residual, attention and logit multipliers all away from 1 (models/synthetic.py), biases on
+    "granite": ("GraniteForCausalLM", {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True}),
+    # Phi-3-mini-4k: fused qkv / gate_up, whole heads rotated, no scaling
+    "phi3": ("Phi3ForCausalLM", {}),
+    # Phi-4-mini's shape: 3/4 of each head rotated, LongRoPE past its original context (8 < the 12-token prompt: the
+    # long factors from the first token on, in transformers as in a package of context 96)
+    "phi4-mini": ("Phi3ForCausalLM", {"partial_rotary_factor": 0.75, "original_max_position_embeddings": 8,
+                                      "tie_word_embeddings": True,
+                                      "rope_scaling": {"rope_type": "longrope", "short_factor": SHORT,
+                                                       "long_factor": LONG}}),
+    # Phi-3.5's: LongRoPE inside its original context (64 > prompt + 32 tokens: the short factors throughout)
+    "phi3.5-short": ("Phi3ForCausalLM", {"partial_rotary_factor": 0.75, "original_max_position_embeddings": 64,
+                                         "max_position_embeddings": 256,
+                                         "rope_scaling": {"type": "longrope", "short_factor": SHORT, "long_factor": LONG}}),
+}
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {n: make_checkpoint(root / n, arch, seed=30 + i, **cfg) for i, (n, (arch, cfg)) in enumerate(FAMILIES.items())}
+
+
+def relerr(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_numpy_matches_transformers(name, ckpts):
+    from test_models_vs_transformers import check_against_transformers
+
+    check_against_transformers(ckpts[name])
+
+
+def test_longrope_switch_matches_transformers_forward(tmp_path):
+    """Across the original context, transformers' forward switches to the long factors for every later pass (the
+    keys already cached keep their rotation); the numpy model does the same. (transformers' generate() disagrees
+    with its own forward there, so the comparison is of forward passes.)"""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    d = make_checkpoint(tmp_path / "p", "Phi3ForCausalLM", seed=3, original_max_position_embeddings=14,
+                        rope_scaling={"rope_type": "longrope", "short_factor": SHORT + [3.0, 3.5],
+                                      "long_factor": LONG + [20.0, 30.0]})
+    spec, ck, _ = load_checkpoint(str(d))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32).eval()
+    m = NumpyModel(spec, ck.get)
+    m.reset()
+    m.forward(PROMPT)
+    seq = PROMPT + [40, 41, 42, 43, 44]
+    with torch.no_grad():
+        out = hf(torch.tensor([PROMPT]), use_cache=True)
+        for t in seq[12:]:       # positions 12..16: short up to 13, long from 14 on
+            out = hf(torch.tensor([[t]]), past_key_values=out.past_key_values, use_cache=True)
+            assert relerr(m.forward([t])[-1], out.logits[0, -1].numpy()) < 1e-4
+
+
+# one scheme per family, between them every scheme family: float, int8, int4 (RTN and GPTQ), ternary
+PACKAGES = [("olmo2", "f32"), ("olmo2", "q4g32"), ("smollm3", "q8"), ("granite", "q4g32"), ("phi4-mini", "f32"),
+            ("phi4-mini", "q8"), ("phi3.5-short", "t2")]
+
+
+@pytest.mark.parametrize("name,quant", PACKAGES)
+def test_package_matches_numpy(name, quant, ckpts, tmp_path):
+    spec, ck, _ = load_checkpoint(str(ckpts[name]))
+    pkg = edgellm.compile(str(ckpts[name]), quant=quant, out=tmp_path / "p", max_context=96, prefill_chunk=8,
+                          progress=False)
+    spec = resolve_longrope(spec, 96)
+    ref = (NumpyModel(spec, ck.get) if quant == "f32" else
+           QuantizedModel(spec, ck.get, get_scheme(quant), get_scheme("q8")))
+    with edgellm.Runtime.load(pkg, threads=2) as rt:
+        assert relerr(rt.logits(PROMPT), ref.logits(PROMPT)) < (1e-4 if quant == "f32" else 2e-3)
+        assert rt.generate(PROMPT, max_new_tokens=32, ignore_eos=True).token_ids == ref.greedy(PROMPT, 32)
+
+
+def test_longrope_factors_follow_the_package_context(ckpts, tmp_path):
+    """A package whose context stays inside original_max_position_embeddings rotates with the short factors, a
+    longer one with the long factors at every position (llama.cpp's choice by n_ctx); each equals the numpy model
+    so fixed, and the two differ."""
+    d = ckpts["phi3.5-short"]
+    spec, ck, _ = load_checkpoint(str(d))
+    got = {}
+    for ctx in (64, 96):
+        pkg = edgellm.compile(str(d), quant="f32", out=tmp_path / str(ctx), max_context=ctx, prefill_chunk=8,
+                              progress=False)
+        cfg = json.loads((pkg / "manifest.json").read_text())["model"]["config"]
+        assert cfg["rope_scaling"]["long"] is (ctx > 64)
+        with edgellm.Runtime.load(pkg, threads=2) as rt:
+            got[ctx] = rt.logits(PROMPT)
+        assert relerr(got[ctx], NumpyModel(resolve_longrope(spec, ctx), ck.get).logits(PROMPT)) < 1e-4
+    assert relerr(got[64], got[96]) > 1e-2
+
+
+def test_gptq_layer_by_layer_forward_on_post_norm_and_fused_families(ckpts):
+    """GPTQ's per-layer evaluation (earlier layers skipped, the hidden state substituted) equals the numpy forward
+    pass for a family whose layers start with a projection (OLMo 2) and one read from fused tensors (Phi-4-mini)."""
+    from edgellm.models import family
+    from edgellm.quant import calibration as cal
+
+    for name in ("olmo2", "phi4-mini"):
+        spec, ck, _ = load_checkpoint(str(ckpts[name]))
+        ids = list(range(1, 30))
+        fwd = family(spec)
+        x = cal._run(fwd, spec, cal._Weights(ck.get), np.float64, -1, None, ids, None)
+        for layer in range(spec.n_layers):
+            x = cal._run(fwd, spec, cal._Weights(ck.get), np.float64, layer, x, ids, cal._Capture({}, 0))
+        np.testing.assert_allclose(x, fwd.body(NumpyGraph(spec, ck.get, np.float64), ids), rtol=1e-9, atol=1e-9)
+
+
+def test_gptq_package(ckpts, tmp_path):
+    """--gptq on OLMo 2 (calibrated through its post-norm layers): closer to the float model than RTN at q4g32."""
+    d = ckpts["olmo2"]
+    spec, ck, _ = load_checkpoint(str(d))
+    want = NumpyModel(spec, ck.get).logits(PROMPT)
+    err = {}
+    for gptq in (False, True):
+        pkg = edgellm.compile(str(d), quant="q4g32", gptq=gptq, out=tmp_path / str(gptq), max_context=96,
+                              prefill_chunk=8, progress=False)
+        with edgellm.Runtime.load(pkg, threads=2) as rt:
+            err[gptq] = relerr(rt.logits(PROMPT), want)
+    assert err[True] < err[False], err
+
+
+# ---- configs as the released models write them (values from their config.json; factor lists of the right length)
+REAL_CONFIGS = {
+    "Phi-3.5-mini-instruct": dict(arch="Phi3ForCausalLM", hidden_size=3072, num_attention_heads=32,
+                                  num_key_value_heads=32, intermediate_size=8192, num_hidden_layers=32,
+                                  vocab_size=32064, max_position_embeddings=131072,
+                                  original_max_position_embeddings=4096, sliding_window=262144,
+                                  rope_scaling={"type": "longrope", "short_factor": [1.0] * 48,
+                                                "long_factor": [1.5] * 48}),
+    "Phi-4-mini-instruct": dict(arch="Phi3ForCausalLM", hidden_size=3072, num_attention_heads=24,
+                                num_key_value_heads=8, intermediate_size=8192, num_hidden_layers=32, vocab_size=200064,
+                                max_position_embeddings=131072, original_max_position_embeddings=4096,
+                                partial_rotary_factor=0.75, tie_word_embeddings=True, sliding_window=262144,
+                                rope_scaling={"type": "longrope", "short_factor": [1.0] * 48,
+                                              "long_factor": [1.5] * 48}),
+    "SmolLM3-3B": dict(arch="SmolLM3ForCausalLM", hidden_size=2048, num_attention_heads=16, num_key_value_heads=4,
+                       intermediate_size=11008, num_hidden_layers=36, vocab_size=128256, rope_theta=5000000.0,
+                       no_rope_layers=[int((i + 1) % 4 != 0) for i in range(36)], use_sliding_window=False,
+                       sliding_window=None, max_position_embeddings=65536, tie_word_embeddings=True),
+    "granite-3.3-2b-instruct": dict(arch="GraniteForCausalLM", hidden_size=2048, num_attention_heads=32,
+                                    num_key_value_heads=8, intermediate_size=8192, num_hidden_layers=40,
+                                    vocab_size=49159, embedding_multiplier=12.0, residual_multiplier=0.22,
+                                    attention_multiplier=0.015625, logits_scaling=8.0, tie_word_embeddings=True),
+    "OLMo-2-0425-1B": dict(arch="Olmo2ForCausalLM", hidden_size=2048, num_attention_heads=16, num_key_value_heads=16,
+                           intermediate_size=8192, num_hidden_layers=16, vocab_size=100352, rope_theta=500000.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_CONFIGS))
+def test_released_configs(name):
+    kw = dict(REAL_CONFIGS[name])
+    arch = kw.pop("arch")
+    cfg = make_config(arch, head_dim=None, **kw)
+    s = spec_from_config(cfg)
+    assert s.head_dim == kw["hidden_size"] // kw["num_attention_heads"]
+    if name == "Phi-4-mini-instruct":
+        assert s.rotary_dim == 96 and s.fused_qkv and s.rope_scaling["original_max_position_embeddings"] == 4096
+    if name == "SmolLM3-3B":
+        assert s.nope_layers == tuple(range(3, 36, 4)) and s.tie_word_embeddings
+    if name == "granite-3.3-2b-instruct":
+        assert (s.embed_scale, s.residual_scale, s.logit_scale) == (12.0, 0.22, 1 / 8.0)
+        assert abs(s.q_scale - 0.015625 * 8) < 1e-12     # attention_multiplier in place of 1/sqrt(64)
+    if name.startswith("Phi"):
+        assert set(s.layer_windows) == {262144}
+
+
+@pytest.mark.parametrize("arch,bad,match", [
+    ("SmolLM3ForCausalLM", {"no_rope_layers": [1, 2]}, "no_rope_layers must be a list of 2 flags"),
+    ("Phi3ForCausalLM", {"partial_rotary_factor": 0.2}, "partial_rotary_factor 0.2 of head_dim 16 rotates 3"),
+    ("Phi3ForCausalLM", {"partial_rotary_factor": 1.5}, "partial_rotary_factor must be a number in"),
+    ("Phi3ForCausalLM", {"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 3, "long_factor": [1.0] * 8}},
+     "short_factor must be a list of 8 numbers"),
+    ("Phi3ForCausalLM", {"original_max_position_embeddings": None,
+                         "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8}},
+     "needs original_max_position_embeddings"),
+    ("GraniteForCausalLM", {"logits_scaling": 0}, "logits_scaling must be a finite number > 0"),
+    ("Olmo2ForCausalLM", {"attention_bias": True}, "attention_bias: true is not supported yet"),
+])
+def test_bad_configs_are_one_line(arch, bad, match):
+    with pytest.raises(ModelLoadError, match=match) as e:
+        spec_from_config(make_config(arch, **bad))
+    assert "\n" not in str(e.value)
