@@ -209,3 +209,89 @@ def test_bad_configs_are_one_line(arch, bad, match):
     with pytest.raises(ModelLoadError, match=match) as e:
         spec_from_config(make_config(arch, **bad))
     assert "\n" not in str(e.value)
+
+
+# ---- the other compiler paths, on the two families that differ most from Llama's: a post-norm block (OLMo 2) and
+# fused checkpoint tensors + partial rotary + LongRoPE (Phi-4-mini)
+def _host_and(ckpts, tmp_path, name, target, quant, **kw):
+    opts = dict(quant=quant, max_context=96, prefill_chunk=8, progress=False, **kw)
+    return (edgellm.compile(str(ckpts[name]), out=tmp_path / f"{name}-host", **opts),
+            edgellm.compile(str(ckpts[name]), target=target, out=tmp_path / f"{name}-{target}", **opts))
+
+
+@pytest.mark.parametrize("name,quant", [("olmo2", "q8"), ("phi4-mini", "q4g32")])
+def test_opencl_matches_the_cpu(name, quant, ckpts, tmp_path):
+    from test_opencl import TOL, needs_device
+
+    if needs_device.args[0]:
+        pytest.skip(needs_device.kwargs["reason"])
+    cpu_pkg, gpu_pkg = _host_and(ckpts, tmp_path, name, "opencl", quant)
+    with edgellm.Runtime.load(gpu_pkg) as gpu, edgellm.Runtime.load(cpu_pkg) as cpu:
+        assert gpu.device and gpu.device.startswith("OpenCL")
+        assert relerr(gpu.logits(PROMPT), cpu.logits(PROMPT)) <= TOL[quant]
+        assert (gpu.generate(PROMPT, max_new_tokens=24, ignore_eos=True).token_ids ==
+                cpu.generate(PROMPT, max_new_tokens=24, ignore_eos=True).token_ids)
+
+
+@pytest.mark.parametrize("name,quant", [("olmo2", "q4g32"), ("phi4-mini", "q8")])
+def test_rpi5_under_qemu_matches_the_host(name, quant, ckpts, tmp_path):
+    from test_targets_arm import HAVE_CROSS, QUANT_TOL, qemu, run_binary
+
+    if not HAVE_CROSS:
+        pytest.skip("needs qemu-aarch64 and the aarch64 cross toolchain")
+    host, arm = _host_and(ckpts, tmp_path, name, "rpi5", quant)
+    want_ids, want = run_binary(host, dump=tmp_path / "host.f32")
+    ids, logits = run_binary(arm, prefix=qemu("rpi5"), dump=tmp_path / "arm.f32")
+    assert ids == want_ids and relerr(logits, want) < QUANT_TOL
+
+
+def test_windowed_olmo2(tmp_path):
+    """OLMo 2 whose layers outweigh its embeddings, under a 40% weight budget (weights streamed through a window):
+    the same tokens and bitwise the same logits as with every weight resident."""
+    from test_window import budget_for
+
+    d = make_checkpoint(tmp_path / "c", "Olmo2ForCausalLM", seed=3, vocab_size=512, hidden_size=512,
+                        intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                        head_dim=64)
+    pkg = edgellm.compile(str(d), quant="q8", out=tmp_path / "p", max_context=96, prefill_chunk=8, progress=False)
+    with edgellm.Runtime.load(pkg, threads=2) as rt:
+        want_ids, want = rt.generate(PROMPT, max_new_tokens=10, ignore_eos=True).token_ids, rt.logits(PROMPT)
+    with edgellm.Runtime.load(pkg, threads=2, memory_budget=budget_for(pkg, 40), weight_policy="window") as rt:
+        assert rt.memory()["streamed_bytes"] > 0
+        assert rt.generate(PROMPT, max_new_tokens=10, ignore_eos=True).token_ids == want_ids
+        np.testing.assert_array_equal(rt.logits(PROMPT), want)
+
+
+@pytest.mark.parametrize("name", ["olmo2", "phi4-mini"])
+def test_bundled_layout(name, ckpts, tmp_path):
+    """The neuron-bundled FFN layout (gate/up/down rows of a neuron stored together) gives the plain layout's
+    tokens: OLMo 2's FFN reads the un-normed stream, Phi-4-mini's gate and up come out of one fused tensor."""
+    opts = dict(quant="f16", max_context=96, prefill_chunk=8, progress=False)
+    plain = edgellm.compile(str(ckpts[name]), out=tmp_path / "p", **opts)
+    bundled = edgellm.compile(str(ckpts[name]), layout="bundled", out=tmp_path / "b", **opts)
+    # threshold 0: every neuron group runs (exact up to summation order)
+    with edgellm.Runtime.load(plain, threads=2) as a, edgellm.Runtime.load(bundled, threads=2, ffn_threshold=0) as b:
+        assert relerr(b.logits(PROMPT), a.logits(PROMPT)) < 1e-5
+        assert (b.generate(PROMPT, max_new_tokens=16, ignore_eos=True).token_ids ==
+                a.generate(PROMPT, max_new_tokens=16, ignore_eos=True).token_ids)
+
+
+def test_npu_prefill(ckpts, tmp_path):
+    """Phi-4-mini's partial rotary (zero frequencies in npu/rope.bin) and LongRoPE tables through the NPU graphs on
+    the HTP emulator: the NPU prefill's logits against the same package's CPU path; OLMo 2 (projections reading the
+    un-normed residual stream, which the graphs keep in float16) is refused in one line."""
+    from test_npu import needs_qnn
+
+    if needs_qnn.args[0]:
+        pytest.skip(needs_qnn.kwargs["reason"])
+    opts = dict(target="host-npu", quant="f32", max_context=64, npu_chunk=16, soc="sm8650", progress=False)
+    pkg = edgellm.compile(str(ckpts["phi4-mini"]), out=tmp_path / "p", **opts)
+    ids = [int(i) for i in np.random.default_rng(3).integers(0, 997, 40)]
+    with edgellm.Runtime.load(pkg, prefill_backend="npu", npu_soc="sm8650", threads=2) as n, \
+            edgellm.Runtime.load(pkg, prefill_backend="cpu", threads=2) as c:
+        assert n.prefill_backend == "npu", n.prefill_backend_note
+        a, b = n.logits(ids), c.logits(ids)
+    assert relerr(a, b) < 0.02 and (a.argmax(-1) == b.argmax(-1)).mean() >= 0.95
+    with pytest.raises(edgellm.EdgeLLMError, match="the olmo2 family cannot run on the NPU prefill path") as e:
+        edgellm.compile(str(ckpts["olmo2"]), out=tmp_path / "o", **opts)
+    assert "\n" not in str(e.value) and not (tmp_path / "o").exists()

@@ -114,7 +114,7 @@ class OnnxGraph:
 
     def _unsupported(self, what: str):
         raise CompileError(f"{self.spec.arch}: {what} cannot run on the NPU prefill path yet (android-npu supports "
-                           "dense Llama-family models (Llama, Mistral, Qwen2, Qwen3) and Gemma 3)")
+                           "dense Llama-family models (Llama, Mistral, Qwen2, Qwen3, SmolLM3, Granite, Phi-3/4) and Gemma 3)")
 
     # ---------------------------------------------------------------- Graph API
     def embed(self, ids, w):
