@@ -5,7 +5,7 @@ Two families are supported, each reproducing `tokenizers` exactly (encoding and 
 normalizer or pre-tokenizer is outside them but whose decoder is one of theirs (ByteLevel, or SentencePiece's "▁"
 spaces) gets a decode-only tokenizer.bin (the generation loop's text and stop strings work; encoding is refused);
 anything else raises CompileError:
-  * byte-level BPE (GPT-2, Llama-3, Qwen2/3, SmolLM, the demo models): normalizer none or NFC; pre-tokenizer
+  * byte-level BPE (GPT-2, Llama-3, Qwen2/3, SmolLM/SmolLM3, Granite, OLMo 2, the demo models): normalizer none or NFC; pre-tokenizer
     ByteLevel (its own GPT-2 regex, or use_regex=false after a Split with the GPT-2, Llama-3 or Qwen2 pattern),
     optionally after Digits;
   * SentencePiece-style BPE (Llama-2, TinyLlama, Mistral v0.1, Gemma): normalizer Prepend("▁") / Replace(" ", "▁")
@@ -99,7 +99,11 @@ def _pre_tokenizer(pre: dict | None) -> tuple[int, int, int]:
                 pattern = (p.get("pattern") or {}).get("Regex")
                 if pattern not in PATTERNS:
                     raise _fail(f"Split pattern {p.get('pattern')!r} is not one of the known GPT-2/Llama-3/Qwen2 regexes")
-                if p.get("behavior") != "Isolated" or p.get("invert"):
+                # Isolated keeps the matches and the text between them; Removed + invert (how tiktoken-converted
+                # tokenizers such as OLMo 2's spell it) keeps the matches only. Each known pattern matches every
+                # character (its last alternatives take any whitespace, letters, digits or other), so nothing lies
+                # between matches and the two are the same split.
+                if (p.get("behavior"), bool(p.get("invert"))) not in (("Isolated", False), ("Removed", True)):
                     raise _fail(f"Split behavior {p.get('behavior')} invert={p.get('invert')} is not supported")
                 pretok = PATTERNS[pattern]
             else:

@@ -166,12 +166,16 @@ def _byte_level_variant(base: Tokenizer, name: str) -> Tokenizer:
                                                      pre_tokenizers.Split(Regex(GPT2_PATTERN), "isolated"), bl])
         tok.add_special_tokens([AddedToken("<|eot_id|>", lstrip=True, rstrip=True, normalized=False)])
         tok.add_tokens([AddedToken("Hello", normalized=True)])
+    elif name == "cl100k-removed":  # OLMo 2 (tiktoken's cl100k converted): Split(regex, Removed, invert) + ByteLevel
+        tok = _with_model(base)
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), "removed", invert=True), bl])
     else:
         raise KeyError(name)
     return tok
 
 
-BYTE_LEVEL = ["llama3", "qwen2", "gpt2", "smollm", "gpt2-split"]
+BYTE_LEVEL = ["llama3", "qwen2", "gpt2", "smollm", "gpt2-split", "cl100k-removed"]
 SENTENCEPIECE = {
     "llama2": {},  # Prepend + Replace normalizer, byte fallback, fused unk
     "metaspace-first": {"normalizer": False, "metaspace": {"prepend_scheme": "first", "split": False}},
