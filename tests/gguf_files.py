@@ -15,14 +15,21 @@ import numpy as np
 from edgellm.models.checkpoint import Checkpoint, read_config
 
 ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-        "Gemma3ForCausalLM": "gemma3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe"}
+        "Gemma3ForCausalLM": "gemma3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
+        "Olmo2ForCausalLM": "olmo2", "SmolLM3ForCausalLM": "smollm3", "GraniteForCausalLM": "granite",
+        "Phi3ForCausalLM": "phi3"}
+PERMUTED = ("llama", "smollm3", "granite")   # convert_hf_to_gguf's LlamaModel and its subclasses
+ARCH_LAYER = {   # per-architecture name overrides (tensor_mapping.py)
+    "gemma3": {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+               "post_feedforward_layernorm": "post_ffw_norm"},
+    "olmo2": {"post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"},
+    "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
+}
 LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
          "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
          "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
          "mlp.down_proj": "ffn_down", "post_attention_layernorm": "ffn_norm", "mlp.gate": "ffn_gate_inp",
          "block_sparse_moe.gate": "ffn_gate_inp"}
-GEMMA_LAYER = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
-               "post_feedforward_layernorm": "post_ffw_norm"}
 EXPERT = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps",
           "w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps"}
 
@@ -85,6 +92,23 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") 
         types = cfg["layer_types"]
         w.add_array(f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in types])
         w.add_float32(f"{arch}.rope.freq_base_swa", float(rp.get("sliding_attention", {}).get("rope_theta", 10000.0)))
+    if arch == "granite":   # GraniteModel.set_gguf_parameters
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_embedding_scale(cfg["embedding_multiplier"])
+        w.add_residual_scale(cfg["residual_multiplier"])
+        w.add_logit_scale(cfg["logits_scaling"])
+    if arch == "phi3":      # Phi3MiniModel.set_gguf_parameters / generate_extra_tensors
+        rope = cfg.get("rope_scaling") or {}
+        orig = cfg["original_max_position_embeddings"]
+        rot = int(cfg.get("partial_rotary_factor", 1.0) * cfg["hidden_size"]) // heads
+        w.add_rope_dimension_count(rot)
+        w.add_rope_scaling_orig_ctx_len(orig)
+        w.add_sliding_window(cfg.get("sliding_window") or 0)
+        if rope.get("long_factor"):
+            scale = cfg["max_position_embeddings"] / orig
+            w.add_rope_scaling_attn_factors(np.sqrt(1 + np.log(scale) / np.log(orig)) if scale > 1 else 1.0)
+            w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
+            w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32))
     _tokenizer(w, hf_dir, pre)
     rs = cfg.get("rope_scaling") or {}
     if arch == "llama" and rs.get("rope_type") == "llama3":
@@ -120,9 +144,9 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") 
             e = int(parts[parts.index("experts") + 1])
             experts.setdefault((i, EXPERT[parts[-2]]), {})[e] = a
             continue
-        if arch == "llama" and rest in ("self_attn.q_proj", "self_attn.k_proj"):
+        if arch in PERMUTED and rest in ("self_attn.q_proj", "self_attn.k_proj"):
             a = _permute(a, heads if rest == "self_attn.q_proj" else kv)
-        short = (GEMMA_LAYER.get(rest) if gemma else None) or LAYER[rest]
+        short = ARCH_LAYER.get(arch, {}).get(rest) or LAYER[rest]
         put(f"blk.{i}.{short}.{kind}", a, a.ndim == 2 and short != "ffn_gate_inp")
     for (i, short), by_e in sorted(experts.items()):
         put(f"blk.{i}.{short}.weight", np.stack([by_e[e] for e in sorted(by_e)]), True)

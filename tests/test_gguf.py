@@ -32,6 +32,13 @@ ARCHS = {
     "Gemma3ForCausalLM": {"num_hidden_layers": 3, "query_pre_attn_scalar": 16, "tie_word_embeddings": True},
     "MixtralForCausalLM": {},
     "Qwen3MoeForCausalLM": {},
+    "Olmo2ForCausalLM": {},
+    # llama.cpp assumes SmolLM3's NoPE layers every 4th: the checkpoint has 4 layers, the last without RoPE
+    "SmolLM3ForCausalLM": {"num_hidden_layers": 4, "no_rope_layer_interval": 4, "tie_word_embeddings": True},
+    "GraniteForCausalLM": {"tie_word_embeddings": True},
+    "Phi3ForCausalLM": {"partial_rotary_factor": 0.75, "original_max_position_embeddings": 8,
+                        "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                                         "long_factor": [1.5, 2.5, 4.0, 6.0, 9.0, 14.0]}},
 }
 # the architectures transformers' own GGUF loader reads back exactly (it assumes head_dim = hidden/heads for Qwen3,
 # has no Gemma 3 sliding pattern key, and no Mixtral-as-LLaMA)
@@ -69,11 +76,15 @@ def test_f32_gguf_is_the_original_model(case, tmp_path):
     g = write_gguf(d, tmp_path / "model.gguf", "F32")
     spec, ck, side = load_checkpoint(str(g))
     ref_spec, _, _ = load_checkpoint(str(d))
-    assert spec.rms_eps == pytest.approx(ref_spec.rms_eps, rel=1e-6)   # GGUF stores float32
-    if spec.rope_scaling:   # recovered from the rope_freqs table: equal to float32 precision
+    # GGUF stores float32 (and llama3 scaling only as a table it is recovered from): equal to float32 precision
+    floats = ("rms_eps", "q_scale", "embed_scale", "residual_scale", "logit_scale")
+    for f in floats:
+        assert getattr(spec, f) == pytest.approx(getattr(ref_spec, f), rel=1e-6), f
+    if spec.rope_scaling:
         for k, v in ref_spec.rope_scaling.items():
-            assert spec.rope_scaling[k] == (pytest.approx(v, rel=1e-5) if isinstance(v, float) else v), k
-    assert dataclasses.replace(spec, rms_eps=ref_spec.rms_eps, rope_scaling=ref_spec.rope_scaling) == ref_spec
+            assert spec.rope_scaling[k] == (pytest.approx(v, rel=1e-5) if isinstance(v, (float, list)) else v), k
+    same = dataclasses.replace(spec, rope_scaling=ref_spec.rope_scaling, **{f: getattr(ref_spec, f) for f in floats})
+    assert same == ref_spec
     ref, hf = _hf_logits(d)
     ours = NumpyModel(spec, ck.get)
     assert _rel(ours.logits(PROMPT), ref) < 1e-4

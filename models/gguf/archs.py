@@ -140,6 +140,44 @@ def _gemma3(f: GGUFFile, cfg: dict) -> dict:
     return cfg
 
 
+def _smollm3(f: GGUFFile, cfg: dict) -> dict:
+    # llama.cpp fixes SmolLM3's NoPE layers at every 4th (its n_no_rope_layer_step); the file does not say
+    return {**cfg, "no_rope_layer_interval": 4, "attention_bias": "blk.0.attn_q.bias" in f.tensors}
+
+
+def _granite(f: GGUFFile, cfg: dict) -> dict:
+    cfg = {**cfg, "attention_bias": "blk.0.attn_q.bias" in f.tensors}
+    for key, hf in (("attention.scale", "attention_multiplier"), ("embedding_scale", "embedding_multiplier"),
+                    ("residual_scale", "residual_multiplier"), ("logit_scale", "logits_scaling")):
+        v = f.number(key, None, float)
+        if v is not None:
+            cfg[hf] = v
+    cfg.pop("head_dim", None)   # llama.cpp's converter drops Granite's head_dim: hidden / heads
+    return cfg
+
+
+def _phi3(f: GGUFFile, cfg: dict) -> dict:
+    """Phi-3/4: the rotated dims (rope.dimension_count), the original context, LongRoPE's factors as the
+    rope_factors_long/short tensors with their attention factor, and a sliding window (0: none, Phi-4)."""
+    import numpy as np
+
+    rot = f.number("rope.dimension_count", cfg["head_dim"])
+    cfg = {**cfg, "partial_rotary_factor": rot / cfg["head_dim"],
+           "sliding_window": f.number("attention.sliding_window", 0) or None}
+    orig = f.number("rope.scaling.original_context_length", None)
+    if orig:
+        cfg["original_max_position_embeddings"] = orig
+    if "rope_factors_long.weight" in f.tensors:
+        def factors(name):
+            return [float(x) for x in np.asarray(f.tensors[name].data, np.float32).reshape(-1)]
+        cfg["rope_scaling"] = {"rope_type": "longrope", "long_factor": factors("rope_factors_long.weight"),
+                               "short_factor": factors("rope_factors_short.weight")}
+        attn = f.number("rope.scaling.attn_factor", None, float)
+        if attn is not None:
+            cfg["rope_scaling"]["attention_factor"] = attn
+    return cfg
+
+
 ARCHS: dict[str, GGUFArch] = {
     "llama": GGUFArch("LlamaForCausalLM", _llama, permuted_qk=True),
     "qwen2": GGUFArch("Qwen2ForCausalLM", lambda f, cfg: {**cfg, "attention_bias": True}),
@@ -150,6 +188,11 @@ ARCHS: dict[str, GGUFArch] = {
     "gemma3": GGUFArch("Gemma3ForCausalLM", _gemma3, norm_shift=1.0,
                        layer={"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
                               "post_ffw_norm": "post_feedforward_layernorm"}),
+    "olmo2": GGUFArch("Olmo2ForCausalLM", layer={"post_attention_norm": "post_attention_layernorm",
+                                                 "post_ffw_norm": "post_feedforward_layernorm"}),
+    "smollm3": GGUFArch("SmolLM3ForCausalLM", _smollm3, permuted_qk=True),
+    "granite": GGUFArch("GraniteForCausalLM", _granite, permuted_qk=True),
+    "phi3": GGUFArch("Phi3ForCausalLM", _phi3, layer={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
 }
 
 
