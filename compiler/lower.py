@@ -388,13 +388,18 @@ class Lowering:
         if op == "attention":
             NH, KVH, D, layer = s.n_heads, s.n_kv_heads, s.head_dim, n.params["layer"]
             W = s.window(layer)   # sliding window; one at least as long as the KV cache (rope_rows) never cuts
-            k = self._kernel("attention", T=T, NH=NH, KVH=KVH, D=D, W=0 if W >= self.rope_rows else W)
+            k = self._kernel("attention", T=T, NH=NH, KVH=KVH, D=D, W=0 if W >= self.rope_rows else W,
+                             cap=float(np.float32(s.attn_softcap)))
             kv = [Arg(kind, layer, "float32", (T, KVH, D), PREFIX) for kind in (KCACHE, VCACHE)]
             return [Step(k, [act(n.inputs[0], (T, NH, D)), *kv, act(n.out)])]
         if op in ("add", "swiglu", "relu2_mul", "gelu_mul"):
             R, N = n.out.shape
             k = self._kernel(op, R=R, N=N) if op == "add" else self._kernel(op, T=R, F=N)
             return [Step(k, [act(v) for v in n.inputs] + [act(n.out)])]
+        if op == "softcap":   # in place: out may be the input
+            R, N = n.out.shape
+            return [Step(self._kernel("softcap", R=R, N=N, c=float(np.float32(n.params["c"]))),
+                         [act(n.inputs[0]), act(n.out)])]
         if op == "kv_store":
             steps = []
             for v, kind in zip(n.inputs, (KCACHE, VCACHE)):

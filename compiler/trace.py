@@ -86,6 +86,9 @@ class TraceGraph:
     def gelu_mul(self, gate, up):
         return self._emit("gelu_mul", [gate, up], gate.shape)
 
+    def softcap(self, x, cap):
+        return self._emit("softcap", [x], x.shape, c=float(cap))
+
     def route(self, x, router, top_k, normalize):
         E = self.wshape[router][0]
         table = RoutingTable(self.T, E, top_k)

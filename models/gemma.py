@@ -1,4 +1,5 @@
-"""Gemma 3 (text) forward pass, written once against models.graph.Graph: Llama's layout plus per-head q/k norms,
+"""Gemma 2 and Gemma 3 (text) forward pass, written once against models.graph.Graph: Llama's layout plus (Gemma 3)
+per-head q/k norms or (Gemma 2) logit soft-capping of attention scores and of the final logits,
 norms after attention and after the FFN (four per layer), a GeGLU FFN (gelu_tanh), embeddings scaled by
 sqrt(hidden) (ModelSpec.embed_scale), and sliding-window layers that rotate with their own RoPE base
 (ModelSpec.rope_table). Gemma's RMSNorm multiplies by (1 + w) and its attention scales by query_pre_attn_scalar^-1/2;
@@ -24,8 +25,10 @@ def body(g: Graph, ids: Value) -> Value:
         p = f"model.layers.{i}."
         a, m = p + "self_attn.", p + "mlp."
         h = g.rmsnorm(x, p + "input_layernorm.weight")
-        q = g.head_rmsnorm(g.linear(h, a + "q_proj.weight"), a + "q_norm.weight", s.n_heads)
-        k = g.head_rmsnorm(g.linear(h, a + "k_proj.weight"), a + "k_norm.weight", s.n_kv_heads)
+        q, k = g.linear(h, a + "q_proj.weight"), g.linear(h, a + "k_proj.weight")
+        if s.qk_norm:   # Gemma 3
+            q = g.head_rmsnorm(q, a + "q_norm.weight", s.n_heads)
+            k = g.head_rmsnorm(k, a + "k_norm.weight", s.n_kv_heads)
         v = g.linear(h, a + "v_proj.weight")
         table = s.rope_table(i)
         q, k = g.rope(q, s.n_heads, table), g.rope(k, s.n_kv_heads, table)
@@ -40,8 +43,10 @@ def body(g: Graph, ids: Value) -> Value:
 
 
 def head(g: Graph, x: Value) -> Value:
-    """Hidden states [T, hidden] -> logits [T, vocab] (the lm_head is the unscaled embedding when tied)."""
-    return g.linear(g.rmsnorm(x, "model.norm.weight"), g.spec.lm_head_name)
+    """Hidden states [T, hidden] -> logits [T, vocab] (the lm_head is the unscaled embedding when tied; Gemma 2
+    soft-caps them)."""
+    logits = g.linear(g.rmsnorm(x, "model.norm.weight"), g.spec.lm_head_name)
+    return g.softcap(logits, g.spec.final_softcap) if g.spec.final_softcap else logits
 
 
 def weight_shapes(s: ModelSpec) -> dict[str, tuple[int, ...]]:
@@ -54,8 +59,10 @@ def weight_shapes(s: ModelSpec) -> dict[str, tuple[int, ...]]:
         p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
         w.update({p + n + ".weight": (d,) for n in NORMS})
         w.update({a + "q_proj.weight": (q, d), a + "k_proj.weight": (kv, d), a + "v_proj.weight": (kv, d),
-                  a + "o_proj.weight": (d, q), a + "q_norm.weight": (hd,), a + "k_norm.weight": (hd,),
+                  a + "o_proj.weight": (d, q),
                   m + "gate_proj.weight": (f, d), m + "up_proj.weight": (f, d), m + "down_proj.weight": (d, f)})
+        if s.qk_norm:
+            w.update({a + "q_norm.weight": (hd,), a + "k_norm.weight": (hd,)})
     return w
 
 
@@ -67,6 +74,9 @@ def weight_transforms(s: ModelSpec) -> dict[str, Callable[[np.ndarray], np.ndarr
     for i in range(s.n_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
         out.update({p + n + ".weight": one_plus for n in NORMS})
-        out[a + "k_norm.weight"] = one_plus
-        out[a + "q_norm.weight"] = lambda w: (1.0 + np.asarray(w, np.float32)) * np.float32(s.q_scale)
+        if s.qk_norm:   # Gemma 3: the q scale rides on the q norm
+            out[a + "k_norm.weight"] = one_plus
+            out[a + "q_norm.weight"] = lambda w: (1.0 + np.asarray(w, np.float32)) * np.float32(s.q_scale)
+        elif s.q_scale != 1.0:   # Gemma 2: on the q projection
+            out[a + "q_proj.weight"] = lambda w: np.asarray(w, np.float32) * np.float32(s.q_scale)
     return out

@@ -21,10 +21,12 @@ class Graph(Protocol):
     def linear(self, x: Value, w: str, b: str | None = None) -> Value: ...    # x @ W.T (+ b); W is [out, in]
     def rope(self, x: Value, n_heads: int, table: str = "rope") -> Value: ...  # positions pos .. pos+T-1 (models/rope.py)
     def kv_store(self, layer: int, k: Value, v: Value) -> None: ...           # rows pos .. pos+T-1 of the KV cache
-    def attention(self, q: Value, layer: int) -> Value: ...                   # causal over the cache prefix
+    def attention(self, q: Value, layer: int) -> Value: ...                   # causal over the cache prefix (its
+    #   window spec.window(layer); scores soft-capped to c * tanh(s / c) with c = spec.attn_softcap when > 0)
     def add(self, a: Value, b: Value) -> Value: ...
     def swiglu(self, gate: Value, up: Value) -> Value: ...                    # silu(gate) * up
     def gelu_mul(self, gate: Value, up: Value) -> Value: ...                  # gelu_tanh(gate) * up (GeGLU)
+    def softcap(self, x: Value, cap: float) -> Value: ...                     # cap * tanh(x / cap) (Gemma 2's logits)
     # Mixture of experts, two ops so that a backend decides where expert weights live and which it reads:
     # route: softmax(x @ router.T) over the experts, the top_k of them (ties: the lower index), their
     #   probabilities renormalized to sum 1 when `normalize`; a routing value only `experts` reads.

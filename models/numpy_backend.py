@@ -54,6 +54,9 @@ class NumpyGraph:
         c, s = cos_sin(self.spec, np.arange(self.pos, self.pos + T), table)
         return apply_rope(x.reshape(T, n_heads, -1), c, s).reshape(T, -1)
 
+    def softcap(self, x, cap):
+        return cap * np.tanh(x / cap)
+
     def kv_store(self, layer, k, v):
         T, sh = k.shape[0], (self.spec.n_kv_heads, self.spec.head_dim)
         self.k[layer] = np.concatenate([self.k[layer][:self.pos], k.reshape(T, *sh)])
@@ -67,6 +70,8 @@ class NumpyGraph:
         k = np.repeat(self.k[layer][:S], rep, axis=1)  # [S, NH, D]
         v = np.repeat(self.v[layer][:S], rep, axis=1)
         sc = np.einsum("thd,shd->hts", qh, k) / np.sqrt(s.head_dim)
+        if s.attn_softcap:
+            sc = s.attn_softcap * np.tanh(sc / s.attn_softcap)
         qpos = (self.pos + np.arange(T))[:, None]
         mask = np.arange(S)[None, :] > qpos
         if s.window(layer):  # sliding window: keys at positions <= q - W are invisible too

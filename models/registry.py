@@ -467,10 +467,37 @@ def _gemma_windows(cfg: dict, n_layers: int) -> tuple[int, ...]:
     return tuple(w if t == "sliding_attention" else 0 for t in types)
 
 
+@register("Gemma2ForCausalLM")
+def _gemma2(cfg: dict) -> ModelSpec:
+    """Gemma 2: Gemma 3's block without q/k norms, every other layer sliding (the first one), one RoPE base, and
+    logit soft-capping of the attention scores (default 50) and of the final logits (default 30)."""
+    arch = "Gemma2ForCausalLM"
+    if _bool(cfg, "attention_bias"):
+        raise ModelLoadError(f"{arch} with attention_bias: true is not supported yet")
+    act = cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh"))
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ModelLoadError(f"{arch} with hidden_activation {short_repr(act)} is not supported (only gelu_pytorch_tanh)")
+    base = {k: v for k, v in cfg.items() if k != "hidden_act"}
+    base.setdefault("head_dim", 256)
+    spec = _llama_like(base, arch)
+    n = spec.n_layers
+    if cfg.get("layer_types") is None:
+        cfg = {**cfg, "layer_types": ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]}
+    caps = {}
+    for key, default in (("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0)):
+        v = cfg.get(key, default)
+        caps[key] = 0.0 if v is None else _check_float(key, v)
+    qpas = _float(cfg, "query_pre_attn_scalar", 256.0)
+    return dataclasses.replace(spec, family="gemma", embed_scale=math.sqrt(spec.hidden_size),
+                               q_scale=math.sqrt(spec.head_dim / qpas), layer_windows=_gemma_windows(cfg, n),
+                               attn_softcap=caps["attn_logit_softcapping"],
+                               final_softcap=caps["final_logit_softcapping"])
+
+
 @register("Gemma3ForCausalLM")
 def _gemma3(cfg: dict) -> ModelSpec:
     arch = "Gemma3ForCausalLM"
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):   # Gemma 3 configs carry them null
         if cfg.get(key) is not None:
             raise ModelLoadError(f"{arch} with {key} {short_repr(cfg[key])} is not supported yet (only null)")
     if _bool(cfg, "attention_bias"):

@@ -43,6 +43,8 @@ class ModelSpec:
     logit_scale: float = 1.0       # logits times this (Granite: 1 / logits_scaling), folded into the final norm
     fused_qkv: bool = False        # the checkpoint stores q/k/v as one qkv_proj (Phi-3), split as it is read
     fused_gate_up: bool = False    # ... and gate/up as one gate_up_proj
+    attn_softcap: float = 0.0      # attention scores soft-capped to c * tanh(s / c) (Gemma 2); 0: none
+    final_softcap: float = 0.0     # logits soft-capped the same way (Gemma 2); 0: none
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 

@@ -34,6 +34,10 @@ _BASE = {
                           "attn_logit_softcapping": None, "final_logit_softcapping": None,
                           "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                               "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}},
+    # caps low enough that random weights' scores and logits reach the tanh's bend
+    "Gemma2ForCausalLM": {"model_type": "gemma2", "hidden_activation": "gelu_pytorch_tanh",
+                          "query_pre_attn_scalar": 24, "sliding_window": 5, "attn_logit_softcapping": 4.0,
+                          "final_logit_softcapping": 60.0},
     "Olmo2ForCausalLM": {"model_type": "olmo2", "attention_bias": False},
     "SmolLM3ForCausalLM": {"model_type": "smollm3", "no_rope_layer_interval": 2, "pad_token_id": None, "use_sliding_window": False},
     # every multiplier away from 1, so that each fold is exercised

@@ -17,10 +17,12 @@ from edgellm.models.checkpoint import Checkpoint, read_config
 ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
         "Gemma3ForCausalLM": "gemma3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
         "Olmo2ForCausalLM": "olmo2", "SmolLM3ForCausalLM": "smollm3", "GraniteForCausalLM": "granite",
-        "Phi3ForCausalLM": "phi3"}
+        "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2"}
 PERMUTED = ("llama", "smollm3", "granite")   # convert_hf_to_gguf's LlamaModel and its subclasses
 ARCH_LAYER = {   # per-architecture name overrides (tensor_mapping.py)
     "gemma3": {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+               "post_feedforward_layernorm": "post_ffw_norm"},
+    "gemma2": {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                "post_feedforward_layernorm": "post_ffw_norm"},
     "olmo2": {"post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"},
     "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
@@ -66,7 +68,7 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") 
     cfg = read_config(hf_dir)
     hf_arch = cfg["architectures"][0]
     arch = ARCH[hf_arch]
-    gemma = arch == "gemma3"
+    gemma = arch in ("gemma2", "gemma3")
     ck = Checkpoint(hf_dir)
     w = gguf.GGUFWriter(str(out), arch)
     n_layers, heads, kv = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -87,7 +89,11 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") 
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         if "moe_intermediate_size" in cfg:
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-    if gemma:
+    if arch == "gemma2":   # Gemma2Model.set_gguf_parameters: the pattern is llama.cpp's (every other layer)
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if arch == "gemma3":
         w.add_sliding_window(cfg["sliding_window"])
         types = cfg["layer_types"]
         w.add_array(f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in types])

@@ -33,6 +33,7 @@ ARCHS = {
     "MixtralForCausalLM": {},
     "Qwen3MoeForCausalLM": {},
     "Olmo2ForCausalLM": {},
+    "Gemma2ForCausalLM": {"num_hidden_layers": 3, "query_pre_attn_scalar": 16, "tie_word_embeddings": True},
     # llama.cpp assumes SmolLM3's NoPE layers every 4th: the checkpoint has 4 layers, the last without RoPE
     "SmolLM3ForCausalLM": {"num_hidden_layers": 4, "no_rope_layer_interval": 4, "tie_word_embeddings": True},
     "GraniteForCausalLM": {"tie_word_embeddings": True},

@@ -1,7 +1,7 @@
-"""The families beyond Llama/Qwen/Gemma 3 (OLMo 2, SmolLM3, Granite, Phi-3/3.5/4-mini): the numpy model against
+"""The families beyond Llama/Qwen/Gemma 3 (Gemma 2, OLMo 2, SmolLM3, Granite, Phi-3/3.5/4-mini): the numpy model against
 transformers (logits within 1e-4, 32 greedy tokens identical), their compiled packages against the numpy model of
 their weights, and the config corners each brings (NoPE layers, multipliers, fused projections, partial rotary,
-LongRoPE's short and long factors)."""
+LongRoPE's short and long factors, soft-capping)."""
 import json
 
 import numpy as np
@@ -22,6 +22,10 @@ SHORT = [1.0, 1.1, 1.3, 1.6, 2.0, 2.5]
 LONG = [1.5, 2.5, 4.0, 6.0, 9.0, 14.0]
 
 FAMILIES = {
+    # attention and final-logit soft-capping at caps the random weights reach (models/synthetic.py), sliding layers
+    # 0 and 2 (window 5 < the prompt), GeGLU, pre+post norms, query_pre_attn_scalar != head_dim
+    "gemma2": ("Gemma2ForCausalLM", {"num_hidden_layers": 3, "tie_word_embeddings": True}),
+    "gemma2-nocap": ("Gemma2ForCausalLM", {"attn_logit_softcapping": None, "final_logit_softcapping": None}),
     # q/k norms over all heads; norms after attention and after the FFN, none before
     "olmo2": ("Olmo2ForCausalLM", {}),
     # layer 1 of 3 without RoPE (no_rope_layer_interval 2), tied head
@@ -83,7 +87,7 @@ def test_longrope_switch_matches_transformers_forward(tmp_path):
 
 
 # one scheme per family, between them every scheme family: float, int8, int4 (RTN and GPTQ), ternary
-PACKAGES = [("olmo2", "f32"), ("olmo2", "q4g32"), ("smollm3", "q8"), ("granite", "q4g32"), ("phi4-mini", "f32"),
+PACKAGES = [("gemma2", "f32"), ("gemma2", "q4g32"), ("olmo2", "f32"), ("olmo2", "q4g32"), ("smollm3", "q8"), ("granite", "q4g32"), ("phi4-mini", "f32"),
             ("phi4-mini", "q8"), ("phi3.5-short", "t2")]
 
 
@@ -150,6 +154,10 @@ def test_gptq_package(ckpts, tmp_path):
 
 # ---- configs as the released models write them (values from their config.json; factor lists of the right length)
 REAL_CONFIGS = {
+    "gemma-2-2b-it": dict(arch="Gemma2ForCausalLM", hidden_size=2304, num_attention_heads=8, num_key_value_heads=4,
+                          head_dim=256, intermediate_size=9216, num_hidden_layers=26, vocab_size=256000,
+                          query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                          final_logit_softcapping=30.0, tie_word_embeddings=True, layer_types=None),
     "Phi-3.5-mini-instruct": dict(arch="Phi3ForCausalLM", hidden_size=3072, num_attention_heads=32,
                                   num_key_value_heads=32, intermediate_size=8192, num_hidden_layers=32,
                                   vocab_size=32064, max_position_embeddings=131072,
@@ -179,8 +187,12 @@ REAL_CONFIGS = {
 def test_released_configs(name):
     kw = dict(REAL_CONFIGS[name])
     arch = kw.pop("arch")
-    cfg = make_config(arch, head_dim=None, **kw)
+    cfg = make_config(arch, **{"head_dim": None, **kw})
     s = spec_from_config(cfg)
+    if name == "gemma-2-2b-it":
+        assert (s.head_dim, s.attn_softcap, s.final_softcap, s.q_scale) == (256, 50.0, 30.0, 1.0)
+        assert s.layer_windows == (4096, 0) * 13 and not s.qk_norm
+        return
     assert s.head_dim == kw["hidden_size"] // kw["num_attention_heads"]
     if name == "Phi-4-mini-instruct":
         assert s.rotary_dim == 96 and s.fused_qkv and s.rope_scaling["original_max_position_embeddings"] == 4096
@@ -219,7 +231,18 @@ def _host_and(ckpts, tmp_path, name, target, quant, **kw):
             edgellm.compile(str(ckpts[name]), target=target, out=tmp_path / f"{name}-{target}", **opts))
 
 
-@pytest.mark.parametrize("name,quant", [("olmo2", "q8"), ("phi4-mini", "q4g32")])
+def test_softcapping_changes_the_model(ckpts):
+    """The caps of the tiny Gemma 2 bite: without them the same weights give other logits."""
+    import dataclasses
+
+    spec, ck, _ = load_checkpoint(str(ckpts["gemma2"]))
+    assert (spec.attn_softcap, spec.final_softcap) == (4.0, 60.0)
+    capped = NumpyModel(spec, ck.get).logits(PROMPT)
+    for off in ({"attn_softcap": 0.0}, {"final_softcap": 0.0}):
+        assert relerr(NumpyModel(dataclasses.replace(spec, **off), ck.get).logits(PROMPT), capped) > 0.01
+
+
+@pytest.mark.parametrize("name,quant", [("olmo2", "q8"), ("phi4-mini", "q4g32"), ("gemma2", "f32")])
 def test_opencl_matches_the_cpu(name, quant, ckpts, tmp_path):
     from test_opencl import TOL, needs_device
 
@@ -276,22 +299,26 @@ def test_bundled_layout(name, ckpts, tmp_path):
                 a.generate(PROMPT, max_new_tokens=16, ignore_eos=True).token_ids)
 
 
-def test_npu_prefill(ckpts, tmp_path):
-    """Phi-4-mini's partial rotary (zero frequencies in npu/rope.bin) and LongRoPE tables through the NPU graphs on
-    the HTP emulator: the NPU prefill's logits against the same package's CPU path; OLMo 2 (projections reading the
-    un-normed residual stream, which the graphs keep in float16) is refused in one line."""
+@pytest.mark.parametrize("name", ["phi4-mini", "gemma2"])
+def test_npu_prefill(name, ckpts, tmp_path):
+    """Phi-4-mini's partial rotary (zero frequencies in npu/rope.bin) and LongRoPE tables, Gemma 2's soft-capped
+    attention scores (Tanh in the float16 attention), through the NPU graphs on the HTP emulator: the NPU prefill's
+    logits against the same package's CPU path; OLMo 2 (projections reading the un-normed residual stream, which
+    the graphs keep in float16) is refused in one line."""
     from test_npu import needs_qnn
 
     if needs_qnn.args[0]:
         pytest.skip(needs_qnn.kwargs["reason"])
     opts = dict(target="host-npu", quant="f32", max_context=64, npu_chunk=16, soc="sm8650", progress=False)
-    pkg = edgellm.compile(str(ckpts["phi4-mini"]), out=tmp_path / "p", **opts)
+    pkg = edgellm.compile(str(ckpts[name]), out=tmp_path / "p", **opts)
     ids = [int(i) for i in np.random.default_rng(3).integers(0, 997, 40)]
     with edgellm.Runtime.load(pkg, prefill_backend="npu", npu_soc="sm8650", threads=2) as n, \
             edgellm.Runtime.load(pkg, prefill_backend="cpu", threads=2) as c:
         assert n.prefill_backend == "npu", n.prefill_backend_note
         a, b = n.logits(ids), c.logits(ids)
     assert relerr(a, b) < 0.02 and (a.argmax(-1) == b.argmax(-1)).mean() >= 0.95
+    if name == "gemma2":
+        return
     with pytest.raises(edgellm.EdgeLLMError, match="the olmo2 family cannot run on the NPU prefill path") as e:
         edgellm.compile(str(ckpts["olmo2"]), out=tmp_path / "o", **opts)
     assert "\n" not in str(e.value) and not (tmp_path / "o").exists()

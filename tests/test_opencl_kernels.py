@@ -47,6 +47,7 @@ CASES = [
     ("linear_t2_lut", dict(T=3, N=20, K=64, bias=True)),
     ("attention", dict(T=1, NH=4, KVH=2, D=16)), ("attention", dict(T=4, NH=4, KVH=4, D=16)),
     ("attention", dict(T=3, NH=6, KVH=2, D=64)), ("attention", dict(T=2, NH=2, KVH=1, D=16, W=5)),
+    ("attention", dict(T=3, NH=4, KVH=2, D=16, cap=2.5)), ("softcap", dict(R=3, N=40, c=3.0)),
 ]
 
 
@@ -77,13 +78,14 @@ def _inputs(op, p, r):
     if op == "rope":
         T_, H, D = p["T"], p["H"], p["D"]
         return [randn(T_, H, D), randn(T_, D // 2), randn(T_, D // 2)], [(T_, H, D)]
-    if op in ("add", "copy", "swiglu", "relu2_mul", "gelu_mul", "scale"):
+    if op in ("add", "copy", "swiglu", "relu2_mul", "gelu_mul", "scale", "softcap"):
         shape = (p.get("R", p.get("T")), p.get("N", p.get("F")))
-        return [randn(*shape) for _ in range(1 if op in ("copy", "scale") else 2)], [shape]
+        return [randn(*shape) * (4 if op == "softcap" else 1)
+                for _ in range(1 if op in ("copy", "scale", "softcap") else 2)], [shape]
     if op == "attention":
         T_, NH, KVH, D = p["T"], p["NH"], p["KVH"], p["D"]
         S = 300 if T_ == 1 else 37   # longer than a key chunk: several chunks and a partial one
-        return [randn(T_, NH, D), randn(S, KVH, D), randn(S, KVH, D)], [(T_, NH * D)]
+        return [randn(T_, NH, D) * (3 if p.get("cap") else 1), randn(S, KVH, D), randn(S, KVH, D)], [(T_, NH * D)]
     T_, N, K = p["T"], p["N"], p["K"]
     x = randn(T_, K)
     x[:, ::17] *= 20.0   # outlier channels

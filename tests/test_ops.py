@@ -177,6 +177,22 @@ def test_attention(T, NH, KVH, D):
         check(out, ops.reference("attention", [q, k, v], **p))
 
 
+@pytest.mark.parametrize("T,NH,KVH,D,W", [(1, 8, 4, 64, 0), (16, 8, 2, 16, 0), (5, 4, 1, 8, 0), (16, 4, 2, 16, 7),
+                                          (1, 4, 4, 64, 5)])
+def test_attention_softcap(T, NH, KVH, D, W):
+    """Gemma 2's soft-capped scores (cap * tanh(s / cap)), full and partial chunks, with and without a window; the
+    cap is low enough that the scores reach the tanh's flat part (the q's are scaled up), so it changes the output."""
+    p = {"T": T, "NH": NH, "KVH": KVH, "D": D, "W": W, "cap": 2.5}
+    r = rng(T + D + W)
+    for S in sorted({T, T + 9, T + 16, 70 + T}):
+        q, k, v = randn(r, (T, NH, D)) * 3, randn(r, (S, KVH, D)), randn(r, (S, KVH, D))
+        out = run("attention", [q, k, v], (T, NH * D), **p)
+        want = ops.reference("attention", [q, k, v], **p)
+        check(out, want)
+        if S > 1:   # (one key: its weight is 1 whatever its score)
+            assert np.abs(want - ops.reference("attention", [q, k, v], **{**p, "cap": 0.0})).max() > 0.05
+
+
 @pytest.mark.parametrize("T,NH,KVH,D", [(1, 8, 2, 64), (16, 8, 2, 64), (64, 12, 12, 64), (32, 4, 1, 8)])
 def test_attention_long(T, NH, KVH, D):
     p = {"T": T, "NH": NH, "KVH": KVH, "D": D}
@@ -289,6 +305,10 @@ def test_gelu_mul_and_scale(R, N):
     assert np.isfinite(out).all()
     check(out, ops.reference("gelu_mul", [a, b], T=R, F=N))
     check(run("scale", [a], (R, N), R=R, N=N, c=25.298221), ops.reference("scale", [a], R=R, N=N, c=25.298221))
+    a.flat[:4] = [-1e30, -40.0, 40.0, 1e30][:min(4, a.size)]   # Gemma 2's final logit soft-capping, saturated too
+    out = run("softcap", [a], (R, N), R=R, N=N, c=3.0)
+    assert np.isfinite(out).all()
+    check(out, ops.reference("softcap", [a], R=R, N=N, c=3.0))
 
 
 # ------------------------------------------------------------------------------------------- fallbacks

@@ -278,6 +278,10 @@ class OnnxGraph:
         if w not in self._masks16:
             self._masks16[w] = h("Cast", [mask_name(w)], to=TensorProto.FLOAT16)
         sc = h("Reshape", [h("MatMul", [qh, Kt]), self._shape(kvh, rep, C, S)])
+        if s.attn_softcap:   # Gemma 2: cap * tanh(score / cap), before the mask
+            cap = s.attn_softcap
+            sc = h("Mul", [h("Tanh", [h("Mul", [sc, self._const(np.array(1.0 / cap, np.float16))])]),
+                           self._const(np.array(cap, np.float16))])
         p = h("Softmax", [h("Add", [sc, self._masks16[w]])], axis=-1)
         o = h("MatMul", [h("Reshape", [p, self._shape(kvh, rep * C, S)]), Vh])               # [kvh, rep*C, d]
         o = self._op("Cast", [o], to=TensorProto.FLOAT, name=FP16_PREFIX + "Cast_out")

@@ -29,7 +29,8 @@ F32, I32, U16 = "float32", "int32", "uint16"
 # ops with an OpenCL definition here (everything a dense Llama / Qwen / Mistral / BitNet package uses): these float
 # ops, and every packed scheme's ops (quant: KERNEL_OPS), built from their traits over the layouts the CPU's
 # reference kernels read (compiler/ops/linear_naive.py)
-OPS = ("embed", "rmsnorm", "linear", "rope", "attention", "add", "swiglu", "copy", "relu2_mul", "gelu_mul", "scale")
+OPS = ("embed", "rmsnorm", "linear", "rope", "attention", "add", "swiglu", "copy", "relu2_mul", "gelu_mul", "scale",
+       "softcap")
 ATTENTION_CHUNK_MAX = 128  # keys per chunk of the attention kernel: one work-item per key, then per output lane
 
 
@@ -227,6 +228,9 @@ def elementwise(kind: str, R: int, N: int, c: float = 1.0):
         return te.create_prim_func([a, te.compute((R, N), lambda i, j: a[i, j], name="out")])
     if kind == "scale":
         return te.create_prim_func([a, te.compute((R, N), lambda i, j: a[i, j] * tirx.const(c, F32), name="out")])
+    if kind == "softcap":
+        return te.create_prim_func([a, te.compute(
+            (R, N), lambda i, j: tirx.const(c, F32) * tirx.tanh(a[i, j] * tirx.const(1.0 / c, F32)), name="out")])
     b = te.placeholder((R, N), F32, "b")
 
     def f(i, j):
@@ -244,7 +248,7 @@ def elementwise(kind: str, R: int, N: int, c: float = 1.0):
     return te.create_prim_func([a, b, te.compute((R, N), f, name="out")])
 
 
-def attention(T_: int, NH: int, KVH: int, D: int, W: int = 0):
+def attention(T_: int, NH: int, KVH: int, D: int, W: int = 0, cap: float = 0.0):
     """One work-group per (query, head), C work-items. Keys go in chunks of C: work-item j scores key j of the chunk
     (a dot product over D), then work-item d < D folds the chunk's scores into its output lane d with an online
     softmax (running max and sum kept per work-item; every work-item computes the same ones)."""
@@ -284,6 +288,8 @@ def attention(T_: int, NH: int, KVH: int, D: int, W: int = 0):
                         st[2] = T.float32(0)
                         for d in range(D):
                             st[2] = st[2] + qs[d] * Kc[lo + c * C + j, h // G, d]
+                        if cap > 0:   # Gemma 2: cap * tanh(score / cap)
+                            st[2] = T.float32(cap) * T.tanh(st[2] * T.float32(1.0 / cap))
                     sc[j] = st[2]
                     T.tvm_storage_sync("shared")
                     if j < D:
@@ -327,8 +333,8 @@ def _build(op: str, p: dict):
     if op == "rope":
         return rope(p["T"], p["H"], p["D"])
     if op == "attention":
-        return attention(p["T"], p["NH"], p["KVH"], p["D"], p["W"])
-    if op in ("add", "swiglu", "copy", "relu2_mul", "gelu_mul", "scale"):
+        return attention(p["T"], p["NH"], p["KVH"], p["D"], p["W"], p["cap"])
+    if op in ("add", "swiglu", "copy", "relu2_mul", "gelu_mul", "scale", "softcap"):
         R = p["R"] if "R" in p else p["T"]
         return elementwise(op, R, p["N"] if "N" in p else p["F"], p.get("c", 1.0))
     raise UnsupportedOp(op)

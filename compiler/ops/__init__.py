@@ -18,6 +18,7 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 | swiglu    | T, F                      | g, u f32[T, F], out f32[T, F]                                    |
 | gelu_mul  | T, F                      | g, u f32[T, F], out f32[T, F] (gelu_tanh(g) * u)                 |
 | scale     | R, N, c                   | a f32[R, N], out f32[R, N] (a * c; out may be a)                 |
+| softcap   | R, N, c                   | a f32[R, N], out f32[R, N] (c * tanh(a / c); out may be a)       |
 | copy      | R, N                      | a f32[R, N], out f32[R, N]                                       |
 | linear_q8 | T, N, K, bias             | x f32[T, K], qweight u8[N, K], scales f32[N], [b], out f32[T, N] |
 | linear_q4 | T, N, K, G, bias          | x f32[T, K], qweight u8[N, K/2], scales f16[N, K/G], [b], out    |
@@ -46,7 +47,8 @@ wdtype is "float32" or "float16" (default "float32"); bias defaults to False. Ev
 one call (q/k/v, gate/up: compiler/lower.py); the kernel then takes one output per matrix, out_s f32[T, N_s], as
 its last args, and linear_t2's scale is f32[nseg] (one per matrix). Named "_s<N_0>x<N_1>..." only when fused.
 attention's W: sliding window (query at position p attends keys p-W+1 .. p), default 0 = full causal attention;
-named "_w<W>" only when W > 0.
+named "_w<W>" only when W > 0. Its cap: logit soft-capping (cap * tanh(score / cap), Gemma 2), default 0 = none;
+named "_cap<cap>" only when > 0.
 The packed schemes' ops (linear_q8 ... embed_q6 above) are declared by the schemes, with their traits (quant/:
 Scheme.kernel_ops, KernelTraits); their params, checks (K a multiple of 32 for q8 / q6, of G for q4 with G in
 32/64/128, of 16 for t2), references and kernels come from those traits: linear_quant.py dispatches by the
@@ -129,7 +131,7 @@ SEGS = ("segs", "s", tuple, ())
 ROWS = ("rows", "rows", bool, False)   # row-limited variant (rows.py); left out of the name when off
 # int params that may be 0 (meaning "off"); they are left out of the kernel name when 0, so the names of kernels
 # from before the param existed do not change
-ZERO_OFF = {("attention", "W")}
+ZERO_OFF = {("attention", "W"), ("attention", "cap")}
 OPS = {
     "embed": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED),
               ("wdtype", "", str, "float32")],
@@ -138,13 +140,14 @@ OPS = {
                ("wdtype", "", str, "float32"), ("bias", "b", bool, False), SEGS, ROWS],
     "rope": [("T", "t", int, REQUIRED), ("H", "h", int, REQUIRED), ("D", "d", int, REQUIRED)],
     "attention": [("T", "t", int, REQUIRED), ("NH", "nh", int, REQUIRED), ("KVH", "kvh", int, REQUIRED),
-                  ("D", "d", int, REQUIRED), ("W", "w", int, 0)],
+                  ("D", "d", int, REQUIRED), ("W", "w", int, 0), ("cap", "cap", float, 0.0)],
     "add": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "relu2_mul": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "gelu_mul": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "scale": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED), ("c", "c", float, REQUIRED)],
+    "softcap": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED), ("c", "c", float, REQUIRED)],
     # neuron-bundled FFN (bundled_ffn.py): F neurons in groups of G, hidden size D
     "ffn_select": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED), ("G", "g", int, REQUIRED),
                    ("D", "d", int, REQUIRED)],
@@ -202,6 +205,10 @@ def kernel_params(op: str, params: dict) -> dict:
             v = int(v)
         elif typ is float:
             v = float(v)
+            if name == "cap" and not v >= 0:
+                raise ValueError(f"{op}: cap must be >= 0 (0: no soft-capping), got {v!r}")
+            if op == "softcap" and not v > 0:
+                raise ValueError(f"softcap: c must be > 0, got {v!r}")
         elif typ is bool:
             v = bool(v)
         elif typ is tuple:
@@ -254,7 +261,7 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
             return _linear.make(cpu, p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
         return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
     if op == "attention":
-        return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast, W=p["W"])
+        return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast, W=p["W"], cap=p["cap"])
     simple_cpu = cpu if fast else CpuInfo(vector_lanes=1, num_threads=1, arch=cpu.arch)
     if op in KERNEL_OPS:
         traits = KERNEL_OPS[op].traits
@@ -281,6 +288,8 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         return _ew.gelu_mul(simple_cpu, p["T"], p["F"])
     if op == "scale":
         return _ew.scale(simple_cpu, p["R"], p["N"], p["c"])
+    if op == "softcap":
+        return _ew.softcap(simple_cpu, p["R"], p["N"], p["c"])
     if op == "ffn_select":
         return _ffn.ffn_select(simple_cpu, p["T"], p["F"], p["G"], p["D"])
     if op == "ffn_mul":

@@ -74,6 +74,14 @@ def fast_exp(x):
     return y * tirx.reinterpret(F32, bits)
 
 
+def fast_tanh(x):
+    """tanh(x) for float32 from fast_exp: sign(x) (1 - e) / (1 + e), e = exp(-2|x|) (absolute error ~1e-7; exactly
+    +-1 past |x| = 44). Logit soft-capping (Gemma 2) is cap * tanh(s / cap)."""
+    e = fast_exp(tirx.const(-2.0, F32) * tirx.abs(x))
+    t = (tirx.const(1.0, F32) - e) / (tirx.const(1.0, F32) + e)
+    return tirx.Select(x < tirx.const(0.0, F32), tirx.const(0.0, F32) - t, t)
+
+
 def _tree(vals, op):
     while len(vals) > 1:
         nxt = [op(vals[i], vals[i + 1]) for i in range(0, len(vals) - 1, 2)]

@@ -4,6 +4,7 @@ q f32[T, NH, D], k f32[S, KVH, D], v f32[S, KVH, D] -> out f32[T, NH*D].
 Query t sits at absolute position n_t - 1 = S - T + t and attends keys j < n_t; k/v rows past that are
 never read (they may hold padding or garbage). Head h uses kv head h // (NH // KVH); scale 1/sqrt(D).
 Sliding window W > 0 (Mistral, Qwen2/3 sliding layers): query t attends only keys max(0, n_t - W) <= j < n_t.
+Soft-capping cap > 0 (Gemma 2): each scaled score s becomes cap * tanh(s / cap) before the softmax.
 
 Schedule (hand-written TIR):
 - One parallel task per block of R = Gb heads (of one GQA group) x Tq consecutive queries; tasks are
@@ -30,7 +31,7 @@ import math
 
 from tvm.script import tirx as T
 
-from ._util import F32, STACK, concat_vecs, fast_exp, hmax, hsum, let_wrap, pow2_divisor, tree_reduce
+from ._util import F32, STACK, concat_vecs, fast_exp, fast_tanh, hmax, hsum, let_wrap, pow2_divisor, tree_reduce
 
 NEG = -3.0e38
 
@@ -77,9 +78,10 @@ def blocking(cpu, T_: int, NH: int, KVH: int):
     return Gb, Tq
 
 
-def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int = 0):
+def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int = 0, cap: float = 0.0):
     """simple=True: one row per task, per-key dot products only (fallback).
-    W > 0: sliding window, query t attends keys max(0, n_t - W) <= j < n_t; W = 0: full causal attention."""
+    W > 0: sliding window, query t attends keys max(0, n_t - W) <= j < n_t; W = 0: full causal attention.
+    cap > 0: scores soft-capped to cap * tanh(s / cap) (cap = 0 generates exactly the kernel without it)."""
     if NH % KVH != 0:
         raise ValueError(f"NH={NH} not a multiple of KVH={KVH}")
     VL = cpu.vector_lanes
@@ -97,6 +99,10 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
     if W < 0:
         raise ValueError(f"window W={W} must be >= 0")
     windowed = W > 0  # a Python bool: the parser keeps only the taken branch, W = 0 gives the unwindowed kernel
+
+    def capped(v):
+        """A computed score, soft-capped (the -3e38 of an invisible key is never passed here)."""
+        return T.float32(cap) * fast_tanh(v * T.float32(1.0 / cap)) if cap > 0 else v
 
     @T.prim_func
     def attention(q: T.handle, k: T.handle, v: T.handle, o: T.handle):
@@ -141,6 +147,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                         pv0[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + jj, kh, l, VD, ND)
                                         pv1[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + C // 2 + jj, kh, l, VD, ND)
                                 sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
+                                if cap > 0:
+                                    for jj in T.vectorized(C):
+                                        sc[jj] = capped(sc[jj])
                             else:  # chunk cut by the window's start or the causal end: invisible keys stay -3e38
                                 for jj in T.vectorized(C):
                                     sc[jj] = T.float32(NEG)
@@ -151,7 +160,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                         for dc in T.unroll(ND):
                                             for l in T.vectorized(VD):
                                                 part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[c * C + jj, kh, dc * VD + l]
-                                        sc[jj] = hsum(part, VD)
+                                        sc[jj] = capped(hsum(part, VD))
                             st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
                             st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
                             for jj in T.vectorized(C):
@@ -181,6 +190,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                         pv0[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + jj, kh, l, VD, ND)
                                         pv1[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + C // 2 + jj, kh, l, VD, ND)
                                 sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
+                                if cap > 0:
+                                    for jj in T.vectorized(C):
+                                        sc[jj] = capped(sc[jj])
                             else:  # last, partial chunk: per-key dot products, invisible keys stay -3e38
                                 for jj in T.vectorized(C):
                                     sc[jj] = T.float32(NEG)
@@ -190,7 +202,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                     for dc in T.unroll(ND):
                                         for l in T.vectorized(VD):
                                             part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[c * C + jj, kh, dc * VD + l]
-                                    sc[jj] = hsum(part, VD)
+                                    sc[jj] = capped(hsum(part, VD))
                             st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
                             st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
                             for jj in T.vectorized(C):

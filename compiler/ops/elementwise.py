@@ -1,5 +1,5 @@
 """Memory-bound kernels: embed (f32/f16 table, or q8 / q4 panels), rmsnorm, rope, add, swiglu, gelu_mul, relu2_mul,
-copy, scale (hand-written TIR).
+copy, scale, softcap (hand-written TIR).
 
 All loops are vectorized with cpu.vector_lanes f32 lanes (main part) plus a scalar tail; the outer
 loop is parallel only when the kernel touches >= PARALLEL_MIN_ELEMS elements (below that the
@@ -10,7 +10,7 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 from ...quant.packing import Q6_LAYOUT
-from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, fast_exp, hsum, pow2_divisor
+from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, fast_exp, fast_tanh, hsum, pow2_divisor
 
 
 def _outer(elems: int):
@@ -27,7 +27,7 @@ def _flat(kind: str, cpu, R: int, N: int, c: float = 1.0):
     B = VL * 4 if M >= VL * 4 else VL  # elements per outer iteration
     Mm = (M // B) * B
     outer = _outer(M)
-    nin = 1 if kind in ("copy", "scale") else 2
+    nin = 1 if kind in ("copy", "scale", "softcap") else 2
 
     def body(a, b, i):
         if kind == "add":
@@ -36,6 +36,8 @@ def _flat(kind: str, cpu, R: int, N: int, c: float = 1.0):
             return a[i]
         if kind == "scale":
             return a[i] * T.float32(c)
+        if kind == "softcap":   # Gemma 2's final logits: c * tanh(a / c)
+            return T.float32(c) * fast_tanh(a[i] * T.float32(1.0 / c))
         if kind == "gelu_mul":  # gelu_tanh(g) * u = g * u * sigmoid(2 sqrt(2/pi) (g + 0.044715 g^3))
             g = a[i]
             z = g * (T.float32(-2 * GELU_C) - T.float32(2 * GELU_C * 0.044715) * g * g)
@@ -102,6 +104,10 @@ def copy(cpu, R: int, N: int):
 
 def scale(cpu, R: int, N: int, c: float):
     return _flat("scale", cpu, R, N, c)
+
+
+def softcap(cpu, R: int, N: int, c: float):
+    return _flat("softcap", cpu, R, N, c)
 
 
 def embed(cpu, T_: int, V: int, D: int, wdtype: str = "float32"):

@@ -5,7 +5,7 @@ import numpy as np
 
 from ...quant.scheme import KERNEL_OPS
 
-NINPUTS = {"embed": 2, "relu2_mul": 2, "gelu_mul": 2, "scale": 1, "rmsnorm": 2, "rope": 3, "attention": 3, "add": 2,
+NINPUTS = {"embed": 2, "relu2_mul": 2, "gelu_mul": 2, "scale": 1, "softcap": 1, "rmsnorm": 2, "rope": 3, "attention": 3, "add": 2,
            "swiglu": 2, "copy": 1}
 
 
@@ -78,6 +78,8 @@ def reference(op: str, args, **p):
             lo = max(0, n - W) if W else 0
             for h in range(NH):
                 s = k[lo:n, h // G] @ q[t, h] / np.sqrt(D)
+                if p.get("cap"):
+                    s = p["cap"] * np.tanh(s / p["cap"])
                 e = np.exp(s - s.max())
                 out[t, h] = (e / e.sum()) @ v[lo:n, h // G]
         return out.reshape(T, NH * D)
@@ -97,4 +99,6 @@ def reference(op: str, args, **p):
         return gelu_tanh(_f64(a[0])) * _f64(a[1])
     if op == "scale":
         return _f64(a[0]) * float(p["c"])
+    if op == "softcap":
+        return float(p["c"]) * np.tanh(_f64(a[0]) / float(p["c"]))
     raise ValueError(f"unknown op {op!r}")

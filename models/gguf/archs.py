@@ -118,12 +118,22 @@ def _olmoe(f: GGUFFile, cfg: dict) -> dict:
     return {**_moe(f, cfg), "norm_topk_prob": False}
 
 
-def _gemma3(f: GGUFFile, cfg: dict) -> dict:
+def _gemma2(f: GGUFFile, cfg: dict) -> dict:
+    # llama.cpp's Gemma 2: every other layer sliding (the first one), a window of 4096, the attention scale
+    # 1/sqrt(key_length) (1/sqrt(hidden/heads) for the 46-layer 27B), soft-capping 50 / 30 where the file is silent
+    cfg = _gemma3(f, cfg, pattern_default=2, big_layers=46, default_window=4096)
+    cfg.pop("rope_local_base_freq", None)
+    cfg.update(attn_logit_softcapping=f.number("attn_logit_softcapping", 50.0, float),
+               final_logit_softcapping=f.number("final_logit_softcapping", 30.0, float))
+    return cfg
+
+
+def _gemma3(f: GGUFFile, cfg: dict, pattern_default: int = 6, big_layers: int = 62, default_window: int = 0) -> dict:
     # what llama.cpp assumes where the file is silent: every 6th layer global, a local RoPE base of 10000, and the
     # attention scale 1/sqrt(key_length) (1/sqrt(hidden/heads) for the 62-layer 27B)
     n = cfg["num_hidden_layers"]
-    window = f.number("attention.sliding_window", 0)
-    pattern = f.arch_get("attention.sliding_window_pattern", 6)
+    window = f.number("attention.sliding_window", default_window)
+    pattern = f.arch_get("attention.sliding_window_pattern", pattern_default)
     if not window:
         types = ["full_attention"] * n
     elif isinstance(pattern, list):   # per layer: true = sliding
@@ -133,7 +143,7 @@ def _gemma3(f: GGUFFile, cfg: dict) -> dict:
         types = ["sliding_attention" if p else "full_attention" for p in pattern]
     else:
         types = ["full_attention" if pattern and (i + 1) % int(pattern) == 0 else "sliding_attention" for i in range(n)]
-    scalar = cfg["hidden_size"] // cfg["num_attention_heads"] if n == 62 else cfg["head_dim"]
+    scalar = cfg["hidden_size"] // cfg["num_attention_heads"] if n == big_layers else cfg["head_dim"]
     cfg.update(rope_local_base_freq=f.number("rope.freq_base_swa", 10000.0, float), sliding_window=window or 4096,
                layer_types=types, query_pre_attn_scalar=scalar, hidden_activation="gelu_pytorch_tanh",
                final_logit_softcapping=f.number("final_logit_softcapping", None, float))
@@ -186,6 +196,9 @@ ARCHS: dict[str, GGUFArch] = {
     "qwen3moe": GGUFArch("Qwen3MoeForCausalLM", _qwen3moe),
     "olmoe": GGUFArch("OlmoeForCausalLM", _olmoe),
     "gemma3": GGUFArch("Gemma3ForCausalLM", _gemma3, norm_shift=1.0,
+                       layer={"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+                              "post_ffw_norm": "post_feedforward_layernorm"}),
+    "gemma2": GGUFArch("Gemma2ForCausalLM", _gemma2, norm_shift=1.0,
                        layer={"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
                               "post_ffw_norm": "post_feedforward_layernorm"}),
     "olmo2": GGUFArch("Olmo2ForCausalLM", layer={"post_attention_norm": "post_attention_layernorm",
