@@ -2,6 +2,10 @@
 
     python bench/vs_llamacpp.py [--size small|1b|moe] [--moe] [--schemes f16,q8,q4g32,t2] [--rounds 3]
                                 [--threads 2] [--ternary] [--work DIR] [--llama-bench PATH] [--json]
+    python bench/vs_llamacpp.py --gguf FILE [FILE ...] [--rounds 3] ...   # GGUF files as they come
+
+With --gguf, steps 1-3 are replaced: each file is compiled by edgellm with --quant auto (compiler/auto_quant.py: the
+scheme nearest its block types at no more bits) and run by llama.cpp as it is; steps 4-5 are the same.
 
 1. generates a seeded random Llama in Hugging Face format (f16 safetensors, written one tensor at a time):
    `small` ~110M (dim 768, 12 layers, 12 heads, ffn 2048, vocab 32000, tied embeddings) or `1b` (TinyLlama shape:
@@ -445,7 +449,8 @@ def table(result: dict) -> str:
            "| ratio (min-max) | weights read/token MB edgellm / llama.cpp | % of mem BW edgellm / llama.cpp |")
     lines = [hdr, "|" + "---|" * 7]
     for scheme, r in result["schemes"].items():
-        name = f"{scheme} ({GGUF_TYPE[scheme]})" + (f", head {HEAD_QUANT[scheme]} (Q6_K)" if scheme in HEAD_QUANT else "")
+        name = r.get("label") or (f"{scheme} ({GGUF_TYPE.get(scheme, '?')})"
+                                  + (f", head {HEAD_QUANT[scheme]} (Q6_K)" if scheme in HEAD_QUANT else ""))
         if "summary" not in r:
             lines.append(f"| {name} | n/a | | n/a | | | {r.get('error', '')} |")
             continue
@@ -514,6 +519,9 @@ def main(argv=None):
                     help="edgellm compile --tune modes, comma list: the first is the main table's edgellm, the others "
                          "run interleaved beside it and get a table of what tuning bought (default quick,off)")
     ap.add_argument("--json", action="store_true", help="print the whole result as JSON (the table goes to stderr)")
+    ap.add_argument("--gguf", nargs="+", default=None, metavar="FILE",
+                    help="instead of a generated model: these GGUF files, each compiled with --quant auto (the "
+                         "schemes nearest its block types) and run by llama.cpp as it is")
     a = ap.parse_args(argv)
     if a.moe:
         a.size = "moe"
@@ -543,21 +551,31 @@ def main(argv=None):
     else:
         lbench, lquant = build_llamacpp(work, a.jobs)
         version = f"0c1e57098 (llama-cpp-python {LLAMA_CPP_PYTHON} sdist), GGML_NATIVE=ON"
-    model = make_model(work, a.size, a.seed, a.ternary)
-    (work / "gguf").mkdir(exist_ok=True)
-    f16 = write_gguf(model, work / "gguf" / f"{model.name}-F16.gguf")
+    files = {}
+    if a.gguf:   # the files as they come: llama.cpp runs each, edgellm compiles each with --quant auto
+        files = {Path(f).name: Path(f).expanduser().resolve() for f in a.gguf}
+        missing = [str(f) for f in files.values() if not f.is_file()]
+        if missing:
+            ap.error(f"--gguf: no such file: {', '.join(missing)}")
+        schemes, moe = list(files), False
     mbw = build_membw(work)
     max_ctx = max(256, a.prompt_len + a.gen_len)
-    views = _safetensors_views(model / "model.safetensors")
-    n_params = sum(v.size for v in views.values())
-    label = f"{model.name} ({n_params / 1e6:.0f}M params)"
+    if files:
+        label = "GGUF files (edgellm --quant auto)"
+    else:
+        model = make_model(work, a.size, a.seed, a.ternary)
+        (work / "gguf").mkdir(exist_ok=True)
+        f16 = write_gguf(model, work / "gguf" / f"{model.name}-F16.gguf")
+        views = _safetensors_views(model / "model.safetensors")
+        n_params = sum(v.size for v in views.values())
+        label = f"{model.name} ({n_params / 1e6:.0f}M params)"
     if moe:
         cfg = SIZES[a.size]
         n_exp = sum(v.size for k, v in views.items() if ".experts." in k)
         active = n_params - n_exp + n_exp * cfg["num_experts_per_tok"] // cfg["num_local_experts"]
         label = (f"{model.name} ({n_params / 1e6:.0f}M params, {active / 1e6:.0f}M active: "
                  f"{cfg['num_experts_per_tok']} of {cfg['num_local_experts']} experts)")
-    del views
+        del views
 
     result = {"meta": {"model": label, "moe": moe,
                        "threads": a.threads, "prompt_len": a.prompt_len, "gen_len": a.gen_len, "rounds": a.rounds,
@@ -569,15 +587,18 @@ def main(argv=None):
     for s in schemes:
         pkgs, why, secs = {}, "", {}
         for m in modes:
-            pkg, why, secs[m] = compile_package(work, model, s, max_ctx, m)
+            pkg, why, secs[m] = compile_package(work, files.get(s) or model, "auto" if files else s, max_ctx, m)
             if pkg is None:
                 break
             pkgs[m] = pkg
         if len(pkgs) < len(modes):   # edgellm n/a: llama.cpp still runs, so the row has its side
             pkgs = {}
-        gg, why2 = quantize_gguf(lquant, f16, GGUF_TYPE[s], a.threads)
+        gg, why2 = (files[s], "") if files else quantize_gguf(lquant, f16, GGUF_TYPE[s], a.threads)
         result["schemes"][s] = {"packages": {m: str(p) for m, p in pkgs.items()}, "gguf": str(gg) if gg else None,
                                 "compile_seconds": secs}
+        if files and pkgs:   # what --quant auto chose, for the table
+            q = json.loads((next(iter(pkgs.values())) / "manifest.json").read_text())["quant"]
+            result["schemes"][s]["label"] = f"{s} (edgellm {q['scheme']}, head {q['head']})"
         if not pkgs or gg is None:
             result["schemes"][s]["error"] = f"llama.cpp: {why2}" if gg is None else f"edgellm: {why}"
         if gg is not None:
@@ -620,7 +641,7 @@ def main(argv=None):
             if pkgs:
                 result["schemes"][s]["by_tune"] = {m: summarize(rounds, sides[m]) for m in modes}
                 result["schemes"][s]["tune_gain"] = {m: tune_gain(rounds, sides[m]) for m in modes[1:]}
-    out = work / f"result-{a.size}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = work / f"result-{'gguf' if files else a.size}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=1))
     t = table(result) + tune_table(result)
     if a.json:

@@ -119,6 +119,16 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
 
     check_tokenizer_files(model_dir)
     sampling = generation_defaults(model_dir)
+    if quant == "auto":   # the schemes the checkpoint's own storage asks for (compiler/auto_quant.py)
+        from ..models import family
+        from .auto_quant import auto_schemes
+
+        quant, auto_head, why_auto = auto_schemes(spec, ck, family)
+        head_quant = head_quant or auto_head
+        _log(progress, why_auto)
+        if quant not in tgt.quants:
+            raise CompileError(f"{why_auto}, which target {tgt.name} does not support (supported: "
+                               f"{', '.join(tgt.quants)}); pass --quant")
     scheme, head_scheme = choose_schemes(spec, quant, head_quant, progress)
     why = kernels.refuses(spec, layout)
     if why:
@@ -304,6 +314,8 @@ def _check_layout(layout: str, bundle_neurons, ffn_threshold, gptq: bool, npu, t
 
 def _check_schemes_and_calib(quant: str | None, head_quant: str | None, calib: str | None, tgt) -> None:
     """The scheme names the target takes and the calibration file, before the checkpoint is read."""
+    if quant == "auto":   # resolved from the checkpoint once it is read
+        quant = None
     if quant is not None:
         get_scheme(quant)
     if head_quant is not None:

@@ -5,8 +5,9 @@ Two families are supported, each reproducing `tokenizers` exactly (encoding and 
 normalizer or pre-tokenizer is outside them but whose decoder is one of theirs (ByteLevel, or SentencePiece's "▁"
 spaces) gets a decode-only tokenizer.bin (the generation loop's text and stop strings work; encoding is refused);
 anything else raises CompileError:
-  * byte-level BPE (GPT-2, Llama-3, Qwen2/3, SmolLM/SmolLM3, Granite, OLMo 2, the demo models): normalizer none or NFC; pre-tokenizer
-    ByteLevel (its own GPT-2 regex, or use_regex=false after a Split with the GPT-2, Llama-3 or Qwen2 pattern),
+  * byte-level BPE (GPT-2, Llama-3, Qwen2/3, SmolLM/SmolLM3, Granite, OLMo 2, Phi-4-mini, the demo models):
+    normalizer none or NFC; pre-tokenizer ByteLevel (its own GPT-2 regex, or use_regex=false after a Split with the
+    GPT-2, Llama-3, Qwen2 or o200k pattern),
     optionally after Digits;
   * SentencePiece-style BPE (Llama-2, TinyLlama, Mistral v0.1, Gemma): normalizer Prepend("▁") / Replace(" ", "▁")
     and/or a Metaspace("▁") pre-tokenizer (or Gemma's Split(" "), a no-op after that Replace); byte_fallback with
@@ -22,14 +23,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CompileError
-from ..models.tokenizer_patterns import GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN
+from ..models.tokenizer_patterns import GPT2_PATTERN, LLAMA3_PATTERN, O200K_PATTERN, QWEN2_PATTERN
 from ..runtime import contract as K
 
 MAGIC, VERSION = K.TOKENIZER_MAGIC, K.TOKENIZER_VERSION   # runtime/contract.h
 FAMILY_BYTE_LEVEL, FAMILY_SENTENCEPIECE = 1, 2
-PRE_NONE, PRE_GPT2, PRE_LLAMA3, PRE_QWEN2 = 0, 1, 2, 3
+PRE_NONE, PRE_GPT2, PRE_LLAMA3, PRE_QWEN2, PRE_O200K = 0, 1, 2, 3, 4
 
-PATTERNS = {GPT2_PATTERN: PRE_GPT2, LLAMA3_PATTERN: PRE_LLAMA3, QWEN2_PATTERN: PRE_QWEN2}
+PATTERNS = {GPT2_PATTERN: PRE_GPT2, LLAMA3_PATTERN: PRE_LLAMA3, QWEN2_PATTERN: PRE_QWEN2, O200K_PATTERN: PRE_O200K}
 
 # header flags: keep in sync with EL_TOKF_* in runtime/tokenizer/tokenizer.c
 F_IGNORE_MERGES, F_BYTE_FALLBACK, F_FUSE_UNK, F_NFC = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -98,7 +99,7 @@ def _pre_tokenizer(pre: dict | None) -> tuple[int, int, int]:
             elif p["type"] == "Split" and pretok == PRE_NONE:
                 pattern = (p.get("pattern") or {}).get("Regex")
                 if pattern not in PATTERNS:
-                    raise _fail(f"Split pattern {p.get('pattern')!r} is not one of the known GPT-2/Llama-3/Qwen2 regexes")
+                    raise _fail(f"Split pattern {p.get('pattern')!r} is not one of the known GPT-2/Llama-3/Qwen2/o200k regexes")
                 # Isolated keeps the matches and the text between them; Removed + invert (how tiktoken-converted
                 # tokenizers such as OLMo 2's spell it) keeps the matches only. Each known pattern matches every
                 # character (its last alternatives take any whitespace, letters, digits or other), so nothing lies

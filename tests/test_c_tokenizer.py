@@ -19,7 +19,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tokenizers import trainers  # noqa: E402
 
 from edgellm.compiler.tokenizer_pack import (  # noqa: E402
-    GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN, maybe_write_tokenizer_bin, pack_tokenizer, write_tokenizer_bin,
+    GPT2_PATTERN, LLAMA3_PATTERN, O200K_PATTERN, QWEN2_PATTERN, maybe_write_tokenizer_bin, pack_tokenizer, write_tokenizer_bin,
 )
 from edgellm.errors import CompileError, InputError, PackageError  # noqa: E402
 
@@ -46,6 +46,7 @@ CORPUS = [
     "<|endoftext|>", "a<|endoftext|>b", "<|user|>\nhi there<|endoftext|>\n<|assistant|>\n",
     "<s>Hello</s> <s> x </s>", "<|begin_of_text|>hi<|eot_id|> <|end_of_text|>", "<unk> <0x41> <0xZZ> <|", "<tool_call>x",
     "UPPER lower MiXeD CamelCase snake_case kebab-case", "!!! ??? ... --- *** ### $$$ %%% ^^^",
+    "XMLHttpRequest iPhone15Pro ǅemal ʰello नमस्ते HELLOworld DON'T ΣΊΣΥΦΟΣ path/to/file/\r\n//x",
     "word\u200bzero\u200dwidth", "mixed 中文and English混合text123数字", "\x00\x01\x7f control",
     "say zzyzxq now, zzyzxq!zzyzxqq",
 ]
@@ -56,7 +57,9 @@ def fuzz_corpus(n: int = 300, seed: int = 0) -> list[str]:
     palette = [*" \t\n\r\x0b\x0c\u00a0\u3000\u2028\u0085", *"aZeEsStTlLmMdDrRvV'\"ſK", *"0123456789٣²Ⅻ", *".,!?-_/()[]{}<>|#*",
                "é", "e\u0301", "\u0308", "\u0323", "中", "文", "한", "\u1100", "\u1161", "\u11a8", "🙂", "👍🏽", "\u200d", "ß",
                "\u0958", "<|endoftext|>", "<|user|>", "<s>", "</s>", "<unk>", "<|begin_of_text|>", "<|eot_id|>", "<tool_call>",
-               "Hello", "<0x41>", "the", " the", "ing", "'s", "  ", "zzyzxq"]
+               "Hello", "<0x41>", "the", " the", "ing", "'s", "  ", "zzyzxq",
+               # o200k's case split: titlecase (Lt), modifier letters (Lm), spacing marks (Mc), Greek and dotted I
+               "ǅ", "ʰ", "\u093e", "Σ", "σ", "İ", "/\n"]
     rng = random.Random(seed)
     return ["".join(rng.choice(palette) for _ in range(rng.randint(0, 30))) for _ in range(n)]
 
@@ -170,12 +173,16 @@ def _byte_level_variant(base: Tokenizer, name: str) -> Tokenizer:
         tok = _with_model(base)
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(LLAMA3_PATTERN), "removed", invert=True), bl])
+    elif name == "o200k":  # Phi-4-mini / GPT-4o: Split(o200k regex) + ByteLevel
+        tok = _with_model(base)
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(O200K_PATTERN), "removed", invert=True), bl])
     else:
         raise KeyError(name)
     return tok
 
 
-BYTE_LEVEL = ["llama3", "qwen2", "gpt2", "smollm", "gpt2-split", "cl100k-removed"]
+BYTE_LEVEL = ["llama3", "qwen2", "gpt2", "smollm", "gpt2-split", "cl100k-removed", "o200k"]
 SENTENCEPIECE = {
     "llama2": {},  # Prepend + Replace normalizer, byte fallback, fused unk
     "metaspace-first": {"normalizer": False, "metaspace": {"prepend_scheme": "first", "split": False}},

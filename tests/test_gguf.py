@@ -145,10 +145,12 @@ def test_compiled_package_from_gguf(tmp_path):
         from tokenizers import Tokenizer
 
         assert rt.encode(text) == Tokenizer.from_file(str(pkg / "tokenizer.json")).encode(text).ids
-    out = subprocess.run([sys.executable, "-m", "edgellm.cli", "compile", str(g), "--quant", "q8", "-o",
+    out = subprocess.run([sys.executable, "-m", "edgellm.cli", "compile", str(g), "--quant", "auto", "-o",
                           str(tmp_path / "q8")], capture_output=True, text=True, env=_env(tmp_path))
     assert out.returncode == 0, out.stderr
+    assert "--quant auto: the body's matrices are Q8_0 100% -> q8; the lm_head is Q8_0 -> q8" in out.stderr
     with Runtime.load(tmp_path / "q8") as rt:   # requantized from the file's dequantized Q8_0 blocks
+        assert (rt.manifest["quant"]["scheme"], rt.manifest["quant"]["head"]) == ("q8", "q8")
         q8 = np.asarray(rt.logits(PROMPT))
     assert 1e-5 < _rel(q8, ref) < 5e-2
     # `edgellm run --model model.gguf`: compiled into the cache on first use, then found there
@@ -157,6 +159,21 @@ def test_compiled_package_from_gguf(tmp_path):
                               "--ids", "5,17,33", "-n", "4"], capture_output=True, text=True, env=_env(tmp_path))
         assert out.returncode == 0 and "4 generated" in out.stderr + out.stdout, out.stderr
     assert len(list((tmp_path / "cache" / "edgellm" / "packages").iterdir())) >= 1
+
+
+@pytest.mark.parametrize("qtype,want", [("Q4_0", ("q4g32", "q4g32")), ("F16", ("f16", "f16")),
+                                        ("Q5_1", ("q4g32", "q4g32"))])
+def test_quant_auto_follows_the_block_types(qtype, want, tmp_path):
+    """--quant auto: the scheme nearest the file's block type at no more bits (compiler/auto_quant.py); a
+    safetensors checkpoint by its float dtype."""
+    from edgellm.compiler.auto_quant import auto_schemes
+    from edgellm.models import family
+
+    d = make_checkpoint(tmp_path / "hf", "LlamaForCausalLM", seed=5, dtype="float16" if qtype == "F16" else "float32")
+    spec, ck, _ = load_checkpoint(str(write_gguf(d, tmp_path / "m.gguf", qtype)))
+    assert auto_schemes(spec, ck, family)[:2] == want
+    spec, ck, _ = load_checkpoint(str(d))
+    assert auto_schemes(spec, ck, family)[:2] == (("f16",) * 2 if qtype == "F16" else ("f32",) * 2)
 
 
 def _env(tmp_path):

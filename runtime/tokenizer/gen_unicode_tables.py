@@ -43,6 +43,13 @@ def char_class(cp: int) -> int:
     return 0
 
 
+def case_class(cp: int) -> int:
+    """The letter and mark split of the o200k pre-tokenizer (GPT-4o, Phi-4-mini): 1 = Lu Lt (its "upper" set only),
+    2 = Ll (its "lower" set only), 3 = Lm Lo (both sets), 4 = M (both sets, but not \\p{L}); 0 otherwise."""
+    cat = ud.category(chr(cp))
+    return {"Lu": 1, "Lt": 1, "Ll": 2, "Lm": 3, "Lo": 3, "Mn": 4, "Mc": 4, "Me": 4}.get(cat, 0)
+
+
 def ranges(values: list[int]) -> list[tuple[int, int, int]]:
     """Runs of equal nonzero values as (first, last, value)."""
     out: list[tuple[int, int, int]] = []
@@ -75,6 +82,7 @@ def full_decomposition(cp: int) -> list[int]:
 def main() -> None:
     cls = [char_class(cp) for cp in range(MAX_CP)]
     cls_ranges = ranges(cls)
+    case_ranges = ranges([case_class(cp) for cp in range(MAX_CP)])
     ccc = [ud.combining(chr(cp)) for cp in range(MAX_CP)]
     ccc_ranges = ranges(ccc)
 
@@ -120,6 +128,12 @@ def main() -> None:
         rows([f"{{0x{a:X}, 0x{b:X} << 2 | {v}}}," for a, b, v in cls_ranges]),
         "};",
         "",
+        "/* o200k letter / mark classes: 1 = Lu Lt, 2 = Ll, 3 = Lm Lo, 4 = M (Mn Mc Me); unlisted code points are 0.",
+        " * Sorted ranges {first, last << 3 | class}. */",
+        f"static const uint32_t el_uc_case[{len(case_ranges)}][2] = {{",
+        rows([f"{{0x{a:X}, 0x{b:X} << 3 | {v}}}," for a, b, v in case_ranges]),
+        "};",
+        "",
         "/* Canonical combining class: sorted ranges {first, last << 8 | ccc}; unlisted code points have class 0. */",
         f"static const uint32_t el_uc_ccc[{len(ccc_ranges)}][2] = {{",
         rows([f"{{0x{a:X}, 0x{b:X} << 8 | {v}}}," for a, b, v in ccc_ranges]),
@@ -142,7 +156,8 @@ def main() -> None:
         "",
     ]
     OUT.write_text("\n".join(lines))
-    print(f"wrote {OUT}: Unicode {ud.unidata_version}, {len(cls_ranges)} class ranges, {len(ccc_ranges)} ccc ranges, "
+    print(f"wrote {OUT}: Unicode {ud.unidata_version}, {len(cls_ranges)} class ranges, {len(case_ranges)} case "
+          f"ranges, {len(ccc_ranges)} ccc ranges, "
           f"{len(index)} decompositions, {len(comp)} compositions", file=sys.stderr)
 
 

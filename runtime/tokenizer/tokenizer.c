@@ -38,7 +38,7 @@
 #define TOK_MAX_FILE (1u << 30)
 
 enum { FAM_BYTE = 1, FAM_SP = 2 };
-enum { PRE_NONE = 0, PRE_GPT2 = 1, PRE_LLAMA3 = 2, PRE_QWEN2 = 3 };
+enum { PRE_NONE = 0, PRE_GPT2 = 1, PRE_LLAMA3 = 2, PRE_QWEN2 = 3, PRE_O200K = 4 };
 
 /* header flags (must match compiler/tokenizer_pack.py) */
 #define EL_TOKF_IGNORE_MERGES (1u << 0)  /* a word that is a vocabulary entry is one token (Llama-3) */
@@ -155,6 +155,24 @@ static int uclass(uint32_t c) {
   }
   return UC_OTHER;
 }
+
+/* o200k's letter sets: "upper" [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], "lower" [\p{Ll}\p{Lm}\p{Lo}\p{M}] */
+enum { CASE_NONE = 0, CASE_UPPER = 1, CASE_LOWER = 2, CASE_BOTH = 3, CASE_MARK = 4 };
+
+static int case_of(uint32_t c) {
+  if (c < 0x80) return (c >= 'A' && c <= 'Z') ? CASE_UPPER : (c >= 'a' && c <= 'z') ? CASE_LOWER : CASE_NONE;
+  size_t lo = 0, hi = sizeof el_uc_case / sizeof el_uc_case[0];
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (c < el_uc_case[mid][0]) hi = mid;
+    else if (c > el_uc_case[mid][1] >> 3) lo = mid + 1;
+    else return (int)(el_uc_case[mid][1] & 7);
+  }
+  return CASE_NONE;
+}
+
+static int in_upper(uint32_t c) { int k = case_of(c); return k == CASE_UPPER || k == CASE_BOTH || k == CASE_MARK; }
+static int in_lower(uint32_t c) { int k = case_of(c); return k == CASE_LOWER || k == CASE_BOTH || k == CASE_MARK; }
 
 /* Decodes one character at s (n > 0 bytes left); invalid or truncated sequences give INVALID_BYTE + s[0], 1 byte. */
 static uint32_t utf8_next(const uint8_t* s, size_t n, size_t* len) {
@@ -463,6 +481,61 @@ static size_t scan_llama3(const uint32_t* cp, size_t n, size_t i, size_t max_dig
   return ws_tail(cp, n, i);
 }
 
+/* o200k (GPT-4o, Phi-4-mini):
+ *   [^\r\n\p{L}\p{N}]?[U]*[W]+(?i:'s|'t|'re|'ve|'m|'ll|'d)? | [^\r\n\p{L}\p{N}]?[U]+[W]*(?i:...)? | \p{N}{1,3}
+ *   |  ?[^\s\p{L}\p{N}]+[\r\n/]* | \s*[\r\n]+ | \s+(?!\S) | \s+
+ * with U, W its "upper" and "lower" sets (in_upper, in_lower), which share Lm, Lo and the marks. */
+
+/* [U]*[W]+ at j, as a backtracking matcher finds it (U* longest, then W+ longest): its end, or 0 if none. */
+static size_t upper_lower(const uint32_t* cp, size_t n, size_t j) {
+  size_t u = j, k;
+  while (u < n && in_upper(cp[u])) u++;
+  if (u < n && in_lower(cp[u])) k = u;
+  else { /* give back U characters until one of them starts W+ */
+    for (k = u; k > j && !in_lower(cp[k - 1]); k--) {}
+    if (k == j) return 0;
+    k--;
+  }
+  while (k < n && in_lower(cp[k])) k++;
+  return k;
+}
+
+static int o200k_prefix(uint32_t c) { /* [^\r\n\p{L}\p{N}] */
+  int u = uclass(c);
+  return c != '\r' && c != '\n' && u != UC_L && u != UC_N;
+}
+
+static size_t with_contraction(const uint32_t* cp, size_t n, size_t e) {
+  size_t c = e < n ? contraction(cp, n, e, 1) : 0;
+  return c ? c : e;
+}
+
+static size_t scan_o200k(const uint32_t* cp, size_t n, size_t i) {
+  size_t e;
+  int p = o200k_prefix(cp[i]) && i + 1 < n;
+  if ((p && (e = upper_lower(cp, n, i + 1))) || (e = upper_lower(cp, n, i))) return with_contraction(cp, n, e);
+  size_t j = p && in_upper(cp[i + 1]) ? i + 1 : i;
+  if (in_upper(cp[j])) { /* [U]+[W]* */
+    while (j < n && in_upper(cp[j])) j++;
+    while (j < n && in_lower(cp[j])) j++;
+    return with_contraction(cp, n, j);
+  }
+  int c = uclass(cp[i]);
+  if (c == UC_N) { /* \p{N}{1,3} */
+    for (e = i + 1; e < n && e - i < 3 && uclass(cp[e]) == UC_N;) e++;
+    return e;
+  }
+  if ((e = opt_space_run(cp, n, i, UC_OTHER)) < n) { /*  ?[^\s\p{L}\p{N}]+[\r\n/]* */
+    e = run_of(cp, n, e, UC_OTHER);
+    while (e < n && (cp[e] == '\r' || cp[e] == '\n' || cp[e] == '/')) e++;
+    return e;
+  }
+  e = run_of(cp, n, i, UC_WS); /* \s*[\r\n]+ : through the last line break of the whitespace run */
+  for (size_t k = e; k > i; k--)
+    if (cp[k - 1] == '\r' || cp[k - 1] == '\n') return k;
+  return ws_tail(cp, n, i);
+}
+
 /* Pre-tokenization ---------------------------------------------------------------------------------------------- */
 
 /* Regex scan of code points [a, b) of the current piece (w->cps, byte offsets w->cpoff into s). */
@@ -475,6 +548,7 @@ static void scan_range(work* w, const uint8_t* s, size_t a, size_t b) {
       case PRE_GPT2: j = scan_gpt2(cp, n, i); break;
       case PRE_LLAMA3: j = scan_llama3(cp, n, i, 3); break;
       case PRE_QWEN2: j = scan_llama3(cp, n, i, 1); break;
+      case PRE_O200K: j = scan_o200k(cp, n, i); break;
       default: j = n;
     }
     bpe(w, s + w->cpoff[a + i], w->cpoff[a + j] - w->cpoff[a + i]);
@@ -843,7 +917,7 @@ EL_API el_tokenizer* el_tok_load(const char* path) {
   t->n_prefix = rd32(h + 40), t->n_suffix = rd32(h + 44);
   uint32_t str_bytes = rd32(h + 48), added_bytes = rd32(h + 52);
   if (t->family != FAM_BYTE && t->family != FAM_SP) return load_fail(t, path, "unknown tokenizer family");
-  if (t->pretok > PRE_QWEN2) return load_fail(t, path, "unknown pre-tokenizer");
+  if (t->pretok > PRE_O200K) return load_fail(t, path, "unknown pre-tokenizer");
   if (t->flags & ~EL_TOKF_KNOWN) return load_fail(t, path, "unknown flags (made by a newer edgellm?)");
   if (t->n_vocab == 0 || t->n_vocab > (1u << 26)) return load_fail(t, path, "bad vocabulary size");
   if (t->n_prefix > TOK_MAX_AFFIX || t->n_suffix > TOK_MAX_AFFIX) return load_fail(t, path, "bad template");

@@ -12,7 +12,7 @@
  * tokenizer.bin, version 1. Little-endian; every section starts on a 4-byte boundary (zero padding).
  *   header, 64 bytes of u32 (i32 where noted):
  *     0 magic "ELTK"       4 version (1)          8 family (1 byte-level, 2 SentencePiece)
- *    12 pretok (0 none, 1 GPT-2 regex, 2 Llama-3 regex, 3 Qwen2 regex)        16 flags (EL_TOKF_* in tokenizer.c)
+ *    12 pretok (0 none, 1 GPT-2 regex, 2 Llama-3 regex, 3 Qwen2 regex, 4 o200k regex)        16 flags (EL_TOKF_* in tokenizer.c)
  *    20 n_vocab (max id + 1)   24 n_merges    28 n_added    32 unk_id (i32, -1 none)    36 bos_id (i32, -1 none)
  *    40 n_prefix, 44 n_suffix: ids the tokenizer's post-processor puts around the text (at most 16 each)
  *    48 str_bytes   52 added_bytes   56 file_bytes (the whole file)   60 CRC-32 (zlib) of bytes [64, file_bytes)

@@ -1,0 +1,42 @@
+"""`--quant auto`: the schemes a checkpoint's own storage asks for. A GGUF file's matrices are in llama.cpp block
+types; each maps to the edgellm scheme nearest it at no more bits per weight (so a package is never bigger than the
+file, and a Q8_0 / Q4_0 file keeps its precision); the head (embedding / lm_head) the same way from its own type.
+A safetensors checkpoint's float dtype maps to f32 / f16.
+
+| source type | body | head |
+|---|---|---|
+| F32 | f32 | f32 |
+| F16, BF16 | f16 | f16 |
+| Q8_0 | q8 (8.0 bits) | q8 |
+| Q6_K | q4g32 (no 6-bit body scheme yet) | q6 (llama.cpp's Q6_K output size) |
+| Q5_0, Q5_1, Q5_K, Q4_0, Q4_1, Q4_K | q4g32 (4.5 bits) | q4g32 |
+| Q3_K, Q2_K | q4g128 (4.1 bits: the fewest of any scheme for weights that are not ternary) | q4g128 |
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+BODY = {"F32": "f32", "F16": "f16", "BF16": "f16", "Q8_0": "q8", "Q6_K": "q4g32", "Q5_0": "q4g32",
+        "Q5_1": "q4g32", "Q5_K": "q4g32", "Q4_0": "q4g32", "Q4_1": "q4g32", "Q4_K": "q4g32", "Q3_K": "q4g128",
+        "Q2_K": "q4g128"}
+HEAD = {**BODY, "Q6_K": "q6"}
+
+
+def auto_schemes(spec, ck, family) -> tuple[str, str, str]:
+    """(body scheme, head scheme, one line saying why) from the stored types of the checkpoint's matrices: the body
+    by the type holding most of the body's weights, the head by the lm_head's (or the tied embedding's) own type."""
+    import numpy as np
+
+    shapes = family(spec).weight_shapes(spec)
+    head_name = spec.lm_head_name
+    counts: Counter = Counter()
+    for name, shape in shapes.items():
+        if len(shape) == 2 and name not in (head_name, "model.embed_tokens.weight"):
+            counts[ck.dtype(name)] += int(np.prod(shape))
+    body_type = counts.most_common(1)[0][0] if counts else ck.dtype(head_name)
+    head_type = ck.dtype(head_name)
+    body, head = BODY.get(body_type, "f16"), HEAD.get(head_type, "q8")
+    total = sum(counts.values()) or 1
+    mix = ", ".join(f"{t} {100 * n / total:.0f}%" for t, n in counts.most_common())
+    return body, head, (f"--quant auto: the body's matrices are {mix} -> {body}; the "
+                        f"{'tied embedding/lm_head' if spec.tie_word_embeddings else 'lm_head'} is {head_type} -> {head}")
