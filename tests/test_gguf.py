@@ -129,6 +129,30 @@ def test_tokenizer_rebuilt_from_metadata(tmp_path):
     assert a.token_to_id("</s>") == 1 and a.encode("x</s>").ids[-1] == 1
 
 
+def test_o200k_tokenizer_rebuilt_and_packed(tmp_path):
+    """A GGUF whose tokenizer.ggml.pre is gpt-4o (Phi-4-mini): the rebuilt tokenizer splits with the o200k regex
+    like the original tokenizer.json, and the C tokenizer packed from it encodes the same ids."""
+    from tokenizers import Tokenizer
+
+    from edgellm.compiler.tokenizer_pack import write_tokenizer_bin
+    from edgellm.models.tokenizer_patterns import O200K_PATTERN
+    from edgellm.runtime.python.c_tokenizer import CTokenizer
+    from test_c_tokenizer import CORPUS, fuzz_corpus
+
+    d = make_checkpoint(tmp_path / "hf", "LlamaForCausalLM", seed=1)
+    tj = json.loads((d / "tokenizer.json").read_text())
+    tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": O200K_PATTERN}, "behavior": "Removed", "invert": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    _, _, side = load_checkpoint(str(write_gguf(d, tmp_path / "m.gguf", "F32", pre="gpt-4o")))
+    a, b = Tokenizer.from_file(str(side / "tokenizer.json")), Tokenizer.from_file(str(d / "tokenizer.json"))
+    write_tokenizer_bin(side / "tokenizer.json", tmp_path / "tokenizer.bin")
+    c = CTokenizer(tmp_path / "tokenizer.bin")
+    for t in CORPUS + fuzz_corpus(200):
+        assert a.encode(t).ids == b.encode(t).ids == c.encode(t), t
+
+
 def test_compiled_package_from_gguf(tmp_path):
     """`edgellm compile model.gguf`: the f32 package's logits equal transformers on the same file within 1e-4, its
     C tokenizer encodes like the rebuilt tokenizer, and the CLI's q8 package stays within q8's error of it."""

@@ -8,7 +8,7 @@ added tokens, user-defined ones plain added tokens, as llama.cpp matches both wh
 from __future__ import annotations
 
 from ...errors import ModelLoadError, short_repr
-from ..tokenizer_patterns import LLAMA3_PATTERN, QWEN2_PATTERN
+from ..tokenizer_patterns import LLAMA3_PATTERN, O200K_PATTERN, QWEN2_PATTERN
 from .file import GGUFFile
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -18,6 +18,7 @@ META = "\u2581"
 _LLAMA3 = (None, ("split", LLAMA3_PATTERN), True)
 _QWEN2 = ("nfc", ("split", QWEN2_PATTERN), False)
 _DIGITS = (None, ("digits",), False)
+_O200K = (None, ("split", O200K_PATTERN), False)
 _GPT2 = (None, (), False)
 PRE = {
     "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "falcon3": _LLAMA3, "dbrx": _LLAMA3,
@@ -25,6 +26,7 @@ PRE = {
     "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
     "smollm": _DIGITS, "starcoder": _DIGITS, "refact": _DIGITS, "codeshell": _DIGITS,
     "default": _GPT2, "gpt-2": _GPT2, "gpt2": _GPT2, "olmo": _GPT2, "phi-2": _GPT2, "mpt": _GPT2,
+    "gpt-4o": _O200K, "llama4": _O200K,
 }
 
 
