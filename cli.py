@@ -28,7 +28,7 @@ def cli():
 @click.argument("model")
 @click.option("--target", "-t", default="host", show_default=True, help="target name (see `edgellm targets`)")
 @click.option("--quant", "-q", default=None,
-              help="weight scheme: f32, f16, q8, q4g32, q4g64, q4g128, t2, or auto (the scheme nearest the "
+              help="weight scheme: f32, f16, q8, q8g32, q4g32, q4g64, q4g128, t2, or auto (the scheme nearest the "
                    "checkpoint's own storage: a GGUF's block types) [default: f16; t2 for BitNet checkpoints]")
 @click.option("--head-quant", default=None,
               help="scheme of the embedding table and lm_head: f32, f16, q8, q6, q4g32, q4g64, q4g128 (q6: 6.5 bits, "

@@ -1,25 +1,27 @@
 """`--quant auto`: the schemes a checkpoint's own storage asks for. A GGUF file's matrices are in llama.cpp block
 types; each maps to the edgellm scheme nearest it at no more bits per weight (so a package is never bigger than the
-file, and a Q8_0 / Q4_0 file keeps its precision); the head (embedding / lm_head) the same way from its own type.
-A safetensors checkpoint's float dtype maps to f32 / f16.
+file); Q8_0 and Q4_0 blocks land in q8g32 / q4g32 exactly (the same codes and f16 scales: their quantizers
+reproduce a dequantized block, tests/test_gguf.py), so those files are kept bit for bit. The head (embedding /
+lm_head) maps the same way from its own type. A safetensors checkpoint's float dtype maps to f32 / f16.
 
 | source type | body | head |
 |---|---|---|
 | F32 | f32 | f32 |
 | F16, BF16 | f16 | f16 |
-| Q8_0 | q8 (8.0 bits) | q8 |
+| Q8_0 | q8g32 (its blocks exactly) | q8 (q8g32 has no embedding kernel) |
 | Q6_K | q4g32 (no 6-bit body scheme yet) | q6 (llama.cpp's Q6_K output size) |
-| Q5_0, Q5_1, Q5_K, Q4_0, Q4_1, Q4_K | q4g32 (4.5 bits) | q4g32 |
+| Q4_0 | q4g32 (its blocks exactly) | q4g32 |
+| Q5_0, Q5_1, Q5_K, Q4_1, Q4_K | q4g32 (4.5 bits) | q4g32 |
 | Q3_K, Q2_K | q4g128 (4.1 bits: the fewest of any scheme for weights that are not ternary) | q4g128 |
 """
 from __future__ import annotations
 
 from collections import Counter
 
-BODY = {"F32": "f32", "F16": "f16", "BF16": "f16", "Q8_0": "q8", "Q6_K": "q4g32", "Q5_0": "q4g32",
+BODY = {"F32": "f32", "F16": "f16", "BF16": "f16", "Q8_0": "q8g32", "Q6_K": "q4g32", "Q5_0": "q4g32",
         "Q5_1": "q4g32", "Q5_K": "q4g32", "Q4_0": "q4g32", "Q4_1": "q4g32", "Q4_K": "q4g32", "Q3_K": "q4g128",
         "Q2_K": "q4g128"}
-HEAD = {**BODY, "Q6_K": "q6"}
+HEAD = {**BODY, "Q8_0": "q8", "Q6_K": "q6"}
 
 
 def auto_schemes(spec, ck, family) -> tuple[str, str, str]:

@@ -172,9 +172,9 @@ def test_compiled_package_from_gguf(tmp_path):
     out = subprocess.run([sys.executable, "-m", "edgellm.cli", "compile", str(g), "--quant", "auto", "-o",
                           str(tmp_path / "q8")], capture_output=True, text=True, env=_env(tmp_path))
     assert out.returncode == 0, out.stderr
-    assert "--quant auto: the body's matrices are Q8_0 100% -> q8; the lm_head is Q8_0 -> q8" in out.stderr
-    with Runtime.load(tmp_path / "q8") as rt:   # requantized from the file's dequantized Q8_0 blocks
-        assert (rt.manifest["quant"]["scheme"], rt.manifest["quant"]["head"]) == ("q8", "q8")
+    assert "--quant auto: the body's matrices are Q8_0 100% -> q8g32; the lm_head is Q8_0 -> q8" in out.stderr
+    with Runtime.load(tmp_path / "q8") as rt:   # the file's Q8_0 blocks kept (tests below), int8 activations
+        assert (rt.manifest["quant"]["scheme"], rt.manifest["quant"]["head"]) == ("q8g32", "q8")
         q8 = np.asarray(rt.logits(PROMPT))
     assert 1e-5 < _rel(q8, ref) < 5e-2
     # `edgellm run --model model.gguf`: compiled into the cache on first use, then found there
@@ -183,6 +183,34 @@ def test_compiled_package_from_gguf(tmp_path):
                               "--ids", "5,17,33", "-n", "4"], capture_output=True, text=True, env=_env(tmp_path))
         assert out.returncode == 0 and "4 generated" in out.stderr + out.stdout, out.stderr
     assert len(list((tmp_path / "cache" / "edgellm" / "packages").iterdir())) >= 1
+
+
+@pytest.mark.parametrize("qtype,scheme", [("Q8_0", "q8g32"), ("Q4_0", "q4g32")])
+def test_q8_0_and_q4_0_blocks_are_kept_bit_for_bit(qtype, scheme, tmp_path):
+    """A Q8_0 / Q4_0 file's blocks land in q8g32 / q4g32 exactly: quantizing the dequantized weights gives back the
+    same codes and f16 scales (every value equal), and the compiled package equals the numpy model of those blocks
+    (quant/reference_model.py) to f32 rounding, with the same greedy tokens."""
+    from edgellm.compiler.driver import compile_model
+    from edgellm.quant import get_scheme
+    from edgellm.quant.reference_model import QuantizedModel
+    from edgellm.runtime.python.api import Runtime
+
+    d = make_checkpoint(tmp_path / "hf", "LlamaForCausalLM", seed=6)
+    g = write_gguf(d, tmp_path / "m.gguf", qtype)
+    spec, ck, _ = load_checkpoint(str(g))
+    sch = get_scheme(scheme)
+    for name in ck.names():
+        w = np.asarray(ck.get(name), np.float32)
+        if w.ndim == 2 and ck.dtype(name) == qtype:
+            assert np.array_equal(sch.dequantize(sch.quantize(w)), w), name
+            assert not np.array_equal(get_scheme("q8").dequantize(get_scheme("q8").quantize(w)), w)   # q8's grid
+            # (a scale per row) does not hold them
+    pkg = compile_model(str(g), quant="auto", out=tmp_path / "p", progress=False, max_context=96, prefill_chunk=8)
+    ref = QuantizedModel(spec, ck.get, sch, get_scheme({"Q8_0": "q8", "Q4_0": "q4g32"}[qtype]))
+    with Runtime.load(pkg, threads=2) as rt:
+        assert rt.manifest["quant"]["scheme"] == scheme
+        assert _rel(np.asarray(rt.logits(PROMPT)), ref.logits(PROMPT)) < 2e-3
+        assert rt.generate(PROMPT, max_new_tokens=16, ignore_eos=True).token_ids == ref.greedy(PROMPT, 16)
 
 
 @pytest.mark.parametrize("qtype,want", [("Q4_0", ("q4g32", "q4g32")), ("F16", ("f16", "f16")),
