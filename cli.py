@@ -479,6 +479,7 @@ def info_cmd(package):
                                                f"{m['target']['arch']})" if "opencl" in m.get("files", {}) else
                                                f"{m['target']['arch']}; needs {', '.join(m['target']['features']) or '-'})")),
         ("quant", _quant_line(m["quant"])),
+        *(("source", line) for line in _source_lines(m["quant"].get("source_types"))),
         ("context", f"max {m['max_context']} tokens, prefill chunk {m['prefill_chunk']}"
                     + (f" (prompt tails: {m['prefill_short_chunk']})" if m.get("prefill_short_chunk") else "")),
         ("kernels", f"{len(m['kernels'])}"),
@@ -566,6 +567,19 @@ def _guess_lines(moe: dict) -> list[str]:
         line += (f" (recall on {g['calibration_tokens']} calibration tokens, {g['calibration']}: {100 * fitted:.0f}%; "
                  f"the routers' {100 * router:.0f}%)")
     return [line]
+
+
+def _source_lines(types) -> list[str]:
+    """Per stored type of the checkpoint's matrices (a GGUF's block types): which scheme took them and whether their
+    values were kept exactly or requantized."""
+    if not isinstance(types, dict):
+        return []
+    out = []
+    for t, row in sorted(types.items()):
+        if isinstance(row, dict):
+            out += [f"{t}: {r.get('tensors')} matrices -> {sch}, {'kept exactly' if r.get('kept') else 'requantized'}"
+                    for sch, r in sorted(row.items()) if isinstance(r, dict)]
+    return out
 
 
 def _quant_line(q: dict) -> str:

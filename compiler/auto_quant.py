@@ -42,3 +42,23 @@ def auto_schemes(spec, ck, family) -> tuple[str, str, str]:
     mix = ", ".join(f"{t} {100 * n / total:.0f}%" for t, n in counts.most_common())
     return body, head, (f"--quant auto: the body's matrices are {mix} -> {body}; the "
                         f"{'tied embedding/lm_head' if spec.tie_word_embeddings else 'lm_head'} is {head_type} -> {head}")
+
+
+# (stored type, scheme) pairs where the scheme holds the stored values exactly
+KEPT = {("F32", "f32"), ("F16", "f16"), ("F16", "f32"), ("BF16", "f32"), ("Q8_0", "q8g32"), ("Q4_0", "q4g32"),
+        ("Q8_0", "f32"), ("Q4_0", "f32"), ("Q8_0", "f16"), ("Q4_0", "f16")}
+
+
+def source_types(spec, ck, family, body: str, head: str) -> dict:
+    """Per stored type of the checkpoint's matrices: how many, which scheme took them, and whether their values were
+    kept exactly or requantized (the manifest's quant.source_types; `edgellm info` prints it)."""
+    out: dict = {}
+    heads = (spec.lm_head_name, "model.embed_tokens.weight")
+    for name, shape in family(spec).weight_shapes(spec).items():
+        if len(shape) != 2:
+            continue
+        t, sch = ck.dtype(name), head if name in heads else body
+        row = out.setdefault(t, {})
+        r = row.setdefault(sch, {"tensors": 0, "kept": (t, sch) in KEPT})
+        r["tensors"] += 1
+    return out

@@ -266,7 +266,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             "quant": {"scheme": scheme.name, "bits_per_weight": round(_bits_per_weight(table, n_params), 3),
                       "head": head_scheme.name, "embedding": low.embed_dtype,
                       "method": "gptq" if gptq else ("native" if spec.family == "bitnet" else "rtn"),
-                      "n_params": n_params},
+                      "n_params": n_params, "source_types": _source_types(spec, ck, scheme, head_scheme, gptq)},
             "max_context": max_ctx, "prefill_chunk": chunk, "prefill_short_chunk": short, "kv_rows": kv_rows,
             "files": {"plan": PLAN, "weights": WEIGHTS, "binary": f"{BIN_DIR}/{BINARY}",
                       **kernels.files,
@@ -362,6 +362,22 @@ def count_params(spec) -> int:
         k = int(np.prod(shape))
         n += 4 * k if spec.family == "bitnet" and name.endswith("_proj.weight") else k
     return n
+
+
+def _source_types(spec, ck, scheme, head_scheme, gptq: bool) -> dict:
+    """What happened to each stored type of the checkpoint's matrices (compiler/auto_quant.py source_types)."""
+    from ..models import family
+    from .auto_quant import source_types
+
+    try:
+        out = source_types(spec, ck, family, scheme.name, head_scheme.name)
+    except (KeyError, AttributeError):   # a checkpoint without per-tensor types (BitNet's packed ternary weights)
+        return {}
+    if gptq:   # GPTQ rewrites the body's codes: nothing it touches is kept
+        for row in out.values():
+            if scheme.name in row:
+                row[scheme.name]["kept"] = False
+    return out
 
 
 def _bits_per_weight(table, n_params: int) -> float:

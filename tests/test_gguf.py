@@ -209,6 +209,8 @@ def test_q8_0_and_q4_0_blocks_are_kept_bit_for_bit(qtype, scheme, tmp_path):
     ref = QuantizedModel(spec, ck.get, sch, get_scheme({"Q8_0": "q8", "Q4_0": "q4g32"}[qtype]))
     with Runtime.load(pkg, threads=2) as rt:
         assert rt.manifest["quant"]["scheme"] == scheme
+        n = 7 * spec.n_layers + (2 if qtype == "Q4_0" else 0)   # + embedding and lm_head, q4g32 too from Q4_0
+        assert rt.manifest["quant"]["source_types"][qtype][scheme] == {"tensors": n, "kept": True}
         assert _rel(np.asarray(rt.logits(PROMPT)), ref.logits(PROMPT)) < 2e-3
         assert rt.generate(PROMPT, max_new_tokens=16, ignore_eos=True).token_ids == ref.greedy(PROMPT, 16)
 
