@@ -274,7 +274,7 @@ def test_bad_files_are_refused_in_one_line(tmp_path):
     junk.write_bytes(b"GGUF" + b"\xff" * 64)
     cases[junk] = "truncated or corrupt"
     f32 = write_gguf(d, tmp_path / "f32.gguf", "F32")
-    cases[_edit_gguf(f32, tmp_path / "phi.gguf", arch="phi3")] = "GGUF architecture 'phi3' is not supported yet"
+    cases[_edit_gguf(f32, tmp_path / "mamba.gguf", arch="mamba")] = "GGUF architecture 'mamba' is not supported yet"
     two = tmp_path / "two"
     two.mkdir()
     for n in ("a.gguf", "b.gguf"):
