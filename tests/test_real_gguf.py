@@ -59,3 +59,25 @@ def test_gguf_package_generates_like_the_oracle_package(tmp_path):
             x = ra.generate(ids, max_new_tokens=32, temperature=0)
             y = rb.generate(ids, max_new_tokens=32, temperature=0)
             assert x.token_ids == y.token_ids
+
+
+@pytest.mark.parametrize("qtype,scheme", [("Q8_0", "q8g32"), ("Q4_0", "q4g32")])
+def test_real_q8_0_and_q4_0_blocks_are_kept(qtype, scheme, tmp_path):
+    """SmolLM2's real weights written as Q8_0 / Q4_0 blocks (the gguf package's port of llama.cpp's quantizers):
+    `--quant auto` picks q8g32 / q4g32, whose quantizers give back every block exactly (codes and f16 scales)."""
+    from edgellm.compiler.auto_quant import auto_schemes
+    from edgellm.models import family
+    from edgellm.quant import get_scheme
+
+    from gguf_files import write_gguf
+
+    g = write_gguf(hf_folder("smollm2-135m"), tmp_path / "m.gguf", qtype)
+    spec, ck, _ = load_checkpoint(str(g))
+    assert auto_schemes(spec, ck, family)[0] == scheme
+    sch, n = get_scheme(scheme), 0
+    for name in ck.names():
+        if ck.dtype(name) == qtype and len(ck.entry(name)["shape"]) == 2 and name != spec.lm_head_name:
+            w = np.asarray(ck.get(name), np.float32)
+            assert np.array_equal(sch.dequantize(sch.quantize(w)), w), name
+            n += 1
+    assert n == 7 * spec.n_layers
