@@ -138,6 +138,18 @@ static const uint32_t* merge_find(const el_tokenizer* t, uint32_t a, uint32_t b)
 /* Unicode ------------------------------------------------------------------------------------------------------- */
 
 enum { UC_OTHER = 0, UC_L = 1, UC_N = 2, UC_WS = 3 };
+
+/* The value of the range holding c in a sorted table of {first, last << bits | value} (unicode_tables.h), or 0. */
+static int range_value(const uint32_t (*t)[2], size_t n, unsigned bits, uint32_t c) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (c < t[mid][0]) hi = mid;
+    else if (c > t[mid][1] >> bits) lo = mid + 1;
+    else return (int)(t[mid][1] & ((1u << bits) - 1));
+  }
+  return 0;
+}
 #define INVALID_BYTE 0x110000u /* an invalid UTF-8 byte b is carried as the code point INVALID_BYTE + b */
 
 static int uclass(uint32_t c) {
@@ -146,14 +158,7 @@ static int uclass(uint32_t c) {
     if (c >= '0' && c <= '9') return UC_N;
     return (c == ' ' || (c >= 9 && c <= 13)) ? UC_WS : UC_OTHER;
   }
-  size_t lo = 0, hi = sizeof el_uc_class / sizeof el_uc_class[0];
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (c < el_uc_class[mid][0]) hi = mid;
-    else if (c > el_uc_class[mid][1] >> 2) lo = mid + 1;
-    else return (int)(el_uc_class[mid][1] & 3);
-  }
-  return UC_OTHER;
+  return range_value(el_uc_class, sizeof el_uc_class / sizeof el_uc_class[0], 2, c); /* UC_OTHER if unlisted */
 }
 
 /* o200k's letter sets: "upper" [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], "lower" [\p{Ll}\p{Lm}\p{Lo}\p{M}] */
@@ -161,14 +166,7 @@ enum { CASE_NONE = 0, CASE_UPPER = 1, CASE_LOWER = 2, CASE_BOTH = 3, CASE_MARK =
 
 static int case_of(uint32_t c) {
   if (c < 0x80) return (c >= 'A' && c <= 'Z') ? CASE_UPPER : (c >= 'a' && c <= 'z') ? CASE_LOWER : CASE_NONE;
-  size_t lo = 0, hi = sizeof el_uc_case / sizeof el_uc_case[0];
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (c < el_uc_case[mid][0]) hi = mid;
-    else if (c > el_uc_case[mid][1] >> 3) lo = mid + 1;
-    else return (int)(el_uc_case[mid][1] & 7);
-  }
-  return CASE_NONE;
+  return range_value(el_uc_case, sizeof el_uc_case / sizeof el_uc_case[0], 3, c); /* CASE_NONE if unlisted */
 }
 
 static int in_upper(uint32_t c) { int k = case_of(c); return k == CASE_UPPER || k == CASE_BOTH || k == CASE_MARK; }
@@ -207,14 +205,7 @@ static size_t utf8_put(uint8_t* o, uint32_t c) {
 
 static int ccc_of(uint32_t c) {
   if (c < 0x300) return 0;
-  size_t lo = 0, hi = sizeof el_uc_ccc / sizeof el_uc_ccc[0];
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (c < el_uc_ccc[mid][0]) hi = mid;
-    else if (c > el_uc_ccc[mid][1] >> 8) lo = mid + 1;
-    else return (int)(el_uc_ccc[mid][1] & 0xFF);
-  }
-  return 0;
+  return range_value(el_uc_ccc, sizeof el_uc_ccc / sizeof el_uc_ccc[0], 8, c);
 }
 
 enum { H_S0 = 0xAC00, H_L0 = 0x1100, H_V0 = 0x1161, H_T0 = 0x11A7, H_LN = 19, H_VN = 21, H_TN = 28,
