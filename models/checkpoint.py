@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelLoadError, short_repr
-from .fused import derived_entry
+from .fused import LastFused, derived_entry
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
               "I8": np.int8, "U8": np.uint8, "I32": np.int32, "I64": np.int64, "I16": np.int16}
@@ -222,6 +222,7 @@ class Checkpoint:
         self._stored: dict[str, str] = {}     # name asked for -> name in the file, where they differ (aliases)
         self._transforms: dict = {}          # name -> fn applied to the stored tensor as it is read (models/gemma.py)
         self._rows: dict[str, tuple[int, int]] = {}   # name -> the rows of its stored (fused) tensor it is
+        self._fused = LastFused()
         index = model_dir / "model.safetensors.index.json"
         single = model_dir / "model.safetensors"
         self._where: dict[str, SafetensorsFile] = {}
@@ -285,15 +286,19 @@ class Checkpoint:
 
     def release(self) -> None:
         """SafetensorsFile.release for every file (the next get maps again)."""
+        self._fused = LastFused()
         for f in set(self._where.values()):
             f.release()
 
     def get(self, name: str) -> np.ndarray:
         if name not in self._where:
             raise ModelLoadError(f"weight '{name}' is missing from the checkpoint in {self.dir}")
-        arr = self._where[name].get(self._stored.get(name, name))
+        stored = self._stored.get(name, name)
         if name in self._rows:
-            arr = arr[self._rows[name][0]:self._rows[name][1]]
+            lo, hi = self._rows[name]
+            arr = self._fused.read(stored, lambda: self._where[name].get(stored))[lo:hi]
+        else:
+            arr = self._where[name].get(stored)
         fn = self._transforms.get(name)
         return np.asarray(fn(arr), np.float32) if fn else arr
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ModelLoadError
-from ..fused import derived_entry
+from ..fused import LastFused, derived_entry
 from .archs import GGUFArch
 from .file import GGUFFile
 
@@ -31,6 +31,7 @@ class GGUFCheckpoint:
         self._names = dict(names)
         self._transforms: dict = {}
         self._rows: dict[str, tuple[int, int]] = {}
+        self._fused = LastFused()
 
     # ---- the Checkpoint interface
     def names(self) -> list[str]:
@@ -50,7 +51,7 @@ class GGUFCheckpoint:
         self._rows[name] = (lo, hi)
 
     def release(self) -> None:
-        pass   # the reader's map stays; dequantized arrays are the caller's
+        self._fused = LastFused()   # the reader's map stays; dequantized arrays are the caller's
 
     def entry(self, name: str) -> dict:
         g, e = self._names[name]
@@ -81,16 +82,20 @@ class GGUFCheckpoint:
 
         g, e = self._names[name]
         t = self.file.tensors[g]
-        data = t.data if e is None else t.data[e]
-        try:
-            w = np.asarray(gguf.quants.dequantize(np.asarray(data), t.tensor_type), np.float32)
-        except Exception as err:
-            raise ModelLoadError(f"{self.file.path.name}: tensor {g} cannot be dequantized "
-                                 f"({type(err).__name__}: {err})") from err
-        w = w.reshape([-1] + self.entry(name)["shape"][1:])
-        if name in self._rows:
-            w = w[self._rows[name][0]:self._rows[name][1]]
-        return self.undo_convert(name, w)
+
+        def load() -> np.ndarray:
+            data = t.data if e is None else t.data[e]
+            try:
+                w = np.asarray(gguf.quants.dequantize(np.asarray(data), t.tensor_type), np.float32)
+            except Exception as err:
+                raise ModelLoadError(f"{self.file.path.name}: tensor {g} cannot be dequantized "
+                                     f"({type(err).__name__}: {err})") from err
+            return w.reshape([-1] + self.entry(name)["shape"][1:])
+
+        if name in self._rows:   # a part of a fused tensor (phi3's attn_qkv): dequantized once for all its parts
+            lo, hi = self._rows[name]
+            return self.undo_convert(name, self._fused.read((g, e), load)[lo:hi])
+        return self.undo_convert(name, load())
 
     def undo_convert(self, name: str, w: np.ndarray) -> np.ndarray:
         """What llama.cpp's converter did to this weight, undone (q/k row order, norm offsets)."""
