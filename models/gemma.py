@@ -25,9 +25,11 @@ def body(g: Graph, ids: Value) -> Value:
         p = f"model.layers.{i}."
         a, m = p + "self_attn.", p + "mlp."
         h = g.rmsnorm(x, p + "input_layernorm.weight")
-        q, k = g.linear(h, a + "q_proj.weight"), g.linear(h, a + "k_proj.weight")
-        if s.qk_norm:   # Gemma 3
+        q = g.linear(h, a + "q_proj.weight")
+        if s.qk_norm:   # Gemma 3 (Gemma 2 has none)
             q = g.head_rmsnorm(q, a + "q_norm.weight", s.n_heads)
+        k = g.linear(h, a + "k_proj.weight")
+        if s.qk_norm:
             k = g.head_rmsnorm(k, a + "k_norm.weight", s.n_kv_heads)
         v = g.linear(h, a + "v_proj.weight")
         table = s.rope_table(i)
