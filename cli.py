@@ -82,10 +82,14 @@ def cli():
                    "layer's own router")
 @click.option("--expert-guess-width", type=int, default=None,
               help="MoE: experts each guess names (the most likely ones), top-k .. all [default: top-k]")
+@click.option("--swa-full", is_flag=True,
+              help="sliding-window layers keep a KV cache of the whole context (as llama.cpp's --swa-full) instead "
+                   "of only the rows their window sees: rewinding a conversation (reuse of a prompt prefix) then "
+                   "never falls back to a full prefill, for more memory")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune,
                 npu_chunk, npu_quant, npu_act, soc, npu_weights, npu_residual, npu_outliers, layout, bundle_neurons,
-                ffn_threshold, expert_prefetch_distance, expert_guesser, expert_guess_width, quiet):
+                ffn_threshold, expert_prefetch_distance, expert_guesser, expert_guess_width, swa_full, quiet):
     """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
     from .compiler.driver import compile_model
 
@@ -95,7 +99,7 @@ def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, m
                   layout=layout, bundle_neurons=bundle_neurons, ffn_threshold=ffn_threshold,
                   expert_prefetch_distance=expert_prefetch_distance, expert_guesser=expert_guesser,
                   expert_guess_width=expert_guess_width, npu_weights=npu_weights, npu_residual=npu_residual,
-                  npu_act=npu_act)
+                  npu_act=npu_act, swa_full=swa_full)
 
 
 @cli.command("tune")
@@ -485,7 +489,7 @@ def info_cmd(package):
         ("kernels", f"{len(m['kernels'])}"),
         ("tuning", _tuning_line(m.get("tuning"))),
         ("memory", f"weights {m['weights_bytes'] / 2**20:.1f} MiB, activations {m['arena_bytes'] / 2**20:.2f} MiB, "
-                   f"KV cache {2 * c['n_layers'] * m['kv_rows'] * c['n_kv_heads'] * c['head_dim'] * 4 / 2**20:.1f} MiB"),
+                   + _kv_line(m, c)),
         ("package", f"{size / 2**20:.1f} MiB on disk, format {m['format_version']}, edgellm {m['edgellm_version']}"),
         ("tokenizer", m["files"].get("tokenizer") or "none (token ids only)"),
         ("sampling", (describe_sampling({**NEUTRAL, **sampling}, {}).replace(" (package defaults from "
@@ -580,6 +584,23 @@ def _source_lines(types) -> list[str]:
             out += [f"{t}: {r.get('tensors')} matrices -> {sch}, {'kept exactly' if r.get('kept') else 'requantized'}"
                     for sch, r in sorted(row.items()) if isinstance(r, dict)]
     return out
+
+
+def _kv_line(m: dict, c: dict) -> str:
+    """The KV cache of one context, and what the sliding-window layers' window caches save."""
+    from types import SimpleNamespace
+
+    from .compiler.kv_layout import kv_cache_bytes
+
+    spec = SimpleNamespace(n_kv_heads=c["n_kv_heads"], head_dim=c["head_dim"])
+    full = [(m["kv_rows"], 0)] * c["n_layers"]
+    layers = [tuple(x) for x in m.get("kv_layers") or full]
+    have, whole = kv_cache_bytes(spec, layers), kv_cache_bytes(spec, full)
+    n = sum(rows < m["kv_rows"] for rows, _ in layers)
+    return f"KV cache {have / 2**20:.1f} MiB" + (
+        f" ({n} sliding-window layers keep {min(r for r, _ in layers)} of {m['kv_rows']} rows: "
+        f"{(whole - have) / 2**20:.1f} MiB ({100 * (whole - have) / whole:.0f}%) less than {whole / 2**20:.1f} MiB)"
+        if n else "")
 
 
 def _quant_line(q: dict) -> str:

@@ -76,7 +76,7 @@ def _plan_record(b: bytearray, rng: random.Random) -> bytearray:
 
     try:
         h = K.HEADER.unpack(bytes(b))
-        at = K.HEADER.size + h["n_weights"] * K.WEIGHT.size + h["n_kernels"] * K.KERNEL.size
+        at = K.weights_table_at(h) + h["n_weights"] * K.WEIGHT.size + h["n_kernels"] * K.KERNEL.size
         args, progs = [], []
         for _ in range(h["n_programs"]):
             p = K.PROGRAM.unpack(bytes(b), at)

@@ -90,7 +90,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                   layout: str = "dense", bundle_neurons: int | None = None, ffn_threshold: float | None = None,
                   expert_prefetch_distance: int | None = None, expert_guesser: str = "fitted",
                   expert_guess_width: int | None = None, npu_weights: str = "rtn",
-                  npu_residual: str | None = None, npu_act: str | None = None) -> Path:
+                  npu_residual: str | None = None, npu_act: str | None = None, swa_full: bool = False) -> Path:
     """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
     body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
     calibrated on calib (a text file) or the built-in sample. tune: off | quick | full (compiler/tune; None: quick
@@ -150,6 +150,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     if not 1 <= max_ctx <= spec.max_position_embeddings:
         raise CompileError(f"--max-context {max_ctx} is out of range: this model supports 1..{spec.max_position_embeddings}")
     from ..compiler.ops import CpuInfo
+    from .kv_layout import kv_layers
 
     cpu = CpuInfo(vector_lanes=tgt.vector_lanes, num_threads=max(1, int(tgt.tvm.get("num-cores", 2))), arch=tgt.arch,
                   features=tuple(tgt.features), prefetch_bytes=tgt.prefetch_bytes,
@@ -162,6 +163,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     chunk = int(prefill_chunk if prefill_chunk is not None else
                 (tgt.float_prefill_chunk if scheme.float_math and tgt.float_prefill_chunk else tgt.prefill_chunk))
     kv_rows = max_ctx + max(chunk, npu.chunk if npu else 0)   # a padded last chunk may write up to chunk-1 rows past max_ctx
+    # sliding-window layers keep only the rows their window sees (not on the NPU, whose graphs take whole caches)
+    kv_table = kv_layers(spec, max_ctx, kv_rows, window_caches=not (npu or swa_full))
     short = short_prefill_chunk(chunk)
     out = Path(out) if out else default_output(model, quant, tgt.name)
     _log(progress, f"compiling {spec.arch} ({spec.n_layers} layers, dim {spec.hidden_size}, vocab {spec.vocab_size}) "
@@ -227,7 +230,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         write_plan(tmp / PLAN, arch=tgt.arch, features=list(tgt.features), target=tgt.name, build_id=build_id,
                    spec=spec, max_ctx=max_ctx, chunk=chunk, kv_rows=kv_rows,
                    weight_regions=[(t["offset"], t["nbytes"]) for t in table], weights_bytes=wbytes,
-                   kernels=kernel_table, programs=programs, sampling=sampling)
+                   kernels=kernel_table, programs=programs, sampling=sampling, kv_layers=kv_table)
         _log(progress, f"weights: {wbytes / 2**20:.1f} MiB written")
         t0 = time.perf_counter()
         with Step(f"building {len(low.kernels.names)} kernels with TVM for {tgt.name}", progress):
@@ -268,6 +271,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                       "method": "gptq" if gptq else ("native" if spec.family == "bitnet" else "rtn"),
                       "n_params": n_params, "source_types": _source_types(spec, ck, scheme, head_scheme, gptq)},
             "max_context": max_ctx, "prefill_chunk": chunk, "prefill_short_chunk": short, "kv_rows": kv_rows,
+            "kv_layers": [list(x) for x in kv_table],
             "files": {"plan": PLAN, "weights": WEIGHTS, "binary": f"{BIN_DIR}/{BINARY}",
                       **kernels.files,
                       "tokenizer": "tokenizer.json" if "tokenizer.json" in tok_files else None,

@@ -17,8 +17,10 @@ def _cstr(s: str, n: int) -> bytes:
 
 def write_plan(path, *, arch: str, features: list[str], target: str, build_id: bytes, spec, max_ctx: int, chunk: int,
                kv_rows: int, weight_regions: list[tuple[int, int]], weights_bytes: int,
-               kernels: list[tuple[str, int, int, int]], programs: list[Program], sampling: dict | None = None) -> None:
-    """kernels: (name, n_args, flags, writes) per kernel; sampling: defaults from generation_config.json."""
+               kernels: list[tuple[str, int, int, int]], programs: list[Program], sampling: dict | None = None,
+               kv_layers: list[tuple[int, int]] | None = None) -> None:
+    """kernels: (name, n_args, flags, writes) per kernel; sampling: defaults from generation_config.json; kv_layers:
+    (rows, window) per layer (compiler/kv_layout.py; None: every layer kv_rows rows, window 0)."""
     eos = list(spec.eos_token_ids)[:K.MAX_EOS]
     samp = {**SAMPLING_DEFAULTS, **(sampling or {})}
     parts = [K.HEADER.pack(
@@ -30,6 +32,7 @@ def write_plan(path, *, arch: str, features: list[str], target: str, build_id: b
         bos_id=-1 if spec.bos_token_id is None else spec.bos_token_id, n_eos=len(eos),
         eos_ids=eos + [0] * (K.MAX_EOS - len(eos)), **{f"sampling.{k}": v for k, v in samp.items()},
         **{"sampling.reserved": 0})]
+    parts += [K.KV_LAYER.pack(rows=r, window=w) for r, w in (kv_layers or [(kv_rows, 0)] * spec.n_layers)]
     parts += [K.WEIGHT.pack(offset=o, nbytes=n) for o, n in weight_regions]
     parts += [K.KERNEL.pack(name=_cstr(name, 64), n_args=n, flags=flags, writes=writes)
               for name, n, flags, writes in kernels]

@@ -6,6 +6,7 @@
  *
  * plan.bin, little-endian, every struct a multiple of 8 bytes:
  *   el_plan_header
+ *   el_plan_kv_layer x n_layers     (version 5) each layer's KV cache rows and attention window
  *   el_plan_weight x n_weights      where each weight lives in weights.bin
  *   el_plan_kernel x n_kernels      kernel symbols (without "__tvm_ffi_"), arity and which args each writes
  *   per program (n_programs):
@@ -24,6 +25,14 @@
  * the weight store the guessed experts' weights to read ahead: its n_args el_plan_arg entries (EL_ARG_WEIGHT with
  * EL_FLAG_EXPERT) name them as index + e * expert_stride. A runtime whose store reads nothing ahead skips the step
  * and its body; a prediction never changes results.
+ *
+ * KV caches (version 5): a layer's cache holds kv_rows rows (position p at row p), except a sliding-window layer
+ * (window W > 0) given fewer rows R: a window cache. There, position p sits at row p - base, where base (per layer
+ * and context, starting at 0) moves up when a run would pass the cache's end: the W - 1 newest rows, the only ones a
+ * later query can see, are copied to the start first. Kernels see it as the cache of a sequence starting at base
+ * (pos - base for AT_POS and PREFIX views of that layer), which a window's attention cannot tell apart: keys carry
+ * their RoPE already. R - (kv_rows - max_ctx) >= max(W, 2W - 2), so the rows kept never overlap the rows they
+ * come from.
  */
 #ifndef EDGELLM_CONTRACT_H
 #define EDGELLM_CONTRACT_H
@@ -47,7 +56,8 @@
 #define EL_FILE_RUNNER "bin/edgellm-run"
 
 #define EL_PLAN_MAGIC "EDGEPLAN"
-#define EL_PLAN_VERSION 4     /* the newest plan this runtime reads: 3 adds PREDICT steps, 4 backend names */
+#define EL_PLAN_VERSION 5     /* the newest plan this runtime reads: 3 adds PREDICT steps, 4 backend names, 5 the
+                                 per-layer KV cache table (window caches) */
 #define EL_PLAN_VERSION_MIN 2 /* the oldest it reads (2 and 3 have el_plan_program_v3 records) */
 #define EL_WEIGHT_ALIGN 16384 /* weight regions in weights.bin (Android page size; x86's 4 KiB divides it) */
 #define EL_TENSOR_ALIGN 64    /* every tensor a kernel sees: TVM compiles with this alignment assumption */
@@ -155,6 +165,12 @@ typedef struct {
   int32_t eos_ids[EL_MAX_EOS];
   el_plan_sampling sampling;
 } el_plan_header;
+
+/* Version 5: one per layer, after the header (older plans: every layer kv_rows rows, window 0). */
+typedef struct {
+  uint32_t rows;   /* rows of this layer's K (and V) cache: kv_rows, or fewer for a window cache */
+  uint32_t window; /* its attention window W (0: full causal attention, then rows == kv_rows) */
+} el_plan_kv_layer;
 
 typedef struct {
   uint64_t offset; /* byte offset in weights.bin (EL_WEIGHT_ALIGN aligned) */

@@ -21,7 +21,7 @@ ROUTING, ROUTING_MAGIC, ROUTING_VERSION = "routing.bin", b"EDGEROUT", 1
 BIN_DIR, RUNNER = "bin", "bin/edgellm-run"
 REQUIRED_FILES = (MANIFEST, PLAN, WEIGHTS)   # + the kernels: kernels.so, or kernels.cl and kernels.cltab (GPU)
 
-PLAN_MAGIC, PLAN_VERSION = b"EDGEPLAN", 4   # 3 added PREDICT steps, 4 backend names (PROGRAM)
+PLAN_MAGIC, PLAN_VERSION = b"EDGEPLAN", 5   # 3 added PREDICT steps, 4 backend names (PROGRAM), 5 KV_LAYER
 PLAN_VERSION_MIN = 2                    # the oldest the runtime reads (2 and 3: PROGRAM_V3 records)
 WEIGHT_ALIGN = 16 * 1024                # weight regions in weights.bin (Android page size; x86's 4 KiB divides it)
 TENSOR_ALIGN = 64                       # every tensor a kernel sees (TVM's alignment assumption)
@@ -108,6 +108,7 @@ HEADER = Layout("el_plan_header", (
     ("n_programs", "I"), ("arena_bytes", "Q"), ("weights_bytes", "Q"), ("bos_id", "i"), ("n_eos", "i"),
     ("eos_ids", f"{MAX_EOS}i"),
     *((f"sampling.{n}", f) for n, f in SAMPLING.fields)))
+KV_LAYER = Layout("el_plan_kv_layer", (("rows", "I"), ("window", "I")))   # version 5, n_layers after the header
 WEIGHT = Layout("el_plan_weight", (("offset", "Q"), ("nbytes", "Q")))
 KERNEL = Layout("el_plan_kernel", (("name", "64s"), ("n_args", "I"), ("flags", "I"), ("writes", "Q")))
 PROGRAM = Layout("el_plan_program", (("name", "24s"), ("backend", f"{BACKEND_NAME_BYTES}s"), ("tokens", "I"),
@@ -122,7 +123,14 @@ STEP = Layout("el_plan_step", (("kind", "I"), ("kernel", "I"), ("n_args", "I"), 
 ARG = Layout("el_plan_arg", (("kind", "I"), ("index", "I"), ("dtype_code", "B"), ("dtype_bits", "B"),
                              ("dtype_lanes", "H"), ("ndim", "I"), ("flags", "I"), ("expert_stride", "I"),
                              ("offset", "Q"), ("shape", f"{MAX_ARGS_NDIM}q")))
-LAYOUTS = (SAMPLING, HEADER, WEIGHT, KERNEL, PROGRAM, PROGRAM_V3, STEP, ARG)
+
+
+def weights_table_at(header: dict) -> int:
+    """Byte offset of plan.bin's weight table: after the header and (version 5) the per-layer KV table."""
+    return HEADER.size + (header["n_layers"] * KV_LAYER.size if header["version"] >= 5 else 0)
+
+
+LAYOUTS = (SAMPLING, HEADER, KV_LAYER, WEIGHT, KERNEL, PROGRAM, PROGRAM_V3, STEP, ARG)
 
 
 # ---- the manifest's tensor table ----------------------------------------------------------------------------------

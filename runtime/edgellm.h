@@ -150,6 +150,9 @@ int el_reset(el_context* c);     /* forget the conversation (position 0); cancel
 /* Keep only the first n tokens of the conversation (0 <= n <= el_pos): the next prefill continues from there, so a
  * prompt that shares a prefix with what the cache holds prefills only the rest. Cancels a generation in progress. */
 int el_rewind(el_context* c, int n);
+/* The lowest n besides 0 el_rewind accepts: sliding-window layers keep only the keys their window still needs
+ * (0 for packages without window caches, and until a conversation passes such a cache's rows). */
+int el_rewind_floor(const el_context* c);
 
 /* Appends n tokens (chunks of el_chunk(), the last padded and masked). logits may be NULL; all_logits: [n, vocab]
  * floats, else the last row [vocab]. Fails and changes nothing if pos + n > max context or n <= 0. */
@@ -284,6 +287,9 @@ typedef struct {
   uint64_t expert_predict_wasted;
   uint64_t decode_io_bytes_read;
   double decode_io_stall_seconds;
+  /* window caches (sliding-window layers given only the rows their window needs): times one moved its newest rows
+     to its start */
+  uint64_t kv_window_moves;
 } el_stats;
 void el_get_stats(const el_context* c, el_stats* out);
 void el_reset_stats(el_context* c);

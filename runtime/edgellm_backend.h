@@ -26,6 +26,7 @@ extern "C" {
 /* el_backend.caps */
 enum {
   EL_BACKEND_DEVICE_WEIGHTS = 1, /* holds every weight in its own (device) memory: the weight store stays resident */
+  EL_BACKEND_DEVICE_KV = 2,      /* holds the KV cache in its own (device) memory: kv_move moves rows there */
 };
 
 typedef struct el_backend {
@@ -44,6 +45,10 @@ typedef struct el_backend {
    * option gets on a package without it (e.g. "android-gpu / opencl packages (OpenCL kernels)"; NULL: its name). */
   const char* const* options;
   const char* packages;
+  /* EL_BACKEND_DEVICE_KV only (read only with that cap): copy `bytes` of context c's KV cache from byte offset src to
+   * dst (offsets as in the host cache, el_context caches; the two ranges never overlap). A window cache moves its
+   * newest rows to its start (contract.h). 0, or -1 with the error set. */
+  int (*kv_move)(void* state, void* ctx_state, el_context* c, size_t dst, size_t src, size_t bytes);
 } el_backend;
 
 /* Adds a backend to the process-wide registry (the struct must outlive every model that uses it). 0, or -1 if the

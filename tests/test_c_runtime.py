@@ -446,7 +446,7 @@ def test_out_of_bounds_plan(lib, kernels_so, tmp_path, old, new, expect):
 
 def test_bad_kernel_index_and_counts(lib, kernels_so, tmp_path):
     plan = bytearray(tp.plan_bytes())
-    first_step = tp.HEADER.size + len(tp.WEIGHT_ORDER) * 16 + len(tp.KERNELS) * tp.KERNEL.size + tp.PROGRAM.size
+    first_step = tp.HEADER.size + tp.L * tp.K.KV_LAYER.size + len(tp.WEIGHT_ORDER) * 16 + len(tp.KERNELS) * tp.KERNEL.size + tp.PROGRAM.size
     plan[first_step + 4:first_step + 8] = struct.pack("<I", len(tp.KERNELS))
     assert f"calls kernel {len(tp.KERNELS)}, the plan has {len(tp.KERNELS)}" in load_error(
         lib, variant(kernels_so, tmp_path, bytes(plan)))
@@ -872,7 +872,7 @@ def _with_backend(plan: bytes, name: bytes) -> bytes:
     """Every program of a version 4 plan renamed onto backend `name`."""
     K = tp.K
     h = K.HEADER.unpack(plan)
-    at = K.HEADER.size + h["n_weights"] * K.WEIGHT.size + h["n_kernels"] * K.KERNEL.size
+    at = K.weights_table_at(h) + h["n_weights"] * K.WEIGHT.size + h["n_kernels"] * K.KERNEL.size
     out = bytearray(plan)
     for _ in range(h["n_programs"]):
         p = K.PROGRAM.unpack(plan, at)

@@ -19,7 +19,7 @@ from edgellm.targets import get_target  # noqa: E402
 
 def program_backends(plan: bytes) -> set[str]:
     h = K.HEADER.unpack(plan)
-    at = K.HEADER.size + h["n_weights"] * K.WEIGHT.size + h["n_kernels"] * K.KERNEL.size
+    at = K.weights_table_at(h) + h["n_weights"] * K.WEIGHT.size + h["n_kernels"] * K.KERNEL.size
     names = set()
     for _ in range(h["n_programs"]):
         p = K.PROGRAM.unpack(plan, at)

@@ -136,7 +136,7 @@ def test_plan_writer_round_trip(tmp_path):
     h = K.HEADER.unpack(b)
     assert h["magic"] == K.PLAN_MAGIC and h["version"] in (K.PLAN_VERSION_MIN, K.PLAN_VERSION) and h["eos_ids"][:2] == [2, 3]
     assert abs(h["sampling.temperature"] - 0.7) < 1e-6 and h["sampling.top_k"] == 5 and h["sampling.top_p"] == 1.0
-    at = K.HEADER.size + K.WEIGHT.size
+    at = K.weights_table_at(h) + K.WEIGHT.size
     k = K.KERNEL.unpack(b, at)
     assert k["name"].rstrip(b"\0") == b"embed" and (k["n_args"], k["writes"]) == (3, 4)
     p = K.PROGRAM.unpack(b, at + K.KERNEL.size)

@@ -227,7 +227,7 @@ def _plan_steps(pkg: Path) -> dict[str, list[tuple[str, list[dict]]]]:
     """program -> [(kernel name, args)] read back from plan.bin."""
     plan = (pkg / "plan.bin").read_bytes()
     h = K.HEADER.unpack(plan)
-    kern_at = K.HEADER.size + h["n_weights"] * K.WEIGHT.size
+    kern_at = K.weights_table_at(h) + h["n_weights"] * K.WEIGHT.size
     kernels = [K.KERNEL.unpack(plan, kern_at + i * K.KERNEL.size)["name"].rstrip(b"\0").decode()
                for i in range(h["n_kernels"])]
     at, out = kern_at + h["n_kernels"] * K.KERNEL.size, {}

@@ -181,7 +181,7 @@ def test_sigterm_during_compile_leaves_nothing(ckpt, tmp_path):
 def _args(plan: bytes):
     """(offset of each arg record, its fields, the kernel it belongs to) over every program of a plan."""
     h = K.HEADER.unpack(plan)
-    kern_at = K.HEADER.size + h["n_weights"] * K.WEIGHT.size
+    kern_at = K.weights_table_at(h) + h["n_weights"] * K.WEIGHT.size
     kernels = [K.KERNEL.unpack(plan, kern_at + i * K.KERNEL.size) for i in range(h["n_kernels"])]
     at = kern_at + h["n_kernels"] * K.KERNEL.size
     for _ in range(h["n_programs"]):

@@ -599,7 +599,7 @@ static int cl_bind(void* state, el_context* c, void** ctx_state) {
   if (!x) return el_error("out of memory");
   x->b = b;
   cl_int e = CL_SUCCESS;
-  size_t kv = c->cache_stride * 2 * m->h.n_layers;
+  size_t kv = c->caches_map;
   /* the KV cache over the context's own cache memory where the device shares it (no second copy) */
   x->kv = b->api.clCreateBuffer(b->ctx, CL_MEM_READ_WRITE | (b->unified ? CL_MEM_USE_HOST_PTR : 0), kv,
                                 b->unified ? c->caches : NULL, &e);
@@ -633,7 +633,8 @@ static int run_step(opencl* b, opencl_ctx* x, el_context* c, const el_step* st, 
   int64_t dims[MAX_PARAMS][EL_MAX_ARGS_NDIM];
   for (uint32_t ai = 0; ai < st->n_args; ai++) {
     const el_plan_arg* a = &st->args[ai];
-    uint64_t at = (a->flags & EL_FLAG_AT_POS) ? (uint64_t)pos * st->row_bytes[ai] : 0;
+    int vpos = el_view_pos(c, a, pos);
+    uint64_t at = (a->flags & EL_FLAG_AT_POS) ? (uint64_t)vpos * st->row_bytes[ai] : 0;
     for (uint32_t d = 0; d < EL_MAX_ARGS_NDIM; d++) dims[ai][d] = a->shape[d];
     if (a->kind == EL_ARG_ARENA) {
       mem[ai] = x->arena;
@@ -644,7 +645,7 @@ static int run_step(opencl* b, opencl_ctx* x, el_context* c, const el_step* st, 
     } else {
       mem[ai] = x->kv;
       at += (uint64_t)(el_cache_of(c, a->kind, a->index) - c->caches);
-      if (a->flags & EL_FLAG_PREFIX) dims[ai][0] = pos + a->shape[0];
+      if (a->flags & EL_FLAG_PREFIX) dims[ai][0] = vpos + a->shape[0];
     }
     off[ai] = a->offset + at;
   }
@@ -708,6 +709,18 @@ static int cl_run(void* state, void* ctx_state, el_context* c, int prog, int pos
   return rc;
 }
 
+/* A window cache's newest rows to its start, inside the context's device KV buffer (in order with the kernels). */
+static int cl_kv_move(void* state, void* ctx_state, el_context* c, size_t dst, size_t src, size_t bytes) {
+  opencl* b = state;
+  opencl_ctx* x = ctx_state;
+  (void)c;
+  pthread_mutex_lock(&b->mu);
+  cl_int e = b->api.clEnqueueCopyBuffer(b->q, x->kv, x->kv, src, dst, bytes, 0, NULL, NULL);
+  pthread_mutex_unlock(&b->mu);
+  return e == CL_SUCCESS ? 0 : CL_FAIL("moving a window cache's rows", e);
+}
+
 static const char* const cl_options[] = {"device", NULL};
-const el_backend el_backend_opencl = {"opencl", EL_BACKEND_DEVICE_WEIGHTS, cl_open, cl_close, cl_bind, cl_unbind, cl_run,
-                                      cl_options, "android-gpu / opencl packages (OpenCL kernels)"};
+const el_backend el_backend_opencl = {"opencl", EL_BACKEND_DEVICE_WEIGHTS | EL_BACKEND_DEVICE_KV, cl_open, cl_close,
+                                      cl_bind, cl_unbind, cl_run, cl_options,
+                                      "android-gpu / opencl packages (OpenCL kernels)", cl_kv_move};

@@ -408,7 +408,8 @@ static int call_step(tvm_cpu* b, el_context* c, const el_step* st, binding* bd, 
     const el_plan_arg* a = &st->args[ai];
     const uint8_t* base;
     uint64_t at = 0;
-    if (a->flags & EL_FLAG_AT_POS) at = (uint64_t)pos * st->row_bytes[ai];
+    int vpos = el_view_pos(c, a, pos);
+    if (a->flags & EL_FLAG_AT_POS) at = (uint64_t)vpos * st->row_bytes[ai];
     if (a->flags & EL_FLAG_SLOT) at = (uint64_t)slot * st->row_bytes[ai];
     if (a->kind == EL_ARG_ARENA) {
       base = c->arena;
@@ -418,7 +419,7 @@ static int call_step(tvm_cpu* b, el_context* c, const el_step* st, binding* bd, 
       base = wptr[wi++];
     } else {
       base = el_cache_of(c, a->kind, a->index);
-      if (a->flags & EL_FLAG_PREFIX) bd->shapes[4 * ai] = pos + a->shape[0];
+      if (a->flags & EL_FLAG_PREFIX) bd->shapes[4 * ai] = vpos + a->shape[0];
     }
     t[ai].data = (void*)(base + a->offset + at);
   }

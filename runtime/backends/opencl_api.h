@@ -90,6 +90,8 @@ typedef struct _cl_event* cl_event;
     (cl_command_queue, cl_mem, cl_bool, size_t, size_t, const void*, cl_uint, const cl_event*, cl_event*))      \
   X(clEnqueueReadBuffer, cl_int,                                                                                \
     (cl_command_queue, cl_mem, cl_bool, size_t, size_t, void*, cl_uint, const cl_event*, cl_event*))            \
+  X(clEnqueueCopyBuffer, cl_int,                                                                                \
+    (cl_command_queue, cl_mem, cl_mem, size_t, size_t, size_t, cl_uint, const cl_event*, cl_event*))            \
   X(clFinish, cl_int, (cl_command_queue))                                                                       \
   X(clWaitForEvents, cl_int, (cl_uint, const cl_event*))                                                        \
   X(clGetEventProfilingInfo, cl_int, (cl_event, cl_profiling_info, size_t, void*, size_t*))                     \

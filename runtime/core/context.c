@@ -18,7 +18,56 @@ static void* map_zeroed(size_t bytes) {
 }
 
 uint8_t* el_cache_of(el_context* c, uint32_t kind, uint32_t layer) {
-  return c->caches + c->cache_stride * (2 * (size_t)layer + (kind == EL_ARG_VCACHE));
+  return c->caches + c->m->kv_offset[2 * (size_t)layer + (kind == EL_ARG_VCACHE)];
+}
+
+/* Window caches (contract.h) ------------------------------------------------------------------------------------ */
+
+/* Before a run of T tokens at pos: a window cache whose view would pass its rows moves its W - 1 newest rows, all a
+ * query at pos or later can see, to its start (the two ranges never overlap: plan.c checks the rows). */
+static int kv_make_room(el_context* c, int pos) {
+  el_model* m = c->m;
+  const el_plan_header* h = &m->h;
+  size_t per_row = (size_t)h->n_kv_heads * h->head_dim * 4;
+  for (uint32_t l = 0; l < h->n_layers; l++) {
+    const el_plan_kv_layer* k = &m->kv_layers[l];
+    int ctx = (int)(k->rows - (h->kv_rows - h->max_ctx)); /* views start below this row */
+    if (k->rows == h->kv_rows || pos - c->kv_base[l] < ctx) continue;
+    int keep = (int)k->window - 1, from = pos - keep - c->kv_base[l];
+    for (int v = 0; v < 2 && keep > 0; v++) {
+      size_t at = m->kv_offset[2 * (size_t)l + v], n = (size_t)keep * per_row, src = at + (size_t)from * per_row;
+      if (m->kv_host_moves) memcpy(c->caches + at, c->caches + src, n);
+      for (int b = 0; b < m->n_backends; b++) {
+        const el_backend* be = m->backends[b].be;
+        if ((be->caps & EL_BACKEND_DEVICE_KV) && c->backend_ctx[b] &&
+            be->kv_move(m->backends[b].state, c->backend_ctx[b], c, at, src, n) != 0)
+          return -1;
+      }
+    }
+    c->kv_base[l] = pos - keep;
+    c->stats.kv_window_moves++;
+  }
+  return 0;
+}
+
+/* The lowest position besides 0 the context can go back to: a window cache holds no key below its base. */
+static int kv_floor(const el_context* c) {
+  int f = 0;
+  for (uint32_t l = 0; l < c->m->h.n_layers; l++)
+    if (c->kv_base[l] > 0 && c->kv_base[l] + (int)c->m->kv_layers[l].window - 1 > f)
+      f = c->kv_base[l] + (int)c->m->kv_layers[l].window - 1;
+  return f;
+}
+
+/* Moves the context back to position n (0 <= n <= pos): 0 empties every cache; otherwise n must not be below
+ * kv_floor. */
+int el_set_pos(el_context* c, int n) {
+  if (n > 0 && n < kv_floor(c))
+    return el_error("cannot go back to position %d: the sliding-window layers keep keys from position %d on (go "
+                    "back to 0 or to %d or later)", n, kv_floor(c) - (int)0, kv_floor(c));
+  if (n == 0) memset(c->kv_base, 0, sizeof *c->kv_base * c->m->h.n_layers);
+  c->pos = n;
+  return 0;
 }
 
 /* Profile (EDGELLM_PROFILE=1) ------------------------------------------------------------------------------------ */
@@ -79,6 +128,7 @@ EL_API void el_context_free(el_context* c) {
     if (c->backend_ctx[b]) m->backends[b].be->unbind(c->backend_ctx[b]);
   if (c->arena) munmap(c->arena, c->arena_map);
   if (c->caches) munmap(c->caches, c->caches_map);
+  free(c->kv_base);
   pthread_mutex_destroy(&c->mu);
   free(c);
   el_model_unref(m);
@@ -108,8 +158,11 @@ EL_API el_context* el_context_new(el_model* m, int n_threads) {
     el_error("out of memory: the arena needs %llu bytes", (unsigned long long)h->arena_bytes);
     goto fail;
   }
-  c->cache_stride = (size_t)(m->cache_bytes + 63) / 64 * 64;
-  c->caches_map = c->cache_stride * 2 * h->n_layers;
+  c->caches_map = (size_t)m->kv_offset[2 * (size_t)h->n_layers];
+  if (!(c->kv_base = calloc(h->n_layers ? h->n_layers : 1, sizeof *c->kv_base))) {
+    el_error("out of memory");
+    goto fail;
+  }
   if (!(c->caches = map_zeroed(c->caches_map))) {
     el_error("out of memory: the KV cache needs %zu bytes; use a package with a shorter max context", c->caches_map);
     goto fail;
@@ -143,6 +196,7 @@ fail:
 static int run(el_context* c, int k, int pos) {
   el_model* m = c->m;
   int b = m->prog[k].slot;
+  if (m->window_caches && k != EL_PROG_HEAD && kv_make_room(c, pos) != 0) return -1;
   double t0 = c->prof_s ? el_now() : 0;
   int rc = m->backends[b].be->run(m->backends[b].state, c->backend_ctx[b], c, k, pos);
   if (c->prof_s) c->prof_wall[k] += el_now() - t0, c->prof_runs[k]++;
@@ -256,7 +310,9 @@ int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, i
   c->stats.prefill_tokens += (uint64_t)n;
   return 0;
 fail:
-  c->pos = start; /* rows written past start are never read before being rewritten */
+  /* rows written past start are never read before being rewritten; a window cache that moved past start forgets
+   * the conversation (the error says why the prefill failed) */
+  if (el_set_pos(c, start) != 0) el_set_pos(c, 0);
   return -1;
 }
 
@@ -315,7 +371,7 @@ EL_API int el_decode(el_context* c, int32_t id, float* logits) {
 EL_API int el_reset(el_context* c) {
   if (!c) return el_error("el_reset: context is NULL");
   pthread_mutex_lock(&c->mu);
-  c->pos = 0; /* stale cache rows are harmless: a run writes rows pos.. before any kernel reads them */
+  el_set_pos(c, 0); /* stale cache rows are harmless: a run writes rows pos.. before any kernel reads them */
   if (c->gen.active && !c->gen.finish) c->gen.finish = EL_FINISH_CANCELLED;
   pthread_mutex_unlock(&c->mu);
   return 0;
@@ -329,10 +385,19 @@ EL_API int el_rewind(el_context* c, int n) {
     pthread_mutex_unlock(&c->mu);
     return el_error("el_rewind: %d is outside the conversation's %d tokens", n, pos);
   }
-  c->pos = n; /* rows n.. become stale, as after el_reset */
-  if (c->gen.active && !c->gen.finish) c->gen.finish = EL_FINISH_CANCELLED;
+  int rc = el_set_pos(c, n); /* rows n.. become stale, as after el_reset */
+  if (!rc && c->gen.active && !c->gen.finish) c->gen.finish = EL_FINISH_CANCELLED;
   pthread_mutex_unlock(&c->mu);
-  return 0;
+  return rc;
+}
+
+EL_API int el_rewind_floor(const el_context* c) {
+  if (!c) return el_error("el_rewind_floor: context is NULL");
+  el_context* w = (el_context*)c;
+  pthread_mutex_lock(&w->mu);
+  int f = kv_floor(c);
+  pthread_mutex_unlock(&w->mu);
+  return f;
 }
 
 EL_API int el_pos(const el_context* c) {
@@ -378,8 +443,7 @@ EL_API void el_get_stats(const el_context* c, el_stats* out) {
 
 /* What el_context_new maps for the KV cache and the arena (the memory budget counts one context). */
 uint64_t el_context_footprint(const el_model* m) {
-  uint64_t stride = (m->cache_bytes + 63) / 64 * 64;
-  return stride * 2 * m->h.n_layers + m->h.arena_bytes;
+  return m->kv_offset[2 * (size_t)m->h.n_layers] + m->h.arena_bytes;
 }
 
 EL_API void el_reset_stats(el_context* c) {

@@ -146,7 +146,11 @@ struct el_model {
   int staged_prefill;     /* prompts prefill through the staged programs (their backend opened) */
   char prefill_note[1024]; /* why not, when the staged prefill was asked for with AUTO and its backend did not open */
   el_tokenizer* tok; /* NULL: no tokenizer.bin */
-  uint64_t cache_bytes; /* bytes of one layer's K (or V) cache: kv_rows * n_kv_heads * head_dim * 4 */
+  uint64_t cache_bytes; /* bytes of a full layer's K (or V) cache: kv_rows * n_kv_heads * head_dim * 4 */
+  el_plan_kv_layer* kv_layers; /* n_layers: rows and window of each layer's cache (plan.bin v5, else defaults) */
+  uint64_t* kv_offset;  /* 2 * n_layers + 1: byte offset of K(l) at [2l], V(l) at [2l + 1], the total at [2L] */
+  int window_caches;    /* layers whose cache is a window cache (rows < kv_rows) */
+  int kv_host_moves;    /* some program runs on a backend without EL_BACKEND_DEVICE_KV: move host cache rows too */
   uint64_t memory_budget; /* el_load_options.memory_budget (0: none) */
   uint64_t minimum_budget; /* the smallest memory_budget it loads with (weights streamed through a window) */
   int plan_only;          /* loaded to report its memory plan: no backends, no contexts */
@@ -184,8 +188,9 @@ struct el_context {
   pthread_mutex_t mu;
   uint8_t* arena;
   size_t arena_map;
-  uint8_t* caches; /* K and V of every layer, each cache_stride bytes: K(l) = 2l, V(l) = 2l + 1 */
-  size_t caches_map, cache_stride;
+  uint8_t* caches; /* K and V of every layer, at m->kv_offset: K(l) = [2l], V(l) = [2l + 1] */
+  size_t caches_map;
+  int* kv_base;    /* per layer: the position at row 0 of a window cache (0 for the others) */
   int pos, n_threads;
   int kv_high; /* cache rows [0, kv_high) may hold data: rows past pos there are stale (an earlier conversation's) */
   void* backend_ctx[EL_MAX_MODEL_BACKENDS]; /* per el_model.backends slot */
@@ -199,6 +204,13 @@ struct el_context {
 };
 
 EL_HIDDEN uint8_t* el_cache_of(el_context* c, uint32_t kind, uint32_t layer);
+/* Moves the context to position n <= pos (0 empties it); -1 with the error set where window caches no longer hold
+ * the keys position n needs (context.c). */
+EL_HIDDEN int el_set_pos(el_context* c, int n);
+/* The position a KV arg's AT_POS / PREFIX view is taken at: pos - the layer's base (window caches), else pos. */
+static inline int el_view_pos(const el_context* c, const el_plan_arg* a, int pos) {
+  return (a->kind == EL_ARG_KCACHE || a->kind == EL_ARG_VCACHE) ? pos - c->kv_base[a->index] : pos;
+}
 /* el_prefill / el_decode with the context already locked (the generation loop holds the lock). */
 EL_HIDDEN int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, int all_logits);
 EL_HIDDEN int el_decode_locked(el_context* c, int32_t id, float* logits);

@@ -164,7 +164,7 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   g->text_len = g->emitted = 0;
   g->decode_s = g->ttft_s = 0;
   g->t_start = el_now();
-  c->pos = start + cached;
+  if (el_set_pos(c, start + cached) != 0) goto out;
   if (el_prefill_locked(c, prompt + cached, n - cached, g->logits, 0) != 0) goto out;
   g->prefill_s = el_now() - g->t_start;
   if (p->max_new_tokens == 0) g->finish = EL_FINISH_LENGTH;

@@ -35,7 +35,7 @@ static void model_destroy(el_model* m) {
   if (m->store) m->store->close(m->store);
   if (m->tok) el_tok_free(m->tok);
   free(m->backend_opts_text);
-  free(m->plan), free(m->routing);
+  free(m->plan), free(m->routing), free(m->kv_layers), free(m->kv_offset);
   pthread_mutex_destroy(&m->mu);
   free(m);
 }

@@ -14,6 +14,7 @@
  * checks every field offset too). */
 _Static_assert(sizeof(el_plan_sampling) == 32, "el_plan_sampling layout");
 _Static_assert(sizeof(el_plan_header) == 264, "el_plan_header layout");
+_Static_assert(sizeof(el_plan_kv_layer) == 8, "el_plan_kv_layer layout");
 _Static_assert(sizeof(el_plan_weight) == 16, "el_plan_weight layout");
 _Static_assert(sizeof(el_plan_kernel) == 80, "el_plan_kernel layout");
 _Static_assert(sizeof(el_plan_program) == 80, "el_plan_program layout");
@@ -196,20 +197,28 @@ static int check_arg(const el_model* m, const arg_site* s, const el_plan_arg* a)
       return 0;
     }
     case EL_ARG_KCACHE:
-    case EL_ARG_VCACHE:
+    case EL_ARG_VCACHE: {
       if (s->written && !s->kv_writer)
         return corrupt("%s: its kernel writes this argument and is not one that writes the KV cache", where);
       if (a->flags & (EL_FLAG_EXPERT | EL_FLAG_SLOT)) return corrupt("%s: KV views take no expert or slot flag", where);
       if (a->index >= h->n_layers) return corrupt("%s names layer %u, the model has %u", where, a->index, h->n_layers);
       if (a->dtype_code != EL_DT_FLOAT || a->dtype_bits != h->kv_dtype_bits)
         return corrupt("%s views the f32 KV cache as dtype %u/%u", where, a->dtype_code, a->dtype_bits);
+      /* a window cache's views move by at most its rows less the room a run needs (its "max_ctx") */
+      uint32_t rows = m->kv_layers[a->index].rows;
+      if (rows < h->kv_rows) {
+        last = rows - (h->kv_rows - h->max_ctx) - 1;
+        if ((a->flags & EL_FLAG_AT_POS) && __builtin_mul_overflow(last, row, &moved)) moved = UINT64_MAX;
+        if (__builtin_add_overflow(bytes, moved, &extent)) return corrupt("%s: size overflows", where);
+      }
       if ((a->flags & EL_FLAG_PREFIX) && __builtin_mul_overflow(last + (uint64_t)a->shape[0], row, &extent))
         return corrupt("%s: prefix size overflows", where);
-      if (!fits(a->offset, extent, m->cache_bytes))
-        return corrupt("%s reaches [%llu, +%llu) of a KV cache of %llu bytes (kv_rows %u)", where,
-                       (unsigned long long)a->offset, (unsigned long long)extent,
-                       (unsigned long long)m->cache_bytes, h->kv_rows);
+      uint64_t cap = (uint64_t)rows * h->n_kv_heads * h->head_dim * 4; /* checked not to overflow at read */
+      if (!fits(a->offset, extent, cap))
+        return corrupt("%s reaches [%llu, +%llu) of a KV cache of %llu bytes (%u rows)", where,
+                       (unsigned long long)a->offset, (unsigned long long)extent, (unsigned long long)cap, rows);
       return 0;
+    }
     case EL_ARG_SETTINGS:
       if (s->written) return corrupt("%s is written by its kernel but points at the run-time settings", where);
       if (a->flags) return corrupt("%s: the settings take no flags", where);
@@ -369,9 +378,9 @@ static int use_backend(el_model* m, el_program* pg, int k, const char* name) {
 }
 
 /* Parses and checks everything after the header and builds the programs. */
-static int parse_plan(el_model* m) {
+static int parse_plan(el_model* m, size_t at) {
   const el_plan_header* h = &m->h;
-  cursor c = {m->plan, m->plan_size, sizeof(el_plan_header)};
+  cursor c = {m->plan, m->plan_size, at};
   if (!(m->weights = take(&c, sizeof(el_plan_weight), h->n_weights)))
     return corrupt("the weight table (%u entries) runs past the end of the file", h->n_weights);
   if (!(m->kernels = take(&c, sizeof(el_plan_kernel), h->n_kernels)))
@@ -439,6 +448,11 @@ static int parse_plan(el_model* m) {
   /* programs: present, right token counts, inputs and outputs inside the arena */
   int staged = m->prog[EL_PROG_STAGE_EMBED].present + m->prog[EL_PROG_STAGE_RUN].present;
   if (staged == 1) return corrupt("plan.bin has one of npu_embed / npu_prefill without the other");
+  /* the NPU graphs take every layer's whole cache, position p at row p */
+  if (staged && m->window_caches) return corrupt("a staged (NPU) prefill with %d window caches", m->window_caches);
+  m->kv_host_moves = 0;
+  for (int k = 0; k < EL_N_PROGRAMS; k++)
+    if (m->prog[k].present && !(m->backends[m->prog[k].slot].be->caps & EL_BACKEND_DEVICE_KV)) m->kv_host_moves = 1;
   for (int k = 0; k < EL_N_PROGRAMS; k++) {
     const el_program* pg = &m->prog[k];
     int npu = k == EL_PROG_STAGE_EMBED || k == EL_PROG_STAGE_RUN;
@@ -494,13 +508,51 @@ static int parse_plan(el_model* m) {
   return 0;
 }
 
+/* The per-layer KV table (version 5; older plans: every layer full) and where each layer's K and V sit in a
+ * context's cache memory. Sets *at past the table. */
+static int read_kv_layers(el_model* m, size_t* at) {
+  const el_plan_header* h = &m->h;
+  uint32_t L = h->n_layers, room = h->kv_rows - h->max_ctx; /* rows a run may write past max_ctx (its chunk) */
+  m->kv_layers = calloc(L ? L : 1, sizeof *m->kv_layers);
+  m->kv_offset = calloc(2 * (size_t)L + 1, sizeof *m->kv_offset);
+  if (!m->kv_layers || !m->kv_offset) return el_error("out of memory");
+  cursor c = {m->plan, m->plan_size, *at};
+  const el_plan_kv_layer* t = h->version >= 5 ? take(&c, sizeof *t, L) : NULL;
+  if (h->version >= 5 && !t) return corrupt("the KV table (%u layers) runs past the end of the file", L);
+  *at = c.off;
+  uint64_t per_row = (uint64_t)h->n_kv_heads * h->head_dim * 4, off = 0;
+  m->window_caches = 0;
+  for (uint32_t l = 0; l < L; l++) {
+    el_plan_kv_layer k = t ? t[l] : (el_plan_kv_layer){h->kv_rows, 0};
+    if (k.rows > h->kv_rows || k.window > h->kv_rows || (k.rows < h->kv_rows && k.window == 0))
+      return corrupt("layer %u has a KV cache of %u rows with window %u (kv_rows %u)", l, k.rows, k.window, h->kv_rows);
+    if (k.rows < h->kv_rows) {
+      uint32_t ctx = k.rows > room ? k.rows - room : 0, need = 2 * k.window - 2 > k.window ? 2 * k.window - 2 : k.window;
+      if (ctx < need)
+        return corrupt("layer %u's window cache of %u rows is too small for window %u and runs of %u tokens", l,
+                       k.rows, k.window, room);
+      m->window_caches++;
+    }
+    m->kv_layers[l] = k;
+    uint64_t bytes;
+    if (__builtin_mul_overflow(per_row, (uint64_t)k.rows, &bytes) || bytes > ((uint64_t)1 << 40))
+      return corrupt("KV cache of %u rows x %u heads x %u", k.rows, h->n_kv_heads, h->head_dim);
+    bytes = (bytes + 63) / 64 * 64;
+    m->kv_offset[2 * l] = off, m->kv_offset[2 * l + 1] = off + bytes, off += 2 * bytes;
+  }
+  m->kv_offset[2 * (size_t)L] = off;
+  return 0;
+}
+
 int el_plan_read(el_model* m) {
   el_plan_header* h = &m->h;
   memcpy(h, m->plan, m->plan_size < sizeof *h ? m->plan_size : sizeof *h);
   if (check_header(h, m->plan_size) != 0) return -1;
-  /* KV cache size first: check_arg bounds-checks cache views against it */
+  /* KV cache sizes first: check_arg bounds-checks cache views against them */
   uint64_t per_row = (uint64_t)h->n_kv_heads * h->head_dim * 4;
   if (__builtin_mul_overflow(per_row, (uint64_t)h->kv_rows, &m->cache_bytes) || m->cache_bytes > ((uint64_t)1 << 40))
     return corrupt("KV cache of %u rows x %u heads x %u", h->kv_rows, h->n_kv_heads, h->head_dim);
-  return parse_plan(m);
+  size_t at = sizeof *h;
+  if (read_kv_layers(m, &at) != 0) return -1;
+  return parse_plan(m, at);
 }

@@ -349,6 +349,8 @@ class Context(_Closes):
                     # needed): rewind to it and prefill only the rest
                     limit = min(len(self._kv), len(ids) - 1)
                     cached = next((i for i in range(limit) if self._kv[i] != ids[i]), limit)
+                    if cached and cached < self._lib.el_rewind_floor(h):
+                        cached = 0   # sliding-window layers no longer hold the keys position `cached` needs
                     if cached:
                         self._call(self._lib.el_rewind(h, cached))
                         params.keep_context, params.n_cached = 1, cached

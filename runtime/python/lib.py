@@ -72,7 +72,7 @@ class Stats(C.Structure):
                 ("expert_selected", C.c_uint64), ("expert_cached", C.c_uint64), ("expert_prefetched", C.c_uint64),
                 ("expert_stalls", C.c_uint64), ("expert_predict_reads", C.c_uint64),
                 ("expert_predict_wasted", C.c_uint64), ("decode_io_bytes_read", C.c_uint64),
-                ("decode_io_stall_seconds", C.c_double)]
+                ("decode_io_stall_seconds", C.c_double), ("kv_window_moves", C.c_uint64)]
 
 
 FINISH = {0: None, 1: "eos", 2: "stop", 3: "length", 4: "context", 5: "cancelled"}
@@ -113,6 +113,7 @@ _SIGS = {
     "el_pos": (C.c_int, [P]),
     "el_reset": (C.c_int, [P]),
     "el_rewind": (C.c_int, [P, C.c_int]),
+    "el_rewind_floor": (C.c_int, [P]),
     "el_prefill": (C.c_int, [P, I32P, C.c_int, F32P, C.c_int]),
     "el_decode": (C.c_int, [P, C.c_int32, F32P]),
     "el_gen_params_default": (None, [P, C.POINTER(GenParams)]),

@@ -265,8 +265,10 @@ def body_steps(T: int, with_head: bool, routed: bool = False) -> tuple[list, int
 
 
 def plan_bytes(version: int = K.PLAN_VERSION, features: str = "", programs: list[str] | None = None, kernels=None,
-               header_overrides: dict | None = None, routed: bool = False, table: list | None = None) -> bytes:
-    """table: the plan's kernel table ((name, n_args, flags, writes) each; None: the true one)."""
+               header_overrides: dict | None = None, routed: bool = False, table: list | None = None,
+               kv_layers: list[tuple[int, int]] | None = None) -> bytes:
+    """table: the plan's kernel table ((name, n_args, flags, writes) each; None: the true one); kv_layers: the
+    version 5 per-layer KV table ((rows, window) each; None: every layer kv_rows rows, window 0)."""
     programs = programs or ["prefill", "prefill_logits", "decode", "head"]
     kernels = kernels or KERNELS
     weights = make_weights()
@@ -283,6 +285,8 @@ def plan_bytes(version: int = K.PLAN_VERSION, features: str = "", programs: list
                  ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("reserved", 0))})
     h.update(header_overrides or {})
     out = HEADER.pack(**h)
+    if version >= 5:
+        out += b"".join(K.KV_LAYER.pack(rows=r, window=w) for r, w in (kv_layers or [(h["kv_rows"], 0)] * L))
     out += b"".join(WEIGHT.pack(offset=o, nbytes=n) for o, n in offs)
     out += b"".join(KERNEL.pack(name=name.encode(), n_args=n, flags=flags, writes=writes)
                     for name, n, flags, writes in (table or kernel_entries(kernels)))
