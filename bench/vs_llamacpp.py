@@ -145,13 +145,15 @@ NO_AMX = ["-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
           "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"]
 
 
-def build_llamacpp(work: Path, jobs: int, amx: bool = True) -> tuple[Path, Path]:
-    """llama-bench and llama-quantize built from the llama-cpp-python sdist; cached under work/llama-build
-    (amx=False: work/llama-build-noamx, built with NO_AMX)."""
+def build_llamacpp(work: Path, jobs: int, amx: bool = True,
+                   targets: tuple[str, ...] = ("llama-bench", "llama-quantize")) -> tuple[Path, ...]:
+    """llama.cpp's tools (default llama-bench and llama-quantize; also e.g. llama-tokenize, llama-perplexity) built
+    from the llama-cpp-python sdist; cached under work/llama-build (amx=False: work/llama-build-noamx, built with
+    NO_AMX). Returns their paths, in the order asked."""
     build = work / ("llama-build" if amx else "llama-build-noamx")
-    bench, quant = build / "bin" / "llama-bench", build / "bin" / "llama-quantize"
-    if bench.is_file() and quant.is_file():
-        return bench, quant
+    exes = tuple(build / "bin" / t for t in targets)
+    if all(e.is_file() for e in exes):
+        return exes
     src = work / SDIST / "vendor" / "llama.cpp"
     if not (src / "CMakeLists.txt").is_file():
         tgz = work / f"{SDIST}.tar.gz"
@@ -161,18 +163,18 @@ def build_llamacpp(work: Path, jobs: int, amx: bool = True) -> tuple[Path, Path]
                             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)], check=True)
         with tarfile.open(tgz) as t:
             t.extractall(work, filter="data")
-    log(f"building llama-bench, llama-quantize (-j{jobs}, nice 19) in {build} ...")
+    log(f"building {', '.join(targets)} (-j{jobs}, nice 19) in {build} ...")
     t0 = time.perf_counter()
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     nice = ["nice", "-n", "19"] if shutil.which("nice") else []
     subprocess.run([*nice, "cmake", "-S", str(src), "-B", str(build), *gen, "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
                     "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF", *([] if amx else NO_AMX)], check=True,
                    stdout=subprocess.DEVNULL)
-    subprocess.run([*nice, "cmake", "--build", str(build), "--target", "llama-bench", "llama-quantize", f"-j{jobs}"],
+    subprocess.run([*nice, "cmake", "--build", str(build), "--target", *targets, f"-j{jobs}"],
                    check=True, stdout=subprocess.DEVNULL)
     (build / "edgellm-build.json").write_text(json.dumps({"seconds": time.perf_counter() - t0, "jobs": jobs}))
     log(f"  built in {time.perf_counter() - t0:.0f} s")
-    return bench, quant
+    return exes
 
 
 def _safetensors_views(path: Path) -> dict[str, np.ndarray]:

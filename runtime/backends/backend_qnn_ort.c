@@ -625,4 +625,4 @@ static int qnn_run(void* state, void* ctx_state, el_context* c, int prog, int po
 
 static const char* const qnn_options[] = {"npu_soc", "ort_library", "qnn_ep_library", "qnn_backend", NULL};
 const el_backend el_backend_qnn_ort = {"qnn_ort", 0, qnn_open, qnn_close, qnn_bind, qnn_unbind, qnn_run,
-                                       qnn_options, "android-npu / host-npu packages (NPU graphs)"};
+                                       qnn_options, "android-npu / host-npu packages (NPU graphs)", NULL};

@@ -469,4 +469,4 @@ static int tvm_run(void* state, void* ctx_state, el_context* c, int prog, int po
 }
 
 const el_backend el_backend_tvm_cpu = {"tvm_cpu", 0, tvm_open, tvm_close, tvm_bind, tvm_unbind, tvm_run, NULL,
-                                       "CPU packages (TVM kernels)"};
+                                       "CPU packages (TVM kernels)", NULL};

@@ -53,7 +53,7 @@ static int t_run(void* state, void* ctx_state, el_context* c, int prog, int pos)
 
 static const char* const trace_options[] = {"label", NULL};
 const el_backend trace_backend = {"trace", 0, t_open, t_close, t_bind, t_unbind, t_run, trace_options,
-                                  "packages whose plan names the trace backend"};
+                                  "packages whose plan names the trace backend", NULL};
 
 /* Registers "trace" over the backend called `over`: 0, or -1 with el_last_error set. */
 int trace_register(const char* over) {
