@@ -962,3 +962,17 @@ def test_an_extra_backend_registers_without_touching_the_library(lib, lib_path, 
     finally:
         m.close()
     assert counts("trace_unbinds") == 1 and counts("trace_closes") == 1
+
+
+@pytest.mark.parametrize("layers,expect", [
+    ([(tp.KV_ROWS, 0), (tp.KV_ROWS - 1, 0)], "layer 1 has a KV cache of 14 rows with window 0 (kv_rows 15)"),
+    ([(tp.KV_ROWS + 1, 0), (tp.KV_ROWS, 0)], "layer 0 has a KV cache of 16 rows"),
+    # a window cache of 3 rows past the run's room holds no window of 3 (it needs max(W, 2W - 2) = 4)
+    ([(tp.KV_ROWS, 0), (3 + tp.C, 3)], "layer 1's window cache of 7 rows is too small for window 3"),
+])
+def test_bad_kv_tables_are_refused(lib, kernels_so, tmp_path, layers, expect):
+    """plan.bin's per-layer KV table (version 5): caches bigger than kv_rows, smaller ones without a window, and
+    window caches too small for their window and a run's chunk are refused at load, in one line."""
+    msg = load_error(lib, variant(kernels_so, tmp_path, tp.plan_bytes(kv_layers=layers)))
+    assert msg.startswith("plan.bin is corrupt:") and expect in msg, msg
+
