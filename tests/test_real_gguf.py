@@ -81,3 +81,29 @@ def test_real_q8_0_and_q4_0_blocks_are_kept(qtype, scheme, tmp_path):
             assert np.array_equal(sch.dequantize(sch.quantize(w)), w), name
             n += 1
     assert n == 7 * spec.n_layers
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_agrees_with_llamacpp_on_the_file_as_shipped(name, tmp_path):
+    """Against llama.cpp on the same real GGUF (SmolLM2's Q4_1, Gemma 3's Q4_K_M) and 4 chunks of 512 tokens of
+    English prose (bench/llamacpp_agreement.py): the text's token ids equal llama-tokenize's (C tokenizer and
+    tokenizer.json), perplexity within 0.5% of llama-perplexity's, and edgellm's top-1 token equal to llama.cpp's at
+    >= 99% of the >= 800 scored positions where llama.cpp's own two best log-probabilities are >= 0.25 nats apart
+    (below that, llama.cpp's Q8_0 activations move its logits as much: on all positions the two agree 94-96%, and
+    llama.cpp agrees with the exact f32 model 96%). Needs llama.cpp's tools, built once by that script."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import llamacpp_agreement as ag
+    import vs_llamacpp as vs
+
+    work = Path.home() / ".cache" / "edgellm" / "bench"
+    build = work / ("llama-build-noamx" if vs.host_has_amx() else "llama-build") / "bin"
+    tools = tuple(build / t for t in ag.TOOLS)
+    if not all(t.is_file() for t in tools):
+        pytest.skip(f"needs {', '.join(ag.TOOLS)} in {build}: run bench/llamacpp_agreement.py once to build them")
+    r = ag.measure(gguf_file(name), ag.default_text(), tmp_path, 512, 4, 2, tools)
+    assert r["c_tokens_equal"] and r["hf_tokens_equal"] and r["text_tokens"] > 4 * 512
+    assert abs(r["ppl_ratio"] - 1) < 0.005, r
+    assert r["positions"] == 4 * 255 and r["clear_positions"] >= 800 and r["top1_agree_clear"] >= 0.99, r
