@@ -16,6 +16,7 @@ A safetensors checkpoint's float dtype maps to f32 / f16.
 | Q8_0 | q8g32 (its blocks exactly) | q8 (q8g32 has no embedding kernel) |
 | Q4_0 | q4g32 (its blocks exactly) | q4g32 |
 | Q6_K, Q5_0, Q5_1, Q5_K, Q4_1, Q4_K, Q3_K, Q2_K | q8g32 | q8 (Gemma 3's Q6_K embedding: q6 lost more, 1.2% top-1) |
+| TQ1_0, TQ2_0 (BitNet) | t2 (the ternary codes and the tensor's scale exactly) | by its own type |
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from collections import Counter
 
 REQUANTIZED = ("Q6_K", "Q5_0", "Q5_1", "Q5_K", "Q4_1", "Q4_K", "Q3_K", "Q2_K")   # no scheme holds their blocks
 BODY = {"F32": "f32", "F16": "f16", "BF16": "f16", "Q8_0": "q8g32", "Q4_0": "q4g32",
-        **{t: "q8g32" for t in REQUANTIZED}}
+        **{t: "q8g32" for t in REQUANTIZED}, "TQ1_0": "t2", "TQ2_0": "t2"}
 HEAD = {**BODY, "Q8_0": "q8", **{t: "q8" for t in REQUANTIZED}}
 
 
@@ -41,6 +42,8 @@ def auto_schemes(spec, ck, family) -> tuple[str, str, str]:
     body_type = counts.most_common(1)[0][0] if counts else ck.dtype(head_name)
     head_type = ck.dtype(head_name)
     body, head = BODY.get(body_type, "f16"), HEAD.get(head_type, "q8")
+    if spec.native_quant:   # BitNet: its ternary weights are t2's exactly, whatever type stores them
+        body = spec.native_quant
     total = sum(counts.values()) or 1
     mix = ", ".join(f"{t} {100 * n / total:.0f}%" for t, n in counts.most_common())
     return body, head, (f"--quant auto: the body's matrices are {mix} -> {body}; the "
@@ -49,6 +52,7 @@ def auto_schemes(spec, ck, family) -> tuple[str, str, str]:
 
 # (stored type, scheme) pairs where the scheme holds the stored values exactly
 KEPT = {("F32", "f32"), ("F16", "f16"), ("F16", "f32"), ("BF16", "f32"), ("Q8_0", "q8g32"), ("Q4_0", "q4g32"),
+        ("TQ1_0", "t2"), ("TQ2_0", "t2"),
         ("Q8_0", "f32"), ("Q4_0", "f32"), ("Q8_0", "f16"), ("Q4_0", "f16")}
 
 
@@ -62,6 +66,8 @@ def source_types(spec, ck, family, body: str, head: str) -> dict:
             continue
         t, sch = ck.dtype(name), head if name in heads else body
         row = out.setdefault(t, {})
-        r = row.setdefault(sch, {"tensors": 0, "kept": (t, sch) in KEPT})
+        # BitNet's ternary matrices are read exactly (models/gguf/ternary.py refuses any that are not)
+        kept = (t, sch) in KEPT or (spec.native_quant == sch and name not in heads)
+        r = row.setdefault(sch, {"tensors": 0, "kept": kept})
         r["tensors"] += 1
     return out

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
+from edgellm.models.bitnet import unpack_ternary
 from edgellm.models.checkpoint import Checkpoint, read_config
+from edgellm.models.gguf.ternary import PROJ_SUFFIXES
 
 ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
         "Gemma3ForCausalLM": "gemma3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
         "Olmo2ForCausalLM": "olmo2", "SmolLM3ForCausalLM": "smollm3", "GraniteForCausalLM": "granite",
-        "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2"}
+        "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2", "BitNetForCausalLM": "bitnet"}
 PERMUTED = ("llama", "smollm3", "granite")   # convert_hf_to_gguf's LlamaModel and its subclasses
 ARCH_LAYER = {   # per-architecture name overrides (tensor_mapping.py)
     "gemma3": {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
@@ -26,12 +28,14 @@ ARCH_LAYER = {   # per-architecture name overrides (tensor_mapping.py)
                "post_feedforward_layernorm": "post_ffw_norm"},
     "olmo2": {"post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"},
     "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
+    "bitnet": {"self_attn.attn_sub_norm": "attn_sub_norm", "mlp.ffn_sub_norm": "ffn_sub_norm"},
 }
 LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
          "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
          "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
          "mlp.down_proj": "ffn_down", "post_attention_layernorm": "ffn_norm", "mlp.gate": "ffn_gate_inp",
          "block_sparse_moe.gate": "ffn_gate_inp"}
+TERNARY = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 EXPERT = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps",
           "w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps"}
 
@@ -78,8 +82,9 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") 
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
-    w.add_key_length(cfg["head_dim"])
-    w.add_value_length(cfg["head_dim"])
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     rp = cfg.get("rope_parameters") or {}
     w.add_rope_freq_base(float(rp.get("full_attention", {}).get("rope_theta", cfg.get("rope_theta", 10000.0))))
@@ -125,6 +130,8 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") 
 
     def put(name: str, a: np.ndarray, quantize: bool):
         a = np.ascontiguousarray(a, np.float32)
+        if qt in (T.TQ1_0, T.TQ2_0):   # llama-quantize's ternary types: the BitLinear weights only
+            quantize = quantize and name.split(".")[-2] in TERNARY
         if quantize and qt not in (T.F32,) and a.shape[-1] % 32 == 0:
             data = gguf.quants.quantize(a, qt)
             w.add_tensor(name, data, raw_dtype=qt)
@@ -132,7 +139,13 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") 
             w.add_tensor(name, a)
 
     for name in ck.names():
-        a = np.asarray(ck.get(name), np.float32)
+        if name.endswith(".weight_scale"):
+            continue
+        if arch == "bitnet" and name.endswith(PROJ_SUFFIXES):   # BitnetModel.weight_quant: ternary x absmean, floats
+            ws = float(np.asarray(ck.get(name.removesuffix(".weight") + ".weight_scale"), np.float32)[0])
+            a = unpack_ternary(np.asarray(ck.get(name))).astype(np.float32) * np.float32(1.0 / ws)
+        else:
+            a = np.asarray(ck.get(name), np.float32)
         if gemma and name.endswith("norm.weight"):
             a = a + 1.0
         if name == "model.embed_tokens.weight":

@@ -291,14 +291,53 @@ def test_bad_files_are_refused_in_one_line(tmp_path):
 
 
 def test_unreadable_block_type_is_named(tmp_path):
-    """A tensor of a type edgellm does not read (here TQ2_0, a ternary type) is refused naming the type."""
+    """A tensor of a type edgellm does not read (here IQ4_NL, an importance-matrix type) is refused naming the type."""
     import gguf
 
     d = make_checkpoint(tmp_path / "hf", "LlamaForCausalLM", seed=7, intermediate_size=256)
     g = write_gguf(d, tmp_path / "ok.gguf", "F32")
-    tq = gguf.GGMLQuantizationType.TQ2_0   # rows of 256
-    bad = _edit_gguf(g, tmp_path / "tq.gguf", replace={
-        "blk.0.ffn_down.weight": (gguf.quants.quantize(np.zeros((64, 256), np.float32), tq), tq)})
-    with pytest.raises(ModelLoadError, match="TQ2_0") as e:
+    iq = gguf.GGMLQuantizationType.IQ4_NL   # blocks of 32: an f16 scale and 16 bytes of 4-bit indices
+    bad = _edit_gguf(g, tmp_path / "iq.gguf", replace={"blk.0.ffn_down.weight": (np.zeros((64, 8 * 18), np.uint8), iq)})
+    with pytest.raises(ModelLoadError, match="IQ4_NL") as e:
         load_checkpoint(str(bad))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "TQ2_0", "TQ1_0"])
+def test_bitnet_gguf_keeps_the_ternary_weights(qtype, tmp_path):
+    """A BitNet b1.58 GGUF as llama.cpp's converter writes it (BitLinear weights as ternary x absmean floats, then
+    llama-quantize's TQ2_0 / TQ1_0) of the trained demo-bitnet: `--quant auto` reads the codes back exactly onto t2
+    (the file's scale: F32 exact, TQ's f16 block scale), and the package gives the HF checkpoint's package's tokens
+    (F32: the same logits bit for bit)."""
+    from edgellm.compiler.driver import compile_model
+    from edgellm.models.demo import demo_path
+    from edgellm.runtime.python.api import Runtime
+
+    d = demo_path("demo-bitnet")
+    g = write_gguf(d, tmp_path / "m.gguf", qtype)
+    pkg = compile_model(str(g), quant="auto", out=tmp_path / "g", progress=False, max_context=96, prefill_chunk=8)
+    head = json.loads((pkg / "manifest.json").read_text())["quant"]["head"]   # the F32 embedding's: f32
+    ref = compile_model(str(d), head_quant=head, out=tmp_path / "hf", progress=False, max_context=96,
+                        prefill_chunk=8)
+    with Runtime.load(pkg, threads=2) as a, Runtime.load(ref, threads=2) as b:
+        assert a.manifest["quant"]["scheme"] == "t2"
+        assert a.manifest["quant"]["source_types"][qtype]["t2"] == {"tensors": 7 * 6, "kept": True}
+        la, lb = np.asarray(a.logits(PROMPT)), np.asarray(b.logits(PROMPT))
+        assert np.array_equal(la, lb) if qtype == "F32" else _rel(la, lb) < 5e-3
+        assert a.generate(PROMPT, max_new_tokens=24, ignore_eos=True, temperature=0, repetition_penalty=1.0).token_ids == \
+            b.generate(PROMPT, max_new_tokens=24, ignore_eos=True, temperature=0, repetition_penalty=1.0).token_ids
+
+
+def test_a_bitnet_gguf_that_is_not_ternary_is_refused(tmp_path):
+    import gguf
+
+    from edgellm.models.demo import demo_path
+
+    g = write_gguf(demo_path("demo-bitnet"), tmp_path / "m.gguf", "F32")
+    r = gguf.GGUFReader(str(g), "r+")
+    t = next(t for t in r.tensors if t.name == "blk.2.ffn_up.weight")
+    t.data[0, 0] *= 0.5
+    del r
+    spec, ck, _ = load_checkpoint(str(g))
+    with pytest.raises(ModelLoadError, match=r"blk.2.ffn_up.weight is not ternary .*not a BitNet b1.58 export"):
+        ck.get("model.layers.2.mlp.up_proj.weight")

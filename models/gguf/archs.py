@@ -34,6 +34,7 @@ class GGUFArch:
     experts: dict = field(default_factory=dict)    # expert name overrides on top of EXPERTS
     permuted_qk: bool = False   # llama.cpp's converter interleaved q/k rows for its rotary layout (LLaMA)
     norm_shift: float = 0.0     # llama.cpp's converter stored every norm weight w as w + shift (Gemma: 1)
+    ternary: bool = False       # BitLinear weights stored as ternary x scale floats (BitNet: models/gguf/ternary.py)
 
 
 def _llama(f: GGUFFile, cfg: dict) -> dict:
@@ -205,6 +206,9 @@ ARCHS: dict[str, GGUFArch] = {
                                                  "post_ffw_norm": "post_feedforward_layernorm"}),
     "smollm3": GGUFArch("SmolLM3ForCausalLM", _smollm3, permuted_qk=True),
     "granite": GGUFArch("GraniteForCausalLM", _granite, permuted_qk=True),
+    # BitNet b1.58 (BitnetModel in the converter): sub-layer norms, squared-ReLU FFN, offline ternary weights
+    "bitnet": GGUFArch("BitNetForCausalLM", lambda f, cfg: {**cfg, "hidden_act": "relu2"}, ternary=True,
+                       layer={"attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"}),
     "phi3": GGUFArch("Phi3ForCausalLM", _phi3, layer={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
 }
 

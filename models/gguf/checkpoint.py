@@ -8,10 +8,12 @@ from ...errors import ModelLoadError
 from ..fused import LastFused, derived_entry
 from .archs import GGUFArch
 from .file import GGUFFile
+from .ternary import PROJ_SUFFIXES, pack_hf, ternarize
 
 NORM_SUFFIXES = ("norm.weight",)
-# GGUF types edgellm reads (dequantized by the gguf package); the IQ and ternary types are refused by name
-READABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# GGUF types edgellm reads (dequantized by the gguf package); the IQ types and others are refused by name
+READABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+            "TQ1_0", "TQ2_0")
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -32,6 +34,11 @@ class GGUFCheckpoint:
         self._transforms: dict = {}
         self._rows: dict[str, tuple[int, int]] = {}
         self._fused = LastFused()
+        # BitNet (arch.ternary): each BitLinear weight read as transformers' packed codes plus a weight_scale
+        self._ternary = {n for n in names if arch.ternary and n.endswith(PROJ_SUFFIXES)}
+        self._scale_of = {n.removesuffix(".weight") + ".weight_scale": n for n in self._ternary}
+        self._names.update({sc: self._names[w] for sc, w in self._scale_of.items()})
+        self._last_ternary: tuple[str, np.ndarray, float] | None = None
 
     # ---- the Checkpoint interface
     def names(self) -> list[str]:
@@ -54,9 +61,13 @@ class GGUFCheckpoint:
         self._fused = LastFused()   # the reader's map stays; dequantized arrays are the caller's
 
     def entry(self, name: str) -> dict:
+        if name in self._scale_of:
+            return {"dtype": "F32", "shape": [1]}
         g, e = self._names[name]
         t = self.file.tensors[g]
         shape = [int(d) for d in reversed(t.shape.tolist())]   # ggml lists the fastest dimension first
+        if name in self._ternary:
+            shape = [shape[0] // 4, *shape[1:]]                 # transformers' packed rows
         return derived_entry({"dtype": t.tensor_type.name, "shape": shape[1:] if e is not None else shape},
                              self._rows.get(name))
 
@@ -72,11 +83,21 @@ class GGUFCheckpoint:
     def get(self, name: str) -> np.ndarray:
         if name not in self._names:
             raise ModelLoadError(f"weight '{name}' is missing from {self.file.path}")
+        if name in self._ternary or name in self._scale_of:
+            packed, s = self._ternary_weight(self._scale_of.get(name, name))
+            return packed if name in self._ternary else np.array([1.0 / s if s else 1.0], np.float32)
         arr = self._dequantized(name)
         fn = self._transforms.get(name)
         return np.asarray(fn(arr), np.float32) if fn else arr
 
     # ---- GGUF specifics
+    def _ternary_weight(self, name: str) -> tuple[np.ndarray, float]:
+        """A BitLinear weight as (packed codes, absmean scale s), read once for the weight and its weight_scale."""
+        if self._last_ternary is None or self._last_ternary[0] != name:
+            t, s = ternarize(self._dequantized(name), f"{self.file.path.name}: tensor {self._names[name][0]}")
+            self._last_ternary = (name, pack_hf(t), s)
+        return self._last_ternary[1], self._last_ternary[2]
+
     def _dequantized(self, name: str) -> np.ndarray:
         import gguf
 
