@@ -13,7 +13,7 @@ A safetensors checkpoint's float dtype maps to f32 / f16.
 |---|---|---|
 | F32 | f32 | f32 |
 | F16, BF16 | f16 | f16 |
-| Q8_0 | q8g32 (its blocks exactly) | q8 (q8g32 has no embedding kernel) |
+| Q8_0 | q8g32 (its blocks exactly) | q8g32 (its blocks exactly) |
 | Q4_0 | q4g32 (its blocks exactly) | q4g32 |
 | Q6_K, Q5_0, Q5_1, Q5_K, Q4_1, Q4_K, Q3_K, Q2_K | q8g32 | q8 (Gemma 3's Q6_K embedding: q6 lost more, 1.2% top-1) |
 | TQ1_0, TQ2_0 (BitNet) | t2 (the ternary codes and the tensor's scale exactly) | by its own type |
@@ -25,7 +25,7 @@ from collections import Counter
 REQUANTIZED = ("Q6_K", "Q5_0", "Q5_1", "Q5_K", "Q4_1", "Q4_K", "Q3_K", "Q2_K")   # no scheme holds their blocks
 BODY = {"F32": "f32", "F16": "f16", "BF16": "f16", "Q8_0": "q8g32", "Q4_0": "q4g32",
         **{t: "q8g32" for t in REQUANTIZED}, "TQ1_0": "t2", "TQ2_0": "t2"}
-HEAD = {**BODY, "Q8_0": "q8", **{t: "q8" for t in REQUANTIZED}}
+HEAD = {**BODY, **{t: "q8" for t in REQUANTIZED}}
 
 
 def auto_schemes(spec, ck, family) -> tuple[str, str, str]:

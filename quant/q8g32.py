@@ -4,8 +4,8 @@ same f16 scales: requantizing a dequantized Q8_0 block reproduces it, its larges
 `--quant auto` keeps them bit for bit. 8.5 bits per weight; tighter than q8's per-row scale on rows with outliers.
 
 Parts: qweight u8[N, K] (codes q + 128 in q8's panels), scales f16[N, K/32] panel-interleaved like q4's
-(packing.pack_group_scales). Kernels: linear_q8g32, the block family's q8 layout with group scales. Body only: the
-embedding kernels read q8 codes with a row scale (q8) or q4 / q6 codes with group scales, not this."""
+(packing.pack_group_scales). Kernels: linear_q8g32, the block family's q8 layout with group scales; embed_q8g32, the
+row gather of such a table (so a Q8_0 embedding / lm_head is kept too)."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,11 +49,12 @@ class Q8G32Scheme(Scheme):
     description = "int8 per group of 32 along K (llama.cpp Q8_0: f16 scale per group), int8 activations per 32-k block"
     parts = ("qweight", "scales")
     k_multiple, k_multiple_why = G, "the group size 32"
-    head = False
+    head = True   # a Q8_0 GGUF's embedding / lm_head kept too (embed_q8g32: q8's codes with group scales)
     default_head = "q8"
     stacking = {"qweight": 4, "scales": 1}
     linear_ref = staticmethod(linear_q8g32_ref)
-    kernel_ops = {"linear_q8g32": KernelTraits("linear", "block", "q8", "group", "block", k_multiple=QA, groups=(G,))}
+    kernel_ops = {"linear_q8g32": KernelTraits("linear", "block", "q8", "group", "block", k_multiple=QA, groups=(G,)),
+                  "embed_q8g32": KernelTraits("embed", "block", "q8", "group", groups=(G,))}
 
     def _quantize(self, w):
         return quantize_q8g32(w)
@@ -63,6 +64,9 @@ class Q8G32Scheme(Scheme):
 
     def linear_kernel(self, T, N, K, bias, segs=()):
         return "linear_q8g32", {**self._params(T, N, K, bias, segs), "G": G}
+
+    def embed_kernel(self, T, V, D):
+        return "embed_q8g32", {"T": int(T), "V": int(V), "D": int(D), "G": G}
 
 
 Q8G32 = register(Q8G32Scheme())

@@ -172,9 +172,9 @@ def test_compiled_package_from_gguf(tmp_path):
     out = subprocess.run([sys.executable, "-m", "edgellm.cli", "compile", str(g), "--quant", "auto", "-o",
                           str(tmp_path / "q8")], capture_output=True, text=True, env=_env(tmp_path))
     assert out.returncode == 0, out.stderr
-    assert "--quant auto: the body's matrices are Q8_0 100% -> q8g32; the lm_head is Q8_0 -> q8" in out.stderr
+    assert "--quant auto: the body's matrices are Q8_0 100% -> q8g32; the lm_head is Q8_0 -> q8g32" in out.stderr
     with Runtime.load(tmp_path / "q8") as rt:   # the file's Q8_0 blocks kept (tests below), int8 activations
-        assert (rt.manifest["quant"]["scheme"], rt.manifest["quant"]["head"]) == ("q8g32", "q8")
+        assert (rt.manifest["quant"]["scheme"], rt.manifest["quant"]["head"]) == ("q8g32", "q8g32")
         q8 = np.asarray(rt.logits(PROMPT))
     assert 1e-5 < _rel(q8, ref) < 5e-2
     # `edgellm run --model model.gguf`: compiled into the cache on first use, then found there
@@ -206,10 +206,10 @@ def test_q8_0_and_q4_0_blocks_are_kept_bit_for_bit(qtype, scheme, tmp_path):
             assert not np.array_equal(get_scheme("q8").dequantize(get_scheme("q8").quantize(w)), w)   # q8's grid
             # (a scale per row) does not hold them
     pkg = compile_model(str(g), quant="auto", out=tmp_path / "p", progress=False, max_context=96, prefill_chunk=8)
-    ref = QuantizedModel(spec, ck.get, sch, get_scheme({"Q8_0": "q8", "Q4_0": "q4g32"}[qtype]))
+    ref = QuantizedModel(spec, ck.get, sch, sch)
     with Runtime.load(pkg, threads=2) as rt:
-        assert rt.manifest["quant"]["scheme"] == scheme
-        n = 7 * spec.n_layers + (2 if qtype == "Q4_0" else 0)   # + embedding and lm_head, q4g32 too from Q4_0
+        assert rt.manifest["quant"]["scheme"] == rt.manifest["quant"]["head"] == scheme
+        n = 7 * spec.n_layers + 2   # + the embedding and lm_head, kept in the body's scheme too
         assert rt.manifest["quant"]["source_types"][qtype][scheme] == {"tensors": n, "kept": True}
         assert _rel(np.asarray(rt.logits(PROMPT)), ref.logits(PROMPT)) < 2e-3
         assert rt.generate(PROMPT, max_new_tokens=16, ignore_eos=True).token_ids == ref.greedy(PROMPT, 16)

@@ -32,6 +32,7 @@ RTOL = 1e-5
 CASES = [
     ("embed", dict(T=3, V=50, D=24)), ("embed", dict(T=1, V=50, D=24, wdtype="float16")),
     ("embed_q8", dict(T=3, V=37, D=64)), ("embed_q4", dict(T=2, V=37, D=64, G=32)), ("embed_q6", dict(T=2, V=37, D=64)),
+    ("embed_q8g32", dict(T=2, V=37, D=64, G=32)),
     ("rmsnorm", dict(R=3, D=96, eps=1e-5)), ("rmsnorm", dict(R=1, D=2048, eps=1e-6)),
     ("rope", dict(T=4, H=3, D=16)),
     ("add", dict(R=3, N=40)), ("copy", dict(R=2, N=33)), ("swiglu", dict(T=3, F=70)), ("relu2_mul", dict(T=2, F=64)),
@@ -70,7 +71,7 @@ def _inputs(op, p, r):
         w = randn(V, D)
         if op == "embed":
             return [ids, w.astype(p.get("wdtype", "float32"))], [(T_, D)]
-        sch = get_scheme({"embed_q8": "q8", "embed_q6": "q6"}.get(op) or f"q4g{p['G']}")
+        sch = get_scheme({"embed_q8": "q8", "embed_q6": "q6", "embed_q8g32": "q8g32"}.get(op) or f"q4g{p['G']}")
         parts = sch.quantize(w)
         return [ids] + [parts[k] for k in sch.part_order], [(T_, D)]
     if op == "rmsnorm":

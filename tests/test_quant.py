@@ -267,13 +267,15 @@ def test_scheme_rules():
     from edgellm.quant import body_schemes, head_schemes
 
     assert body_schemes() == ["f32", "f16", "q8", "q8g32", "q4g32", "q4g64", "q4g128", "t2"]
-    assert head_schemes() == ["f32", "f16", "q8", "q4g32", "q4g64", "q4g128", "q6"]
+    assert head_schemes() == ["f32", "f16", "q8", "q8g32", "q4g32", "q4g64", "q4g128", "q6"]
     assert {n: s.default_head or n for n, s in SCHEMES.items()} == {
         "f32": "f32", "f16": "f16", "q8": "q8", "q8g32": "q8", "q4g32": "q8", "q4g64": "q8", "q4g128": "q8", "q6": "q8",
         "t2": "q8"}
     assert [n for n, s in SCHEMES.items() if s.gptq] == ["q4g32", "q4g64", "q4g128"]
     assert {n: s.embedding for n, s in SCHEMES.items() if s.head} == {
-        "f32": "float32", "f16": "float16", "q8": "q8", "q4g32": "q4g32", "q4g64": "q4g64", "q4g128": "q4g128", "q6": "q6"}
+        "f32": "float32", "f16": "float16", "q8": "q8", "q8g32": "q8g32", "q4g32": "q4g32", "q4g64": "q4g64",
+        "q4g128": "q4g128", "q6": "q6"}
+    assert get_scheme("q8g32").embed_kernel(2, 100, 128) == ("embed_q8g32", {"T": 2, "V": 100, "D": 128, "G": 32})
     assert get_scheme("q4g64").embed_kernel(2, 100, 128) == ("embed_q4", {"T": 2, "V": 100, "D": 128, "G": 64})
     assert get_scheme("f16").embed_kernel(1, 10, 8) == ("embed", {"T": 1, "V": 10, "D": 8, "wdtype": "float16"})
     with pytest.raises(CompileError, match="t2 cannot store an embedding"):

@@ -111,3 +111,26 @@ def test_no_compiler_file_tests_a_scheme_by_name():
     hits = [f"{f.relative_to(root)}:{i}: {line.strip()}" for f in sorted(root.rglob("*.py"))
             for i, line in enumerate(f.read_text().splitlines(), 1) if compare.search(line)]
     assert not hits, "\n".join(hits)
+
+
+@pytest.mark.parametrize("T,V", [(3, 37), (1, 48)])   # a tail panel (37 rows), whole panels
+def test_q8g32_embedding_rows_are_the_tables(T, V):
+    """embed_q8g32 (a Q8_0 GGUF's embedding kept: q8's code panels with group scales, chosen by its traits) gathers
+    exactly the rows of the table q8g32 stores, outliers included."""
+    from edgellm.quant import get_scheme
+
+    sch = get_scheme("q8g32")
+    r = np.random.default_rng(T)
+    w = (r.standard_normal((V, 64)) * 0.05).astype(np.float32)
+    w[:, 9] *= 40
+    parts = sch.quantize(w)
+    ids = r.integers(0, V, T).astype(np.int32)
+    ids[0] = V - 1
+    op, p = sch.embed_kernel(T, V, 64)
+    name, func = ops.make_kernel(op, ops.host_cpu_info(2), **p)
+    f = tvm.compile(tvm.IRModule({name: func}), target=TARGET).jit()[name]
+    out = tvm.runtime.tensor(np.full((T, 64), np.nan, np.float32))
+    f(tvm.runtime.tensor(ids), tvm.runtime.tensor(parts["qweight"]), tvm.runtime.tensor(parts["scales"]), out)
+    np.testing.assert_array_equal(out.numpy(), sch.dequantize(parts)[ids])
+    np.testing.assert_array_equal(ops.reference(op, [ids, parts["qweight"], parts["scales"]], **p),
+                                  sch.dequantize(parts)[ids])
