@@ -75,35 +75,21 @@ def embed(T_: int, V: int, D: int, wdtype: str):
     return te.create_prim_func([ids, W, out])
 
 
-def embed_q8(T_: int, V: int, D: int):
-    """16-row panels of 4-byte chunks, code = q + 128, one f32 scale per row (compiler/ops/elementwise.embed_q8)."""
+def embed_q8(T_: int, V: int, D: int, G: int | None = None):
+    """16-row panels of 4-byte chunks, code = q + 128, one f32 scale per row (G None) or f16 scales per row and group,
+    panel-interleaved as q4's (compiler/ops/elementwise.embed_q8)."""
     full = V // 16 * 16
+    KG = D // G if G else 1
     ids = te.placeholder((T_,), I32, "ids")
     Q = te.placeholder((V * D,), "uint8", "Q")
-    S = te.placeholder((V,), F32, "S")
+    S = te.placeholder((V * KG,), U16, "S") if G else te.placeholder((V,), F32, "S")
 
     def f(t, d):
         row = _row(ids, t, V)
         rp = tirx.Select(row < full, 16, V - full)
         b = Q[row // 16 * 16 * D + row % 16 * 4 + d // 4 * 4 * rp + d % 4]
-        return (b.astype(F32) - tirx.const(128, F32)) * S[row]
-    return te.create_prim_func([ids, Q, S, te.compute((T_, D), f, name="out")])
-
-
-def embed_q8_group(T_: int, V: int, D: int, G: int):
-    """q8's code panels (code = q + 128) with f16 scales per row and group, panel-interleaved as q4's
-    (compiler/ops/elementwise.embed_q8_group)."""
-    full = V // 16 * 16
-    KG = D // G
-    ids = te.placeholder((T_,), I32, "ids")
-    Q = te.placeholder((V * D,), "uint8", "Q")
-    S = te.placeholder((V * KG,), U16, "S")
-
-    def f(t, d):
-        row = _row(ids, t, V)
-        rp = tirx.Select(row < full, 16, V - full)
-        b = Q[row // 16 * 16 * D + row % 16 * 4 + d // 4 * 4 * rp + d % 4]
-        return (b.astype(F32) - tirx.const(128, F32)) * half_to_f32(S[row // 16 * 16 * KG + row % 16 + d // G * rp])
+        scale = half_to_f32(S[row // 16 * 16 * KG + row % 16 + d // G * rp]) if G else S[row]
+        return (b.astype(F32) - tirx.const(128, F32)) * scale
     return te.create_prim_func([ids, Q, S, te.compute((T_, D), f, name="out")])
 
 
@@ -184,8 +170,8 @@ def embed_packed(traits, T_: int, V: int, D: int, G: int | None):
         return embed_q6(traits, T_, V, D)
     if traits.scale == "row":
         return embed_q8(T_, V, D)
-    if LAYOUTS[traits.layout][0] == 8:
-        return embed_q8_group(T_, V, D, traits.group_of(G))
+    if LAYOUTS[traits.layout][0] == 8:   # q8g32: 8-bit codes with group scales
+        return embed_q8(T_, V, D, traits.group_of(G))
     return embed_q4(T_, V, D, traits.group_of(G))
 
 

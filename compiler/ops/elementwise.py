@@ -143,59 +143,40 @@ def embed_packed(cpu, traits, T_: int, V: int, D: int, G: int | None):
     if traits.scale == "row":
         return embed_q8(cpu, T_, V, D)
     if LAYOUTS[traits.layout][0] == 8:   # 8-bit codes with group scales (q8g32: a Q8_0 GGUF's embedding kept)
-        return embed_q8_group(cpu, T_, V, D, traits.group_of(G))
+        return embed_q8(cpu, T_, V, D, traits.group_of(G))
     return embed_q4(cpu, T_, V, D, traits.group_of(G))
 
 
-def embed_q8(cpu, T_: int, V: int, D: int):
-    """Gather rows of a q8 table (quant/packing.py layout: 16-row panels of 4-byte chunks, code = q + 128,
-    one f32 scale per row), so a tied embedding / lm_head is stored once, in the head's scheme."""
+def embed_q8(cpu, T_: int, V: int, D: int, G: int | None = None):
+    """Gather rows of a table of 8-bit codes (quant/packing.py layout: 16-row panels of 4-byte chunks, code = q + 128)
+    with one f32 scale per row (q8; G None) or f16 scales per row and group of G, panel-interleaved as q4's (q8g32:
+    a Q8_0 GGUF's embedding kept), so a tied embedding / lm_head is stored once, in the head's scheme."""
     full = (V // 16) * 16
+    KG = D // G if G else 1
+    S_shape, S_dt = ((V, KG), "float16") if G else ((V,), F32)
     outer = _outer(T_ * D)
+
+    def scale(S, row, rp, c):
+        if G:
+            return T.Cast(F32, S[(row // 16) * 16 * KG + row % 16 + (c * 4 // G) * rp])
+        return S[row]
 
     @T.prim_func
     def kern(ids: T.handle, qw: T.handle, sc: T.handle, o: T.handle):
         T.func_attr({"tirx.noalias": True})
         I = T.match_buffer(ids, (T_,), "int32")
         Q = T.match_buffer(qw, (V, D), "uint8")
-        S = T.match_buffer(sc, (V,), F32)
+        S = T.match_buffer(sc, S_shape, S_dt)
         O = T.match_buffer(o, (T_, D), F32)
         Qf = T.decl_buffer((V * D,), "uint8", data=Q.data)
+        Sf = T.decl_buffer((V * KG,), S_dt, data=S.data)
         for t in outer(T_):
             row: T.let = T.Cast("int64", T.max(T.min(I[t], V - 1), 0))
             rp: T.let = T.if_then_else(row < full, T.int64(16), T.int64(V - full))
             base: T.let = (row // 16) * 16 * D + (row % 16) * 4
             for c in range(D // 4):
                 for b in T.vectorized(4):
-                    O[t, c * 4 + b] = (T.Cast(F32, Qf[base + c * 4 * rp + b]) - T.float32(128)) * S[row]
-    return kern
-
-
-def embed_q8_group(cpu, T_: int, V: int, D: int, G: int):
-    """Gather rows of a table of 8-bit codes with group scales (q8's code panels, code = q + 128; f16 scales per row
-    and group of G, panel-interleaved as q4's)."""
-    full = (V // 16) * 16
-    KG = D // G
-    outer = _outer(T_ * D)
-
-    @T.prim_func
-    def kern(ids: T.handle, qw: T.handle, sc: T.handle, o: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        I = T.match_buffer(ids, (T_,), "int32")
-        Q = T.match_buffer(qw, (V, D), "uint8")
-        S = T.match_buffer(sc, (V, KG), "float16")
-        O = T.match_buffer(o, (T_, D), F32)
-        Qf = T.decl_buffer((V * D,), "uint8", data=Q.data)
-        Sf = T.decl_buffer((V * KG,), "float16", data=S.data)
-        for t in outer(T_):
-            row: T.let = T.Cast("int64", T.max(T.min(I[t], V - 1), 0))
-            rp: T.let = T.if_then_else(row < full, T.int64(16), T.int64(V - full))
-            base: T.let = (row // 16) * 16 * D + (row % 16) * 4
-            sbase: T.let = (row // 16) * 16 * KG + row % 16
-            for c in range(D // 4):
-                for b in T.vectorized(4):
-                    O[t, c * 4 + b] = (T.Cast(F32, Qf[base + c * 4 * rp + b]) - T.float32(128)) * T.Cast(
-                        F32, Sf[sbase + (c * 4 // G) * rp])
+                    O[t, c * 4 + b] = (T.Cast(F32, Qf[base + c * 4 * rp + b]) - T.float32(128)) * scale(Sf, row, rp, c)
     return kern
 
 
