@@ -62,9 +62,10 @@ static int kv_floor(const el_context* c) {
 /* Moves the context back to position n (0 <= n <= pos): 0 empties every cache; otherwise n must not be below
  * kv_floor. */
 int el_set_pos(el_context* c, int n) {
-  if (n > 0 && n < kv_floor(c))
-    return el_error("cannot go back to position %d: the sliding-window layers keep keys from position %d on (go "
-                    "back to 0 or to %d or later)", n, kv_floor(c) - (int)0, kv_floor(c));
+  int floor = kv_floor(c);
+  if (n > 0 && n < floor)
+    return el_error("cannot go back to position %d: the sliding-window layers no longer hold the keys it needs (go "
+                    "back to 0 or to %d or later)", n, floor);
   if (n == 0) memset(c->kv_base, 0, sizeof *c->kv_base * c->m->h.n_layers);
   c->pos = n;
   return 0;
@@ -310,9 +311,9 @@ int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, i
   c->stats.prefill_tokens += (uint64_t)n;
   return 0;
 fail:
-  /* rows written past start are never read before being rewritten; a window cache that moved past start forgets
-   * the conversation (the error says why the prefill failed) */
-  if (el_set_pos(c, start) != 0) el_set_pos(c, 0);
+  /* rows written past start are never read before being rewritten; where a window cache moved past start, the
+   * conversation is forgotten (position 0), and the prefill's own error stays the one reported */
+  el_set_pos(c, start > 0 && start < kv_floor(c) ? 0 : start);
   return -1;
 }
 
