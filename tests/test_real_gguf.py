@@ -3,8 +3,9 @@ SmolLM2-135M-Instruct as llama.cpp's Q4_1 (+ a Q8_0 embedding) and Gemma 3 270M 
 blocks). Every weight read from the file equals transformers' dequantization of it (the oracle folder of
 tests/real_checkpoints.py), the spec equals the one from transformers' config, the rebuilt tokenizer and the
 package's C tokenizer give the oracle tokenizer's ids (SmolLM2: llama.cpp's `smollm` pre-tokenizer, which splits
-digits as the original SmolLM2 tokenizer does and transformers' GGUF tokenizer does not), and a q8 package of the
-GGUF generates the tokens a q8 package of the oracle folder generates."""
+digits as the original SmolLM2 tokenizer does and transformers' GGUF tokenizer does not), a q8 package of the
+GGUF generates the tokens a q8 package of the oracle folder generates, and `--quant auto` packages of both files
+agree with llama.cpp on the same file and text (token ids, perplexity, top-1; bench/llamacpp_agreement.py)."""
 from __future__ import annotations
 
 import dataclasses
