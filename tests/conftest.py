@@ -55,6 +55,8 @@ SLOW_TESTS = {   # module -> test functions (every parameter)
                        "test_fused_kernel_equals_separate_kernels",
                        "test_package_fused_equals_unfused", "test_prequantized_parts_are_stacked",
                        "test_qkv_bias_and_qk_norm_models"),
+    "test_gguf.py": ("test_bitnet_gguf_keeps_the_ternary_weights",),
+    "test_window_cache.py": ("test_opencl_window_caches_move_on_the_device",),
     "test_fuzz.py": ("test_bad_rope_table_is_refused_under_asan", "test_mutated_tables_of_other_kinds",
                      "test_truncated_routing_table_is_refused_under_asan"),
     "test_gptq.py": ("test_gptq_model_demo_llama",),
@@ -84,6 +86,7 @@ SLOW_TESTS = {   # module -> test functions (every parameter)
 }
 FAST_ANYWAY = {   # a slow function's one parameter that stands for its capability in the fast tier
     "test_opencl.py::test_same_tokens_and_logits_as_the_cpu[demo-llama-t2]",
+    "test_gguf.py::test_bitnet_gguf_keeps_the_ternary_weights[TQ2_0]",
 }
 
 
