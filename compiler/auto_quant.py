@@ -5,7 +5,8 @@ no edgellm scheme that holds them (a per-block minimum, K-quant sub-block scales
 requantized onto q8g32's grid, whose rounding (1/254 of a block's range) is far below theirs. A second 4-bit
 rounding on a grid that does not line up with theirs would add a 4-bit error to a 4-bit error: measured against
 llama.cpp on the same file (bench/llamacpp_agreement.py), SmolLM2's Q4_1 file requantized to q4g32 had 24% higher
-perplexity and Gemma 3's Q4_K_M file 50%; on q8g32 both are within 0.5%. So the package is bigger than such a file
+perplexity and Gemma 3's Q4_K_M file 50%; on q8g32 both are within 0.5% of the exact model's (an f32 package of
+the file), where llama.cpp itself is 0.7% above it. So the package is bigger than such a file
 (8.5 bits per weight) until a scheme holds their blocks. The head (embedding / lm_head) maps by its own type.
 A safetensors checkpoint's float dtype maps to f32 / f16.
 
