@@ -4,7 +4,7 @@
 
 Per file:
 1. compiles it with `edgellm compile FILE --quant auto` (the file's Q8_0 / Q4_0 blocks kept bit for bit, other
-   types requantized to the nearest scheme at no more bits: `edgellm info` lists which) into work/agreement/;
+   types requantized onto q8g32: `edgellm info` lists which) into work/packages/, as the speed bench does;
 2. tokens: llama.cpp's `llama-tokenize` of the text against the package's tokenizer, both the C tokenizer
    (tokenizer.bin, what bin/edgellm-run uses) and tokenizer.json through Hugging Face `tokenizers`;
 3. perplexity, llama.cpp's way (`llama-perplexity -c CTX`): the text's tokens cut into chunks of CTX, each chunk's
@@ -44,21 +44,11 @@ def default_text() -> Path:
 
 
 def compile_auto(gguf: Path, work: Path, max_context: int) -> Path:
-    out = work / "agreement" / f"{gguf.stem}-auto-{max_context}.edgellm"
-    stamp = vs.source_stamp(max_context)
-    if (out / "manifest.json").is_file() and (out / "bench-stamp").is_file() and \
-            (out / "bench-stamp").read_text() == stamp:
-        return out
-    vs.log(f"edgellm compile {gguf.name} --quant auto ...")
-    cmd = [sys.executable, "-m", "edgellm.cli", "compile", str(gguf), "--quant", "auto", "-o", str(out),
-           "--max-context", str(max_context), "--tune", "off", "--quiet"]
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
-    subprocess.run(cmd, check=True)
-    (out / "bench-stamp").write_text(stamp)
-    return out
+    """The file compiled with --quant auto (cached in work/packages like the speed bench's packages)."""
+    pkg, why, _ = vs.compile_package(work, gguf, "auto", max_context, "off")
+    if pkg is None:
+        raise RuntimeError(f"edgellm compile {gguf.name} --quant auto failed: {why}")
+    return pkg
 
 
 def llama_tokens(tokenize: Path, gguf: Path, text: Path) -> list[int]:

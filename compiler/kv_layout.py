@@ -11,7 +11,7 @@ from __future__ import annotations
 def window_cache_rows(window: int, max_ctx: int, kv_rows: int) -> int | None:
     """Rows of a window cache for a layer of that window, or None where one saves nothing (a window at least as long
     as the context)."""
-    ctx = -(-max(window, 2 * window - 2, 2 * window) // 64) * 64
+    ctx = -(-2 * window // 64) * 64   # >= max(W, 2W - 2): the rows kept never overlap the rows they come from
     return ctx + (kv_rows - max_ctx) if 0 < window and ctx < max_ctx else None
 
 

@@ -146,7 +146,6 @@ struct el_model {
   int staged_prefill;     /* prompts prefill through the staged programs (their backend opened) */
   char prefill_note[1024]; /* why not, when the staged prefill was asked for with AUTO and its backend did not open */
   el_tokenizer* tok; /* NULL: no tokenizer.bin */
-  uint64_t cache_bytes; /* bytes of a full layer's K (or V) cache: kv_rows * n_kv_heads * head_dim * 4 */
   el_plan_kv_layer* kv_layers; /* n_layers: rows and window of each layer's cache (plan.bin v5, else defaults) */
   uint64_t* kv_offset;  /* 2 * n_layers + 1: byte offset of K(l) at [2l], V(l) at [2l + 1], the total at [2L] */
   int window_caches;    /* layers whose cache is a window cache (rows < kv_rows) */

@@ -549,9 +549,6 @@ int el_plan_read(el_model* m) {
   memcpy(h, m->plan, m->plan_size < sizeof *h ? m->plan_size : sizeof *h);
   if (check_header(h, m->plan_size) != 0) return -1;
   /* KV cache sizes first: check_arg bounds-checks cache views against them */
-  uint64_t per_row = (uint64_t)h->n_kv_heads * h->head_dim * 4;
-  if (__builtin_mul_overflow(per_row, (uint64_t)h->kv_rows, &m->cache_bytes) || m->cache_bytes > ((uint64_t)1 << 40))
-    return corrupt("KV cache of %u rows x %u heads x %u", h->kv_rows, h->n_kv_heads, h->head_dim);
   size_t at = sizeof *h;
   if (read_kv_layers(m, &at) != 0) return -1;
   return parse_plan(m, at);
