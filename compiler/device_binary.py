@@ -50,10 +50,12 @@ def _cache_dir() -> Path:
 
 
 def _headers_digest() -> bytes:
+    """Every header the runtime sources can include, in every folder (core/el_internal.h holds the structs: an
+    object compiled against an older one must not be linked with new ones)."""
     h = hashlib.sha256()
     for d in (RUNTIME, OFFLOAD):
-        for f in sorted(d.glob("*.h")):
-            h.update(f.name.encode() + f.read_bytes())
+        for f in sorted(d.rglob("*.h")):
+            h.update(str(f.relative_to(d)).encode() + f.read_bytes())
     return h.digest()
 
 

@@ -976,3 +976,21 @@ def test_bad_kv_tables_are_refused(lib, kernels_so, tmp_path, layers, expect):
     msg = load_error(lib, variant(kernels_so, tmp_path, tp.plan_bytes(kv_layers=layers)))
     assert msg.startswith("plan.bin is corrupt:") and expect in msg, msg
 
+
+
+def test_cached_runtime_objects_are_keyed_by_every_header(tmp_path, monkeypatch):
+    """edgellm-run's cached object files (compiler/device_binary.py) change key with any header the sources include,
+    core/el_internal.h among them: a stale object built against an older struct layout once linked into a binary
+    that crashed."""
+    import shutil
+
+    from edgellm.compiler import device_binary as db
+
+    copy = tmp_path / "runtime"
+    shutil.copytree(db.RUNTIME, copy, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    monkeypatch.setattr(db, "RUNTIME", copy)
+    assert {"core/el_internal.h", "tokenizer/tokenizer.h", "contract.h"} <= {
+        str(f.relative_to(copy)) for f in copy.rglob("*.h")}
+    before = db._headers_digest()
+    (copy / "core" / "el_internal.h").write_bytes((copy / "core" / "el_internal.h").read_bytes() + b"\n")
+    assert db._headers_digest() != before
