@@ -130,6 +130,7 @@ def measure(gguf: Path, text: Path, work: Path, ctx: int, chunks: int, threads: 
     want = llama_tokens(tokenize, gguf, text)
     c_ids, hf_ids = package_tokens(pkg, text.read_text())
     base = work / "agreement" / f"{gguf.stem}-{ctx}x{chunks}.kld"
+    base.parent.mkdir(parents=True, exist_ok=True)
     vs.log(f"llama-perplexity {gguf.name} -c {ctx} --chunks {chunks} ...")
     ppl_llama = llama_perplexity(perplexity, gguf, text, ctx, chunks, threads, base)
     n_ctx, n_chunk, tokens, top_llama, tie = read_base(base)
