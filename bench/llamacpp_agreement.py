@@ -94,7 +94,8 @@ def read_base(base: Path) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]
 
 
 def edgellm_side(pkg: Path, tokens: np.ndarray, n_ctx: int, n_chunk: int, bos: int | None, threads: int):
-    """Perplexity and top-1 tokens of the package over llama.cpp's chunks (same positions)."""
+    """Mean negative log-likelihood (the log of the perplexity) and top-1 tokens of the package over llama.cpp's
+    chunks (same positions)."""
     from edgellm.runtime.python.api import Runtime
 
     first, nll, tops = n_ctx // 2, [], []
@@ -108,7 +109,7 @@ def edgellm_side(pkg: Path, tokens: np.ndarray, n_ctx: int, n_chunk: int, bos: i
             logz = (m[:, 0] + np.log(np.exp(lg - m).sum(axis=1)))
             nll += list(logz - lg[np.arange(len(lg)), chunk[first + 1:n_ctx]])
             tops += list(lg.argmax(axis=1))
-    return math.exp(float(np.mean(nll))), np.array(tops)
+    return float(np.mean(nll)), np.array(tops)
 
 
 def package_tokens(pkg: Path, text: str) -> tuple[list[int], list[int]]:
@@ -137,7 +138,8 @@ def measure(gguf: Path, text: Path, work: Path, ctx: int, chunks: int, threads: 
     bos = manifest["model"]["config"].get("bos_token_id") if want and want[0] == tokens[0] and \
         want[0] == manifest["model"]["config"].get("bos_token_id") else None
     vs.log(f"edgellm over the same {n_chunk} chunks ...")
-    ppl_ours, top_ours = edgellm_side(pkg, tokens, n_ctx, n_chunk, bos, threads)
+    nll_ours, top_ours = edgellm_side(pkg, tokens, n_ctx, n_chunk, bos, threads)
+    nll_llama = math.log(ppl_llama)
     same = top_ours == top_llama
     return {"file": gguf.name, "quant": manifest["quant"]["scheme"],
             "source": manifest["quant"].get("source_types"), "text_tokens": len(want),
@@ -145,7 +147,8 @@ def measure(gguf: Path, text: Path, work: Path, ctx: int, chunks: int, threads: 
             "positions": int(same.size), "top1_agree": float(same.mean()),
             "clear_positions": int((~tie).sum()), "top1_agree_clear": float(same[~tie].mean()),
             "disagree_near_ties": int((~same & tie).sum()), "disagree_other": int((~same & ~tie).sum()),
-            "ppl_llamacpp": ppl_llama, "ppl_edgellm": ppl_ours, "ppl_ratio": ppl_ours / ppl_llama}
+            "ppl_llamacpp": ppl_llama, "ppl_edgellm": math.exp(min(nll_ours, 709.0)),   # a random model's may overflow
+            "ppl_ratio": math.exp(nll_ours - nll_llama), "nll_llamacpp": nll_llama, "nll_edgellm": nll_ours}
 
 
 def table(rows: list[dict]) -> str:

@@ -166,7 +166,9 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") 
         if arch in PERMUTED and rest in ("self_attn.q_proj", "self_attn.k_proj"):
             a = _permute(a, heads if rest == "self_attn.q_proj" else kv)
         short = ARCH_LAYER.get(arch, {}).get(rest) or LAYER[rest]
-        put(f"blk.{i}.{short}.{kind}", a, a.ndim == 2 and short != "ffn_gate_inp")
+        if short == "ffn_gate_inp_shexp":   # Qwen2MoeModel squeezes the shared expert's gate (1, hidden) to a vector
+            a = a.reshape(-1)
+        put(f"blk.{i}.{short}.{kind}", a, a.ndim == 2 and short not in ("ffn_gate_inp", "ffn_gate_inp_shexp"))
     for (i, short), by_e in sorted(experts.items()):
         put(f"blk.{i}.{short}.weight", np.stack([by_e[e] for e in sorted(by_e)]), True)
     w.write_header_to_file()

@@ -11,6 +11,8 @@ from .file import GGUFFile
 from .ternary import PROJ_SUFFIXES, pack_hf, ternarize
 
 NORM_SUFFIXES = ("norm.weight",)
+# Linear(hidden, 1) weights that llama.cpp's converter squeezes to a vector (Qwen2-MoE's ffn_gate_inp_shexp)
+ONE_ROW_LINEARS = ("mlp.shared_expert_gate.weight",)
 # GGUF types edgellm reads (dequantized by the gguf package); the IQ types and others are refused by name
 READABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
             "TQ1_0", "TQ2_0")
@@ -68,6 +70,8 @@ class GGUFCheckpoint:
         shape = [int(d) for d in reversed(t.shape.tolist())]   # ggml lists the fastest dimension first
         if name in self._ternary:
             shape = [shape[0] // 4, *shape[1:]]                 # transformers' packed rows
+        if name.endswith(ONE_ROW_LINEARS) and len(shape) == 1:
+            shape = [1, *shape]
         return derived_entry({"dtype": t.tensor_type.name, "shape": shape[1:] if e is not None else shape},
                              self._rows.get(name))
 
