@@ -99,8 +99,7 @@ def spm_model(out: Path, style: str) -> None:
     """A SentencePiece BPE model of 1,024 pieces with byte fallback, trained on licence texts other than the GPL-3
     (the agreement text), in Gemma's layout (pad 0, eos 1, bos 2, unk 3, no dummy prefix, whitespace kept) or
     Llama's (unk 0, bos 1, eos 2, a dummy prefix)."""
-    import sentencepiece as spm
-
+    spm = pytest.importorskip("sentencepiece", reason="the SentencePiece families need `pip install sentencepiece`")
     texts = [p for p in sorted(Path("/usr/share/common-licenses").glob("*")) if p.is_file() and p.name != "GPL-3"]
     corpus = out / "corpus.txt"
     corpus.write_text("\n".join(p.read_text(errors="replace") for p in texts[:12]) or Path(__file__).read_text())
