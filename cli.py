@@ -133,6 +133,14 @@ def _load_options(front: str, skip: tuple[str, ...] = ()) -> list:
     return click_options(front, skip)
 
 
+def _spec_cli_options(front: str) -> list:
+    """--speculate / --draft-max of a command whose generation rows are not its own flags (serve: requests carry
+    them; bench): the default of the runtime it loads."""
+    from .runtime.python.options import SPEC_OPTIONS, click_options
+
+    return click_options(front, table=SPEC_OPTIONS)
+
+
 def _with(options):
     def deco(f):
         for o in reversed(options):
@@ -252,6 +260,11 @@ def run_cmd(package, model, prompt, ids, quant, quiet, max_new_tokens, temperatu
         note = _store_note(rt)
         if note:
             click.echo(note, err=True)
+        s = rt.context.stats()
+        if s["spec_passes"]:
+            click.echo(f"[speculative: {s['spec_passes']} passes carried {s['spec_drafted']} drafts, "
+                       f"{s['spec_accepted']} taken: {(s['spec_passes'] + s['spec_accepted']) / s['spec_passes']:.2f} "
+                       f"tokens per pass]", err=True)
 
 
 def _is_demo_name(name: str) -> bool:
@@ -298,6 +311,7 @@ def _package_arg(package_or_model: str | None, quant: str | None, progress: bool
 @click.option("--name", default=None, help="model id the API reports [default: the model's name]")
 @click.option("--quant", "-q", default=None, help="scheme when compiling a model [default: f16; t2 for BitNet]")
 @_with(_load_options("serve"))
+@_with(_spec_cli_options("serve"))
 @click.option("--allowed-hosts", default="", help="Host names the server answers to besides IP addresses, localhost "
               "and this machine's name, comma-separated ('*': any; DNS-rebinding protection)")
 @click.option("--allowed-origins", default="", help="web origins whose pages may call the API (CORS), "
@@ -425,6 +439,7 @@ def eval_ppl_cmd(packages_or_models, text_file, context, stride, max_tokens, qua
               help="seed of the random prompt ids")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @_with(_load_options("run", skip=("threads", "digest")))
+@_with(_spec_cli_options("run"))
 def bench_cmd(package, prompt_len, gen_len, threads, reps, seed, as_json, **load):
     """Prefill and decode speed of PACKAGE: tok/s, time to first token, peak RSS (one warm-up, median of --reps)."""
     import json

@@ -33,6 +33,9 @@ from .tokenizer_pack import maybe_write_tokenizer_bin
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "chat_template.json")   # the last two: newer checkpoints' chat templates
 DEFAULT_MAX_CONTEXT = 4096
+# the verify program's tokens (speculative decoding: the last token and up to VERIFY_TOKENS - 1 drafts per pass over
+# the weights); 8 is where a pass's cost stays close to one token's on the quantized schemes (bench/speculative.py)
+VERIFY_TOKENS = 8
 
 
 def default_output(model: str, quant: str, target: str) -> Path:
@@ -166,6 +169,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     # sliding-window layers keep only the rows their window sees (not on the NPU, whose graphs take whole caches)
     kv_table = kv_layers(spec, max_ctx, kv_rows, window_caches=not (npu or swa_full))
     short = short_prefill_chunk(chunk)
+    verify = min(VERIFY_TOKENS, chunk) if VERIFY_TOKENS > 1 else None
     out = Path(out) if out else default_output(model, quant, tgt.name)
     _log(progress, f"compiling {spec.arch} ({spec.n_layers} layers, dim {spec.hidden_size}, vocab {spec.vocab_size}) "
                    f"for {tgt.name} with {scheme.name} -> {out}")
@@ -211,7 +215,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             return plain_raw(name) if a is None else a
 
     low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre,
-                                short_chunk=short, fuse=fuse, npu_chunk=npu.chunk if npu else None,
+                                short_chunk=short, verify_tokens=verify, fuse=fuse, npu_chunk=npu.chunk if npu else None,
                                 bundles=bundles, expert_lookahead=lookahead,
                                 guessed_layers=guess.weights if guess else (), guess_width=width,
                                 **kernels.lower_args())
@@ -271,6 +275,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                       "method": "gptq" if gptq else ("native" if spec.family == "bitnet" else "rtn"),
                       "n_params": n_params, "source_types": _source_types(spec, ck, scheme, head_scheme, gptq)},
             "max_context": max_ctx, "prefill_chunk": chunk, "prefill_short_chunk": short, "kv_rows": kv_rows,
+            "verify_tokens": verify,
             "kv_layers": [list(x) for x in kv_table],
             "files": {"plan": PLAN, "weights": WEIGHTS, "binary": f"{BIN_DIR}/{BINARY}",
                       **kernels.files,

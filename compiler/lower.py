@@ -416,11 +416,12 @@ PROGRAMS = (  # name, tokens ("chunk", "short" or a count), body, head
     ("prefill_logits", "chunk", True, True),
     ("head", 1, False, True),
     ("prefill_short", "short", True, False),   # only with a short chunk: the tail of a prompt (runtime el_prefill)
+    ("verify", "verify", True, True),          # speculative decoding: a token and its drafts, each one's logits
 )
 
 
 def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: int,
-                kv_rows: int, quantized=None, short_chunk: int | None = None,
+                kv_rows: int, quantized=None, short_chunk: int | None = None, verify_tokens: int | None = None,
                 fuse: bool = True, npu_chunk: int | None = None, bundles=None,
                 expert_lookahead: int = 0, guessed_layers=(), guess_width: int = 0, make_kernel=None,
                 backend: str = BACKEND_TVM_CPU) -> tuple[Lowering, list[Program]]:
@@ -437,9 +438,10 @@ def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: in
     low.guessed_layers = set(guessed_layers)
     progs = []
     for name, tokens, body, head in PROGRAMS:
-        if tokens == "short" and not short_chunk:
+        if (tokens == "short" and not short_chunk) or (tokens == "verify" and not verify_tokens):
             continue
-        g = TraceGraph(spec, {"chunk": chunk, "short": short_chunk}.get(tokens, tokens), expert_lookahead, guess_width)
+        g = TraceGraph(spec, {"chunk": chunk, "short": short_chunk, "verify": verify_tokens}.get(tokens, tokens),
+                       expert_lookahead, guess_width)
         inp = g.input_ids() if body else g.input_hidden()
         x = fam.body(g, inp) if body else inp
         if head:

@@ -114,9 +114,11 @@ enum { EL_STEP_CALL = 0, EL_STEP_ROUTE = 1, EL_STEP_PREDICT = 2 };
 
 /* Programs, by name. prefill_short is optional (packages with long chunks run a prompt's last piece through it); so
  * are npu_embed + npu_prefill, a staged prefill (android-npu: fixed-size chunks, each embedded by npu_embed, then run
- * by npu_prefill on the backend it names; both or neither); the rest are required. A runtime checks then skips
- * programs it does not know, so newer compilers' extras are harmless. */
-#define EL_PROGRAM_NAMES {"prefill", "prefill_logits", "decode", "head", "prefill_short", "npu_embed", "npu_prefill"}
+ * by npu_prefill on the backend it names; both or neither), and verify (speculative decoding: a few tokens, the
+ * logits of each, one pass over the weights; 2 <= tokens <= chunk); the rest are required. A runtime checks then
+ * skips programs it does not know, so newer compilers' extras are harmless. */
+#define EL_PROGRAM_NAMES {"prefill", "prefill_logits", "decode", "head", "prefill_short", "npu_embed", "npu_prefill", \
+                          "verify"}
 
 /* el_plan_program.flags (version 4; older plans have 0, and their npu_prefill counts as EL_PROGRAM_SKIPS_FIRST) */
 enum {

@@ -49,8 +49,8 @@ OPENCL_TABLE_MAGIC, OPENCL_TABLE_VERSION = "edgellm-opencl", 1
 NPU_MAGIC, NPU_VERSION = "edgellm-npu", 1
 # android-gpu / opencl (read by runtime/backends/backend_opencl.c; written by compiler/opencl/build.py)
 OPENCL_SOURCE, OPENCL_TABLE, OPENCL_CACHE_DIR = "kernels.cl", "kernels.cltab", "opencl-cache"
-PROGRAMS = ("prefill", "prefill_logits", "decode", "head", "prefill_short", "npu_embed", "npu_prefill")
-OPTIONAL_PROGRAMS = ("prefill_short", "npu_embed", "npu_prefill")
+PROGRAMS = ("prefill", "prefill_logits", "decode", "head", "prefill_short", "npu_embed", "npu_prefill", "verify")
+OPTIONAL_PROGRAMS = ("prefill_short", "npu_embed", "npu_prefill", "verify")
 # android-npu (read by runtime/backends/backend_qnn_ort.c)
 NPU_DIR, NPU_DESCRIPTOR, NPU_ROPE, NPU_OUTLIERS = "npu", "npu/npu.txt", "npu/rope.bin", "npu/outliers.bin"
 KERNEL_WRITES_KV = 1

@@ -181,7 +181,16 @@ typedef struct {
   int32_t n_cached;         /* with keep_context: the first n_cached prompt ids are the context's last n_cached tokens
                                (el_rewind to where they end): they count as prompt (penalties, prompt_tokens) but are
                                not prefilled again. 0 <= n_cached < n (the last prompt token is always run) */
+  int32_t speculate;        /* EL_SPECULATE_*: draft tokens and verify them several per pass over the weights; the
+                               tokens are those plain decoding draws (same seed, same tokens), up to float rounding */
+  int32_t draft_max;        /* drafts per pass at most (0: the package's verify width - 1) */
 } el_gen_params;
+
+enum {
+  EL_SPECULATE_OFF = 0,
+  EL_SPECULATE_AUTO = 1,  /* n-gram drafts where they pay: backs off to plain decoding while they miss */
+  EL_SPECULATE_NGRAM = 2, /* n-gram drafts (prompt lookup over the prompt and the reply) whenever one matches */
+};
 
 /* The package's defaults (from its generation_config.json: sampled where it says do_sample, else greedy;
  * penalties as it sets them), max_new_tokens 128, a seed from /dev/urandom. Front ends start from these and
@@ -290,6 +299,11 @@ typedef struct {
   /* window caches (sliding-window layers given only the rows their window needs): times one moved its newest rows
      to its start */
   uint64_t kv_window_moves;
+  /* speculative decoding: verify passes run, draft tokens they carried, drafts the samples took (each taken draft is
+     a token generated without a pass of its own) */
+  uint64_t spec_passes;
+  uint64_t spec_drafted;
+  uint64_t spec_accepted;
 } el_stats;
 void el_get_stats(const el_context* c, el_stats* out);
 void el_reset_stats(el_context* c);

@@ -34,7 +34,7 @@ def test_every_struct_field_has_one_row():
 
 def test_runtime_load_takes_the_api_rows():
     params = set(inspect.signature(Runtime.load).parameters) - {"cls", "path", "verify"}
-    assert params == {o.name for o in O.for_front("api")}
+    assert params == {o.name for o in O.for_front("api")} | set(O.LOAD_DEFAULTS)
 
 
 @pytest.mark.parametrize("command,front,own", [("run", "run", ()), ("chat", "chat", ()), ("serve", "serve", ()),

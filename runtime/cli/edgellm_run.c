@@ -359,6 +359,10 @@ int main(int argc, char** argv) {
             (unsigned long long)st.io_routed_misses);
   if (mp.budget) /* how the budget was read, as every front end reads it (el_parse_bytes) */
     fprintf(stderr, "[memory budget %llu bytes, weight policy %s]\n", (unsigned long long)mp.budget, mp.policy);
+  if (st.spec_passes) /* speculative decoding: what the drafts saved */
+    fprintf(stderr, "[speculative: %llu passes carried %llu drafts, %llu taken: %.2f tokens per pass]\n",
+            (unsigned long long)st.spec_passes, (unsigned long long)st.spec_drafted,
+            (unsigned long long)st.spec_accepted, (double)(st.spec_passes + st.spec_accepted) / (double)st.spec_passes);
   fprintf(stderr, "[%d prompt tokens, %d generated (%s); prefill %.1f tok/s%s, decode %.1f tok/s, %d threads]\n",
           res.prompt_tokens, res.generated_tokens, reasons[res.finish < 6 ? res.finish : 0], pf,
           on_npu ? " (NPU)" : "", dc, el_context_threads(c));

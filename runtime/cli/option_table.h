@@ -51,6 +51,8 @@ static const el_cli_option EL_GEN_OPTIONS[] = {
     {"--frequency-penalty", NULL, EL_OPT_FLOAT, offsetof(el_gen_params, frequency_penalty), NULL, -1e30, 1e30},
     {"--seed", NULL, EL_OPT_U64, offsetof(el_gen_params, seed), NULL, 0, 0},
     {"--ignore-eos", NULL, EL_OPT_FLAG, offsetof(el_gen_params, ignore_eos), NULL, 0, 0},
+    {"--speculate", NULL, EL_OPT_CHOICE, offsetof(el_gen_params, speculate), "off=0|auto=1|ngram=2", 0, 0},
+    {"--draft-max", NULL, EL_OPT_INT, offsetof(el_gen_params, draft_max), NULL, 0.0, 31.0},
 };
 
 #define EL_LOAD_OPTIONS_USAGE \
@@ -105,6 +107,11 @@ static const el_cli_option EL_GEN_OPTIONS[] = {
   "  --frequency-penalty F\n" \
   "                        0 = off [default: the package's]\n" \
   "  --seed S              sampling seed [default: random]\n" \
-  "  --ignore-eos          keep generating past end-of-sequence tokens\n"
+  "  --ignore-eos          keep generating past end-of-sequence tokens\n" \
+  "  --speculate off|auto|ngram\n" \
+  "                        speculative decoding: draft tokens from n-grams of the prompt and reply, verify several\n" \
+  "                        per pass over the weights (auto: where drafts pay, else plain; ngram: whenever one\n" \
+  "                        matches) [default: off]\n" \
+  "  --draft-max N         drafts per verify pass at most [default: the package's verify width - 1]\n"
 
 #endif

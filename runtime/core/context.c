@@ -351,6 +351,50 @@ int el_decode_locked(el_context* c, int32_t id, float* logits) {
   return 0;
 }
 
+/* Speculative decoding: ids[0] (the token just sampled) and n - 1 drafts after it, in one run of the verify program
+ * (one pass over the weights); logits gets each one's row [n][vocab]. The position advances by one: the drafts' cache
+ * rows are written but belong to the context only as el_verify_accept takes them, in order (rows past the position
+ * are never read: attention stops at each query's own position). */
+int el_verify_locked(el_context* c, const int32_t* ids, int n, float* logits) {
+  el_model* m = c->m;
+  const el_plan_program* p = &m->prog[EL_PROG_VERIFY].p;
+  if (!m->prog[EL_PROG_VERIFY].present || n < 1 || n > (int)p->tokens)
+    return el_error("el_verify: %d tokens; this package verifies 1..%u", n, m->prog[EL_PROG_VERIFY].present ? p->tokens : 0);
+  if (c->pos + n > (int)m->h.max_ctx) return el_error("el_verify: %d tokens do not fit the context", n);
+  if (check_ids(m, ids, n) != 0) return -1;
+  double t0 = el_now();
+  int32_t* in = (int32_t*)(c->arena + p->in_offset);
+  memcpy(in, ids, sizeof(int32_t) * (size_t)n);
+  memset(in + n, 0, sizeof(int32_t) * (p->tokens - (size_t)n)); /* padding rows: masked by causality */
+  uint64_t w0 = c->stats.weight_bytes_read;
+  if (run(c, EL_PROG_VERIFY, c->pos) != 0) return -1;
+  c->stats.decode_weight_bytes_read += c->stats.weight_bytes_read - w0;
+  if (c->kv_high < c->pos + (int)p->tokens) c->kv_high = c->pos + (int)p->tokens;
+  for (int r = 0; r < n; r++)
+    memcpy(logits + (size_t)r * m->h.vocab, c->arena + p->out_offset + r * p->out_row_bytes, p->out_row_bytes);
+  c->pos += 1;
+  c->stats.decode_seconds += el_now() - t0;
+  c->stats.decode_tokens += 1;
+  c->stats.spec_passes += 1;
+  c->stats.spec_drafted += (uint64_t)(n - 1);
+  return 0;
+}
+
+/* The next draft of the last el_verify_locked is the token sampled after it: its cache row joins the context. */
+void el_verify_accept(el_context* c) {
+  c->pos += 1;
+  c->stats.decode_tokens += 1;
+  c->stats.spec_accepted += 1;
+}
+
+int el_verify_tokens(const el_model* m) { return m->prog[EL_PROG_VERIFY].present ? (int)m->prog[EL_PROG_VERIFY].p.tokens : 0; }
+
+/* The logits rows a generation holds for verify passes. */
+int el_spec_rows(const el_model* m) {
+  int w = el_verify_tokens(m);
+  return w < EL_MAX_DRAFT + 1 ? w : EL_MAX_DRAFT + 1;
+}
+
 /* Public API ------------------------------------------------------------------------------------------------------ */
 
 EL_API int el_prefill(el_context* c, const int32_t* ids, int n, float* logits, int all_logits) {
@@ -430,6 +474,7 @@ EL_API void el_get_stats(const el_context* c, el_stats* out) {
   uint64_t vocab = c->m->h.vocab;
   out->context_bytes = c->caches_map + c->arena_map + sizeof *c + c->backend_bytes +
                        (c->gen.logits ? 4 * vocab : 0) + el_sampler_bytes(c->gen.sampler) +
+                       (c->gen.spec_logits ? 4 * vocab * (uint64_t)el_spec_rows(c->m) : 0) +
                        (uint64_t)c->gen.cap_hist * 4 + c->gen.text_cap;
   pthread_mutex_unlock(&w->mu);
   el_weight_store* st = c->m->store;

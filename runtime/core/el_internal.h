@@ -62,6 +62,7 @@ enum {
   EL_PROG_PREFILL_SHORT,
   EL_PROG_STAGE_EMBED, /* a staged prefill's first program ("npu_embed") */
   EL_PROG_STAGE_RUN,   /* and its second ("npu_prefill") */
+  EL_PROG_VERIFY,      /* a few tokens with the logits of each (speculative decoding; optional) */
   EL_N_PROGRAMS
 };
 #define EL_MAX_MODEL_BACKENDS 8 /* distinct backends one model's programs may name */
@@ -164,6 +165,8 @@ struct el_model {
   int freed;          /* el_model_free called: free when the last context goes */
 };
 
+#define EL_MAX_DRAFT 31 /* drafts per verify pass at most (the verify program's tokens - 1 bounds it too) */
+
 /* Generation state (generate.c), one per context. */
 typedef struct {
   int active;
@@ -180,6 +183,13 @@ typedef struct {
   float* logits;     /* [vocab] the logits of the next draw */
   double t_start, prefill_s, decode_s, ttft_s;
   int n_decoded;
+  /* speculative decoding (speculate.c): the last verify pass's drafts and logits rows, how many of its drafts the
+   * samples took so far, and the controller's state */
+  float* spec_logits; /* [EL_MAX_DRAFT + 1][vocab] */
+  int32_t spec_draft[EL_MAX_DRAFT];
+  int spec_n, spec_i;
+  int spec_len;       /* drafts to ask for next (grows while all are taken, shrinks to what was) */
+  int spec_wait, spec_backoff; /* auto: plain steps left before drafting again, and the next wait after a miss */
 } el_gen;
 
 struct el_context {
@@ -213,6 +223,12 @@ static inline int el_view_pos(const el_context* c, const el_plan_arg* a, int pos
 /* el_prefill / el_decode with the context already locked (the generation loop holds the lock). */
 EL_HIDDEN int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, int all_logits);
 EL_HIDDEN int el_decode_locked(el_context* c, int32_t id, float* logits);
+EL_HIDDEN int el_verify_locked(el_context* c, const int32_t* ids, int n, float* logits);
+EL_HIDDEN void el_verify_accept(el_context* c);
+EL_HIDDEN int el_verify_tokens(const el_model* m);
+EL_HIDDEN int el_spec_rows(const el_model* m);
+EL_HIDDEN int el_spec_draft(el_context* c, el_gen* g);
+EL_HIDDEN void el_spec_settle(el_gen* g, int taken, int n);
 /* sampler.c: the one check of sampling parameters (0 or -1 with el_error set), and a sampler's heap bytes */
 EL_HIDDEN int el_check_sampling(const el_sampler_params* p);
 EL_HIDDEN size_t el_sampler_bytes(const el_sampler* s);

@@ -55,6 +55,7 @@ void el_gen_release(el_gen* g) {
   free(g->hist);
   free(g->text);
   free(g->logits);
+  free(g->spec_logits);
   memset(g, 0, sizeof *g);
 }
 
@@ -157,9 +158,26 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
     el_error("out of memory");
     goto out;
   }
+  if (p->speculate < EL_SPECULATE_OFF || p->speculate > EL_SPECULATE_NGRAM || p->draft_max < 0) {
+    el_error("speculate %d / draft_max %d is invalid: speculate is 0 (off), 1 (auto) or 2 (ngram), draft_max >= 0",
+             p->speculate, p->draft_max);
+    goto out;
+  }
+  int width = el_verify_tokens(m);
+  if (p->speculate == EL_SPECULATE_NGRAM && width < 2) { /* auto: plain decoding there */
+    el_error("this package has no verify program, which speculative decoding runs: recompile it with this edgellm, "
+             "or generate without speculation");
+    goto out;
+  }
+  if (p->speculate && width >= 2 && !g->spec_logits &&
+      !(g->spec_logits = malloc(sizeof(float) * m->h.vocab * (size_t)el_spec_rows(m)))) {
+    el_error("out of memory");
+    goto out;
+  }
   memcpy(g->hist, prompt, sizeof(int32_t) * (size_t)n);
   g->n_hist = g->n_prompt = n;
   g->n_gen = g->pending = g->n_decoded = 0;
+  g->spec_n = g->spec_i = g->spec_len = g->spec_wait = g->spec_backoff = 0;
   g->finish = EL_FINISH_NONE;
   g->text_len = g->emitted = 0;
   g->decode_s = g->ttft_s = 0;
@@ -268,7 +286,27 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
   }
   if (g->pending) { /* the previous token goes into the context: its logits are this draw's */
     double t0 = el_now();
-    if (el_decode_locked(c, g->hist[g->n_hist - 1], g->logits) != 0) goto out;
+    int32_t last = g->hist[g->n_hist - 1];
+    size_t row = sizeof(float) * m->h.vocab;
+    if (g->spec_i < g->spec_n && last == g->spec_draft[g->spec_i]) {
+      /* the draw took the next draft: its cache row and logits came with the verify pass */
+      el_verify_accept(c);
+      memcpy(g->logits, g->spec_logits + (size_t)++g->spec_i * m->h.vocab, row);
+    } else {
+      if (g->spec_n) el_spec_settle(g, g->spec_i, g->spec_n);
+      g->spec_n = g->spec_i = 0;
+      int k = el_spec_draft(c, g);
+      if (k > 0) {
+        int32_t ids[EL_MAX_DRAFT + 1];
+        ids[0] = last;
+        memcpy(ids + 1, g->spec_draft, sizeof(int32_t) * (size_t)k);
+        if (el_verify_locked(c, ids, k + 1, g->spec_logits) != 0) goto out;
+        g->spec_n = k;
+        memcpy(g->logits, g->spec_logits, row);
+      } else if (el_decode_locked(c, last, g->logits) != 0) {
+        goto out;
+      }
+    }
     g->decode_s += el_now() - t0;
     g->n_decoded++;
     g->pending = 0;

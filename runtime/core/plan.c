@@ -456,7 +456,7 @@ static int parse_plan(el_model* m, size_t at) {
   for (int k = 0; k < EL_N_PROGRAMS; k++) {
     const el_program* pg = &m->prog[k];
     int npu = k == EL_PROG_STAGE_EMBED || k == EL_PROG_STAGE_RUN;
-    if (!pg->present && (k == EL_PROG_PREFILL_SHORT || npu)) continue;
+    if (!pg->present && (k == EL_PROG_PREFILL_SHORT || k == EL_PROG_VERIFY || npu)) continue;
     if (!pg->present)
       return el_error("plan.bin has no program \"%s\": the package was made by an incompatible compiler; "
                       "recompile it with this edgellm", PROGRAM_NAMES[k]);
@@ -467,6 +467,11 @@ static int parse_plan(el_model* m, size_t at) {
       if (p->out_row_bytes != m->prog[EL_PROG_PREFILL].p.out_row_bytes)
         return corrupt("program %s has output rows of %llu bytes, prefill's are %llu", p->name,
                        (unsigned long long)p->out_row_bytes, (unsigned long long)m->prog[EL_PROG_PREFILL].p.out_row_bytes);
+    } else if (k == EL_PROG_VERIFY) {
+      /* its padded rows land past the position like a prefill chunk's: within the rows past the context */
+      if (p->tokens < 2 || p->tokens > h->chunk || p->tokens - 1 > h->kv_rows - h->max_ctx)
+        return corrupt("program %s runs %u tokens, expected 2..%u", p->name, p->tokens,
+                       h->chunk < h->kv_rows - h->max_ctx + 1 ? h->chunk : h->kv_rows - h->max_ctx + 1);
     } else if (npu) {
       const el_plan_program* e = &m->prog[EL_PROG_STAGE_EMBED].p;
       if (p->tokens < 1 || p->tokens != e->tokens || p->tokens > h->kv_rows - h->max_ctx)

@@ -59,6 +59,20 @@ def _threads(threads) -> int:
     return threads
 
 
+SPECULATE = dict(next(o for o in O.GEN_OPTIONS if o.name == "speculate").choices)   # name -> el_gen_params value
+
+
+def speculation(speculate, draft_max) -> tuple[int | None, int | None]:
+    """speculate ("off" | "auto" | "ngram") and draft_max as el_gen_params takes them (None: not given)."""
+    if speculate is not None and speculate not in SPECULATE:
+        raise InputError(f"speculate={speculate!r} is invalid: choose one of {', '.join(SPECULATE)}")
+    if draft_max is not None:
+        draft_max = _num("draft_max", draft_max, int)
+        if draft_max > 31:
+            raise InputError(f"draft_max={draft_max} is invalid: at most 31 drafts per pass")
+    return (None if speculate is None else SPECULATE[speculate]), draft_max
+
+
 def _num(name: str, v, kind=float):
     """A sampling argument as given (None: the package's default): numbers only, checked for range in C."""
     if v is None:
@@ -275,10 +289,14 @@ class Context(_Closes):
             return self._ids(prompt).tolist()
         raise InputError(f"prompt must be a str or a list of token ids, not {type(prompt).__name__}")
 
-    def _params(self, max_new_tokens, sampling: dict, seed, stop, stop_ids, ignore_eos, keep_context):
+    def _params(self, max_new_tokens, sampling: dict, seed, stop, stop_ids, ignore_eos, keep_context,
+                speculate=None, draft_max=None):
         """The C parameters: the package's defaults, then what the caller gave. Returns (params, keep-alive)."""
         p = L.GenParams()
         self._lib.el_gen_params_default(self.runtime._model, C.byref(p))
+        spec, dmax = speculation(speculate, draft_max)
+        p.speculate = spec if spec is not None else self.runtime.speculate[0]
+        p.draft_max = dmax if dmax is not None else self.runtime.speculate[1]
         if max_new_tokens is not None:
             n = _num("max_new_tokens", max_new_tokens, int) if not (isinstance(max_new_tokens, int) and
                                                                    max_new_tokens > INT32_MAX) else INT32_MAX
@@ -318,7 +336,8 @@ class Context(_Closes):
                seed: int | None = None, stop: str | list[str] | None = None, ignore_eos: bool = False, *,
                min_p: float | None = None, presence_penalty: float | None = None,
                frequency_penalty: float | None = None, stop_ids: list[int] | None = None, keep_context: bool = False,
-               reuse_prefix: bool = False, _result: dict | None = None) -> Iterator[str]:
+               reuse_prefix: bool = False, speculate: str | None = None, draft_max: int | None = None,
+               _result: dict | None = None) -> Iterator[str]:
         """Yields text pieces as they are generated (never half a UTF-8 character, never part of a stop string).
         Arguments as generate()."""
         sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
@@ -327,7 +346,8 @@ class Context(_Closes):
         if reuse_prefix and keep_context:
             raise InputError("reuse_prefix and keep_context exclude each other: reuse_prefix takes the whole "
                              "conversation as the prompt, keep_context only what follows it")
-        params, keep = self._params(max_new_tokens, sampling, seed, stop, stop_ids, ignore_eos, keep_context)
+        params, keep = self._params(max_new_tokens, sampling, seed, stop, stop_ids, ignore_eos, keep_context,
+                                    speculate, draft_max)
         ids = self._prompt_ids(prompt)
         arr = np.ascontiguousarray(ids, dtype=np.int32)
         fallback = _FallbackText(self.runtime) if not self.runtime.c_text and self.runtime.text.available else None
@@ -398,7 +418,8 @@ class Context(_Closes):
                  seed: int | None = None, stop: str | list[str] | None = None, ignore_eos: bool = False, *,
                  min_p: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, stop_ids: list[int] | None = None,
-                 keep_context: bool = False, reuse_prefix: bool = False) -> GenerationResult:
+                 keep_context: bool = False, reuse_prefix: bool = False, speculate: str | None = None,
+                 draft_max: int | None = None) -> GenerationResult:
         """Generate from a str prompt (tokenized with the package's tokenizer) or a list of token ids (used as is).
 
         Sampling arguments left None take the package's defaults (its generation_config.json: sampled where it says
@@ -408,12 +429,15 @@ class Context(_Closes):
         reuse_prefix: the prompt is the whole conversation; what of it this context's cache already holds (the longest
         common prefix with its earlier prompts and replies) is kept and not prefilled again (result.cached_tokens).
         Prefill-computed cache rows are bit-identical to a fresh prefill's, so the tokens are the same as without it
-        (rows of earlier replies came from decode steps: the same up to float rounding in f16/f32 packages)."""
+        (rows of earlier replies came from decode steps: the same up to float rounding in f16/f32 packages).
+        speculate: "off", "auto" or "ngram" (None: Runtime.load's): drafts from n-grams of the prompt and reply,
+        verified several per pass over the weights; the tokens are those plain decoding draws (same seed, same
+        tokens; float rounding aside). draft_max: drafts per pass at most (None/0: the package's verify width - 1)."""
         r: dict = {}
         for _ in self.stream(prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop,
                              ignore_eos, min_p=min_p, presence_penalty=presence_penalty,
                              frequency_penalty=frequency_penalty, stop_ids=stop_ids, keep_context=keep_context,
-                             reuse_prefix=reuse_prefix, _result=r):
+                             reuse_prefix=reuse_prefix, speculate=speculate, draft_max=draft_max, _result=r):
             pass
         return GenerationResult(
             text=r["text"], token_ids=r["ids"], prompt_tokens=r["prompt_tokens"], finish_reason=r["finish_reason"],
@@ -521,6 +545,7 @@ class Runtime(_Closes):
         self.path, self.manifest = path, manifest
         self._lib = L.lib()
         self._model = handle
+        self.speculate = (0, 0)   # (el_gen_params speculate, draft_max): generate()'s defaults (Runtime.load)
         self.vocab = self._lib.el_vocab(handle)
         self.max_context = self._lib.el_max_context(handle)
         self.chunk = self._lib.el_chunk(handle)
@@ -543,7 +568,8 @@ class Runtime(_Closes):
              storage: str | None = None, io_threads: int | None = None, direct_io: bool = False,
              ffn_threshold: float | None = None, expert_eviction: str | None = None,
              expert_predict: bool = False, expert_warm: bool = True, device: str | None = None,
-             backend_options: dict[str, str] | None = None) -> Runtime:
+             backend_options: dict[str, str] | None = None, speculate: str | None = None,
+             draft_max: int | None = None) -> Runtime:
         """Load a package.
 
         threads: default threads of its contexts (None: one per CPU). memory_budget: bytes (or "600MB") the model
@@ -568,7 +594,9 @@ class Runtime(_Closes):
         output is below it (0: exact; None: the package's default, manifest "ffn"). device: the OpenCL device of
         android-gpu / opencl packages ("P:D" platform and device index, or part of the device name; None:
         $EDGELLM_OPENCL_DEVICE, else the first GPU, else the first OpenCL device); `device` says which ran.
-        backend_options: the package's backends' own options, {"backend.key": "value"} (README "Backends")."""
+        backend_options: the package's backends' own options, {"backend.key": "value"} (README "Backends").
+        speculate / draft_max: generate()'s defaults for this runtime's contexts (None: off; the package's width)."""
+        spec = speculation(speculate, draft_max)
         p = Path(path)
         opts = L.LoadOptions()
         L.lib().el_load_options_init(C.byref(opts))
@@ -598,7 +626,9 @@ class Runtime(_Closes):
         if not h:
             raise RuntimeLoadError(L.last_error())
         try:
-            return cls(p, manifest, h)
+            rt = cls(p, manifest, h)
+            rt.speculate = (spec[0] or 0, spec[1] or 0)
+            return rt
         except BaseException:
             L.lib().el_model_free(h)
             raise

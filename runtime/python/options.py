@@ -116,6 +116,7 @@ BY_NAME = {o.name: o for o in LOAD_OPTIONS}
 # generation_config.json), on every front end alike; the C sampler checks the ranges it does not state here.
 _GEN = frozenset({"api", "run", "serve", "runner", "jni"})
 _SAMPLED = _GEN | {"chat"}
+_SPEC = _SAMPLED - {"jni"}   # the Kotlin GenerateParams does not carry them yet
 GEN_OPTIONS = (
     Option("max_new_tokens", "int", "tokens to generate at most (more than the context holds: to its end)",
            default=128, lo=0, metavar="N", short="-n", fronts=_GEN, openai="max_tokens"),
@@ -131,8 +132,18 @@ GEN_OPTIONS = (
     Option("seed", "u64", "sampling seed [default: random]", lo=0, hi=2**64 - 1, metavar="S", fronts=_SAMPLED),
     Option("ignore_eos", "flag", "keep generating past end-of-sequence tokens", default=False,
            fronts=_GEN - {"serve"}),
+    # speculative decoding (runtime/core/speculate.c): the tokens are those plain decoding draws
+    Option("speculate", "choice", "speculative decoding: draft tokens from n-grams of the prompt and reply, verify "
+           "several per pass over the weights (auto: where drafts pay, else plain; ngram: whenever one matches) "
+           "[default: off]", default="off", choices=(("off", 0), ("auto", 1), ("ngram", 2)),
+           fronts=_SPEC),
+    Option("draft_max", "int", "drafts per verify pass at most [default: the package's verify width - 1]", lo=0,
+           hi=31, metavar="N", fronts=_SPEC),
 )
 SAMPLING = tuple(o.name for o in GEN_OPTIONS if o.kind == "float" or o.name == "top_k")   # the sampler's knobs
+# generation rows Runtime.load (and so every command that loads) also takes, as its contexts' defaults
+LOAD_DEFAULTS = ("speculate", "draft_max")
+SPEC_OPTIONS = tuple(o for o in GEN_OPTIONS if o.name in LOAD_DEFAULTS)
 
 
 def for_front(front: str, table: tuple[Option, ...] = LOAD_OPTIONS) -> tuple[Option, ...]:
@@ -249,6 +260,9 @@ def api_kwargs(cli_values: dict) -> dict:
             if o.kind == "backends":   # ("opencl.device=0:1", ...) -> {"opencl.device": "0:1"}
                 v = _backend_pairs(v)
             out[o.name] = (not v) if o.invert else v
+    for name in LOAD_DEFAULTS:
+        if name in cli_values:
+            out[name] = cli_values[name]
     return out
 
 

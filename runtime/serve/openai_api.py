@@ -31,6 +31,8 @@ class _Request(BaseModel):
     min_p: float | None = Field(default=None, ge=0, le=1)
     repetition_penalty: float | None = Field(default=None, gt=0)
     ignore_eos: bool = False
+    speculate: Literal["off", "auto", "ngram"] | None = None   # None: the server's (edgellm serve --speculate)
+    draft_max: int | None = Field(default=None, ge=0, le=31)
     return_tokens: bool = False                 # the generated token ids in each choice ("tokens"), not streamed
     # refused unless left at their defaults (see unsupported())
     logprobs: bool | int | None = None
@@ -57,7 +59,7 @@ class _Request(BaseModel):
                 "top_k": self.top_k, "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
                 "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                 "seed": None if self.seed is None else self.seed & (2**64 - 1), "stop": self.stops(),
-                "ignore_eos": self.ignore_eos}
+                "ignore_eos": self.ignore_eos, "speculate": self.speculate, "draft_max": self.draft_max}
 
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))

@@ -1,0 +1,164 @@
+"""Speculative decoding (issue 36, first part): n-gram drafts verified several per pass by the verify program, in the
+C generation loop (runtime/core/speculate.c, generate.c). The tokens must be plain decoding's: greedy on every
+scheme, dense and MoE, in RAM and under a memory budget; seeded sampling draw for draw; stop strings, max tokens,
+keep_context and prefix reuse as without it; every front end alike."""
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+import edgellm
+from edgellm.errors import EdgeLLMError
+from edgellm.runtime.python.api import Runtime
+
+SCHEMES = ("f32", "f16", "q8", "q4g32", "t2")
+
+
+def copy_prompt(vocab: int, seed: int = 0) -> list[int]:
+    """A sequence, then its first half again: what follows can be drafted from it."""
+    s = [int(x) for x in np.random.default_rng(seed).integers(3, vocab, 48)]
+    return s + s[:24]
+
+
+@pytest.fixture(scope="module")
+def packages(tiny_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("spec")
+    return {q: edgellm.compile(str(tiny_models["llama-gqa"]), quant=q, out=root / q, max_context=256, tune="off",
+                               progress=False) for q in SCHEMES}
+
+
+def run(rt, prompt, speculate, n=64, **kw):
+    s0 = rt.context.stats()
+    r = rt.generate(prompt, max_new_tokens=n, speculate=speculate, ignore_eos=True, **kw)
+    s1 = rt.context.stats()
+    return r, {k: s1[k] - s0[k] for k in ("spec_passes", "spec_drafted", "spec_accepted", "decode_tokens")}
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_greedy_tokens_are_plain_decodings(scheme, packages):
+    with Runtime.load(packages[scheme]) as rt:
+        vocab = rt.manifest["model"]["config"]["vocab_size"]
+        for seed in range(3):
+            p = copy_prompt(vocab, seed)
+            plain, s = run(rt, p, "off", temperature=0)
+            assert s["spec_passes"] == 0
+            for mode in ("ngram", "auto"):
+                got, s = run(rt, p, mode, temperature=0)
+                assert got.token_ids == plain.token_ids, (scheme, mode, seed)
+                if mode == "ngram" and seed == 0:   # drafts both taken and refused
+                    assert s["spec_passes"] > 0 and 0 < s["spec_accepted"] < s["spec_drafted"], s
+
+
+CODE = "def read_config(path):\n    with open(path) as f:\n        return json.load(f)\n\ndef read_config(path):\n"
+
+
+def test_seeded_sampling_draws_what_plain_decoding_draws(demo_q8):
+    """A draft is a point mass: drawing t from the target's row and keeping the draft iff t equals it is the
+    target's distribution, with the same random numbers in the same order, so a seed gives the same tokens (here on
+    the trained demo model, whose samples repeat their prompt often enough for drafts to be taken)."""
+    with Runtime.load(demo_q8) as rt:
+        p = rt.encode(CODE)
+        taken = 0
+        for seed in range(24):
+            kw = dict(temperature=0.7, top_k=8, top_p=0.95, repetition_penalty=1.05, seed=seed)
+            plain, _ = run(rt, p, "off", n=32, **kw)
+            got, s = run(rt, p, "ngram", n=32, **kw)
+            assert got.token_ids == plain.token_ids, seed
+            taken += s["spec_accepted"]
+        assert taken > 0
+
+
+def test_stops_limits_and_context_behave_as_without(packages):
+    with Runtime.load(packages["q8"]) as rt:
+        vocab = rt.manifest["model"]["config"]["vocab_size"]
+        p = copy_prompt(vocab, 1)
+        plain, _ = run(rt, p, "off", n=40, temperature=0)
+        for n in (1, 2, 7, 23):   # max_new_tokens cuts inside a verified run of drafts
+            assert run(rt, p, "ngram", n=n, temperature=0)[0].token_ids == plain.token_ids[:n]
+        stop = plain.token_ids[10]
+        a = rt.generate(p, max_new_tokens=40, temperature=0, stop_ids=[stop])
+        b = rt.generate(p, max_new_tokens=40, temperature=0, stop_ids=[stop], speculate="ngram")
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason == "stop"
+        # the cache holds exactly the accepted tokens: a continuation with keep_context, and a prefix reuse of the
+        # whole conversation, give what they give after plain decoding
+        follow = [int(x) for x in np.random.default_rng(9).integers(3, vocab, 6)]
+        outs = []
+        for mode in ("off", "ngram"):
+            rt.generate(p, max_new_tokens=30, temperature=0, speculate=mode, ignore_eos=True)
+            x = rt.generate(follow, max_new_tokens=20, temperature=0, keep_context=True, speculate=mode)
+            y = rt.generate(p + plain.token_ids[:30] + follow, max_new_tokens=20, temperature=0, reuse_prefix=True)
+            outs.append((x.token_ids, y.token_ids, y.cached_tokens))
+        assert outs[0] == outs[1] and outs[1][2] > 0
+
+
+def test_cache_rows_equal_a_run_of_the_accepted_tokens(packages):
+    """After speculation (rejected drafts' rows written past the position), the next logits equal those of a fresh
+    context that ran only the prompt and the accepted tokens."""
+    with Runtime.load(packages["f32"]) as rt:
+        vocab = rt.manifest["model"]["config"]["vocab_size"]
+        p = copy_prompt(vocab, 2)
+        r, s = run(rt, p, "ngram", n=48, temperature=0)
+        assert s["spec_drafted"] > s["spec_accepted"] > 0
+        nxt = rt.context.decode_step(r.token_ids[-1])
+    with Runtime.load(packages["f32"]) as fresh:
+        fresh.context.prefill(p + r.token_ids[:-1])
+        want = fresh.context.decode_step(r.token_ids[-1])
+    assert np.abs(nxt - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_under_a_memory_budget(demo_q8):
+    """Weights streamed through a window (35% of them held): one verify pass reads them once for all its tokens."""
+    from test_window import budget_for
+
+    with Runtime.load(demo_q8) as rt:
+        p = rt.encode(CODE)
+        plain = rt.generate(p, max_new_tokens=48, temperature=0, ignore_eos=True).token_ids
+    with Runtime.load(demo_q8, memory_budget=budget_for(demo_q8, 35), weight_policy="window", speculate="ngram") as rt:
+        assert rt.memory()["policy"] == "window"
+        r, s = run(rt, p, None, n=48, temperature=0)
+        assert r.token_ids == plain and s["spec_passes"] > 0
+
+
+def test_moe(tmp_path):
+    from edgellm.models.synthetic import make_checkpoint
+
+    ck = make_checkpoint(tmp_path / "moe", "MixtralForCausalLM", seed=3)
+    pkg = edgellm.compile(str(ck), quant="q8", out=tmp_path / "pkg", max_context=256, tune="off", progress=False)
+    with Runtime.load(pkg) as rt:
+        p = copy_prompt(rt.manifest["model"]["config"]["vocab_size"], 4)
+        plain, _ = run(rt, p, "off", temperature=0)
+        got, s = run(rt, p, "ngram", temperature=0)
+        assert got.token_ids == plain.token_ids and s["spec_passes"] > 0
+
+
+def test_front_ends_agree(demo_q8):
+    """bin/edgellm-run (the C loop over its own option table) and the CLI give the Python API's tokens, and say
+    what the drafts saved."""
+    with Runtime.load(demo_q8, speculate="ngram") as rt:
+        ids = rt.encode(CODE)
+        r, s = run(rt, ids, None, n=48, temperature=0)
+        plain = rt.generate(ids, max_new_tokens=48, temperature=0, ignore_eos=True, speculate="off")
+        assert r.token_ids == plain.token_ids and s["spec_passes"] > 0
+    exe = demo_q8 / "bin" / "edgellm-run"
+    out = subprocess.run([str(exe), str(demo_q8), "--ids", ",".join(map(str, ids)), "-n", "48", "--temperature", "0",
+                          "--ignore-eos", "--print-ids", "--speculate", "ngram"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "[speculative: " in out.stderr
+    assert [int(x) for x in out.stdout.split()] == r.token_ids
+    cli = subprocess.run(["edgellm", "run", str(demo_q8), "--ids", ",".join(map(str, ids)), "-n", "48",
+                          "--temperature", "0", "--ignore-eos", "--speculate", "ngram"], capture_output=True, text=True)
+    assert cli.returncode == 0 and "[speculative: " in cli.stderr, cli.stderr
+
+
+def test_bad_values_are_one_line(demo_q8):
+    with Runtime.load(demo_q8) as rt:
+        for kw in ({"speculate": "maybe"}, {"draft_max": 99}, {"draft_max": -1}):
+            with pytest.raises(EdgeLLMError, match=next(iter(kw))):
+                rt.generate("x", max_new_tokens=2, **kw)
+    with pytest.raises(EdgeLLMError, match="speculate"):
+        Runtime.load(demo_q8, speculate="yes")
+    r = subprocess.run([str(demo_q8 / "bin" / "edgellm-run"), str(demo_q8), "--ids", "1,2", "--speculate", "yes"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "--speculate" in r.stderr
