@@ -38,6 +38,17 @@ DEFAULT_MAX_CONTEXT = 4096
 VERIFY_TOKENS = 8
 
 
+def verify_width(tokens: int | None, chunk: int) -> int | None:
+    """The verify program's tokens (None: no program): `tokens`, else $EDGELLM_VERIFY_TOKENS (the test session
+    sets 0: only the packages that test speculation pay for its kernels), else VERIFY_TOKENS; at most a chunk."""
+    if tokens is None:
+        env = os.environ.get("EDGELLM_VERIFY_TOKENS", "")
+        tokens = int(env) if env.isdigit() else VERIFY_TOKENS
+    if tokens != 0 and not 2 <= tokens <= 32:
+        raise CompileError(f"verify_tokens {tokens}: 0 (no verify program) or 2..32")
+    return min(tokens, chunk) if tokens else None
+
+
 def default_output(model: str, quant: str, target: str) -> Path:
     return Path(f"{Path(str(model).rstrip('/')).name}-{quant}-{target}.edgellm")
 
@@ -93,7 +104,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                   layout: str = "dense", bundle_neurons: int | None = None, ffn_threshold: float | None = None,
                   expert_prefetch_distance: int | None = None, expert_guesser: str = "fitted",
                   expert_guess_width: int | None = None, npu_weights: str = "rtn",
-                  npu_residual: str | None = None, npu_act: str | None = None, swa_full: bool = False) -> Path:
+                  npu_residual: str | None = None, npu_act: str | None = None, swa_full: bool = False,
+                  verify_tokens: int | None = None) -> Path:
     """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
     body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
     calibrated on calib (a text file) or the built-in sample. tune: off | quick | full (compiler/tune; None: quick
@@ -169,7 +181,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     # sliding-window layers keep only the rows their window sees (not on the NPU, whose graphs take whole caches)
     kv_table = kv_layers(spec, max_ctx, kv_rows, window_caches=not (npu or swa_full))
     short = short_prefill_chunk(chunk)
-    verify = min(VERIFY_TOKENS, chunk) if VERIFY_TOKENS > 1 else None
+    verify = verify_width(verify_tokens, chunk)
     out = Path(out) if out else default_output(model, quant, tgt.name)
     _log(progress, f"compiling {spec.arch} ({spec.n_layers} layers, dim {spec.hidden_size}, vocab {spec.vocab_size}) "
                    f"for {tgt.name} with {scheme.name} -> {out}")

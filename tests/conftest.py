@@ -8,6 +8,9 @@ import pytest
 # Compiles in tests keep the targets' default knobs: no timing on a loaded CI host, the same packages every run.
 # tests/test_tune.py turns tuning on where it tests it.
 os.environ.setdefault("EDGELLM_TUNE", "off")
+# no verify program (speculative decoding) unless a test asks for one (verify_tokens=8): its kernels would add ~15% to
+# every compile of the session; tests/test_speculative.py and the front ends' demo_q8 carry it
+os.environ.setdefault("EDGELLM_VERIFY_TOKENS", "0")
 
 from edgellm.models.synthetic import make_checkpoint
 
@@ -134,7 +137,7 @@ def demo_q8(tmp_path_factory):
 
     demo = Path(__file__).resolve().parents[1] / "models" / "demo" / "demo-llama"
     return compile_model(demo, target="host", quant="q8", out=tmp_path_factory.mktemp("demo-q8") / "demo-q8",
-                         progress=False)
+                         progress=False, verify_tokens=8)
 
 
 @pytest.fixture(params=sorted(TINY))

@@ -26,7 +26,7 @@ def copy_prompt(vocab: int, seed: int = 0) -> list[int]:
 def packages(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("spec")
     return {q: edgellm.compile(str(tiny_models["llama-gqa"]), quant=q, out=root / q, max_context=256, tune="off",
-                               progress=False) for q in SCHEMES}
+                               progress=False, verify_tokens=8) for q in SCHEMES}
 
 
 def run(rt, prompt, speculate, n=64, **kw):
@@ -125,7 +125,8 @@ def test_moe(tmp_path):
     from edgellm.models.synthetic import make_checkpoint
 
     ck = make_checkpoint(tmp_path / "moe", "MixtralForCausalLM", seed=3)
-    pkg = edgellm.compile(str(ck), quant="q8", out=tmp_path / "pkg", max_context=256, tune="off", progress=False)
+    pkg = edgellm.compile(str(ck), quant="q8", out=tmp_path / "pkg", max_context=256, tune="off", progress=False,
+                          verify_tokens=8)
     with Runtime.load(pkg) as rt:
         p = copy_prompt(rt.manifest["model"]["config"]["vocab_size"], 4)
         plain, _ = run(rt, p, "off", temperature=0)
