@@ -69,7 +69,7 @@ def package(model: str, work: Path) -> Path:
         src, quant = str(gguf_file(model)), "auto"
         out = work / f"spec-{model}-auto.edgellm"
     if not (out / "manifest.json").is_file() or not json.loads((out / "manifest.json").read_text()).get("verify_tokens"):
-        edgellm.compile(src, quant=quant, out=out, max_context=2048, progress=False)
+        edgellm.compile(src, quant=quant, out=out, max_context=1024, progress=False, verify_tokens=8)
     return out
 
 

@@ -188,7 +188,6 @@ typedef struct {
   float* spec_logits; /* [EL_MAX_DRAFT + 1][vocab] */
   int32_t spec_draft[EL_MAX_DRAFT];
   int spec_n, spec_i;
-  int spec_len;       /* drafts to ask for next (grows while all are taken, shrinks to what was) */
   int spec_wait, spec_backoff; /* auto: plain steps left before drafting again, and the next wait after a miss */
 } el_gen;
 

@@ -177,7 +177,7 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   memcpy(g->hist, prompt, sizeof(int32_t) * (size_t)n);
   g->n_hist = g->n_prompt = n;
   g->n_gen = g->pending = g->n_decoded = 0;
-  g->spec_n = g->spec_i = g->spec_len = g->spec_wait = g->spec_backoff = 0;
+  g->spec_n = g->spec_i = g->spec_wait = g->spec_backoff = 0;
   g->finish = EL_FINISH_NONE;
   g->text_len = g->emitted = 0;
   g->decode_s = g->ttft_s = 0;

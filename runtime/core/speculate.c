@@ -9,13 +9,15 @@
 
 #include "el_internal.h"
 
-enum { NGRAM_MAX = 4, NGRAM_MIN = 2, BACKOFF_MAX = 32 };
+/* auto asks for a longer match than ngram: in free text, two-token matches are mostly coincidences, and a refused
+ * pass costs what a pass costs */
+enum { NGRAM_MAX = 4, NGRAM_MIN = 2, NGRAM_MIN_AUTO = 3, BACKOFF_MAX = 32 };
 
-/* Prompt lookup: the latest earlier place where the history's last n ids occur (n from NGRAM_MAX down to
- * NGRAM_MIN), and up to max ids that followed them there. Text that quotes its prompt (code edits, extraction,
- * reformatting) repeats long runs of it. */
-static int ngram_draft(const int32_t* h, int n_hist, int max, int32_t* out) {
-  for (int n = NGRAM_MAX; n >= NGRAM_MIN; n--) {
+/* Prompt lookup: the latest earlier place where the history's last n ids occur (n from NGRAM_MAX down to min_n),
+ * and up to max ids that followed them there. Text that quotes its prompt (code edits, extraction, reformatting)
+ * repeats long runs of it. */
+static int ngram_draft(const int32_t* h, int n_hist, int min_n, int max, int32_t* out) {
+  for (int n = NGRAM_MAX; n >= min_n; n--) {
     if (n_hist <= n) continue;
     const int32_t* tail = h + n_hist - n;
     for (int i = n_hist - n - 1; i >= 0; i--) {
@@ -37,23 +39,23 @@ int el_spec_draft(el_context* c, el_gen* g) {
     g->spec_wait--;
     return 0;
   }
+  /* as many drafts as the program has rows for: its padding rows cost what real ones do */
   int max = g->p.draft_max > 0 && g->p.draft_max < width ? g->p.draft_max : width;
   if (max > EL_MAX_DRAFT) max = EL_MAX_DRAFT;
-  if (g->spec_len < 1 || g->spec_len > max) g->spec_len = max;
-  max = g->spec_len;
   int left = g->p.max_new_tokens - g->n_gen - 1; /* draws after the next one */
   int room = (int)m->h.max_ctx - c->pos - 1;     /* the pass runs 1 + k tokens from pos */
   if (left < max) max = left;
   if (room < max) max = room;
-  return max > 0 ? ngram_draft(g->hist, g->n_hist, max, g->spec_draft) : 0;
+  return max > 0 ? ngram_draft(g->hist, g->n_hist, mode == EL_SPECULATE_AUTO ? NGRAM_MIN_AUTO : NGRAM_MIN, max,
+                               g->spec_draft)
+                 : 0;
 }
 
-/* After a pass's drafts are settled (taken: how many the samples took of n): draft as many as were taken, plus one,
- * doubling while all are; in auto mode, a pass that took none waits a number of plain steps before the next draft,
- * doubling while they keep missing (text that does not repeat itself pays for one wasted pass every BACKOFF_MAX
- * tokens at most). */
+/* After a pass's drafts are settled (taken: how many the samples took of n): in auto mode, a pass that took none
+ * waits a number of plain steps before the next draft, doubling while they keep missing (text that does not repeat
+ * itself pays for one wasted pass every BACKOFF_MAX tokens at most). */
 void el_spec_settle(el_gen* g, int taken, int n) {
-  g->spec_len = taken == n ? 2 * n : taken + 1;
+  (void)n;
   if (taken > 0) {
     g->spec_backoff = 0;
     return;
