@@ -179,11 +179,7 @@ def main(argv=None):
     tools = vs.build_llamacpp(work, a.jobs, amx=not vs.host_has_amx(), targets=TOOLS)
     text = Path(a.text) if a.text else default_text()
     rows = [measure(Path(g), text, work, a.ctx, a.chunks, a.threads, tools) for g in a.gguf]
-    print(f"host: {vs._cpu_name()}; text: {text} ({a.chunks} chunks of {a.ctx})", file=sys.stderr)
-    print(table(rows), file=sys.stderr if a.json else sys.stdout)
-    if a.json:
-        print(json.dumps(rows, indent=1))
-    return rows
+    return vs.report(f"text: {text} ({a.chunks} chunks of {a.ctx})", table(rows), rows, a.json)
 
 
 if __name__ == "__main__":

@@ -137,12 +137,7 @@ def main(argv=None):
     import vs_llamacpp as vs
 
     rows = [r for m in a.models for r in measure(m, Path(a.work), a.rounds, a.tokens, a.threads)]
-    print(f"host: {vs._cpu_name()}; greedy, {a.tokens} tokens, median of {a.rounds} interleaved rounds",
-          file=sys.stderr)
-    print(table(rows), file=sys.stderr if a.json else sys.stdout)
-    if a.json:
-        print(json.dumps(rows, indent=1))
-    return rows
+    return vs.report(f"greedy, {a.tokens} tokens, median of {a.rounds} interleaved rounds", table(rows), rows, a.json)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,16 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
+def report(header: str, table: str, rows: list, as_json: bool) -> list:
+    """A side bench's ending: the host line on stderr, the markdown table on stdout (stderr with --json, whose one
+    JSON document then has stdout to itself)."""
+    print(f"host: {_cpu_name()}; {header}", file=sys.stderr)
+    print(table, file=sys.stderr if as_json else sys.stdout)
+    if as_json:
+        print(json.dumps(rows, indent=1))
+    return rows
+
+
 # ---- 1. model -------------------------------------------------------------------------------------------------
 def make_model(work: Path, size: str, seed: int, ternary: bool) -> Path:
     from edgellm.models.synthetic import make_checkpoint
