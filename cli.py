@@ -500,7 +500,9 @@ def info_cmd(package):
         ("quant", _quant_line(m["quant"])),
         *(("source", line) for line in _source_lines(m["quant"].get("source_types"))),
         ("context", f"max {m['max_context']} tokens, prefill chunk {m['prefill_chunk']}"
-                    + (f" (prompt tails: {m['prefill_short_chunk']})" if m.get("prefill_short_chunk") else "")),
+                    + (f" (prompt tails: {m['prefill_short_chunk']})" if m.get("prefill_short_chunk") else "")
+                    + (f"; verifies {m['verify_tokens']} tokens per pass (--speculate)" if m.get("verify_tokens")
+                       else "; no verify program (--speculate off)")),
         ("kernels", f"{len(m['kernels'])}"),
         ("tuning", _tuning_line(m.get("tuning"))),
         ("memory", f"weights {m['weights_bytes'] / 2**20:.1f} MiB, activations {m['arena_bytes'] / 2**20:.2f} MiB, "
