@@ -163,3 +163,17 @@ def test_bad_values_are_one_line(demo_q8):
     r = subprocess.run([str(demo_q8 / "bin" / "edgellm-run"), str(demo_q8), "--ids", "1,2", "--speculate", "yes"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "--speculate" in r.stderr
+
+
+def test_opencl(tmp_path):
+    """The verify program on the OpenCL backend (PoCL here): plain decoding's tokens with drafts in flight."""
+    from pathlib import Path
+
+    demo = Path(__file__).resolve().parents[1] / "models" / "demo" / "demo-llama"
+    pkg = edgellm.compile(str(demo), target="opencl", quant="q8", out=tmp_path / "cl", tune="off", progress=False,
+                          verify_tokens=8)
+    with Runtime.load(pkg) as rt:
+        ids = rt.encode(CODE)
+        plain = rt.generate(ids, max_new_tokens=48, temperature=0, ignore_eos=True).token_ids
+        got, s = run(rt, ids, "ngram", n=48, temperature=0)
+        assert got.token_ids == plain and s["spec_passes"] > 0
