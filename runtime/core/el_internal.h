@@ -227,7 +227,7 @@ EL_HIDDEN void el_verify_accept(el_context* c);
 EL_HIDDEN int el_verify_tokens(const el_model* m);
 EL_HIDDEN int el_spec_rows(const el_model* m);
 EL_HIDDEN int el_spec_draft(el_context* c, el_gen* g);
-EL_HIDDEN void el_spec_settle(el_gen* g, int taken, int n);
+EL_HIDDEN void el_spec_settle(el_gen* g, int taken);
 /* sampler.c: the one check of sampling parameters (0 or -1 with el_error set), and a sampler's heap bytes */
 EL_HIDDEN int el_check_sampling(const el_sampler_params* p);
 EL_HIDDEN size_t el_sampler_bytes(const el_sampler* s);

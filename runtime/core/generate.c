@@ -293,7 +293,7 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
       el_verify_accept(c);
       memcpy(g->logits, g->spec_logits + (size_t)++g->spec_i * m->h.vocab, row);
     } else {
-      if (g->spec_n) el_spec_settle(g, g->spec_i, g->spec_n);
+      if (g->spec_n) el_spec_settle(g, g->spec_i);
       g->spec_n = g->spec_i = 0;
       int k = el_spec_draft(c, g);
       if (k > 0) {

@@ -51,11 +51,10 @@ int el_spec_draft(el_context* c, el_gen* g) {
                  : 0;
 }
 
-/* After a pass's drafts are settled (taken: how many the samples took of n): in auto mode, a pass that took none
+/* After a pass's drafts are settled (taken: how many of them the samples took): in auto mode, a pass that took none
  * waits a number of plain steps before the next draft, doubling while they keep missing (text that does not repeat
  * itself pays for one wasted pass every BACKOFF_MAX tokens at most). */
-void el_spec_settle(el_gen* g, int taken, int n) {
-  (void)n;
+void el_spec_settle(el_gen* g, int taken) {
   if (taken > 0) {
     g->spec_backoff = 0;
     return;
