@@ -120,6 +120,17 @@ def test_completion_seeded_and_reproducible(client, rt, stream):
     assert other == ref_gen(rt, "def read_config(path):", max_new_tokens=20, temperature=0.8, seed=99).text
 
 
+def test_speculate_request_field(client, rt):
+    """A request may ask for speculative decoding (demo_q8 has the verify program): plain decoding's tokens."""
+    kw = dict(model="demo", prompt="def read_config(path):", max_tokens=32, temperature=0.8, seed=7)
+    ref = ref_gen(rt, "def read_config(path):", max_new_tokens=32, temperature=0.8, seed=7)
+    for mode in ("ngram", "auto", "off"):
+        r = client.completions.create(extra_body={"return_tokens": True, "speculate": mode, "draft_max": 5}, **kw)
+        assert r.choices[0].model_extra["tokens"] == ref.token_ids, mode
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(extra_body={"speculate": "always"}, **kw)
+
+
 def test_stop_strings(client, rt):
     r = client.completions.create(model="demo", prompt="Once upon a time", max_tokens=48, temperature=0,
                                   stop=["self", "\n\n"])
