@@ -189,6 +189,7 @@ typedef struct {
   int32_t spec_draft[EL_MAX_DRAFT];
   int spec_n, spec_i;
   int spec_wait, spec_backoff; /* auto: plain steps left before drafting again, and the next wait after a miss */
+  double spec_t_decode, spec_t_verify; /* auto: running averages of a plain step's and a verify pass's seconds */
 } el_gen;
 
 struct el_context {
@@ -228,6 +229,7 @@ EL_HIDDEN int el_verify_tokens(const el_model* m);
 EL_HIDDEN int el_spec_rows(const el_model* m);
 EL_HIDDEN int el_spec_draft(el_context* c, el_gen* g);
 EL_HIDDEN void el_spec_settle(el_gen* g, int taken);
+EL_HIDDEN void el_spec_time(double* avg, double seconds);
 /* sampler.c: the one check of sampling parameters (0 or -1 with el_error set), and a sampler's heap bytes */
 EL_HIDDEN int el_check_sampling(const el_sampler_params* p);
 EL_HIDDEN size_t el_sampler_bytes(const el_sampler* s);

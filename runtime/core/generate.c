@@ -178,6 +178,7 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   g->n_hist = g->n_prompt = n;
   g->n_gen = g->pending = g->n_decoded = 0;
   g->spec_n = g->spec_i = g->spec_wait = g->spec_backoff = 0;
+  g->spec_t_decode = g->spec_t_verify = 0;
   g->finish = EL_FINISH_NONE;
   g->text_len = g->emitted = 0;
   g->decode_s = g->ttft_s = 0;
@@ -301,10 +302,12 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
         ids[0] = last;
         memcpy(ids + 1, g->spec_draft, sizeof(int32_t) * (size_t)k);
         if (el_verify_locked(c, ids, k + 1, g->spec_logits) != 0) goto out;
+        el_spec_time(&g->spec_t_verify, el_now() - t0);
         g->spec_n = k;
         memcpy(g->logits, g->spec_logits, row);
-      } else if (el_decode_locked(c, last, g->logits) != 0) {
-        goto out;
+      } else {
+        if (el_decode_locked(c, last, g->logits) != 0) goto out;
+        el_spec_time(&g->spec_t_decode, el_now() - t0);
       }
     }
     g->decode_s += el_now() - t0;

@@ -30,6 +30,9 @@ static int ngram_draft(const int32_t* h, int n_hist, int min_n, int max, int32_t
   return 0;
 }
 
+/* A step's time into its running average (0: none yet). */
+void el_spec_time(double* avg, double seconds) { *avg = *avg > 0 ? 0.7 * *avg + 0.3 * seconds : seconds; }
+
 /* How many drafts the next pass carries (0: decode plainly), and the drafts in g->spec_draft. */
 int el_spec_draft(el_context* c, el_gen* g) {
   const el_model* m = c->m;
@@ -51,11 +54,14 @@ int el_spec_draft(el_context* c, el_gen* g) {
                  : 0;
 }
 
-/* After a pass's drafts are settled (taken: how many of them the samples took): in auto mode, a pass that took none
- * waits a number of plain steps before the next draft, doubling while they keep missing (text that does not repeat
- * itself pays for one wasted pass every BACKOFF_MAX tokens at most). */
+/* After a pass's drafts are settled (taken: how many of them the samples took): in auto mode, a pass that did not
+ * pay waits a number of plain steps before the next draft, doubling while they keep not paying (text that does not
+ * repeat itself costs one wasted pass every BACKOFF_MAX tokens at most). A pass pays when its tokens (the one it
+ * decoded and the drafts taken) would have taken plain steps longer than it took, by the measured averages of both
+ * (before both are measured: when it took a draft). */
 void el_spec_settle(el_gen* g, int taken) {
-  if (taken > 0) {
+  int measured = g->spec_t_decode > 0 && g->spec_t_verify > 0;
+  if (taken > 0 && (!measured || (1 + taken) * g->spec_t_decode >= g->spec_t_verify)) {
     g->spec_backoff = 0;
     return;
   }
