@@ -34,7 +34,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja", "chat_template.json")   # the last two: newer checkpoints' chat templates
 DEFAULT_MAX_CONTEXT = 4096
 # the verify program's tokens (speculative decoding: the last token and up to VERIFY_TOKENS - 1 drafts per pass over
-# the weights); 8 is where a pass's cost stays close to one token's on the quantized schemes (bench/speculative.py)
+# the weights). A pass costs 2.3 decode steps at 8 on SmolLM2-135M q8g32 (README "Speculative decoding"), no more
+# than 16 prefill_short rows do: the small-batch kernels, not the width, set the cost today
 VERIFY_TOKENS = 8
 
 

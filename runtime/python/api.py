@@ -59,18 +59,15 @@ def _threads(threads) -> int:
     return threads
 
 
-SPECULATE = dict(next(o for o in O.GEN_OPTIONS if o.name == "speculate").choices)   # name -> el_gen_params value
-
-
 def speculation(speculate, draft_max) -> tuple[int | None, int | None]:
     """speculate ("off" | "auto" | "ngram") and draft_max as el_gen_params takes them (None: not given)."""
-    if speculate is not None and speculate not in SPECULATE:
-        raise InputError(f"speculate={speculate!r} is invalid: choose one of {', '.join(SPECULATE)}")
+    if speculate is not None and speculate not in O.SPECULATE:
+        raise InputError(f"speculate={speculate!r} is invalid: choose one of {', '.join(O.SPECULATE)}")
     if draft_max is not None:
         draft_max = _num("draft_max", draft_max, int)
-        if draft_max > 31:
-            raise InputError(f"draft_max={draft_max} is invalid: at most 31 drafts per pass")
-    return (None if speculate is None else SPECULATE[speculate]), draft_max
+        if draft_max > O.DRAFT_MAX:
+            raise InputError(f"draft_max={draft_max} is invalid: at most {O.DRAFT_MAX} drafts per pass")
+    return (None if speculate is None else O.SPECULATE[speculate]), draft_max
 
 
 def _num(name: str, v, kind=float):

@@ -144,6 +144,8 @@ SAMPLING = tuple(o.name for o in GEN_OPTIONS if o.kind == "float" or o.name == "
 # generation rows Runtime.load (and so every command that loads) also takes, as its contexts' defaults
 LOAD_DEFAULTS = ("speculate", "draft_max")
 SPEC_OPTIONS = tuple(o for o in GEN_OPTIONS if o.name in LOAD_DEFAULTS)
+SPECULATE = dict(SPEC_OPTIONS[0].choices)   # speculate's names -> el_gen_params values
+DRAFT_MAX = int(SPEC_OPTIONS[1].hi)         # drafts per pass at most (el_internal.h EL_MAX_DRAFT)
 
 
 def for_front(front: str, table: tuple[Option, ...] = LOAD_OPTIONS) -> tuple[Option, ...]:

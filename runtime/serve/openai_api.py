@@ -8,6 +8,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..python.options import DRAFT_MAX, SPECULATE
+
+Speculate = Literal[tuple(SPECULATE)]   # the option table's names
+
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 
 
@@ -31,8 +35,8 @@ class _Request(BaseModel):
     min_p: float | None = Field(default=None, ge=0, le=1)
     repetition_penalty: float | None = Field(default=None, gt=0)
     ignore_eos: bool = False
-    speculate: Literal["off", "auto", "ngram"] | None = None   # None: the server's (edgellm serve --speculate)
-    draft_max: int | None = Field(default=None, ge=0, le=31)
+    speculate: Speculate | None = None   # None: the server's (edgellm serve --speculate)
+    draft_max: int | None = Field(default=None, ge=0, le=DRAFT_MAX)
     return_tokens: bool = False                 # the generated token ids in each choice ("tokens"), not streamed
     # refused unless left at their defaults (see unsupported())
     logprobs: bool | int | None = None
