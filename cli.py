@@ -590,6 +590,9 @@ def _guess_lines(moe: dict) -> list[str]:
     return [line]
 
 
+KEPT_WORDS = {True: "kept exactly", "codes": "codes kept, each group's scale and minimum rounded to f16"}
+
+
 def _source_lines(types) -> list[str]:
     """Per stored type of the checkpoint's matrices (a GGUF's block types): which scheme took them and whether their
     values were kept exactly or requantized."""
@@ -598,7 +601,7 @@ def _source_lines(types) -> list[str]:
     out = []
     for t, row in sorted(types.items()):
         if isinstance(row, dict):
-            out += [f"{t}: {r.get('tensors')} matrices -> {sch}, {'kept exactly' if r.get('kept') else 'requantized'}"
+            out += [f"{t}: {r.get('tensors')} matrices -> {sch}, {KEPT_WORDS.get(r.get('kept'), 'requantized')}"
                     for sch, r in sorted(row.items()) if isinstance(r, dict)]
     return out
 

@@ -3,8 +3,9 @@
     python bench/llamacpp_agreement.py --gguf FILE [FILE ...] [--text FILE] [--ctx 512] [--chunks 4] [--json]
 
 Per file:
-1. compiles it with `edgellm compile FILE --quant auto` (the file's Q8_0 / Q4_0 blocks kept bit for bit, other
-   types requantized onto q8g32: `edgellm info` lists which) into work/packages/, as the speed bench does;
+1. compiles it with `edgellm compile FILE --quant auto` (the file's Q8_0 / Q4_0 / Q4_1 / Q4_K blocks kept, other
+   types requantized: `edgellm info` lists which; `--quant` compares another scheme) into work/packages/, as the
+   speed bench does;
 2. tokens: llama.cpp's `llama-tokenize` of the text against the package's tokenizer, both the C tokenizer
    (tokenizer.bin, what bin/edgellm-run uses) and tokenizer.json through Hugging Face `tokenizers`;
 3. perplexity, llama.cpp's way (`llama-perplexity -c CTX`): the text's tokens cut into chunks of CTX, each chunk's
@@ -43,11 +44,11 @@ def default_text() -> Path:
     return gpl if gpl.is_file() else HERE.parent / "README.md"
 
 
-def compile_auto(gguf: Path, work: Path, max_context: int) -> Path:
-    """The file compiled with --quant auto (cached in work/packages like the speed bench's packages)."""
-    pkg, why, _ = vs.compile_package(work, gguf, "auto", max_context, "off")
+def compile_auto(gguf: Path, work: Path, max_context: int, quant: str = "auto") -> Path:
+    """The file compiled with --quant auto, or `quant` (cached in work/packages like the speed bench's packages)."""
+    pkg, why, _ = vs.compile_package(work, gguf, quant, max_context, "off")
     if pkg is None:
-        raise RuntimeError(f"edgellm compile {gguf.name} --quant auto failed: {why}")
+        raise RuntimeError(f"edgellm compile {gguf.name} --quant {quant} failed: {why}")
     return pkg
 
 
@@ -124,9 +125,9 @@ def package_tokens(pkg: Path, text: str) -> tuple[list[int], list[int]]:
     return c_ids, Tokenizer.from_file(str(pkg / "tokenizer.json")).encode(text).ids
 
 
-def measure(gguf: Path, text: Path, work: Path, ctx: int, chunks: int, threads: int, tools) -> dict:
+def measure(gguf: Path, text: Path, work: Path, ctx: int, chunks: int, threads: int, tools, quant: str = "auto") -> dict:
     tokenize, perplexity = tools
-    pkg = compile_auto(gguf, work, ctx)
+    pkg = compile_auto(gguf, work, ctx, quant)
     manifest = json.loads((pkg / "manifest.json").read_text())
     want = llama_tokens(tokenize, gguf, text)
     c_ids, hf_ids = package_tokens(pkg, text.read_text())
@@ -171,6 +172,7 @@ def main(argv=None):
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--quant", default="auto", help="the scheme edgellm compiles each file with [default: auto]")
     ap.add_argument("--work", default=os.path.expanduser("~/.cache/edgellm/bench"))
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -178,7 +180,7 @@ def main(argv=None):
     # its AMX code crashes on Q8_0 / Q4_0 files (bench/vs_llamacpp.py, NO_AMX): a build without it where the host has it
     tools = vs.build_llamacpp(work, a.jobs, amx=not vs.host_has_amx(), targets=TOOLS)
     text = Path(a.text) if a.text else default_text()
-    rows = [measure(Path(g), text, work, a.ctx, a.chunks, a.threads, tools) for g in a.gguf]
+    rows = [measure(Path(g), text, work, a.ctx, a.chunks, a.threads, tools, a.quant) for g in a.gguf]
     return vs.report(f"text: {text} ({a.chunks} chunks of {a.ctx})", table(rows), rows, a.json)
 
 

@@ -1,32 +1,53 @@
 """`--quant auto`: the schemes a checkpoint's own storage asks for. A GGUF file's matrices are in llama.cpp block
-types. Q8_0 and Q4_0 blocks land in q8g32 / q4g32 exactly (the same codes and f16 scales: their quantizers
-reproduce a dequantized block, tests/test_gguf.py), so those files are kept bit for bit. The other block types have
-no edgellm scheme that holds them (a per-block minimum, K-quant sub-block scales): they are dequantized and
-requantized onto q8g32's grid, whose rounding (1/254 of a block's range) is far below theirs. A second 4-bit
-rounding on a grid that does not line up with theirs would add a 4-bit error to a 4-bit error: measured against
-llama.cpp on the same file (bench/llamacpp_agreement.py), SmolLM2's Q4_1 file requantized to q4g32 had 24% higher
-perplexity and Gemma 3's Q4_K_M file 50%; on q8g32 both are within 0.5% of the exact model's (an f32 package of
-the file), where llama.cpp itself is 0.7% above it. So the package is bigger than such a file
-(8.5 bits per weight) until a scheme holds their blocks. The head (embedding / lm_head) maps by its own type.
-A safetensors checkpoint's float dtype maps to f32 / f16.
+types; each body scheme holds some of them (HOLDS): "exact" (the file's values, e.g. Q8_0's blocks in q8g32, Q4_1's
+in q4m32, Q5_0's in q6: the same codes and f16 scales, taken from the stored blocks, models/gguf/blocks.py),
+"codes" (the same codes, each group's scale and minimum rounded once to f16: Q4_K's d * sc, dmin * mn in q4m32), or
+"requantized" on a grid fine enough to add little to the type's own error (a 6-bit or 8-bit grid under a 4- to
+6-bit type). The body takes the cheapest scheme (fewest bits per weight) that holds every type storing at least
+MINOR of the body's weights; types under that share are requantized into it. Measured against llama.cpp on the
+same real files (bench/llamacpp_agreement.py): a second rounding onto a 4-bit grid that does not line up with the
+type's costs real models 15-50% perplexity (SmolLM2's Q4_1 file on q4g32: +24%; Gemma 3's Q4_K_M file, whose body
+is 63% Q5_0, on q4m32: +16%), while the choices here stay within 0.5% of llama.cpp on the same file.
+The head (embedding / lm_head) maps by its own type. A safetensors checkpoint's float dtype maps to f32 / f16.
 
-| source type | body | head |
-|---|---|---|
-| F32 | f32 | f32 |
-| F16, BF16 | f16 | f16 |
-| Q8_0 | q8g32 (its blocks exactly) | q8g32 (its blocks exactly) |
-| Q4_0 | q4g32 (its blocks exactly) | q4g32 |
-| Q6_K, Q5_0, Q5_1, Q5_K, Q4_1, Q4_K, Q3_K, Q2_K | q8g32 | q8 (Gemma 3's Q6_K embedding: q6 lost more, 1.2% top-1) |
-| TQ1_0, TQ2_0 (BitNet) | t2 (the ternary codes and the tensor's scale exactly) | by its own type |
+| body types (>= MINOR of the weights) | body scheme | bits/weight | head type -> head |
+|---|---|---|---|
+| F32 / F16, BF16 | f32 / f16 | 32 / 16 | the same |
+| Q4_0 | q4g32 (exact) | 4.5 | Q4_0 -> q4g32 |
+| Q4_1, Q4_K (Q4_K_S), with Q4_0 | q4m32 (Q4_0, Q4_1 exact; Q4_K codes) | 5 | |
+| Q5_0, and the rest but Q8_0 (Q4_K_M: Q4_K + Q6_K; Q5_x, Q6_K, Q3_K, Q2_K) | q6 (Q5_0, Q4_0 exact) | 6.5 | Q6_K and others -> q8 |
+| Q8_0 | q8g32 (exact) | 8.5 | Q8_0 -> q8g32 |
+| TQ1_0, TQ2_0 (BitNet) | t2 (the ternary codes and the tensor's scale exactly) | 2 | by its own type |
 """
 from __future__ import annotations
 
 from collections import Counter
 
-REQUANTIZED = ("Q6_K", "Q5_0", "Q5_1", "Q5_K", "Q4_1", "Q4_K", "Q3_K", "Q2_K")   # no scheme holds their blocks
-BODY = {"F32": "f32", "F16": "f16", "BF16": "f16", "Q8_0": "q8g32", "Q4_0": "q4g32",
-        **{t: "q8g32" for t in REQUANTIZED}, "TQ1_0": "t2", "TQ2_0": "t2"}
-HEAD = {**BODY, **{t: "q8" for t in REQUANTIZED}}
+MINOR = 0.05   # a block type storing less of the body's weights than this does not decide the body scheme
+K_QUANTS = ("Q6_K", "Q5_K", "Q5_1", "Q4_K", "Q4_1", "Q3_K", "Q2_K")
+# body scheme -> {block type: how it holds it}, cheapest scheme first (the order auto tries them)
+HOLDS = {
+    "q4g32": {"Q4_0": "exact"},
+    "q4m32": {"Q4_0": "exact", "Q4_1": "exact", "Q4_K": "codes"},
+    "q6": {"Q4_0": "exact", "Q5_0": "exact", **{t: "requantized" for t in K_QUANTS}},
+    "q8g32": {"Q8_0": "exact", "Q4_0": "requantized", "Q5_0": "requantized", **{t: "requantized" for t in K_QUANTS}},
+}
+FLOAT_BODY = {"F32": "f32", "F16": "f16", "BF16": "f16", "TQ1_0": "t2", "TQ2_0": "t2"}
+HEAD = {"F32": "f32", "F16": "f16", "BF16": "f16", "Q8_0": "q8g32", "Q4_0": "q4g32"}   # others: q8 (Gemma 3's
+# Q6_K embedding: q6 lost 1.2% top-1 against llama.cpp)
+
+
+def body_scheme(counts: Counter) -> str:
+    """The body scheme for the block types of the body's matrices (type -> weights)."""
+    total = sum(counts.values()) or 1
+    major = {t for t, n in counts.items() if n >= MINOR * total}
+    top = counts.most_common(1)[0][0]
+    if top in FLOAT_BODY:
+        return FLOAT_BODY[top]
+    for scheme, holds in HOLDS.items():
+        if major <= set(holds):
+            return scheme
+    return "q8g32"
 
 
 def auto_schemes(spec, ck, family) -> tuple[str, str, str]:
@@ -42,7 +63,7 @@ def auto_schemes(spec, ck, family) -> tuple[str, str, str]:
             counts[ck.dtype(name)] += int(np.prod(shape))
     body_type = counts.most_common(1)[0][0] if counts else ck.dtype(head_name)
     head_type = ck.dtype(head_name)
-    body, head = BODY.get(body_type, "f16"), HEAD.get(head_type, "q8")
+    body, head = body_scheme(counts) if counts else FLOAT_BODY.get(body_type, "f16"), HEAD.get(head_type, "q8")
     if spec.native_quant:   # BitNet: its ternary weights are t2's exactly, whatever type stores them
         body = spec.native_quant
     total = sum(counts.values()) or 1
@@ -51,10 +72,15 @@ def auto_schemes(spec, ck, family) -> tuple[str, str, str]:
                         f"{'tied embedding/lm_head' if spec.tie_word_embeddings else 'lm_head'} is {head_type} -> {head}")
 
 
-# (stored type, scheme) pairs where the scheme holds the stored values exactly
-KEPT = {("F32", "f32"), ("F16", "f16"), ("F16", "f32"), ("BF16", "f32"), ("Q8_0", "q8g32"), ("Q4_0", "q4g32"),
-        ("TQ1_0", "t2"), ("TQ2_0", "t2"),
-        ("Q8_0", "f32"), ("Q4_0", "f32"), ("Q8_0", "f16"), ("Q4_0", "f16")}
+# (stored type, scheme) pairs where the scheme holds the stored values exactly (besides HOLDS' "exact" rows)
+KEPT = {("F32", "f32"), ("F16", "f16"), ("F16", "f32"), ("BF16", "f32"), ("TQ1_0", "t2"), ("TQ2_0", "t2"),
+        ("Q8_0", "f32"), ("Q4_0", "f32"), ("Q4_1", "f32"), ("Q5_0", "f32")}   # (f16 rounds d * q: not exact)
+
+
+def kept(stored: str, scheme: str):
+    """True (the stored values exactly), "codes" (the codes, scales rounded to f16) or False (requantized)."""
+    how = HOLDS.get(scheme, {}).get(stored)
+    return True if (stored, scheme) in KEPT or how == "exact" else "codes" if how == "codes" else False
 
 
 def source_types(spec, ck, family, body: str, head: str) -> dict:
@@ -68,7 +94,7 @@ def source_types(spec, ck, family, body: str, head: str) -> dict:
         t, sch = ck.dtype(name), head if name in heads else body
         row = out.setdefault(t, {})
         # BitNet's ternary matrices are read exactly (models/gguf/ternary.py refuses any that are not)
-        kept = (t, sch) in KEPT or (spec.native_quant == sch and name not in heads)
-        r = row.setdefault(sch, {"tensors": 0, "kept": kept})
+        how = True if spec.native_quant == sch and name not in heads else kept(t, sch)
+        r = row.setdefault(sch, {"tensors": 0, "kept": how})
         r["tensors"] += 1
     return out

@@ -39,6 +39,17 @@ DEFAULT_MAX_CONTEXT = 4096
 VERIFY_TOKENS = 8
 
 
+
+class StoredBlocks:
+    """Lowering's `quantized` map for a scheme that takes a checkpoint's stored blocks (Scheme.from_blocks): a
+    matrix's parts from its blocks, or None (quantized from its values) where the scheme does not hold them."""
+
+    def __init__(self, ck, scheme):
+        self.ck, self.scheme = ck, scheme
+
+    def get(self, name: str):
+        return self.scheme.from_blocks(self.ck.blocks(name))
+
 def verify_width(tokens: int | None, chunk: int) -> int | None:
     """The verify program's tokens (None: no program): `tokens`, else $EDGELLM_VERIFY_TOKENS (the test session
     sets 0: only the packages that test speculation pay for its kernels), else VERIFY_TOKENS; at most a chunk."""
@@ -208,6 +219,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                                    model_dir / "tokenizer.json", calib_file=calib, act_order=act_order,
                                    progress=layer_progress(f"GPTQ {scheme.name}", progress))
         _log(progress, f"GPTQ: {len(pre)} matrices in {time.perf_counter() - t:.0f} s")
+    elif hasattr(scheme, "from_blocks") and hasattr(ck, "blocks"):
+        pre = StoredBlocks(ck, scheme)   # the file's own blocks where the scheme holds them (Q4_1, Q4_K on q4m32)
     bundles = None
     if layout == "bundled":
         from .neuron_stats import plan_layout

@@ -69,7 +69,7 @@ EPS_TOKEN = 1e-5   # absmax clamp of t2 per-token activations (BitNet / transfor
 
 # code layouts of the chunk-packed schemes, and q6's block layout (its packing is quant/q6.py); the kernels
 # (compiler/ops/linear_quant.py) read these constants. scheme: (bits per code, k per chunk, code offset)
-LAYOUTS = {"q8": (8, 4, 128), "q4": (4, 8, 8), "t2": (2, 16, 1)}
+LAYOUTS = {"q8": (8, 4, 128), "q4": (4, 8, 8), "q4u": (4, 8, 0), "t2": (2, 16, 1)}   # (bits, k per chunk, code offset)
 Q6_LAYOUT = "q6"   # the name of q6's block layout in KernelTraits.layout (quant/q6.py)
 Q6_GROUP = 32      # q6: scale group along K = the activation block (one 6-chunk block per group)
 Q6_CHUNKS = 6      # q6: chunks per 32-k block (4 low-nibble + 2 high-bit-pair chunks)

@@ -1,7 +1,9 @@
 """q6: symmetric int6 per group of 32 along K (the Q4_0 rule at 6 bits, f16 scale per group), int8 activations
 per 32-k block, integer dot products: the bits of llama.cpp's Q6_K output tensor (6.5 bits per weight).
 
-An embedding / lm_head scheme (--head-quant q6), not a body scheme. Parts: qweight u8[N, 3K/4] (per 32-k block
+A body scheme (--quant q6: a Q5_0 GGUF's blocks are kept in it exactly, `from_blocks`; K-quant files whose types
+a 4-bit scheme does not hold land here, compiler/auto_quant.py) and an embedding / lm_head scheme (--head-quant
+q6). Parts: qweight u8[N, 3K/4] (per 32-k block
 6 chunks: 4 of low nibbles as q4's, 2 of high bit pairs as t2's; quant/packing.py), scales f16[N, K/32]
 panel-interleaved. K must be a multiple of 32. Kernels: linear_q6, embed_q6."""
 from __future__ import annotations
@@ -68,6 +70,19 @@ def linear_q6_ref(x, qweight, scales, bias=None) -> np.ndarray:
     return _bias((_block_sums(xq, q, QA) * dx.astype(np.float64)[:, None, :] * d[None]).sum(axis=2), bias)
 
 
+class _Slicer:
+    """Sub-matrices with their own codes and scales (bundles cut at multiples of 32 columns): requantizing does not
+    always give a block back (one whose largest magnitude is positive, a Q5_0 block's +15 d)."""
+
+    def __init__(self, parts):
+        self.q = unpack_q6(parts["qweight"])
+        self.d = unpack_group_scales(np.asarray(parts["scales"]))
+
+    def parts(self, rows=slice(None), cols=slice(None)) -> dict:
+        gcols = np.arange(self.q.shape[1])[cols][::Q6_GROUP] // Q6_GROUP
+        return pack_q6(np.ascontiguousarray(self.q[rows, cols]), self.d[rows][:, gcols])
+
+
 class Q6Scheme(Scheme):
     name = "q6"
     bits_per_weight = 6 + 16 / 32
@@ -76,7 +91,7 @@ class Q6Scheme(Scheme):
     parts = ("qweight", "scales")
     group = Q6_GROUP
     k_multiple, k_multiple_why = Q6_GROUP, f"the group size {Q6_GROUP}"
-    body = False              # an embedding / lm_head scheme (--head-quant q6)
+    body = True
     default_head = "q8"
     stacking = {"qweight": 4, "scales": 1}
     linear_ref = staticmethod(linear_q6_ref)
@@ -88,6 +103,16 @@ class Q6Scheme(Scheme):
 
     def dequantize(self, parts):
         return dequantize_q6(parts)
+
+    def from_blocks(self, blocks):
+        """The parts holding a file's symmetric blocks of up to 6 bits (models/gguf/blocks.py: Q5_0, Q4_0: signed
+        codes q - zero in -32..31 with the block's f16 scale, exactly), or None."""
+        if blocks is None or blocks.zero is None or blocks.bits > 6 or blocks.group != Q6_GROUP:
+            return None
+        return pack_q6(blocks.codes.astype(np.int16) - blocks.zero, blocks.scales)
+
+    def cutter(self, parts):
+        return _Slicer(parts)
 
     def linear_kernel(self, T, N, K, bias, segs=()):
         return "linear_q6", self._params(T, N, K, bias, segs)

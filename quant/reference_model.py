@@ -37,10 +37,11 @@ class QuantizedGraph(NumpyGraph):
 
 
 class QuantizedModel(NumpyModel):
-    """NumpyModel whose graph stores matrices in `scheme` (the lm_head and embedding in `head_scheme`)."""
+    """NumpyModel whose graph stores matrices in `scheme` (the lm_head and embedding in `head_scheme`); parts:
+    matrices stored ahead, {(name, scheme name): parts} (a file's own blocks), the others quantized from `weight`."""
 
-    def __init__(self, spec, weight, scheme: Scheme, head_scheme: Scheme, dtype=np.float32):
-        self.scheme, self.head_scheme, self._parts = scheme, head_scheme, {}
+    def __init__(self, spec, weight, scheme: Scheme, head_scheme: Scheme, dtype=np.float32, parts=None):
+        self.scheme, self.head_scheme, self._parts = scheme, head_scheme, dict(parts or {})
         super().__init__(spec, weight, dtype)
 
     def reset(self):

@@ -1,7 +1,8 @@
 """Tiny GGUF files written the way llama.cpp's convert_hf_to_gguf.py writes them (its tensor names, its LLaMA q/k row
 permutation, Gemma's norms stored as 1 + w, its metadata keys, the byte-level tokenizer's tokens/merges/types),
 from a Hugging Face checkpoint folder, with the gguf package's writer and numpy quantizers (F32, F16, BF16, Q8_0,
-Q4_0, Q4_1, Q5_0, Q5_1: the K-quants have no numpy quantizer; the real-model tier covers them).
+Q4_0, Q4_1, Q5_0, Q5_1; Q4_K by the round-to-nearest encoder here: llama-quantize's own K-quant files are the
+real-model tier's, tests/test_gguf_llamacpp.py).
 
 Deliberately independent of edgellm's reader (models/gguf/): the tests check the two against transformers' own
 GGUF loader."""
@@ -62,6 +63,26 @@ def _llama3_factors(cfg: dict, rs: dict) -> np.ndarray:
             smooth = (old / wavelen - lo) / (hi - lo)
             out.append(1 / ((1 - smooth) / factor + smooth))
     return np.asarray(out, np.float32)
+
+
+def quantize_q4_k(a: np.ndarray) -> np.ndarray:
+    """Q4_K blocks of a [..., K] array (K % 256 == 0), round to nearest (not llama.cpp's search): per sub-block of 32
+    a scale (max - min) / 15 and a minimum min(0, min), as 6-bit multiples of the super-block's f16 d and dmin."""
+    lead, K = a.shape[:-1], a.shape[-1]
+    x = np.asarray(a, np.float32).reshape(-1, K // 256, 8, 32)
+    lo = np.minimum(x.min(-1), 0)
+    scale, mn = (x.max(-1) - lo) / 15, -lo
+    d16, dmin16 = (scale.max(-1) / 63).astype(np.float16), (mn.max(-1) / 63).astype(np.float16)
+    d, dmin = d16.astype(np.float32)[..., None], dmin16.astype(np.float32)[..., None]
+    sc = np.where(d > 0, np.clip(np.rint(scale / np.where(d > 0, d, 1)), 0, 63), 0).astype(np.uint8)
+    m = np.where(dmin > 0, np.clip(np.rint(mn / np.where(dmin > 0, dmin, 1)), 0, 63), 0).astype(np.uint8)
+    es, em = (d * sc)[..., None], (dmin * m)[..., None]
+    q = np.where(es > 0, np.clip(np.rint((x + em) / np.where(es > 0, es, 1)), 0, 15), 0).astype(np.uint8)
+    scales = np.concatenate([sc[..., :4] | ((sc[..., 4:] >> 4) << 6), m[..., :4] | ((m[..., 4:] >> 4) << 6),
+                             (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4)], axis=-1)
+    qs = (q[..., 0::2, :] | (q[..., 1::2, :] << 4)).reshape(*q.shape[:2], 128)
+    blocks = np.concatenate([d16[..., None].view(np.uint8), dmin16[..., None].view(np.uint8), scales, qs], axis=-1)
+    return blocks.reshape(*lead, K // 256 * 144)
 
 
 def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") -> Path:
@@ -132,7 +153,12 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") 
         a = np.ascontiguousarray(a, np.float32)
         if qt in (T.TQ1_0, T.TQ2_0):   # llama-quantize's ternary types: the BitLinear weights only
             quantize = quantize and name.split(".")[-2] in TERNARY
-        if quantize and qt not in (T.F32,) and a.shape[-1] % 32 == 0:
+        if quantize and qt == T.Q4_K:   # llama-quantize's fallback where a row is no whole super-block: Q5_0
+            if a.shape[-1] % 256 == 0:
+                w.add_tensor(name, quantize_q4_k(a), raw_dtype=T.Q4_K)
+            else:
+                w.add_tensor(name, gguf.quants.quantize(a, T.Q5_0), raw_dtype=T.Q5_0)
+        elif quantize and qt not in (T.F32,) and a.shape[-1] % 32 == 0:
             data = gguf.quants.quantize(a, qt)
             w.add_tensor(name, data, raw_dtype=qt)
         else:

@@ -148,7 +148,7 @@ def test_names_signatures_and_written_args():
     assert tuned.for_kernel("linear_q8", {"T": 1, "N": 80, "K": 64, "segs": (40, 40)}).prefetch_bytes == 1536
 
 
-@pytest.mark.parametrize("sname", ["f16", "q8", "q4g32", "q4g128", "q6", "t2"])
+@pytest.mark.parametrize("sname", ["f16", "q8", "q4g32", "q4g128", "q4m32", "q6", "t2"])
 @pytest.mark.parametrize("segs", [(48, 16, 16), (40, 24), (5, 16, 3)])
 def test_stacked_parts(sname, segs):
     """concat_parts: per-row / per-group schemes give exactly the bytes of quantizing the stacked matrix (tail
@@ -344,7 +344,8 @@ def test_arm_fused_equals_separate(target, tmp_path):
     subprocess.run(["aarch64-linux-gnu-gcc", "-std=c11", "-O2", f"-I{ROOT / 'runtime'}", str(ROOT / "tests/c/kernel_call.c"),
                     "-o", str(exe), "-ldl"], check=True, capture_output=True, text=True)
     calls, cases, funcs = [], [], {}   # calls: (kernel, arrays, output shapes); cases: (separate calls, fused call)
-    for sname, op in [("f16", None), ("q8", None), ("q4g32", None), ("t2", None), ("t2", "linear_t2_lut")]:
+    for sname, op in [("f16", None), ("q8", None), ("q4g32", None), ("q4m32", None), ("q6", None), ("t2", None),
+                      ("t2", "linear_t2_lut")]:
         scheme = get_scheme(sname)
         for i, (T, segs, bias) in enumerate([(1, (40, 24), True), (6, (48, 16, 16), False)]):
             sep, (fname, _, _, ffunc) = _kernels(scheme, op, cpu, T, segs, bias)

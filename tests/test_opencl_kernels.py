@@ -44,6 +44,7 @@ CASES = [
     ("linear_q4", dict(T=1, N=40, K=128, G=32, bias=True)), ("linear_q4", dict(T=5, N=33, K=256, G=64)),
     ("linear_q4", dict(T=16, N=48, K=128, G=32, segs=(16, 32))),
     ("linear_q6", dict(T=1, N=37, K=128)), ("linear_q6", dict(T=5, N=20, K=64, bias=True)),
+    ("linear_q4m", dict(T=1, N=37, K=128, bias=True)), ("linear_q4m", dict(T=5, N=48, K=96, segs=(32, 16))),
     ("linear_t2", dict(T=1, N=37, K=64)), ("linear_t2", dict(T=8, N=48, K=128, segs=(16, 16, 16))),
     ("linear_t2_lut", dict(T=3, N=20, K=64, bias=True)),
     ("attention", dict(T=1, NH=4, KVH=2, D=16)), ("attention", dict(T=4, NH=4, KVH=4, D=16)),
@@ -94,7 +95,8 @@ def _inputs(op, p, r):
     if op == "linear":
         args = [x, w.astype(p.get("wdtype", "float32"))]
     else:
-        sch = get_scheme({"linear_q8": "q8", "linear_q4": f"q4g{p.get('G')}", "linear_q6": "q6"}.get(op, "t2"))
+        sch = get_scheme({"linear_q8": "q8", "linear_q4": f"q4g{p.get('G')}", "linear_q6": "q6",
+                          "linear_q4m": "q4m32"}.get(op, "t2"))
         segs = p.get("segs") or (N,)   # stacked matrices as the lowering fuses them (t2: a scale per matrix)
         parts = sch.concat_parts([sch.quantize(m) for m in np.split(w, np.cumsum(segs)[:-1])])
         args = [x] + [parts[k] for k in sch.part_order]

@@ -39,7 +39,8 @@ DT = {np.dtype("float32"): (2, 32), np.dtype("float16"): (2, 16), np.dtype("int3
 
 def quant_case(op, T, N, K, G=32, bias=False, seed=0):
     r = np.random.default_rng(seed + 7 * T + N + K)
-    scheme = get_scheme(f"q4g{G}" if op == "linear_q4" else {"linear_q8": "q8", "linear_q6": "q6"}.get(op, "t2"))
+    scheme = get_scheme(f"q4g{G}" if op == "linear_q4" else {"linear_q8": "q8", "linear_q6": "q6",
+                                                             "linear_q4m": "q4m32"}.get(op, "t2"))
     x = r.standard_normal((T, K)).astype(np.float32)
     x[:, ::17] *= 20.0                                   # outlier channels
     if T > 2:
@@ -81,7 +82,8 @@ CASES = float_cases() + [
     for T, N, K, kw in [(1, 40, 128, {}), (6, 48, 64, {"bias": True}), (3, 19, 256, {}), (2, 16, 96, {})]
 ] + [quant_case("linear_q4", 5, 32, 256, G=128), quant_case("linear_q4", 1, 21, 128, G=64, bias=True),
      quant_case("linear_q4", 8, 33, 128, G=64), quant_case("linear_q6", 1, 40, 128), quant_case("linear_q6", 1, 19, 256),
-     quant_case("linear_q6", 3, 16, 64, bias=True)]
+     quant_case("linear_q6", 3, 16, 64, bias=True), quant_case("linear_q4m", 1, 37, 128, bias=True),
+     quant_case("linear_q4m", 6, 32, 96)]
 
 
 def write_args(path: Path, arrays):

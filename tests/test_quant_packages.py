@@ -135,7 +135,8 @@ def test_bad_quant_input(ckpts, tmp_path, capsys):
     out = tmp_path / "never"
     assert "unknown quantization scheme 'q3'" in _cli_error(capsys, ["compile", ck, "-q", "q3", "-o", str(out)])
     assert "--head-quant t2" in _cli_error(capsys, ["compile", ck, "-q", "q8", "--head-quant", "t2", "-o", str(out)])
-    assert "pass it as --head-quant q6" in _cli_error(capsys, ["compile", ck, "-q", "q6", "-o", str(out)])
+    assert "--head-quant q4m32 is not supported" in _cli_error(capsys, ["compile", ck, "-q", "q8", "--head-quant",
+                                                                       "q4m32", "-o", str(out)])
     assert "--gptq applies to the int4 schemes" in _cli_error(capsys, ["compile", ck, "-q", "q8", "--gptq", "-o", str(out)])
     assert "calibration file" in _cli_error(capsys, ["compile", ck, "-q", "q4g32", "--gptq", "--calib",
                                                      str(tmp_path / "missing.txt"), "-o", str(out)])

@@ -190,6 +190,7 @@ def linear_quant(traits, T_: int, N: int, K: int, G: int | None, bias: bool, seg
     W = te.placeholder((N * g.BPR,), "uint8", "W")
     S = te.placeholder({"row": (N,), "group": (N * g.KG,), "matrix": (max(1, len(segs)),)}[traits.scale],
                        U16 if traits.scale == "group" else F32, "S")
+    M = te.placeholder((N * g.KG,), U16, "M") if traits.minimum else None   # per-group minimums, as the scales
     b = te.placeholder((N,), F32, "b") if bias else None
     r = te.reduce_axis((0, QB), "r")
     amax = te.compute((T_, NQB), lambda t, qb: te.max(tirx.abs(x[t, qb * QB + r]), axis=r), name="amax")
@@ -199,16 +200,24 @@ def linear_quant(traits, T_: int, N: int, K: int, G: int | None, bias: bool, seg
     isum = te.compute((T_, N, NQB), lambda t, n, qb: te.sum(
         packed_code(g, q6, W, n, qb * QB + r2) * xq[t, qb * QB + r2], axis=r2), name="isum")
 
+    if M is not None:   # w = s * code + m: the block adds m * dx * sum(xq)
+        r3 = te.reduce_axis((0, QB), "r3")
+        xsum = te.compute((T_, NQB), lambda t, qb: te.sum(xq[t, qb * QB + r3], axis=r3), name="xsum")
+
     def block(t, rr, qb):
         dx = tirx.max(amax[t, qb], tirx.const(eps, F32)) / tirx.const(127, F32)
-        return isum[t, rr, qb].astype(F32) * (weight_scale(traits.scale, g, segs, S, rr, qb * QB // GB, half_to_f32) * dx)
+        y = isum[t, rr, qb].astype(F32) * (weight_scale(traits.scale, g, segs, S, rr, qb * QB // GB, half_to_f32) * dx)
+        if M is not None:
+            y = y + xsum[t, qb].astype(F32) * (weight_scale(traits.scale, g, segs, M, rr, qb * QB // GB, half_to_f32) * dx)
+        return y
 
     def rows_sum(n: int, o: int, name: str):
         if NQB == 1:   # t2 (one block per token): no reduction (a 1-long one with a bias stage was scheduled wrong)
             return te.compute((T_, n), lambda t, rr: block(t, rr + o, 0), name=name)
         qbr = te.reduce_axis((0, NQB), "qbr")
         return te.compute((T_, n), lambda t, rr: te.sum(block(t, rr + o, qbr), axis=qbr), name=name)
-    return te.create_prim_func([x, W, S, *([b] if bias else []), *_outputs(rows_sum, T_, N, segs, b)])
+    return te.create_prim_func([x, W, S, *([M] if M is not None else []), *([b] if bias else []),
+                                *_outputs(rows_sum, T_, N, segs, b)])
 
 
 GELU_C = 0.7978845608028654   # sqrt(2 / pi)

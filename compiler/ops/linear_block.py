@@ -13,14 +13,17 @@ from .quant_common import (
 
 
 def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool):
-    """The chunk layouts with one scale per row (linear_q8; G None) or per group of G (linear_q4); traits: the
-    op's KernelTraits (quant/scheme.py)."""
+    """The chunk layouts with one scale per row (linear_q8; G None) or per group of G (linear_q4), and a minimum per
+    group after the scales (traits.minimum: linear_q4m, w = s * code + m: the block adds m * dx * sum(xq)); traits:
+    the op's KernelTraits (quant/scheme.py)."""
     path = path_for(cpu)
     g = _Geo(traits.layout, T_, N, K, G)
     group = traits.scale == "group"
     # 8-bit codes (0..255) are no valid signed operand: AVX2 / SDOT multiply |x| by sign-moved weights instead
     signed_w = g.bits == 8 and path in ("avx2", "sdot")
-    corr_mul = 0 if signed_w else g.off
+    minimum = traits.minimum
+    # cr: the block's sum of xq times this, which removes the code offset (or, with a minimum, is sum(xq) itself)
+    corr_mul = 1 if minimum else (0 if signed_w else g.off)
     BPR, NCH, SUB, NBf, R, KB, KG = g.BPR, g.NCH, g.SUB, g.NBf, g.R, g.KB, g.KG
     CPB = QA // g.kpc                       # chunks per activation block
     BPG = (G // QA) if group else 1         # activation blocks per scale group
@@ -76,8 +79,15 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
             return T.Cast(F32, Ssrc[sbase + (kb // BPG) * NR + l])
         return T.float32(1)
 
+    def block_result(iacc, ti, l, Ssrc, Msrc, sbase, kb, c, d):
+        """The f32 sum of a block: (isum - offset * sum xq) * s * dx, or with a minimum isum * s * dx + sum xq * m * dx."""
+        if minimum:
+            return T.Cast(F32, block_isum(iacc, ti, l)) * (scale_vec(Ssrc, sbase, kb, l) * d) + T.Cast(F32, c) * (
+                T.Cast(F32, Msrc[sbase + (kb // BPG) * NR + l]) * d)
+        return T.Cast(F32, block_isum(iacc, ti, l) - c) * (scale_vec(Ssrc, sbase, kb, l) * d)
+
     @T.macro
-    def panel(Wsrc, wbase, wlen, Ssrc, sbase, X, Sr, Bs, O, xq, dx, cr, nb, full):
+    def panel(Wsrc, wbase, wlen, Ssrc, Msrc, sbase, X, Sr, Bs, O, xq, dx, cr, nb, full):
         facc = T.alloc_buffer((Tt * 16,), F32, scope="global", annotations=STACK)
         iacc = T.alloc_buffer((Tt * NA * 16,), I32, scope="global", annotations=STACK)
         acc16 = T.alloc_buffer((Tt * 32,), "int16", scope="global", annotations=STACK)
@@ -123,9 +133,8 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
                             iacc[T.Ramp(ti * 16, 1, 16)] = flush16(acc16[T.Ramp(ti * 32, 1, 32)])
                 for ti in T.unroll(Tt):
                     for l in T.vectorized(16):
-                        facc[ti * 16 + l] = facc[ti * 16 + l] + T.Cast(
-                            F32, block_isum(iacc, ti, l) - cr[trow(tb, ti) * KB + kb]) * (
-                            scale_vec(Ssrc, sbase, kb, l) * dx[trow(tb, ti) * KB + kb])
+                        facc[ti * 16 + l] = facc[ti * 16 + l] + block_result(
+                            iacc, ti, l, Ssrc, Msrc, sbase, kb, cr[trow(tb, ti) * KB + kb], dx[trow(tb, ti) * KB + kb])
             for ti in T.unroll(Tt):
                 if full:
                     if tb * Tt + ti < T_:
@@ -178,15 +187,44 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
         cr = T.alloc_buffer((T_ * KB,), I32, scope="global")
         act(X, xq, dx, cr)
         for nb in outer(NBf):
-            panel(Wf, nb * NR * BPR, N * BPR, Sf, nb * NR * KG, X, Sf, Bs, O, xq, dx, cr, nb, True)
+            panel(Wf, nb * NR * BPR, N * BPR, Sf, Sf, nb * NR * KG, X, Sf, Bs, O, xq, dx, cr, nb, True)
         if R > 0:
             Ws = T.alloc_buffer((WS_len,), U8, scope="global")
             Ss = T.alloc_buffer((SS_len,), S_dt, scope="global")
             tail_copy(Wf, Ws)
             if group:
                 tail_scales(Sf, Ss)
-            panel(Ws, 0, WS_len, Ss, 0, X, Sf, Bs, O, xq, dx, cr, NBf, False)
+            panel(Ws, 0, WS_len, Ss, Ss, 0, X, Sf, Bs, O, xq, dx, cr, NBf, False)
 
+    @T.prim_func
+    def linear_qm(x: T.handle, w: T.handle, s: T.handle, m: T.handle, b: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        X = T.match_buffer(x, (T_, K), F32)
+        W = T.match_buffer(w, (N, BPR), U8)
+        S = T.match_buffer(s, S_shape, S_dt)
+        M = T.match_buffer(m, S_shape, S_dt)
+        Bs = T.match_buffer(b, B_shape, F32)
+        O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
+        Wf = T.decl_buffer((N * BPR,), U8, data=W.data)
+        Sf = T.decl_buffer((N * KG,), S_dt, data=S.data)
+        Mf = T.decl_buffer((N * KG,), S_dt, data=M.data)
+        xq = T.alloc_buffer((T_ * K,), "int8", scope="global")
+        dx = T.alloc_buffer((T_ * KB,), F32, scope="global")
+        cr = T.alloc_buffer((T_ * KB,), I32, scope="global")
+        act(X, xq, dx, cr)
+        for nb in outer(NBf):
+            panel(Wf, nb * NR * BPR, N * BPR, Sf, Mf, nb * NR * KG, X, Sf, Bs, O, xq, dx, cr, nb, True)
+        if R > 0:
+            Ws = T.alloc_buffer((WS_len,), U8, scope="global")
+            Ss = T.alloc_buffer((SS_len,), S_dt, scope="global")
+            Ms = T.alloc_buffer((SS_len,), S_dt, scope="global")
+            tail_copy(Wf, Ws)
+            tail_scales(Sf, Ss)
+            tail_scales(Mf, Ms)
+            panel(Ws, 0, WS_len, Ss, Ms, 0, X, Sf, Bs, O, xq, dx, cr, NBf, False)
+
+    if minimum:
+        return _drop_bias(linear_qm, bias, 4)
     return _drop_bias(linear_q, bias, 3)
 
 

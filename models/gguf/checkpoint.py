@@ -94,6 +94,30 @@ class GGUFCheckpoint:
         fn = self._transforms.get(name)
         return np.asarray(fn(arr), np.float32) if fn else arr
 
+    def blocks(self, name: str):
+        """The weight's stored affine blocks (models/gguf/blocks.py: Q4_1, Q4_K), with the same row operations as
+        get() (a fused tensor's rows, llama.cpp's q/k row order undone), or None where it is not stored so."""
+        from .blocks import DECODERS
+
+        if name not in self._names or name in self._ternary or name in self._scale_of or name in self._transforms:
+            return None
+        g, e = self._names[name]
+        t = self.file.tensors[g]
+        decode = DECODERS.get(t.tensor_type.name)
+        shape = self.entry(name)["shape"]
+        if decode is None or len(shape) != 2:
+            return None
+        data = np.asarray(t.data if e is None else t.data[e], np.uint8)
+        b = decode(data.reshape(-1, data.shape[-1]))
+        if name in self._rows:
+            b = b.rows(slice(*self._rows[name]))
+        if b.codes.shape != tuple(shape):
+            return None
+        if self.arch.permuted_qk and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            heads = self.cfg["num_attention_heads"] if ".q_proj." in name else self.cfg["num_key_value_heads"]
+            b = b.rows(_unpermute(np.arange(shape[0]), heads))
+        return b
+
     # ---- GGUF specifics
     def _ternary_weight(self, name: str) -> tuple[np.ndarray, float]:
         """A BitLinear weight as (packed codes, absmean scale s), read once for the weight and its weight_scale."""

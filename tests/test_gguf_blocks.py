@@ -1,0 +1,153 @@
+"""A GGUF file's own blocks kept (models/gguf/blocks.py -> Scheme.from_blocks): Q4_1 and Q4_0 in q4m32 exactly,
+Q4_K's codes in q4m32 (each sub-block's scale and minimum rounded once to f16), Q5_0 in q6 exactly; q4m32's kernels
+(the block family with a per-group minimum) against its numpy model on every CPU path; and --quant auto's choice
+of the cheapest scheme that holds a file's types (compiler/auto_quant.py)."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+gguf = pytest.importorskip("gguf")
+
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf_files import quantize_q4_k, write_gguf  # noqa: E402
+
+from edgellm.compiler import ops  # noqa: E402
+from edgellm.compiler.auto_quant import body_scheme  # noqa: E402
+from edgellm.models.gguf.blocks import DECODERS  # noqa: E402
+from edgellm.models.synthetic import make_checkpoint  # noqa: E402
+from edgellm.quant import get_scheme  # noqa: E402
+
+PROMPT = [5, 17, 33, 2, 99, 250, 7, 64, 128, 3, 11, 300]
+TARGET = ops.llvm_target(2)
+
+
+def _rel(a, b) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def _raw(qtype: str, a: np.ndarray) -> np.ndarray:
+    return quantize_q4_k(a) if qtype == "Q4_K" else gguf.quants.quantize(a, Q[qtype])
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q4_K"])
+def test_block_decoders_equal_the_gguf_dequantizer(qtype):
+    r = np.random.default_rng(3)
+    a = (r.standard_normal((24, 512)) * 0.05).astype(np.float32)
+    a[:, 9] += 0.4                                   # an outlier column: positive-heavy blocks
+    raw = _raw(qtype, a)
+    b = DECODERS[qtype](raw)
+    want = gguf.quants.dequantize(raw, Q[qtype])
+    assert np.array_equal(b.dequantize(), want)
+    assert b.codes.max() < 1 << b.bits
+    if qtype == "Q4_K":   # any bytes are a valid block: the decoder reads every field where the format puts it
+        junk = r.integers(0, 256, raw.shape).astype(np.uint8)
+        junk.reshape(24, -1, 144)[..., 0:4] = np.frombuffer(np.array([0.01, 0.02], np.float16).tobytes(), np.uint8)
+        assert np.array_equal(DECODERS[qtype](junk).dequantize(), gguf.quants.dequantize(junk, Q.Q4_K))
+
+
+@pytest.mark.parametrize("qtype,scheme,how", [("Q4_1", "q4m32", "exact"), ("Q4_0", "q4m32", "exact"),
+                                              ("Q4_K", "q4m32", "codes"), ("Q5_0", "q6", "exact"),
+                                              ("Q4_0", "q6", "exact")])
+def test_schemes_take_the_stored_blocks(qtype, scheme, how):
+    r = np.random.default_rng(4)
+    a = (r.standard_normal((40, 512)) * 0.05).astype(np.float32)
+    a[:, 3] -= 0.3
+    b = DECODERS[qtype](_raw(qtype, a))
+    sch = get_scheme(scheme)
+    got = sch.dequantize(sch.from_blocks(b))
+    want = b.dequantize()
+    if how == "exact":
+        assert np.array_equal(got, want)
+    else:   # the codes, with scale and minimum each rounded once to f16
+        assert 0 < np.abs(got - want).max() <= 2 ** -10 * np.abs(want).max()
+        np.testing.assert_array_equal(get_scheme(scheme).cutter(sch.from_blocks(b)).q, b.codes)
+
+
+@pytest.mark.parametrize("lanes", [16, 8, 4])   # AVX-512 VNNI (where the host has it), AVX2, plain TIR
+def test_q4m32_kernels_equal_the_numpy_model(lanes):
+    from edgellm.compiler.ops import linear_quant
+    from edgellm.quant.scheme import KERNEL_OPS
+
+    cpu = ops.host_cpu_info(2) if lanes == 16 else ops.CpuInfo(vector_lanes=lanes, num_threads=2)
+    s = get_scheme("q4m32")
+    r = np.random.default_rng(lanes)
+    for T, N, K, bias, segs in ((1, 40, 256, False, ()), (5, 64, 128, True, ()), (16, 48, 512, False, (32, 16)),
+                                (3, 37, 96, True, (21, 16))):
+        w = (r.standard_normal((N, K)) * 0.05 + 0.03).astype(np.float32)
+        w[:, 7] *= 30
+        x = r.standard_normal((T, K)).astype(np.float32)
+        x[:, ::13] *= 20
+        mats = np.split(w, np.cumsum(segs)[:-1]) if segs else [w]
+        parts = s.concat_parts([s.quantize(m) for m in mats]) if segs else s.quantize(w)
+        op, p = s.linear_kernel(T, N, K, bias, segs)
+        args = [x, parts["qweight"], parts["scales"], parts["mins"]] + ([r.standard_normal(N).astype(np.float32)]
+                                                                        if bias else [])
+        ref = s.linear_ref(x, *args[1:4], bias=args[4] if bias else None)
+        # the numpy model is the exact float64 math of the dequantized weights on the quantized activations
+        assert _rel(ref, x.astype(np.float64) @ s.dequantize(parts).T.astype(np.float64)
+                    + (args[4] if bias else 0)) < 0.05   # (int8 activations: outlier channels cost ~3%)
+        funcs = [ops.make_kernel(op, cpu, **p)]
+        if lanes == 4:   # and the reference TIR (the fallback when a fast path is off)
+            naive = linear_quant.make_naive(KERNEL_OPS[op].traits, T, N, K, bias=bias, segs=segs)
+            funcs.append(("naive", naive.with_attr("global_symbol", "naive")))
+        for name, func in funcs:
+            f = tvm.compile(tvm.IRModule({name: func}), target=TARGET).jit()[name]
+            outs = [tvm.runtime.tensor(np.full((T, n), np.nan, np.float32)) for n in (segs or (N,))]
+            f(*[tvm.runtime.tensor(a) for a in args], *outs)
+            got = np.concatenate([o.numpy() for o in outs], axis=1)
+            assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), name
+
+
+@pytest.mark.parametrize("counts,want", [
+    ({"Q4_0": 97, "Q6_K": 3}, "q4g32"),                       # llama-quantize Q4_0 (a few Q6_K matrices)
+    ({"Q4_1": 100}, "q4m32"), ({"Q4_0": 50, "Q4_1": 50}, "q4m32"),
+    ({"Q4_K": 96, "Q5_K": 4}, "q4m32"),                       # Q4_K_S
+    ({"Q4_K": 80, "Q6_K": 20}, "q6"),                         # Q4_K_M: Q6_K would lose its bits on a 4-bit grid
+    ({"Q5_0": 63, "Q4_K": 24, "Q6_K": 12, "Q8_0": 1}, "q6"),  # Gemma 3 270M's Q4_K_M file
+    ({"Q5_K": 90, "Q6_K": 10}, "q6"), ({"Q6_K": 100}, "q6"), ({"Q3_K": 70, "Q5_K": 30}, "q6"),
+    ({"Q8_0": 100}, "q8g32"), ({"Q8_0": 60, "Q4_K": 40}, "q8g32"), ({"F16": 90, "Q8_0": 10}, "f16"),
+    ({"F32": 100}, "f32"), ({"TQ2_0": 100}, "t2")])
+def test_auto_takes_the_cheapest_scheme_holding_the_files_types(counts, want):
+    assert body_scheme(Counter(counts)) == want
+
+
+@pytest.mark.parametrize("qtype,scheme,kept,dims", [
+    ("Q4_1", "q4m32", True, {}),
+    ("Q4_K", "q4m32", "codes", {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+                                "num_key_value_heads": 2, "head_dim": 64}),
+    ("Q5_0", "q6", True, {})])
+def test_a_files_blocks_compile_kept(qtype, scheme, kept, dims, tmp_path):
+    """--quant auto on a Q4_1 / Q4_K / Q5_0 file: the body in q4m32 / q6 from the stored blocks (`edgellm info`'s
+    source types say so), and the package equals the numpy model of those blocks, with the same greedy tokens."""
+    from edgellm.compiler.driver import compile_model
+    from edgellm.models import load_checkpoint
+    from edgellm.quant.reference_model import QuantizedModel
+    from edgellm.runtime.python.api import Runtime
+
+    d = make_checkpoint(tmp_path / "hf", "LlamaForCausalLM", seed=8, **dims)
+    g = write_gguf(d, tmp_path / "m.gguf", qtype)
+    spec, ck, _ = load_checkpoint(str(g))
+    sch = get_scheme(scheme)
+    stored = {}
+    for name in ck.names():
+        if ck.dtype(name) == qtype and len(ck.entry(name)["shape"]) == 2 and name not in (
+                spec.lm_head_name, "model.embed_tokens.weight"):
+            stored[(name, scheme)] = sch.from_blocks(ck.blocks(name))
+            assert stored[(name, scheme)] is not None, name
+            # the same rows as get() (q/k un-permuted like the values), the same values where kept exactly
+            held, values = sch.dequantize(stored[(name, scheme)]), np.asarray(ck.get(name))
+            assert np.array_equal(held, values) if kept is True else _rel(held, values) < 4e-3, name
+    assert len(stored) == 7 * spec.n_layers
+    pkg = compile_model(str(g), quant="auto", out=tmp_path / "p", progress=False, max_context=96, prefill_chunk=8)
+    head = get_scheme("q8")
+    ref = QuantizedModel(spec, ck.get, sch, head, parts=stored)
+    with Runtime.load(pkg, threads=2) as rt:
+        q = rt.manifest["quant"]
+        assert (q["scheme"], q["head"]) == (scheme, "q8")
+        assert q["source_types"][qtype][scheme] == {"tensors": 7 * spec.n_layers, "kept": kept}
+        assert _rel(np.asarray(rt.logits(PROMPT)), ref.logits(PROMPT)) < 2e-3
+        assert rt.generate(PROMPT, max_new_tokens=16, ignore_eos=True).token_ids == ref.greedy(PROMPT, 16)
