@@ -626,7 +626,9 @@ def _kv_line(m: dict, c: dict) -> str:
 def _quant_line(q: dict) -> str:
     head = f", embedding/head {q['head']}" if isinstance(q.get("head"), str) else ""
     method = f" ({q['method']})" if q.get("method") not in (None, "rtn") else ""
-    return f"{q['scheme']}{method}{head}: {q['bits_per_weight']} bits per weight over all weights"
+    mixed = q.get("matrix_schemes") if isinstance(q.get("matrix_schemes"), dict) else {}
+    also = "".join(f" + {s} ({n} matrices)" for s, n in sorted(mixed.items()))
+    return f"{q['scheme']}{also}{method}{head}: {q['bits_per_weight']} bits per weight over all weights"
 
 
 @cli.group("cache")

@@ -50,26 +50,50 @@ def body_scheme(counts: Counter) -> str:
     return "q8g32"
 
 
-def auto_schemes(spec, ck, family) -> tuple[str, str, str]:
-    """(body scheme, head scheme, one line saying why) from the stored types of the checkpoint's matrices: the body
-    by the type holding most of the body's weights, the head by the lm_head's (or the tied embedding's) own type."""
+# the scheme each block type is stored in when a dense model's matrices each keep their own (`mixed`): the cheapest
+# that holds it (HOLDS)
+OWN = {"F32": "f32", "F16": "f16", "BF16": "f16", "Q8_0": "q8g32", "Q4_0": "q4g32", "Q4_1": "q4m32",
+       "Q4_K": "q4m32", "Q5_0": "q6", **{t: "q6" for t in ("Q5_1", "Q5_K", "Q6_K", "Q3_K", "Q2_K")}}
+
+
+def auto_schemes(spec, ck, family, mixed: bool = False, allowed=None) -> tuple[str, str, str, dict]:
+    """(body scheme, head scheme, one line saying why, {matrix name: scheme} for the body matrices stored in another
+    scheme than the body's) from the stored types of the checkpoint's matrices; the head by the lm_head's (or the
+    tied embedding's) own type. mixed (a dense model's own linears): each matrix in the scheme of its own type
+    (OWN), the body's scheme the one storing most weights; else one scheme for all (body_scheme). allowed: the
+    schemes the target takes (others fall back to the body's)."""
     import numpy as np
 
     shapes = family(spec).weight_shapes(spec)
     head_name = spec.lm_head_name
     counts: Counter = Counter()
+    types: dict[str, str] = {}
     for name, shape in shapes.items():
         if len(shape) == 2 and name not in (head_name, "model.embed_tokens.weight"):
-            counts[ck.dtype(name)] += int(np.prod(shape))
+            types[name] = ck.dtype(name)
+            counts[types[name]] += int(np.prod(shape))
     body_type = counts.most_common(1)[0][0] if counts else ck.dtype(head_name)
     head_type = ck.dtype(head_name)
-    body, head = body_scheme(counts) if counts else FLOAT_BODY.get(body_type, "f16"), HEAD.get(head_type, "q8")
+    head = HEAD.get(head_type, "q8")
+    own: dict[str, str] = {}
+    if mixed and not spec.native_quant and counts and all(t in OWN for t in counts):
+        by_scheme: Counter = Counter()
+        for t, n in counts.items():
+            by_scheme[OWN[t]] += n
+        body = by_scheme.most_common(1)[0][0]
+        own = {name: OWN[t] for name, t in types.items()
+               if OWN[t] != body and (allowed is None or OWN[t] in allowed)}
+    else:
+        body = body_scheme(counts) if counts else FLOAT_BODY.get(body_type, "f16")
     if spec.native_quant:   # BitNet: its ternary weights are t2's exactly, whatever type stores them
         body = spec.native_quant
     total = sum(counts.values()) or 1
     mix = ", ".join(f"{t} {100 * n / total:.0f}%" for t, n in counts.most_common())
-    return body, head, (f"--quant auto: the body's matrices are {mix} -> {body}; the "
-                        f"{'tied embedding/lm_head' if spec.tie_word_embeddings else 'lm_head'} is {head_type} -> {head}")
+    others = Counter(own.values())
+    also = "".join(f" + {sch} ({n} matrices)" for sch, n in sorted(others.items()))
+    return body, head, (f"--quant auto: the body's matrices are {mix} -> {body}{also}; the "
+                        f"{'tied embedding/lm_head' if spec.tie_word_embeddings else 'lm_head'} is {head_type} -> "
+                        f"{head}"), own
 
 
 # (stored type, scheme) pairs where the scheme holds the stored values exactly (besides HOLDS' "exact" rows)
@@ -83,15 +107,17 @@ def kept(stored: str, scheme: str):
     return True if (stored, scheme) in KEPT or how == "exact" else "codes" if how == "codes" else False
 
 
-def source_types(spec, ck, family, body: str, head: str) -> dict:
-    """Per stored type of the checkpoint's matrices: how many, which scheme took them, and whether their values were
-    kept exactly or requantized (the manifest's quant.source_types; `edgellm info` prints it)."""
+def source_types(spec, ck, family, body: str, head: str, own=None) -> dict:
+    """Per stored type of the checkpoint's matrices: how many, which scheme took them (own: the body matrices in
+    another scheme than body's), and whether their values were kept exactly or requantized (the manifest's
+    quant.source_types; `edgellm info` prints it)."""
     out: dict = {}
+    own = own or {}
     heads = (spec.lm_head_name, "model.embed_tokens.weight")
     for name, shape in family(spec).weight_shapes(spec).items():
         if len(shape) != 2:
             continue
-        t, sch = ck.dtype(name), head if name in heads else body
+        t, sch = ck.dtype(name), head if name in heads else own.get(name, body)
         row = out.setdefault(t, {})
         # BitNet's ternary matrices are read exactly (models/gguf/ternary.py refuses any that are not)
         how = True if spec.native_quant == sch and name not in heads else kept(t, sch)

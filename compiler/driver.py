@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import time
+from collections import Counter
 from datetime import datetime, UTC
 from pathlib import Path
 
@@ -41,14 +42,16 @@ VERIFY_TOKENS = 8
 
 
 class StoredBlocks:
-    """Lowering's `quantized` map for a scheme that takes a checkpoint's stored blocks (Scheme.from_blocks): a
-    matrix's parts from its blocks, or None (quantized from its values) where the scheme does not hold them."""
+    """Lowering's `quantized` map for schemes that take a checkpoint's stored blocks (Scheme.from_blocks): a
+    matrix's parts from its blocks, or None (quantized from its values) where its scheme (scheme_of(name)) does not
+    hold them."""
 
-    def __init__(self, ck, scheme):
-        self.ck, self.scheme = ck, scheme
+    def __init__(self, ck, scheme_of):
+        self.ck, self.scheme_of = ck, scheme_of
 
     def get(self, name: str):
-        return self.scheme.from_blocks(self.ck.blocks(name))
+        scheme = self.scheme_of(name)
+        return scheme.from_blocks(self.ck.blocks(name)) if hasattr(scheme, "from_blocks") else None
 
 def verify_width(tokens: int | None, chunk: int) -> int | None:
     """The verify program's tokens (None: no program): `tokens`, else $EDGELLM_VERIFY_TOKENS (the test session
@@ -146,17 +149,21 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
 
     check_tokenizer_files(model_dir)
     sampling = generation_defaults(model_dir)
+    own, quant_was_auto = {}, quant == "auto"
     if quant == "auto":   # the schemes the checkpoint's own storage asks for (compiler/auto_quant.py)
         from ..models import family
         from .auto_quant import auto_schemes
 
-        quant, auto_head, why_auto = auto_schemes(spec, ck, family)
+        # a dense model's linears each keep the scheme of their own block type (MoE experts and bundles: one)
+        quant, auto_head, why_auto, own = auto_schemes(spec, ck, family, allowed=tgt.quants,
+                                                       mixed=not (spec.n_experts or layout == "bundled" or gptq))
         head_quant = head_quant or auto_head
         _log(progress, why_auto)
         if quant not in tgt.quants:
             raise CompileError(f"{why_auto}, which target {tgt.name} does not support (supported: "
                                f"{', '.join(tgt.quants)}); pass --quant")
     scheme, head_scheme = choose_schemes(spec, quant, head_quant, progress)
+    own = {name: get_scheme(sch) for name, sch in own.items()} if quant_was_auto else {}
     why = kernels.refuses(spec, layout)
     if why:
         raise CompileError(f"--target {tgt.name} runs dense models only for now: {why}")
@@ -219,8 +226,9 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                                    model_dir / "tokenizer.json", calib_file=calib, act_order=act_order,
                                    progress=layer_progress(f"GPTQ {scheme.name}", progress))
         _log(progress, f"GPTQ: {len(pre)} matrices in {time.perf_counter() - t:.0f} s")
-    elif hasattr(scheme, "from_blocks") and hasattr(ck, "blocks"):
-        pre = StoredBlocks(ck, scheme)   # the file's own blocks where the scheme holds them (Q4_1, Q4_K on q4m32)
+    elif hasattr(ck, "blocks") and any(hasattr(s, "from_blocks") for s in (scheme, *own.values())):
+        # the file's own blocks where the matrix's scheme holds them (Q4_1, Q4_K on q4m32; Q5_0 on q6)
+        pre = StoredBlocks(ck, lambda name: own.get(name, scheme))
     bundles = None
     if layout == "bundled":
         from .neuron_stats import plan_layout
@@ -242,7 +250,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
 
     low, programs = lower_model(spec, cpu, raw, scheme, head_scheme, chunk, kv_rows, quantized=pre,
                                 short_chunk=short, verify_tokens=verify, fuse=fuse, npu_chunk=npu.chunk if npu else None,
-                                bundles=bundles, expert_lookahead=lookahead,
+                                bundles=bundles, expert_lookahead=lookahead, matrix_schemes=own,
                                 guessed_layers=guess.weights if guess else (), guess_width=width,
                                 **kernels.lower_args())
     if tuner is not None:
@@ -299,7 +307,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             "quant": {"scheme": scheme.name, "bits_per_weight": round(_bits_per_weight(table, n_params), 3),
                       "head": head_scheme.name, "embedding": low.embed_dtype,
                       "method": "gptq" if gptq else ("native" if spec.family == "bitnet" else "rtn"),
-                      "n_params": n_params, "source_types": _source_types(spec, ck, scheme, head_scheme, gptq)},
+                      "n_params": n_params, "source_types": _source_types(spec, ck, scheme, head_scheme, gptq, own),
+                      **({"matrix_schemes": dict(Counter(s.name for s in own.values()))} if own else {})},
             "max_context": max_ctx, "prefill_chunk": chunk, "prefill_short_chunk": short, "kv_rows": kv_rows,
             "verify_tokens": verify,
             "kv_layers": [list(x) for x in kv_table],
@@ -399,13 +408,14 @@ def count_params(spec) -> int:
     return n
 
 
-def _source_types(spec, ck, scheme, head_scheme, gptq: bool) -> dict:
+def _source_types(spec, ck, scheme, head_scheme, gptq: bool, own=None) -> dict:
     """What happened to each stored type of the checkpoint's matrices (compiler/auto_quant.py source_types)."""
     from ..models import family
     from .auto_quant import source_types
 
     try:
-        out = source_types(spec, ck, family, scheme.name, head_scheme.name)
+        out = source_types(spec, ck, family, scheme.name, head_scheme.name,
+                           {name: s.name for name, s in (own or {}).items()})
     except (KeyError, AttributeError):   # a checkpoint without per-tensor types (BitNet's packed ternary weights)
         return {}
     if gptq:   # GPTQ rewrites the body's codes: nothing it touches is kept

@@ -54,22 +54,24 @@ def _fuse_key(n: Node) -> tuple:
 
 
 def fuse_linears(nodes: list, fusable) -> list:
-    """The nodes with each group of fusable linears that read the same value (same bias-ness and ternary-ness)
-    replaced by one FusedLinear at the first member's place. Moving a later member up is safe: its input is ready
+    """The nodes with each group of fusable linears that read the same value (same bias-ness and ternary-ness, and
+    the same truthy `fusable(n)`: the scheme their matrices are stored in) replaced by one FusedLinear at the first
+    member's place. Moving a later member up is safe: its input is ready
     there and its output is a new value or, for V, KV-cache rows that only attention reads; so a group never spans
     an attention or a kv_store (BitNet's q, rope, k, rope, v still fuse)."""
     out, open_groups = [], {}
     for n in nodes:
         if n.op in ("attention", "kv_store"):
             open_groups.clear()
-        if n.op != "linear" or not fusable(n):
+        how = fusable(n) if n.op == "linear" else None
+        if not how:
             out.append(n)
             continue
-        g = open_groups.get(_fuse_key(n))
+        g = open_groups.get((_fuse_key(n), how))
         if g is not None:
             g.members.append(n)
             continue
-        open_groups[_fuse_key(n)] = g = FusedLinear([n])
+        open_groups[(_fuse_key(n), how)] = g = FusedLinear([n])
         out.append(g)
     return [n.members[0] if isinstance(n, FusedLinear) and len(n.members) == 1 else n for n in out]
 
@@ -165,7 +167,8 @@ class Lowering:
     """Shared state of one package build: the weight table, the kernel table and the weight provider."""
 
     def __init__(self, spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, rope_rows: int, quantized=None,
-                 fuse: bool = True, bundles=None, make_kernel=None, backend: str = BACKEND_TVM_CPU):
+                 fuse: bool = True, bundles=None, make_kernel=None, backend: str = BACKEND_TVM_CPU,
+                 matrix_schemes=None):
         if make_kernel is None:
             from .ops import make_kernel
 
@@ -174,7 +177,10 @@ class Lowering:
         self.weights, self.kernels = WeightTable(), KernelTable()
         self._raw = raw_weight              # name -> numpy array as stored in the checkpoint (or a RoPE table)
         self.scheme, self.head_scheme = scheme, head_scheme
-        self.quantized = quantized or {}    # name -> parts computed ahead (GPTQ), used instead of scheme.quantize
+        # body matrices stored in another scheme than the body's (name -> Scheme: a GGUF file's mixed block types,
+        # compiler/auto_quant.matrix_schemes); dense linears only (experts and bundles stay in the body's)
+        self.matrix_schemes = dict(matrix_schemes or {})
+        self.quantized = quantized or {}    # name -> parts computed ahead (GPTQ, a file's blocks), for its scheme
         self.rope_rows = rope_rows
         self.fuse = fuse                    # one kernel per group of linears on one input (fuse_linears)
         self.bundles = bundles              # neuron-bundled FFNs (compiler/bundled_ffn.BundleLayout) or None
@@ -210,7 +216,9 @@ class Lowering:
                     self.weights.arrays[self.weights.index[k]].shape) for k in keys]
 
     def matrix_scheme(self, name: str):
-        return self.head_scheme if name in (self.spec.lm_head_name, "lm_head.weight") else self.scheme
+        if name in (self.spec.lm_head_name, "lm_head.weight"):
+            return self.head_scheme
+        return self.matrix_schemes.get(name, self.scheme)
 
     def _linear_weight(self, name: str, T: int, bias: bool) -> tuple[int, list[Arg]]:
         """Kernel and weight arguments of x @ W.T with W stored in the package's scheme (the lm_head in the head's)."""
@@ -234,7 +242,7 @@ class Lowering:
         matrix), stored once under fused_name."""
         names = [m.weights[0] for m in n.members]
         ternary = bool(n.members[0].params.get("ternary"))
-        scheme = self._t2() if ternary else self.scheme
+        scheme = self._t2() if ternary else self.matrix_scheme(names[0])   # fuse_linears: the members share it
         shapes = [self._matrix_shape(w, scheme, ternary) for w in names]
         segs, K = tuple(N for N, _ in shapes), shapes[0][1]
         args = self._parts(fused_name(names), scheme,
@@ -249,11 +257,15 @@ class Lowering:
             self.weights.add(key, np.concatenate([np.asarray(self._raw(b), np.float32) for b in names]))
         return self._weight(key)
 
-    def _fusable(self, n: Node) -> bool:
-        """Body linears fuse (not the lm_head: it has no partner), in a scheme whose parts stack."""
+    def _fusable(self, n: Node):
+        """Body linears fuse (not the lm_head: it has no partner), in a scheme whose parts stack, with the linears
+        stored in the same scheme: its name (False: not fusable)."""
         if n.weights[0] in (self.spec.lm_head_name, "lm_head.weight"):
             return False
-        return n.params.get("ternary") or self.scheme.stacking is not None
+        if n.params.get("ternary"):
+            return "t2"
+        scheme = self.matrix_scheme(n.weights[0])
+        return scheme.stacking is not None and scheme.name
 
     @staticmethod
     def _t2():
@@ -276,7 +288,7 @@ class Lowering:
 
             wscale = np.asarray(self._raw(name.removesuffix(".weight") + ".weight_scale"), np.float64)[0]
             return pack_t2(unpack_ternary(np.asarray(self._raw(name))), 1.0 / float(wscale))
-        pre = self.quantized.get(name) if scheme is self.scheme else None
+        pre = self.quantized.get(name) if scheme is self.matrix_schemes.get(name, self.scheme) else None
         return pre if pre is not None else scheme.quantize(np.asarray(self._raw(name), dtype=np.float32))
 
     def _raw_shape(self, name: str) -> tuple[int, int]:
@@ -424,7 +436,7 @@ def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: in
                 kv_rows: int, quantized=None, short_chunk: int | None = None, verify_tokens: int | None = None,
                 fuse: bool = True, npu_chunk: int | None = None, bundles=None,
                 expert_lookahead: int = 0, guessed_layers=(), guess_width: int = 0, make_kernel=None,
-                backend: str = BACKEND_TVM_CPU) -> tuple[Lowering, list[Program]]:
+                backend: str = BACKEND_TVM_CPU, matrix_schemes=None) -> tuple[Lowering, list[Program]]:
     """expert_lookahead: decode predicts each MoE layer's experts from the residual stream this many layers
     earlier (1: at the layer's own input; 0: no predictions), naming guess_width experts (0: top-k); the layers in
     guessed_layers use a fitted guesser (compiler/expert_guess.py). fuse: one kernel per group of linears on one
@@ -434,7 +446,8 @@ def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: in
     from ..models import family
 
     fam = family(spec)
-    low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows, quantized, fuse, bundles, make_kernel, backend)
+    low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows, quantized, fuse, bundles, make_kernel, backend,
+                   matrix_schemes)
     low.guessed_layers = set(guessed_layers)
     progs = []
     for name, tokens, body, head in PROGRAMS:

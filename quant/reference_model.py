@@ -10,9 +10,11 @@ from .scheme import Scheme
 
 
 class QuantizedGraph(NumpyGraph):
-    def __init__(self, spec, weight, scheme: Scheme, head_scheme: Scheme, parts: dict, dtype=np.float32):
+    def __init__(self, spec, weight, scheme: Scheme, head_scheme: Scheme, parts: dict, dtype=np.float32,
+                 matrix_schemes=None):
         super().__init__(spec, weight, dtype)
         self.scheme, self.head_scheme, self._parts = scheme, head_scheme, parts
+        self.matrix_schemes = matrix_schemes or {}
 
     def _stored(self, name: str, scheme: Scheme) -> dict:
         key = (name, scheme.name)
@@ -30,7 +32,7 @@ class QuantizedGraph(NumpyGraph):
 
     def linear(self, x, w, b=None):
         head = w in (self.spec.lm_head_name, "lm_head.weight")
-        scheme = self.head_scheme if head else self.scheme
+        scheme = self.head_scheme if head else self.matrix_schemes.get(w, self.scheme)
         y = scheme.reference_linear(np.asarray(x, np.float32), self._stored(w, scheme),
                                     None if b is None else self.w(b))
         return y.astype(self.dtype)
@@ -38,11 +40,15 @@ class QuantizedGraph(NumpyGraph):
 
 class QuantizedModel(NumpyModel):
     """NumpyModel whose graph stores matrices in `scheme` (the lm_head and embedding in `head_scheme`); parts:
-    matrices stored ahead, {(name, scheme name): parts} (a file's own blocks), the others quantized from `weight`."""
+    matrices stored ahead, {(name, scheme name): parts} (a file's own blocks), the others quantized from `weight`;
+    matrix_schemes: body matrices stored in another scheme than `scheme` (name -> Scheme)."""
 
-    def __init__(self, spec, weight, scheme: Scheme, head_scheme: Scheme, dtype=np.float32, parts=None):
+    def __init__(self, spec, weight, scheme: Scheme, head_scheme: Scheme, dtype=np.float32, parts=None,
+                 matrix_schemes=None):
         self.scheme, self.head_scheme, self._parts = scheme, head_scheme, dict(parts or {})
+        self.matrix_schemes = dict(matrix_schemes or {})
         super().__init__(spec, weight, dtype)
 
     def reset(self):
-        self.g = QuantizedGraph(self.spec, self._weight, self.scheme, self.head_scheme, self._parts, self.dtype)
+        self.g = QuantizedGraph(self.spec, self._weight, self.scheme, self.head_scheme, self._parts, self.dtype,
+                                self.matrix_schemes)

@@ -198,6 +198,24 @@ def test_groups(model):
         ready |= {o.id for o in (n.outs if isinstance(n, FusedLinear) else [n.out] if n.out else [])}
 
 
+def test_matrices_in_another_scheme_fuse_only_with_their_own():
+    """Per-matrix schemes (a GGUF file's mixed block types: compiler/auto_quant OWN): v_proj and down_proj in q6, the
+    rest in q4m32; q/k fuse, v and down run alone in q6, gate/up fuse in q4m32; each matrix is stored in its scheme."""
+    spec, ck, _ = load_checkpoint("demo")
+    q4m, q6 = get_scheme("q4m32"), get_scheme("q6")
+    own = {f"model.layers.{i}.{m}": q6 for i in range(spec.n_layers) for m in ("self_attn.v_proj.weight",
+                                                                            "mlp.down_proj.weight")}
+    low, progs = lower_model(spec, ops.CpuInfo(8), _raw(spec, ck, 80), q4m, get_scheme("q8"), 16, 80,
+                             matrix_schemes=own)
+    a = "model.layers.0."
+    names = set(low.weights.names)
+    assert {a + "self_attn.qk_proj.weight.mins", a + "mlp.gate_up_proj.weight.mins"} <= names
+    assert {a + "self_attn.v_proj.weight.qweight", a + "self_attn.v_proj.weight.scales"} <= names
+    assert a + "self_attn.v_proj.weight.mins" not in names and a + "mlp.down_proj.weight.mins" not in names
+    kernels = set(low.kernels.names)
+    assert any(k.startswith("linear_q6_t1_") for k in kernels) and any(k.startswith("linear_q4m_t1_") for k in kernels)
+
+
 def test_prequantized_parts_are_stacked():
     """GPTQ parts (self.quantized) are stacked as they are, not re-quantized; a fused matrix is stored once."""
     spec, ck, _ = load_checkpoint("demo")

@@ -227,7 +227,7 @@ def test_quant_auto_follows_the_block_types(qtype, want, tmp_path):
 
     d = make_checkpoint(tmp_path / "hf", "LlamaForCausalLM", seed=5, dtype="float16" if qtype == "F16" else "float32")
     spec, ck, _ = load_checkpoint(str(write_gguf(d, tmp_path / "m.gguf", qtype)))
-    assert auto_schemes(spec, ck, family)[:2] == want
+    assert auto_schemes(spec, ck, family)[:2] == auto_schemes(spec, ck, family, mixed=True)[:2] == want
     spec, ck, _ = load_checkpoint(str(d))
     assert auto_schemes(spec, ck, family)[:2] == (("f16",) * 2 if qtype == "F16" else ("f32",) * 2)
 

@@ -117,12 +117,15 @@ def test_auto_takes_the_cheapest_scheme_holding_the_files_types(counts, want):
 
 @pytest.mark.parametrize("qtype,scheme,kept,dims", [
     ("Q4_1", "q4m32", True, {}),
-    ("Q4_K", "q4m32", "codes", {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+    # llama-quantize's fallback for rows that are no whole super-block: down_proj (K = 640) is Q5_0, kept in q6
+    ("Q4_K", "q4m32", "codes", {"hidden_size": 256, "intermediate_size": 640, "num_attention_heads": 4,
                                 "num_key_value_heads": 2, "head_dim": 64}),
     ("Q5_0", "q6", True, {})])
 def test_a_files_blocks_compile_kept(qtype, scheme, kept, dims, tmp_path):
-    """--quant auto on a Q4_1 / Q4_K / Q5_0 file: the body in q4m32 / q6 from the stored blocks (`edgellm info`'s
-    source types say so), and the package equals the numpy model of those blocks, with the same greedy tokens."""
+    """--quant auto on a Q4_1 / Q4_K / Q5_0 file: each matrix in the scheme of its own block type (q4m32, q6) from
+    the stored blocks (`edgellm info`'s source types say so), and the package equals the numpy model of those
+    blocks, with the same greedy tokens."""
+    from edgellm.compiler.auto_quant import OWN
     from edgellm.compiler.driver import compile_model
     from edgellm.models import load_checkpoint
     from edgellm.quant.reference_model import QuantizedModel
@@ -131,23 +134,32 @@ def test_a_files_blocks_compile_kept(qtype, scheme, kept, dims, tmp_path):
     d = make_checkpoint(tmp_path / "hf", "LlamaForCausalLM", seed=8, **dims)
     g = write_gguf(d, tmp_path / "m.gguf", qtype)
     spec, ck, _ = load_checkpoint(str(g))
-    sch = get_scheme(scheme)
-    stored = {}
+    stored, own, types = {}, {}, Counter()
     for name in ck.names():
-        if ck.dtype(name) == qtype and len(ck.entry(name)["shape"]) == 2 and name not in (
-                spec.lm_head_name, "model.embed_tokens.weight"):
-            stored[(name, scheme)] = sch.from_blocks(ck.blocks(name))
-            assert stored[(name, scheme)] is not None, name
-            # the same rows as get() (q/k un-permuted like the values), the same values where kept exactly
-            held, values = sch.dequantize(stored[(name, scheme)]), np.asarray(ck.get(name))
-            assert np.array_equal(held, values) if kept is True else _rel(held, values) < 4e-3, name
-    assert len(stored) == 7 * spec.n_layers
+        t = ck.dtype(name)
+        if len(ck.entry(name)["shape"]) != 2 or name in (spec.lm_head_name, "model.embed_tokens.weight"):
+            continue
+        sch = get_scheme(OWN[t])
+        types[(t, sch.name)] += 1
+        if sch.name != scheme:
+            own[name] = sch
+        stored[(name, sch.name)] = sch.from_blocks(ck.blocks(name))
+        assert stored[(name, sch.name)] is not None, name
+        # the same rows as get() (q/k un-permuted like the values), the same values where kept exactly
+        held, values = sch.dequantize(stored[(name, sch.name)]), np.asarray(ck.get(name))
+        assert np.array_equal(held, values) if t != "Q4_K" else _rel(held, values) < 4e-3, name
+    assert sum(types.values()) == 7 * spec.n_layers and bool(own) == (qtype == "Q4_K")
     pkg = compile_model(str(g), quant="auto", out=tmp_path / "p", progress=False, max_context=96, prefill_chunk=8)
-    head = get_scheme("q8")
-    ref = QuantizedModel(spec, ck.get, sch, head, parts=stored)
+    ref = QuantizedModel(spec, ck.get, get_scheme(scheme), get_scheme("q8"), parts=stored, matrix_schemes=own)
     with Runtime.load(pkg, threads=2) as rt:
         q = rt.manifest["quant"]
         assert (q["scheme"], q["head"]) == (scheme, "q8")
-        assert q["source_types"][qtype][scheme] == {"tensors": 7 * spec.n_layers, "kept": kept}
-        assert _rel(np.asarray(rt.logits(PROMPT)), ref.logits(PROMPT)) < 2e-3
+        assert q.get("matrix_schemes", {}) == dict(Counter(s.name for s in own.values()))
+        for (t, sch), n in types.items():
+            assert q["source_types"][t][sch] == {"tensors": n, "kept": kept if t == qtype else True}, (t, sch)
+        got, want = np.asarray(rt.logits(PROMPT)), ref.logits(PROMPT)
+        # equal to f32 rounding, but where a 1-ulp difference moves an int8 activation across a rounding edge (one
+        # such flip in the Q4_K case, at position 10 of the prompt whatever the prefill chunk)
+        rows = [_rel(got[i], want[i]) * np.abs(want[i]).max() / np.abs(want).max() for i in range(len(PROMPT))]
+        assert np.median(rows) < 1e-5 and max(rows) < 1e-2, rows
         assert rt.generate(PROMPT, max_new_tokens=16, ignore_eos=True).token_ids == ref.greedy(PROMPT, 16)
