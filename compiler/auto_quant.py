@@ -111,8 +111,10 @@ def source_types(spec, ck, family, body: str, head: str, own=None) -> dict:
     """Per stored type of the checkpoint's matrices: how many, which scheme took them (own: the body matrices in
     another scheme than body's), and whether their values were kept exactly or requantized (the manifest's
     quant.source_types; `edgellm info` prints it)."""
+    from .moe import float_weights
+
     out: dict = {}
-    own = own or {}
+    own = {**(own or {}), **{n: "f32" for n in (float_weights(spec) if spec.n_experts else ())}}   # routers: f32
     heads = (spec.lm_head_name, "model.embed_tokens.weight")
     for name, shape in family(spec).weight_shapes(spec).items():
         if len(shape) != 2:

@@ -154,9 +154,9 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         from ..models import family
         from .auto_quant import auto_schemes
 
-        # a dense model's linears each keep the scheme of their own block type (MoE experts and bundles: one)
+        # each matrix keeps the scheme of its own block type (a layer's experts: per projection; bundles: one)
         quant, auto_head, why_auto, own = auto_schemes(spec, ck, family, allowed=tgt.quants,
-                                                       mixed=not (spec.n_experts or layout == "bundled" or gptq))
+                                                       mixed=not (layout == "bundled" or gptq))
         head_quant = head_quant or auto_head
         _log(progress, why_auto)
         if quant not in tgt.quants:

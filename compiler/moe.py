@@ -107,17 +107,25 @@ def lower_sigmoid_gate(low, n, T: int, act) -> list:
                                                            act(n.inputs[1]), act(n.out)])]
 
 
+def expert_schemes(low, experts):
+    """(gate/up's scheme, down's) of a layer's experts: their matrices' own (Lowering.matrix_scheme: a GGUF file's
+    block types), gate and up in the body's unless they share one."""
+    gate, up, down = experts[0]
+    gu = low.matrix_scheme(gate)
+    return (gu if low.matrix_scheme(up) is gu else low.scheme), low.matrix_scheme(down)
+
+
 def _expert_weights(low, experts) -> tuple[int, list[tuple[str, tuple, int]], int]:
     """Stores a layer's experts as consecutive weights (one per expert); returns the first one's index, the views of
     one expert ((dtype, shape, offset) per part: fused gate/up's, then down's) and how many parts are gate/up's."""
-    scheme = low.scheme
+    gs, ds = expert_schemes(low, experts)
     first = len(low.weights.names)
-    views, n_gu = [], len(scheme.part_order)
+    views, n_gu = [], len(gs.part_order)
     for e, (gate, up, down) in enumerate(experts):
-        gu = scheme.concat_parts([low._matrix_parts(gate, scheme, False), low._matrix_parts(up, scheme, False)])
-        dn = low._matrix_parts(down, scheme, False)
-        arrays = [np.ascontiguousarray(gu[p]) for p in scheme.part_order] + \
-                 [np.ascontiguousarray(dn[p]) for p in scheme.part_order]
+        gu = gs.concat_parts([low._matrix_parts(gate, gs, False), low._matrix_parts(up, gs, False)])
+        dn = low._matrix_parts(down, ds, False)
+        arrays = [np.ascontiguousarray(gu[p]) for p in gs.part_order] + \
+                 [np.ascontiguousarray(dn[p]) for p in ds.part_order]
         buf, offs = pack_arrays(arrays)
         if low.weights.add(expert_weight_name(gate), buf) != first + e:
             raise AssertionError("an expert was stored before its layer was lowered")
@@ -126,7 +134,8 @@ def _expert_weights(low, experts) -> tuple[int, list[tuple[str, tuple, int]], in
 
 
 def lower_experts(low, n, T: int, act) -> list:
-    scheme, tb, experts = low.scheme, n.params["table"], n.params["experts"]
+    tb, experts = n.params["table"], n.params["experts"]
+    gs, ds = expert_schemes(low, experts)
     F, D = low._raw_shape(experts[0][0])
     key = expert_weight_name(experts[0][0])
     if key not in low.experts:   # the first program lowered stores them; the others reuse them
@@ -139,8 +148,8 @@ def lower_experts(low, n, T: int, act) -> list:
 
     tok, wt, cnt = slot("int32", (1, tb.TP), tb.tok_at), slot("float32", (1, tb.TP), tb.wt_at), slot("int32", (1, CNT), tb.cnt_at)
     wargs = [Arg(ARG_WEIGHT, first, dt, tuple(shape), FLAG_EXPERT, off, 1) for dt, shape, off in views]
-    gu_op, gu_params = scheme.linear_kernel(T, 2 * F, D, False, (F, F))
-    dn_op, dn_params = scheme.linear_kernel(T, D, F, False)
+    gu_op, gu_params = gs.linear_kernel(T, 2 * F, D, False, (F, F))
+    dn_op, dn_params = ds.linear_kernel(T, D, F, False)
     rows = []
     if T > 1:   # a prefill chunk: only the expert's rows (decode: always one)
         gu_params, dn_params, rows = {**gu_params, "rows": True}, {**dn_params, "rows": True}, [cnt]

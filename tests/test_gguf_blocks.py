@@ -115,13 +115,18 @@ def test_auto_takes_the_cheapest_scheme_holding_the_files_types(counts, want):
     assert body_scheme(Counter(counts)) == want
 
 
-@pytest.mark.parametrize("qtype,scheme,kept,dims", [
-    ("Q4_1", "q4m32", True, {}),
+WIDE = {"hidden_size": 256, "intermediate_size": 640, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64}
+
+
+@pytest.mark.parametrize("arch,qtype,scheme,kept,dims", [
+    ("LlamaForCausalLM", "Q4_1", "q4m32", True, {}),
     # llama-quantize's fallback for rows that are no whole super-block: down_proj (K = 640) is Q5_0, kept in q6
-    ("Q4_K", "q4m32", "codes", {"hidden_size": 256, "intermediate_size": 640, "num_attention_heads": 4,
-                                "num_key_value_heads": 2, "head_dim": 64}),
-    ("Q5_0", "q6", True, {})])
-def test_a_files_blocks_compile_kept(qtype, scheme, kept, dims, tmp_path):
+    ("LlamaForCausalLM", "Q4_K", "q4m32", "codes", WIDE),
+    ("LlamaForCausalLM", "Q5_0", "q6", True, {}),
+    # experts per projection: gate/up Q4_K in q4m32, down (K = 320) Q5_0 in q6; the routers stay f32
+    ("Qwen3MoeForCausalLM", "Q4_K", "q4m32", "codes", {**WIDE, "moe_intermediate_size": 320})])
+def test_a_files_blocks_compile_kept(arch, qtype, scheme, kept, dims, tmp_path):
     """--quant auto on a Q4_1 / Q4_K / Q5_0 file: each matrix in the scheme of its own block type (q4m32, q6) from
     the stored blocks (`edgellm info`'s source types say so), and the package equals the numpy model of those
     blocks, with the same greedy tokens."""
@@ -131,7 +136,7 @@ def test_a_files_blocks_compile_kept(qtype, scheme, kept, dims, tmp_path):
     from edgellm.quant.reference_model import QuantizedModel
     from edgellm.runtime.python.api import Runtime
 
-    d = make_checkpoint(tmp_path / "hf", "LlamaForCausalLM", seed=8, **dims)
+    d = make_checkpoint(tmp_path / "hf", arch, seed=8, **dims)
     g = write_gguf(d, tmp_path / "m.gguf", qtype)
     spec, ck, _ = load_checkpoint(str(g))
     stored, own, types = {}, {}, Counter()
@@ -143,12 +148,14 @@ def test_a_files_blocks_compile_kept(qtype, scheme, kept, dims, tmp_path):
         types[(t, sch.name)] += 1
         if sch.name != scheme:
             own[name] = sch
+        if t == "F32":   # MoE routers: f32 as they are
+            continue
         stored[(name, sch.name)] = sch.from_blocks(ck.blocks(name))
         assert stored[(name, sch.name)] is not None, name
         # the same rows as get() (q/k un-permuted like the values), the same values where kept exactly
         held, values = sch.dequantize(stored[(name, sch.name)]), np.asarray(ck.get(name))
         assert np.array_equal(held, values) if t != "Q4_K" else _rel(held, values) < 4e-3, name
-    assert sum(types.values()) == 7 * spec.n_layers and bool(own) == (qtype == "Q4_K")
+    assert bool(own) == (qtype == "Q4_K") and (spec.n_experts or sum(types.values()) == 7 * spec.n_layers)
     pkg = compile_model(str(g), quant="auto", out=tmp_path / "p", progress=False, max_context=96, prefill_chunk=8)
     ref = QuantizedModel(spec, ck.get, get_scheme(scheme), get_scheme("q8"), parts=stored, matrix_schemes=own)
     with Runtime.load(pkg, threads=2) as rt:

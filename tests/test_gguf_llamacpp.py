@@ -75,7 +75,9 @@ ARCHS = {
 }
 # each family's files, as a Q8_0 file (blocks kept), a Q4_K_M file as llama-quantize mixes it, and for Llama
 # every listed type
-TYPES = {n: ["Q8_0", "Q4_K_M"] for n in ARCHS}
+# every family in each way edgellm stores a file's blocks: Q8_0 (q8g32), Q4_0 (q4g32), Q4_1 (q4m32), Q5_0 (q6), all
+# kept exactly, and Q4_K_M's mix (Q4_K codes in q4m32, Q6_K requantized in q6; MoE files: one scheme)
+TYPES = {n: ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K_M"] for n in ARCHS}
 TYPES["llama"] = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M",
                   "Q6_K"]
 CASES = [(n, t) for n in ARCHS for t in TYPES[n]]
