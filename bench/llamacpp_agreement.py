@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,14 +61,22 @@ def llama_tokens(tokenize: Path, gguf: Path, text: Path) -> list[int]:
 
 def llama_perplexity(perplexity: Path, gguf: Path, text: Path, ctx: int, chunks: int, threads: int,
                      base: Path) -> float:
-    """llama.cpp's perplexity estimate; its per-position log-probabilities land in `base`."""
-    p = subprocess.run([str(perplexity), "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-b", str(ctx),
-                        "--chunks", str(chunks), "-t", str(threads), "--kl-divergence-base", str(base)],
-                       capture_output=True, text=True)
-    for line in (p.stdout + p.stderr).splitlines():
-        if "Final estimate: PPL =" in line:
-            return float(line.split("=")[1].split()[0])
-    raise RuntimeError(f"llama-perplexity printed no estimate:\n{p.stderr[-2000:]}")
+    """llama.cpp's perplexity estimate; its per-position log-probabilities land in `base`. Its log goes through a
+    thread that now and then drops its last lines at exit (seen: exit 0 and neither the running estimates nor the
+    final one printed, about one run in five on these tiny files): run again, up to 3 times."""
+    for _ in range(3):
+        p = subprocess.run([str(perplexity), "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-b", str(ctx),
+                            "--chunks", str(chunks), "-t", str(threads), "--kl-divergence-base", str(base)],
+                           capture_output=True, text=True)
+        for line in (p.stdout + p.stderr).splitlines():
+            if "Final estimate: PPL =" in line:
+                return float(line.split("=")[1].split()[0])
+        running = re.findall(r"\[(\d+)\]([0-9.eE+-]+|inf|nan),", p.stdout + p.stderr)
+        if p.returncode == 0 and running and int(running[-1][0]) == chunks:
+            return float(running[-1][1])   # the running estimate after the last chunk: the same number
+        if p.returncode != 0:
+            break
+    raise RuntimeError(f"llama-perplexity printed no estimate (exit {p.returncode}):\n{p.stderr[-2000:]}")
 
 
 NEAR_TIE = 0.25   # nats between llama.cpp's two best log-probabilities

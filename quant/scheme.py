@@ -18,7 +18,7 @@ registers its schemes; quant/__init__.py imports those modules (the registration
 | f16    | quant/float.py| w f16[N, K]                               | 16          | f16 weights, f32 math                    |
 | q8     | quant/q8.py   | qweight u8[N, K], scales f32[N]           | 8 + 32/K    | int8 per row; int8 act per 32-k block    |
 | q4gG   | quant/q4.py   | qweight u8[N, K/2], scales f16[N, K/G]    | 4 + 16/G    | int4 per G-group; int8 act per 32-k block|
-| q4m32  | quant/q4m.py  | qweight u8[N, K/2], scales, mins f16[N, K/32] | 5         | int4 + min per 32-group; int8 act per blk|
+| q4m32  | quant/q4m.py  | qweight u8[N, K/2], scales, mins f16[N,K/32]| 5           | int4 + min per 32-group; int8 act per blk|
 | q6     | quant/q6.py   | qweight u8[N, 3K/4], scales f16[N, K/32]  | 6.5         | int6 per 32-group; int8 act per 32-k blk |
 | t2     | quant/t2.py   | qweight u8[N, K/4], scale f32[1]          | 2 + 32/(NK) | ternary absmean per tensor; int8 per token|
 
