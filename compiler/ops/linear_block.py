@@ -172,6 +172,27 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
     SS_len = KG * 16 if (group and R) else 1
     WS_len = NCH * 64 if R else 1
 
+    MS_len = SS_len if minimum else 1
+
+    @T.macro
+    def body(X, Wf, Sf, Mf, Bs, O):
+        xq = T.alloc_buffer((T_ * K,), "int8", scope="global")
+        dx = T.alloc_buffer((T_ * KB,), F32, scope="global")
+        cr = T.alloc_buffer((T_ * KB,), I32, scope="global")
+        act(X, xq, dx, cr)
+        for nb in outer(NBf):
+            panel(Wf, nb * NR * BPR, N * BPR, Sf, Mf, nb * NR * KG, X, Sf, Bs, O, xq, dx, cr, nb, True)
+        if R > 0:
+            Ws = T.alloc_buffer((WS_len,), U8, scope="global")
+            Ss = T.alloc_buffer((SS_len,), S_dt, scope="global")
+            Ms = T.alloc_buffer((MS_len,), S_dt, scope="global")
+            tail_copy(Wf, Ws)
+            if group:
+                tail_scales(Sf, Ss)
+            if minimum:
+                tail_scales(Mf, Ms)
+            panel(Ws, 0, WS_len, Ss, Ms, 0, X, Sf, Bs, O, xq, dx, cr, NBf, False)
+
     @T.prim_func
     def linear_q(x: T.handle, w: T.handle, s: T.handle, b: T.handle, o: T.handle):
         T.func_attr({"tirx.noalias": True})
@@ -180,21 +201,8 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
         S = T.match_buffer(s, S_shape, S_dt)
         Bs = T.match_buffer(b, B_shape, F32)
         O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
-        Wf = T.decl_buffer((N * BPR,), U8, data=W.data)
         Sf = T.decl_buffer((N * KG,), S_dt, data=S.data)
-        xq = T.alloc_buffer((T_ * K,), "int8", scope="global")
-        dx = T.alloc_buffer((T_ * KB,), F32, scope="global")
-        cr = T.alloc_buffer((T_ * KB,), I32, scope="global")
-        act(X, xq, dx, cr)
-        for nb in outer(NBf):
-            panel(Wf, nb * NR * BPR, N * BPR, Sf, Sf, nb * NR * KG, X, Sf, Bs, O, xq, dx, cr, nb, True)
-        if R > 0:
-            Ws = T.alloc_buffer((WS_len,), U8, scope="global")
-            Ss = T.alloc_buffer((SS_len,), S_dt, scope="global")
-            tail_copy(Wf, Ws)
-            if group:
-                tail_scales(Sf, Ss)
-            panel(Ws, 0, WS_len, Ss, Ss, 0, X, Sf, Bs, O, xq, dx, cr, NBf, False)
+        body(X, T.decl_buffer((N * BPR,), U8, data=W.data), Sf, Sf, Bs, O)
 
     @T.prim_func
     def linear_qm(x: T.handle, w: T.handle, s: T.handle, m: T.handle, b: T.handle, o: T.handle):
@@ -205,23 +213,8 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
         M = T.match_buffer(m, S_shape, S_dt)
         Bs = T.match_buffer(b, B_shape, F32)
         O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
-        Wf = T.decl_buffer((N * BPR,), U8, data=W.data)
         Sf = T.decl_buffer((N * KG,), S_dt, data=S.data)
-        Mf = T.decl_buffer((N * KG,), S_dt, data=M.data)
-        xq = T.alloc_buffer((T_ * K,), "int8", scope="global")
-        dx = T.alloc_buffer((T_ * KB,), F32, scope="global")
-        cr = T.alloc_buffer((T_ * KB,), I32, scope="global")
-        act(X, xq, dx, cr)
-        for nb in outer(NBf):
-            panel(Wf, nb * NR * BPR, N * BPR, Sf, Mf, nb * NR * KG, X, Sf, Bs, O, xq, dx, cr, nb, True)
-        if R > 0:
-            Ws = T.alloc_buffer((WS_len,), U8, scope="global")
-            Ss = T.alloc_buffer((SS_len,), S_dt, scope="global")
-            Ms = T.alloc_buffer((SS_len,), S_dt, scope="global")
-            tail_copy(Wf, Ws)
-            tail_scales(Sf, Ss)
-            tail_scales(Mf, Ms)
-            panel(Ws, 0, WS_len, Ss, Ms, 0, X, Sf, Bs, O, xq, dx, cr, NBf, False)
+        body(X, T.decl_buffer((N * BPR,), U8, data=W.data), Sf, T.decl_buffer((N * KG,), S_dt, data=M.data), Bs, O)
 
     if minimum:
         return _drop_bias(linear_qm, bias, 4)

@@ -73,54 +73,10 @@ def naive(traits, T_: int, N: int, K: int, G: int | None, bias: bool, segs=()):
     def wscale(Sf, n, kb):
         return weight_scale(traits.scale, g, segs, Sf, n, kb * QB // GB, lambda v: T.Cast(F32, v))
 
-    @T.prim_func
-    def plain(x: T.handle, w: T.handle, s: T.handle, b: T.handle, o: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        X = T.match_buffer(x, (T_, K), F32)
-        W = T.match_buffer(w, (N, BPR), U8)
-        S = T.match_buffer(s, S_shape, S_dt)
-        Bs = T.match_buffer(b, B_shape, F32)
-        O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
-        Wf = T.decl_buffer((N * BPR,), U8, data=W.data)
-        Sf = T.decl_buffer((S_len,), S_dt, data=S.data)
-        xq = T.alloc_buffer((T_ * K,), I32, scope="global")
-        dx = T.alloc_buffer((T_ * NQB,), F32, scope="global")
-        st = T.alloc_buffer((2,), F32, scope="global", annotations=STACK)
-        ist = T.alloc_buffer((1,), I32, scope="global", annotations=STACK)
-        for t in range(T_):
-            for qb in range(NQB):
-                st[0] = T.float32(eps)
-                for k in range(QB):
-                    st[0] = T.max(st[0], T.abs(X[t, qb * QB + k]))
-                dx[t * NQB + qb] = st[0] / T.float32(127)
-                st[1] = T.float32(127) / st[0]
-                for k in range(QB):
-                    xq[t * K + qb * QB + k] = T.Cast(I32, T.nearbyint(X[t, qb * QB + k] * st[1]))
-        for t in range(T_):
-            for n in range(N):
-                st[0] = T.float32(0)
-                for qb in range(NQB):
-                    ist[0] = 0
-                    for k in range(QB):
-                        ist[0] = ist[0] + code(Wf, n, qb * QB + k) * xq[t * K + qb * QB + k]
-                    st[0] = st[0] + T.Cast(F32, ist[0]) * (wscale(Sf, n, qb) * dx[t * NQB + qb])
-                if bias:
-                    O[t, n] = st[0] + Bs[n]
-                else:
-                    O[t, n] = st[0]
+    minimum = traits.minimum   # w = s * code + m per group: the block adds m * sum(xq)
 
-    @T.prim_func
-    def plain_min(x: T.handle, w: T.handle, s: T.handle, m: T.handle, b: T.handle, o: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        X = T.match_buffer(x, (T_, K), F32)
-        W = T.match_buffer(w, (N, BPR), U8)
-        S = T.match_buffer(s, S_shape, S_dt)
-        M = T.match_buffer(m, S_shape, S_dt)
-        Bs = T.match_buffer(b, B_shape, F32)
-        O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
-        Wf = T.decl_buffer((N * BPR,), U8, data=W.data)
-        Sf = T.decl_buffer((S_len,), S_dt, data=S.data)
-        Mf = T.decl_buffer((S_len,), S_dt, data=M.data)
+    @T.macro
+    def body(X, Wf, Sf, Mf, Bs, O):
         xq = T.alloc_buffer((T_ * K,), I32, scope="global")
         dx = T.alloc_buffer((T_ * NQB,), F32, scope="global")
         st = T.alloc_buffer((2,), F32, scope="global", annotations=STACK)
@@ -143,12 +99,41 @@ def naive(traits, T_: int, N: int, K: int, G: int | None, bias: bool, segs=()):
                     for k in range(QB):
                         ist[0] = ist[0] + code(Wf, n, qb * QB + k) * xq[t * K + qb * QB + k]
                         ist[1] = ist[1] + xq[t * K + qb * QB + k]
-                    st[0] = st[0] + (T.Cast(F32, ist[0]) * wscale(Sf, n, qb) + T.Cast(F32, ist[1]) * wscale(Mf, n, qb)) * dx[t * NQB + qb]
+                    if minimum:
+                        st[0] = st[0] + (T.Cast(F32, ist[0]) * wscale(Sf, n, qb)
+                                         + T.Cast(F32, ist[1]) * wscale(Mf, n, qb)) * dx[t * NQB + qb]
+                    else:
+                        st[0] = st[0] + T.Cast(F32, ist[0]) * (wscale(Sf, n, qb) * dx[t * NQB + qb])
                 if bias:
                     O[t, n] = st[0] + Bs[n]
                 else:
                     O[t, n] = st[0]
 
-    if traits.minimum:   # w = s * code + m per group: the block adds m * sum(xq)
+    @T.prim_func
+    def plain(x: T.handle, w: T.handle, s: T.handle, b: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        X = T.match_buffer(x, (T_, K), F32)
+        W = T.match_buffer(w, (N, BPR), U8)
+        S = T.match_buffer(s, S_shape, S_dt)
+        Bs = T.match_buffer(b, B_shape, F32)
+        O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
+        Wf = T.decl_buffer((N * BPR,), U8, data=W.data)
+        Sf = T.decl_buffer((S_len,), S_dt, data=S.data)
+        body(X, Wf, Sf, Sf, Bs, O)
+
+    @T.prim_func
+    def plain_min(x: T.handle, w: T.handle, s: T.handle, m: T.handle, b: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        X = T.match_buffer(x, (T_, K), F32)
+        W = T.match_buffer(w, (N, BPR), U8)
+        S = T.match_buffer(s, S_shape, S_dt)
+        M = T.match_buffer(m, S_shape, S_dt)
+        Bs = T.match_buffer(b, B_shape, F32)
+        O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
+        Wf = T.decl_buffer((N * BPR,), U8, data=W.data)
+        Sf = T.decl_buffer((S_len,), S_dt, data=S.data)
+        body(X, Wf, Sf, T.decl_buffer((S_len,), S_dt, data=M.data), Bs, O)
+
+    if minimum:
         return _drop_bias(plain_min, bias, 4)
     return _drop_bias(plain, bias, 3)
