@@ -50,10 +50,10 @@ def body_scheme(counts: Counter) -> str:
     return "q8g32"
 
 
-# the scheme each block type is stored in when a dense model's matrices each keep their own (`mixed`): the cheapest
-# that holds it (HOLDS)
-OWN = {"F32": "f32", "F16": "f16", "BF16": "f16", "Q8_0": "q8g32", "Q4_0": "q4g32", "Q4_1": "q4m32",
-       "Q4_K": "q4m32", "Q5_0": "q6", **{t: "q6" for t in ("Q5_1", "Q5_K", "Q6_K", "Q3_K", "Q2_K")}}
+# the scheme each block type is stored in when the matrices each keep their own (`mixed`): the cheapest that holds
+# it (HOLDS is in that order), the float types as they are
+OWN = {**{t: next(sch for sch, holds in HOLDS.items() if t in holds) for t in set().union(*HOLDS.values())},
+       **{t: FLOAT_BODY[t] for t in ("F32", "F16", "BF16")}}
 
 
 def auto_schemes(spec, ck, family, mixed: bool = False, allowed=None) -> tuple[str, str, str, dict]:

@@ -40,7 +40,6 @@ DEFAULT_MAX_CONTEXT = 4096
 VERIFY_TOKENS = 8
 
 
-
 class StoredBlocks:
     """Lowering's `quantized` map for schemes that take a checkpoint's stored blocks (Scheme.from_blocks): a
     matrix's parts from its blocks, or None (quantized from its values) where its scheme (scheme_of(name)) does not
@@ -52,6 +51,7 @@ class StoredBlocks:
     def get(self, name: str):
         scheme = self.scheme_of(name)
         return scheme.from_blocks(self.ck.blocks(name)) if hasattr(scheme, "from_blocks") else None
+
 
 def verify_width(tokens: int | None, chunk: int) -> int | None:
     """The verify program's tokens (None: no program): `tokens`, else $EDGELLM_VERIFY_TOKENS (the test session

@@ -26,5 +26,6 @@ class LastFused:
         if key != self.key:
             self.key, self.arr = None, None   # drop the old one before loading the next
             self.arr, self.key = load(), key
-            self.arr.setflags(write=False)   # shared by the parts handed out: never changed in place
+            if hasattr(self.arr, "setflags"):
+                self.arr.setflags(write=False)   # shared by the parts handed out: never changed in place
         return self.arr

@@ -98,7 +98,8 @@ def naive(traits, T_: int, N: int, K: int, G: int | None, bias: bool, segs=()):
                     ist[1] = 0
                     for k in range(QB):
                         ist[0] = ist[0] + code(Wf, n, qb * QB + k) * xq[t * K + qb * QB + k]
-                        ist[1] = ist[1] + xq[t * K + qb * QB + k]
+                        if minimum:
+                            ist[1] = ist[1] + xq[t * K + qb * QB + k]
                     if minimum:
                         st[0] = st[0] + (T.Cast(F32, ist[0]) * wscale(Sf, n, qb)
                                          + T.Cast(F32, ist[1]) * wscale(Mf, n, qb)) * dx[t * NQB + qb]

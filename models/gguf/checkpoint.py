@@ -95,8 +95,9 @@ class GGUFCheckpoint:
         return np.asarray(fn(arr), np.float32) if fn else arr
 
     def blocks(self, name: str):
-        """The weight's stored affine blocks (models/gguf/blocks.py: Q4_1, Q4_K), with the same row operations as
-        get() (a fused tensor's rows, llama.cpp's q/k row order undone), or None where it is not stored so."""
+        """The weight's stored blocks (models/gguf/blocks.py DECODERS: Q4_0, Q4_1, Q4_K, Q5_0), with the same row
+        operations as get() (a fused tensor's rows, llama.cpp's q/k row order undone), or None where it is not
+        stored so."""
         from .blocks import DECODERS
 
         if name not in self._names or name in self._ternary or name in self._scale_of or name in self._transforms:
@@ -107,16 +108,19 @@ class GGUFCheckpoint:
         shape = self.entry(name)["shape"]
         if decode is None or len(shape) != 2:
             return None
-        data = np.asarray(t.data if e is None else t.data[e], np.uint8)
-        b = decode(data.reshape(-1, data.shape[-1]))
-        if name in self._rows:
-            b = b.rows(slice(*self._rows[name]))
+
+        def load():
+            data = np.asarray(t.data if e is None else t.data[e], np.uint8)
+            return decode(data.reshape(-1, data.shape[-1]))
+
+        if name in self._rows:   # a part of a fused tensor: decoded once for all its parts
+            b = self._fused.read(("blocks", g, e), load).rows(slice(*self._rows[name]))
+        else:
+            b = load()
         if b.codes.shape != tuple(shape):
             return None
-        if self.arch.permuted_qk and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
-            heads = self.cfg["num_attention_heads"] if ".q_proj." in name else self.cfg["num_key_value_heads"]
-            b = b.rows(_unpermute(np.arange(shape[0]), heads))
-        return b
+        heads = self._permuted_heads(name)
+        return b.rows(_unpermute(np.arange(shape[0]), heads)) if heads else b
 
     # ---- GGUF specifics
     def _ternary_weight(self, name: str) -> tuple[np.ndarray, float]:
@@ -146,11 +150,17 @@ class GGUFCheckpoint:
             return self.undo_convert(name, self._fused.read((g, e), load)[lo:hi])
         return self.undo_convert(name, load())
 
-    def undo_convert(self, name: str, w: np.ndarray) -> np.ndarray:
-        """What llama.cpp's converter did to this weight, undone (q/k row order, norm offsets)."""
+    def _permuted_heads(self, name: str) -> int | None:
+        """The heads whose rows llama.cpp's converter permuted in this q/k weight or bias (None: not permuted)."""
         if self.arch.permuted_qk and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight",
                                                     "self_attn.q_proj.bias", "self_attn.k_proj.bias")):
-            heads = self.cfg["num_attention_heads"] if ".q_proj." in name else self.cfg["num_key_value_heads"]
+            return self.cfg["num_attention_heads"] if ".q_proj." in name else self.cfg["num_key_value_heads"]
+        return None
+
+    def undo_convert(self, name: str, w: np.ndarray) -> np.ndarray:
+        """What llama.cpp's converter did to this weight, undone (q/k row order, norm offsets)."""
+        heads = self._permuted_heads(name)
+        if heads:
             w = _unpermute(w, heads)
         if self.arch.norm_shift and name.endswith(NORM_SUFFIXES):
             w = w - np.float32(self.arch.norm_shift)
