@@ -68,9 +68,70 @@ def package(model: str, work: Path) -> Path:
 
         src, quant = str(gguf_file(model)), "auto"
         out = work / f"spec-{model}-auto.edgellm"
-    if not (out / "manifest.json").is_file() or not json.loads((out / "manifest.json").read_text()).get("verify_tokens"):
-        edgellm.compile(src, quant=quant, out=out, max_context=1024, progress=False, verify_tokens=8)
+    import shutil
+
+    import vs_llamacpp as vs
+
+    stamp = vs.source_stamp(1024) + "-verify8"   # a package built before a kernel change must not be measured
+    if (out / "bench-stamp").is_file() and (out / "bench-stamp").read_text() == stamp:
+        return out
+    if out.exists():
+        shutil.rmtree(out)
+    edgellm.compile(src, quant=quant, out=out, max_context=1024, progress=False, verify_tokens=8)
+    (out / "bench-stamp").write_text(stamp)
     return out
+
+
+# ---- llama.cpp's own speculative decoding, same model file and prompt ids --------------------------------------
+LLAMA_SPEC = ("none", "ngram-simple", "ngram-map-k", "ngram-mod")   # llama-server --spec-type (none: plain)
+
+
+class LlamaServer:
+    """llama-server over a GGUF file with one --spec-type, on a free port; /completion with token ids, greedy."""
+
+    def __init__(self, exe: Path, gguf: Path, spec: str, threads: int):
+        import socket
+        import subprocess
+        import time
+        import urllib.request
+
+        with socket.socket() as so:
+            so.bind(("127.0.0.1", 0))
+            self.port = so.getsockname()[1]
+        cmd = [str(exe), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", "2048", "-np", "1",
+               "--port", str(self.port), "--host", "127.0.0.1", "--no-webui"] + \
+            ([] if spec == "none" else ["--spec-type", spec])
+        self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        t0 = time.time()
+        while True:
+            if self.p.poll() is not None:
+                raise RuntimeError(f"llama-server --spec-type {spec} ended: {self.p.stderr.read()[-1500:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() - t0 > 120:
+                raise RuntimeError(f"llama-server --spec-type {spec} did not come up")
+            time.sleep(0.3)
+
+    def complete(self, ids: list[int], n: int) -> dict:
+        import urllib.request
+
+        body = json.dumps({"prompt": ids, "n_predict": n, "temperature": 0, "ignore_eos": True, "cache_prompt": False,
+                           "return_tokens": True}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            out = json.loads(r.read())
+        t = out["timings"]
+        return {"ids": out.get("tokens", []), "tok_s": t["predicted_per_second"], "drafted": t.get("draft_n", 0),
+                "accepted": t.get("draft_n_accepted", 0)}
+
+    def close(self):
+        self.p.terminate()
+        self.p.wait(timeout=30)
 
 
 def prompt_ids(rt, task: str) -> list[int]:
@@ -91,37 +152,92 @@ def one(rt, ids, mode: str, n: int) -> dict:
             "tokens_per_weight_pass": d["decode_tokens"] / steps if steps else 1.0}
 
 
-def measure(model: str, work: Path, rounds: int, n: int, threads: int | None) -> list[dict]:
+def budget_bytes(pkg: Path, fraction: float) -> int:
+    """A memory budget holding `fraction` of the weights, plus what the runtime needs besides (a context's KV cache
+    and arena, the page cache buffered reads hold), as tests/test_window.py's budget_for."""
+    from edgellm.runtime.python.api import Runtime
+
+    p = Runtime.plan(pkg, memory_budget=1 << 40, weight_policy="window")
+    return int(p["weights_bytes"] * fraction) + p["context_bytes"] + p["cache_bytes"]
+
+
+def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, budget: float | None,
+            llama: Path | None) -> list[dict]:
+    """Rows per task and draft source: edgellm's modes (in RAM, or under `budget` of the weights), and where the
+    model is a GGUF file and `llama` is llama-server, llama.cpp's --spec-type modes on the same prompt ids, all in
+    interleaved rounds."""
     from edgellm.runtime.python.api import Runtime
 
     pkg = package(model, work)
+    kw = {"memory_budget": budget_bytes(pkg, budget), "weight_policy": "window"} if budget else {}
+    memory = f"{budget:.0%} budget" if budget else "RAM"
+    servers = {}
+    if llama is not None and model != "demo":
+        from real_checkpoints import gguf_file
+
+        servers = {t: LlamaServer(llama, gguf_file(model), t, threads or 2) for t in LLAMA_SPEC}
     rows = []
-    with Runtime.load(pkg, threads=threads) as rt:
-        for task in TASKS:
-            ids = prompt_ids(rt, task)
-            one(rt, ids, "off", 8)   # warm-up
-            runs = {m: [] for m in ("off", "ngram", "auto")}
-            for _ in range(rounds):
-                for m in runs:
-                    runs[m].append(one(rt, ids, m, n))
-            plain = runs["off"][0]["ids"]
-            for m, rs in runs.items():
-                assert all(r["ids"] == plain for r in rs), f"{model}/{task}/{m}: tokens differ from plain decoding"
-                rows.append({"model": model, "task": task, "source": m, "prompt_tokens": len(ids),
-                             "passes": rs[0]["passes"], "taken_per_pass": rs[0]["taken_per_pass"],
-                             "tokens_per_weight_pass": rs[0]["tokens_per_weight_pass"],
-                             "tok_s": statistics.median(r["tok_s"] for r in rs),
-                             "x_plain": statistics.median(r["tok_s"] / p["tok_s"]
-                                                          for r, p in zip(rs, runs["off"]))})
+    try:
+        with Runtime.load(pkg, threads=threads, **kw) as rt:
+            for task in TASKS:
+                ids = prompt_ids(rt, task)
+                one(rt, ids, "off", 8)   # warm-up
+                runs = {m: [] for m in ("off", "ngram", "auto")}
+                lruns = {t: [] for t in servers}
+                for _ in range(rounds):
+                    for m in runs:
+                        runs[m].append(one(rt, ids, m, n))
+                    for t, srv in servers.items():
+                        lruns[t].append(srv.complete(ids, n))
+                plain = runs["off"][0]["ids"]
+                for m, rs in runs.items():
+                    assert all(r["ids"] == plain for r in rs), f"{model}/{task}/{m}: tokens differ from plain decoding"
+                    rows.append({"model": model, "memory": memory, "task": task, "source": m, "engine": "edgellm",
+                                 "prompt_tokens": len(ids),
+                                 "passes": rs[0]["passes"], "taken_per_pass": rs[0]["taken_per_pass"],
+                                 "tokens_per_weight_pass": rs[0]["tokens_per_weight_pass"],
+                                 "tok_s": statistics.median(r["tok_s"] for r in rs),
+                                 "x_plain": statistics.median(r["tok_s"] / p["tok_s"]
+                                                              for r, p in zip(rs, runs["off"]))})
+                for t, rs in lruns.items():
+                    same = sum(a == b for a, b in zip(rs[0]["ids"], plain)) / max(1, len(plain))
+                    rows.append({"model": model, "memory": memory, "task": task, "source": f"llama.cpp {t}",
+                                 "engine": "llama.cpp", "prompt_tokens": len(ids), "passes": None,
+                                 "taken_per_pass": None, "drafted": rs[0]["drafted"], "accepted": rs[0]["accepted"],
+                                 "tokens_per_weight_pass": None, "same_tokens": same,
+                                 "tok_s": statistics.median(r["tok_s"] for r in rs),
+                                 "x_plain": statistics.median(r["tok_s"] / p["tok_s"]
+                                                              for r, p in zip(rs, lruns["none"]))})
+    finally:
+        for srv in servers.values():
+            srv.close()
     return rows
 
 
+def versus(rows: list[dict]) -> str:
+    """Per model and task: edgellm's best speculative mode over llama.cpp's best (same prompt ids, same run)."""
+    out = ["| model | task | edgellm best (tok/s) | llama.cpp best (tok/s) | edgellm / llama.cpp |", "|---|---|---|---|---|"]
+    keys = sorted({(r["model"], r["task"]) for r in rows if r["engine"] == "llama.cpp"}, key=lambda k: list(TASKS).index(k[1]))
+    for m, t in keys:
+        e = max((r for r in rows if r["model"] == m and r["task"] == t and r["engine"] == "edgellm" and r["memory"] == "RAM"),
+                key=lambda r: r["tok_s"])
+        l = max((r for r in rows if r["model"] == m and r["task"] == t and r["engine"] == "llama.cpp"),
+                key=lambda r: r["tok_s"])
+        out.append(f"| {m} | {t} | {e['source']} ({e['tok_s']:.1f}) | {l['source'][10:]} ({l['tok_s']:.1f}) | "
+                   f"{e['tok_s'] / l['tok_s']:.2f} |")
+    return "\n".join(out)
+
+
 def table(rows: list[dict]) -> str:
-    out = ["| model | task | draft source | verify passes | drafts taken per pass | tokens per weight pass | "
-           "decode tok/s | x plain |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| model | memory | task | draft source | verify passes | drafts taken per pass | tokens per weight pass | "
+           "decode tok/s | x plain |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['model']} | {r['task']} | {r['source']} | {r['passes']} | {r['taken_per_pass']:.2f} | "
-                   f"{r['tokens_per_weight_pass']:.2f} | {r['tok_s']:.1f} | {r['x_plain']:.2f} |")
+        if r["engine"] == "llama.cpp":   # its server reports drafts, not passes
+            mid = f"- | {r['accepted']}/{r['drafted']} taken | -"
+        else:
+            mid = f"{r['passes']} | {r['taken_per_pass']:.2f} | {r['tokens_per_weight_pass']:.2f}"
+        out.append(f"| {r['model']} | {r['memory']} | {r['task']} | {r['source']} | {mid} | {r['tok_s']:.1f} | "
+                   f"{r['x_plain']:.2f} |")
     return "\n".join(out)
 
 
@@ -132,12 +248,28 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--work", default=os.path.expanduser("~/.cache/edgellm/bench"))
+    ap.add_argument("--budget", type=float, default=None,
+                    help="also run under a memory budget of this fraction of the weights (window store), e.g. 0.35")
+    ap.add_argument("--llamacpp", action="store_true",
+                    help="also run llama.cpp's own speculative modes (llama-server --spec-type) on the GGUF models")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     import vs_llamacpp as vs
 
-    rows = [r for m in a.models for r in measure(m, Path(a.work), a.rounds, a.tokens, a.threads)]
-    return vs.report(f"greedy, {a.tokens} tokens, median of {a.rounds} interleaved rounds", table(rows), rows, a.json)
+    work = Path(a.work)
+    llama = None
+    if a.llamacpp:   # built from the llama-cpp-python sdist, as bench/vs_llamacpp.py does (AMX off: see NO_AMX there)
+        llama = vs.build_llamacpp(work, os.cpu_count() or 2, amx=False, targets=("llama-server",))[0]
+    rows = []
+    for m in a.models:
+        rows += measure(m, work, a.rounds, a.tokens, a.threads, None, llama)
+        if a.budget:
+            rows += measure(m, work, a.rounds, a.tokens, a.threads, a.budget, None)
+    out = vs.report(f"greedy, {a.tokens} tokens, median of {a.rounds} interleaved rounds", table(rows), rows, a.json)
+    if llama is not None and not a.json:
+        print("\nedgellm's best mode against llama.cpp's best --spec-type, same model file, prompt ids and run:\n")
+        print(versus(rows))
+    return out
 
 
 if __name__ == "__main__":

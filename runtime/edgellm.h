@@ -159,6 +159,12 @@ int el_rewind_floor(const el_context* c);
 int el_prefill(el_context* c, const int32_t* ids, int n, float* logits, int all_logits);
 /* Appends one token; logits [vocab] may be NULL. */
 int el_decode(el_context* c, int32_t id, float* logits);
+/* Speculative decoding with a front end's own drafts: ids[0] (the next token) and n - 1 drafts after it in one pass
+ * of the verify program (n <= el_verify_width); logits gets a row per id [n, vocab]. The context then holds ids[0];
+ * el_verify_take(k) appends the first k drafts, whose cache rows the pass wrote (any other call drops them). */
+int el_verify(el_context* c, const int32_t* ids, int n, float* logits);
+int el_verify_width(const el_model* m); /* tokens per verify pass (0: the package has no verify program) */
+int el_verify_take(el_context* c, int k);
 
 /* Generation ------------------------------------------------------------------------------------------------- */
 

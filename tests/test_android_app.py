@@ -111,6 +111,25 @@ def test_tokens_and_stream_equal_python_runtime(driver, built, case):
     assert streamed == [p for p in pieces if p]
 
 
+SPEC_PROMPT = "x = [10, 20, 30, 40, 50, 60, 70, 80]; y = [10, 20, 30, 40, 50, 60, 70, 80]; z = [10, 20,"   # one line
+
+
+def test_speculation_through_the_bridge_gives_plain_tokens(driver, built):
+    # GenerateParams.speculate / draftMax reach the C loop: the drafts are verified (the counters move) and the tokens
+    # are plain greedy decoding's, as the Python Runtime's are
+    rt = Runtime.load(built[1], threads=1)
+    plain = rt.generate(SPEC_PROMPT, 40, temperature=0, ignore_eos=True)
+    for mode, dmax in (("ngram", None), ("auto", None), ("ngram", 2)):
+        row = driver.ask("spec", SPEC_PROMPT, 40, mode, dmax, until="SPEC")[-1]
+        assert row[0] == "SPEC", row
+        assert [int(t) for t in row[1].split(",") if t] == plain.token_ids, (mode, row)
+        passes, drafted, accepted = map(int, row[2:5])
+        if mode == "ngram":
+            assert passes > 0 and 0 < accepted <= drafted <= passes * (dmax or 7), row
+    row = driver.ask("spec", SPEC_PROMPT, 8, "sometimes", until="SPEC")[-1]
+    assert row[0] == "ERROR" and "sometimes" in row[1] and "ngram" in row[1], row
+
+
 def test_chat_turns_equal_python_runtime(driver, built):
     # the app's ChatSession: turns cut from the package's chat_format.json, each later turn appended to the KV cache
     users = ["Write a function that adds two numbers", "Now make it multiply", "Thanks \U0001F642"]

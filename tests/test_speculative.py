@@ -108,6 +108,37 @@ def test_cache_rows_equal_a_run_of_the_accepted_tokens(packages):
     assert np.abs(nxt - want).max() <= 1e-4 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("scheme", ("f32", "q8"))
+def test_own_drafts_through_verify_and_take(packages, scheme):
+    """Context.verify / take_drafts (el_verify, el_verify_take: a front end's own drafts): a pass's rows are the
+    logits that decoding its ids one by one gives (float rounding aside: the 8-token kernels may sum in another
+    order), taking k drafts leaves the context as if it had decoded them, and whatever runs next drops the drafts
+    not taken."""
+    tol = 1e-4
+    with Runtime.load(packages[scheme]) as rt:
+        ctx = rt.context
+        assert rt.verify_width == 8
+        p = copy_prompt(rt.manifest["model"]["config"]["vocab_size"], 5)
+        ctx.prefill(p[:40])
+        rows = ctx.verify(p[40:48])
+        assert rows.shape == (8, rt.vocab) and ctx.pos == 41
+        ctx.take_drafts(3)
+        assert ctx.pos == 44 and ctx.cached == p[:44]
+        after = ctx.decode_step(p[44])
+        with pytest.raises(EdgeLLMError, match="left 0 to take"):
+            ctx.take_drafts(1)   # the decode step dropped the other drafts
+        ctx.rewind(40)
+        want = [ctx.decode_step(t) for t in p[40:45]]
+        for got, ref in zip(list(rows[:4]) + [after], want):
+            assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
+        ctx.rewind(40)
+        ctx.verify(p[40:43])
+        with pytest.raises(EdgeLLMError, match="left 2 to take"):
+            ctx.take_drafts(3)
+        with pytest.raises(EdgeLLMError, match="verifies 8 per pass"):
+            ctx.verify(p[:9])
+
+
 def test_under_a_memory_budget(demo_q8):
     """Weights streamed through a window (35% of them held): one verify pass reads them once for all its tokens."""
     from test_window import budget_for

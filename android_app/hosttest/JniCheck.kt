@@ -44,6 +44,14 @@ fun main(args: Array<String>) {
                     println("RESULT\t${r.tokens.joinToString(",")}\t${hex(r.text)}\t${r.finishReason}\t${r.promptTokens}\t" +
                             "${r.decodeSteps}\t${ctx.position}")
                 }
+                "spec" -> {   // spec PROMPT MAX MODE [DRAFT_MAX]: greedy with speculate=MODE, and the spec counters it moved
+                    val s0 = ctx.stats()
+                    val r = ctx.generate(f[1], GenerateParams(maxNewTokens = f[2].toInt(), temperature = 0f, ignoreEos = true,
+                                                              speculate = f[3], draftMax = f.getOrNull(4)?.takeIf { it != "-" }?.toInt()))
+                    val s1 = ctx.stats()
+                    println("SPEC\t${r.tokens.joinToString(",")}\t${s1.specPasses - s0.specPasses}\t" +
+                            "${s1.specDrafted - s0.specDrafted}\t${s1.specAccepted - s0.specAccepted}")
+                }
                 "budget" -> {   // budget SIZE: the bytes a load with that memory budget reports
                     Model.load(pkg, LoadOptions(threads = 1, memoryBudget = f[1])).closing { m -> println("BUDGET\t${m.memory[4]}") }
                 }

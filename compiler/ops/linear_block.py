@@ -8,7 +8,7 @@ from ...quant.packing import NR, Q6_CHUNKS, Q6_GROUP, QA
 from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, prefetch
 from .quant_common import (
     I32, PREMUL_UNPACK, U8, _Geo, _act_blocks, _drop_bias, _outer, _tail_copy, _tt, _u8, _use_mmla, dot4,
-    dot4_sdot, dot4_signed_avx2, flush16, i16_capacity, madd16_avx2, mmla8, mmla_tokens, path_for,
+    dot4_sdot, dot4_signed_avx2, flush16, i16_capacity, madd16_avx2, mmla8, mmla_tokens, path_for, stream_prefetch,
 )
 
 
@@ -34,7 +34,7 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
     # once per block; q8's signed products (<= 2 * 127^2) fill an int16 lane alone
     i16 = path == "avx2" and not signed_w and CPB * g.SUB <= i16_capacity((1 << g.bits) - 1)
     NA = 2 if Tt == 1 and not i16 else 1    # independent int accumulators per token (latency of the dot chain)
-    PF = cpu.prefetch_bytes if T_ == 1 else 0   # decode streams the weights once: prefetch ahead of the loads
+    PF = stream_prefetch(cpu, T_)   # decode and verify stream the weights once: prefetch ahead of the loads
     NTB = (T_ + Tt - 1) // Tt
     rag_t = T_ % Tt != 0
     S_shape, S_dt = ((N, KG), "float16") if group else ((N,), F32)
@@ -234,7 +234,7 @@ def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
     BB = Q6_CHUNKS * 64                      # panel bytes per block
     Tt = _tt(path, T_, 8)
     NA = 2 if Tt == 1 else 1
-    PF = cpu.prefetch_bytes if T_ == 1 else 0
+    PF = stream_prefetch(cpu, T_)
     NTB = (T_ + Tt - 1) // Tt
     rag_t = T_ % Tt != 0
     B_shape = (N,) if bias else (1,)

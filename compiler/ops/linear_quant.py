@@ -42,7 +42,10 @@ T == 1 (decode GEMV, memory bound): parallel over panels; each 64-byte chunk loa
   (t2): one `and` + one vpdpbusd per 64 bytes of weights (t2 needs K <= 65536 for that; larger K shifts).
 T > 1 (prefill GEMM): inside a panel, Tt tokens at a time (AVX-512: 8): a weight chunk is loaded and unpacked
 once and feeds Tt dot products (register block of Tt int32 + Tt f32 accumulators); ragged token blocks clamp
-their rows and guard the stores.
+their rows and guard the stores. Up to STREAM_TOKENS tokens (speculation's verify pass, prompt tails) the weights
+still stream from DRAM once per call, so those kernels prefetch as decode does (the 1B q8 verify pass: 1.9 -> 1.55
+decode steps for 8 tokens); what is left is compute: 8 tokens are 8 vpdpbusd per 64 weight bytes, about what
+32 GB/s delivers, so their cost can overlap the stream but not vanish.
 The tail panel (N % 16 rows, stored compactly) is copied into a zero-padded 16-row scratch panel once per
 call and runs the same code; only its stores are guarded.
 

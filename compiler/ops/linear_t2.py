@@ -8,7 +8,7 @@ from ...quant.packing import NR
 from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, concat_vecs, prefetch
 from .quant_common import (
     I32, PREMUL_UNPACK, U8, _Geo, _act_token, _drop_bias, _outer, _tail_copy, _tt, _u8, _use_mmla, dot4, flush16,
-    i16_capacity, lookup16, lookup16_neon, madd16_avx2, mmla8, mmla_tokens, path_for,
+    i16_capacity, lookup16, lookup16_neon, madd16_avx2, mmla8, mmla_tokens, path_for, stream_prefetch,
 )
 
 
@@ -28,7 +28,7 @@ def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool, nscale: int = 1):
     FL = (i16_capacity(4 * 2 * g.off) // 2 if pair4 else i16_capacity(2 * g.off) // 4) if i16 else NCH
     NF = (NCH + FL - 1) // FL
     NA = 4 if Tt == 1 and not i16 else 1
-    PF = cpu.prefetch_bytes if T_ == 1 else 0   # decode streams the weights once: prefetch ahead of the loads
+    PF = stream_prefetch(cpu, T_)   # decode and verify stream the weights once: prefetch ahead of the loads
     NTB = (T_ + Tt - 1) // Tt
     rag_t = T_ % Tt != 0
     B_shape = (N,) if bias else (1,)

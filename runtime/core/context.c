@@ -68,6 +68,7 @@ int el_set_pos(el_context* c, int n) {
                     "back to 0 or to %d or later)", n, floor);
   if (n == 0) memset(c->kv_base, 0, sizeof *c->kv_base * c->m->h.n_layers);
   c->pos = n;
+  c->spec_open = 0;
   return 0;
 }
 
@@ -196,6 +197,7 @@ fail:
 /* Runs program k with `pos` tokens already in the KV cache (context locked). */
 static int run(el_context* c, int k, int pos) {
   el_model* m = c->m;
+  c->spec_open = 0; /* a run writes rows from pos: an earlier verify pass's drafts are gone */
   int b = m->prog[k].slot;
   if (m->window_caches && k != EL_PROG_HEAD && kv_make_room(c, pos) != 0) return -1;
   double t0 = c->prof_s ? el_now() : 0;
@@ -373,6 +375,7 @@ int el_verify_locked(el_context* c, const int32_t* ids, int n, float* logits) {
   for (int r = 0; r < n; r++)
     memcpy(logits + (size_t)r * m->h.vocab, c->arena + p->out_offset + r * p->out_row_bytes, p->out_row_bytes);
   c->pos += 1;
+  c->spec_open = n - 1;
   c->stats.decode_seconds += el_now() - t0;
   c->stats.decode_tokens += 1;
   c->stats.spec_passes += 1;
@@ -383,10 +386,12 @@ int el_verify_locked(el_context* c, const int32_t* ids, int n, float* logits) {
 /* The next draft of the last el_verify_locked is the token sampled after it: its cache row joins the context. */
 void el_verify_accept(el_context* c) {
   c->pos += 1;
+  c->spec_open -= 1;
   c->stats.decode_tokens += 1;
   c->stats.spec_accepted += 1;
 }
 
+EL_API int el_verify_width(const el_model* m) { return m ? el_verify_tokens(m) : 0; }
 int el_verify_tokens(const el_model* m) { return m->prog[EL_PROG_VERIFY].present ? (int)m->prog[EL_PROG_VERIFY].p.tokens : 0; }
 
 /* The logits rows a generation holds for verify passes. */
@@ -409,6 +414,26 @@ EL_API int el_decode(el_context* c, int32_t id, float* logits) {
   if (!c) return el_error("el_decode: context is NULL");
   pthread_mutex_lock(&c->mu);
   int rc = el_decode_locked(c, id, logits);
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+EL_API int el_verify(el_context* c, const int32_t* ids, int n, float* logits) {
+  if (!c || !ids || !logits) return el_error("el_verify: context, ids or logits is NULL");
+  pthread_mutex_lock(&c->mu);
+  int rc = el_verify_locked(c, ids, n, logits);
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+EL_API int el_verify_take(el_context* c, int k) {
+  if (!c) return el_error("el_verify_take: context is NULL");
+  pthread_mutex_lock(&c->mu);
+  int open = c->spec_open, rc = 0;
+  if (k < 0 || k > open)
+    rc = el_error("el_verify_take: %d drafts asked for; the last verify pass left %d to take", k, open);
+  else
+    while (k-- > 0) el_verify_accept(c);
   pthread_mutex_unlock(&c->mu);
   return rc;
 }

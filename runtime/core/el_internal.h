@@ -202,6 +202,7 @@ struct el_context {
   int* kv_base;    /* per layer: the position at row 0 of a window cache (0 for the others) */
   int pos, n_threads;
   int kv_high; /* cache rows [0, kv_high) may hold data: rows past pos there are stale (an earlier conversation's) */
+  int spec_open; /* drafts of the last verify pass whose cache rows el_verify_accept can still take, in order */
   void* backend_ctx[EL_MAX_MODEL_BACKENDS]; /* per el_model.backends slot */
   uint64_t backend_bytes; /* what the backends allocated for this context (bind) */
   el_stats stats;

@@ -129,6 +129,7 @@ class Context(_Closes):
         self._closing = False
         self._cancel = threading.Event()  # cancel(): the generation in progress stops at its next token
         self._kv: list[int] | None = []   # the token ids the KV cache holds, in order (None: not known)
+        self._drafts: list[int] = []   # the last verify pass's drafts not taken yet (take_drafts)
         self._h = self._lib.el_context_new(runtime._model, _threads(threads))
         if not self._h:
             raise RuntimeLoadError(L.last_error())
@@ -188,6 +189,15 @@ class Context(_Closes):
         with self._lock.hold():
             self._lib.el_reset(self._handle())
             self._kv = []
+
+    def rewind(self, n: int) -> None:
+        """Keep only the first n tokens of the context (0 <= n <= pos): the next call continues from there."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise InputError(f"rewind: {n!r} is not a token count")
+        with self._lock.hold():
+            self._call(self._lib.el_rewind(self._handle(), int(n)))
+            if self._kv is not None:
+                self._kv = self._kv[:int(n)]
 
     def cancel(self) -> None:
         """Stops the generation in progress (from any thread) at its next token: it finishes with "cancelled" and
@@ -257,6 +267,32 @@ class Context(_Closes):
             self._call(self._lib.el_decode(self._handle(), int(token), out.ctypes.data_as(L.F32P)))
             self._kv = None if kv is None else kv + [int(token)]
         return out
+
+    def verify(self, token_ids) -> np.ndarray:
+        """Speculative decoding with your own drafts: token_ids[0] (the next token) and the drafts after it in one
+        pass over the weights (at most runtime.verify_width ids); returns each one's logits [n, vocab]. The context
+        then holds token_ids[0]; take_drafts(k) appends the first k drafts, whose cache rows the pass wrote."""
+        ids = self._ids(token_ids)
+        width = self.runtime.verify_width
+        if ids.size > width:
+            raise InputError(f"{ids.size} tokens to verify; this package verifies {width} per pass" if width else
+                             "this package has no verify program: recompile it with this edgellm")
+        out = np.empty((ids.size, self.runtime.vocab), np.float32)
+        with self._lock.hold():
+            kv, self._kv = self._kv, None
+            self._call(self._lib.el_verify(self._handle(), ids.ctypes.data_as(L.I32P), ids.size,
+                                           out.ctypes.data_as(L.F32P)))
+            self._kv = None if kv is None else kv + [int(ids[0])]
+            self._drafts = ids[1:].tolist()
+        return out
+
+    def take_drafts(self, k: int) -> None:
+        """After verify(): the first k drafts join the context (their rows came with the pass)."""
+        with self._lock.hold():
+            self._call(self._lib.el_verify_take(self._handle(), int(k)))
+            if self._kv is not None:
+                self._kv = self._kv + self._drafts[:k]
+            self._drafts = self._drafts[k:]
 
     # ---- generation -----------------------------------------------------------------------------------------------
     def check_generation(self, max_new_tokens: int | None = None, seed: int | None = None, stop=None,
@@ -546,6 +582,7 @@ class Runtime(_Closes):
         self.vocab = self._lib.el_vocab(handle)
         self.max_context = self._lib.el_max_context(handle)
         self.chunk = self._lib.el_chunk(handle)
+        self.verify_width = self._lib.el_verify_width(handle)   # tokens per verify pass (0: no verify program)
         self.bos_id = self._lib.el_bos_id(handle)
         self.c_text = bool(self._lib.el_has_tokenizer(handle))
         buf = (C.c_int32 * 8)()
@@ -744,6 +781,12 @@ class Runtime(_Closes):
 
     def decode_step(self, token: int) -> np.ndarray:
         return self.context.decode_step(token)
+
+    def verify(self, token_ids) -> np.ndarray:
+        return self.context.verify(token_ids)
+
+    def take_drafts(self, k: int) -> None:
+        self.context.take_drafts(k)
 
     def stream(self, prompt, *args, **kwargs) -> Iterator[str]:
         return self.context.stream(prompt, *args, **kwargs)

@@ -222,15 +222,17 @@ JNIEXPORT void JNICALL FN(cancel)(JNIEnv* env, jclass cls, jlong h) {
 }
 
 /* [weights resident, KV bytes, arena bytes, context bytes, prefill tokens, decode tokens, io bytes read,
- *  weight bytes read] and [prefill seconds, decode seconds, io stall seconds] */
+ *  weight bytes read, verify passes, drafts verified, drafts taken] and [prefill s, decode s, io stall s] */
 JNIEXPORT jlongArray JNICALL FN(statsCounts)(JNIEnv* env, jclass cls, jlong h) {
   (void)cls;
   el_stats s;
   el_get_stats(((jctx*)(intptr_t)h)->c, &s);
-  jlong v[8] = {(jlong)s.weight_bytes_resident, (jlong)s.kv_bytes, (jlong)s.arena_bytes, (jlong)s.context_bytes,
-                (jlong)s.prefill_tokens, (jlong)s.decode_tokens, (jlong)s.io_bytes_read, (jlong)s.weight_bytes_read};
-  jlongArray a = (*env)->NewLongArray(env, 8);
-  if (a) (*env)->SetLongArrayRegion(env, a, 0, 8, v);
+  jlong v[] = {(jlong)s.weight_bytes_resident, (jlong)s.kv_bytes, (jlong)s.arena_bytes, (jlong)s.context_bytes,
+                (jlong)s.prefill_tokens, (jlong)s.decode_tokens, (jlong)s.io_bytes_read, (jlong)s.weight_bytes_read,
+                (jlong)s.spec_passes, (jlong)s.spec_drafted, (jlong)s.spec_accepted};
+  jlong v_n = (jlong)(sizeof v / sizeof v[0]);
+  jlongArray a = (*env)->NewLongArray(env, (jsize)v_n);
+  if (a) (*env)->SetLongArrayRegion(env, a, 0, (jsize)v_n, v);
   return a;
 }
 
@@ -247,7 +249,8 @@ JNIEXPORT jdoubleArray JNICALL FN(statsTimes)(JNIEnv* env, jclass cls, jlong h) 
 /* ---- generation ----------------------------------------------------------------------------------------------- */
 
 /* fparams: temperature, top_p, min_p, repetition, presence, frequency penalty (NaN: the package's default);
- * iparams: max_new_tokens, top_k (< 0: default), ignore_eos, keep_context, has_seed. Returns
+ * iparams: max_new_tokens, top_k (< 0: default), ignore_eos, keep_context, has_seed, speculate (EL_SPECULATE_*;
+ * < 0: default), draft_max (< 0: default). Returns
  * [prompt tokens, generated tokens, finish (EL_FINISH_*), prefill s, decode s, ttft s, decode steps]. */
 JNIEXPORT jdoubleArray JNICALL FN(generate)(JNIEnv* env, jclass cls, jlong h, jintArray prompt, jfloatArray fparams,
                                             jintArray iparams, jlong seed, jintArray stop_ids,
@@ -257,13 +260,13 @@ JNIEXPORT jdoubleArray JNICALL FN(generate)(JNIEnv* env, jclass cls, jlong h, ji
   el_gen_params p;
   el_gen_params_default(el_context_model(j->c), &p);
   jfloat f[6];
-  jint iv[5];
-  if ((*env)->GetArrayLength(env, fparams) != 6 || (*env)->GetArrayLength(env, iparams) != 5) {
+  jint iv[7];
+  if ((*env)->GetArrayLength(env, fparams) != 6 || (*env)->GetArrayLength(env, iparams) != 7) {
     throw_error(env, "generate: bad parameter arrays");
     return NULL;
   }
   (*env)->GetFloatArrayRegion(env, fparams, 0, 6, f);
-  (*env)->GetIntArrayRegion(env, iparams, 0, 5, iv);
+  (*env)->GetIntArrayRegion(env, iparams, 0, 7, iv);
   float* dst[6] = {&p.temperature, &p.top_p, &p.min_p, &p.repetition_penalty, &p.presence_penalty,
                    &p.frequency_penalty};
   for (int i = 0; i < 6; i++)
@@ -273,6 +276,8 @@ JNIEXPORT jdoubleArray JNICALL FN(generate)(JNIEnv* env, jclass cls, jlong h, ji
   p.ignore_eos = iv[2] != 0;
   p.keep_context = iv[3] != 0;
   if (iv[4]) p.seed = (uint64_t)seed;
+  if (iv[5] >= 0) p.speculate = iv[5]; /* el_generate_start checks both */
+  if (iv[6] >= 0) p.draft_max = iv[6];
 
   jsize n = (*env)->GetArrayLength(env, prompt);
   int32_t* ids = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));

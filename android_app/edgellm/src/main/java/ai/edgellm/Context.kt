@@ -1,5 +1,8 @@
 package ai.edgellm
 
+/** GenerateParams.speculate's values, in the order of the C API's EL_SPECULATE_* codes. */
+internal val SPECULATE = listOf("off", "auto", "ngram")
+
 /**
  * One conversation over a [Model]: KV cache, activation arena, position, sampler. One generation at a time;
  * [cancel] and [close] may be called from any thread. It keeps its model's native side alive: closing the [Model]
@@ -40,8 +43,14 @@ class Context internal constructor(val model: Model, private val modelHandle: Lo
         val nan = Float.NaN
         val f = floatArrayOf(params.temperature ?: nan, params.topP ?: nan, params.minP ?: nan,
                              params.repetitionPenalty ?: nan, params.presencePenalty ?: nan, params.frequencyPenalty ?: nan)
+        val spec = when (params.speculate) {
+            null -> -1
+            else -> SPECULATE.indexOf(params.speculate).takeIf { it >= 0 } ?: throw EdgeLLMException(
+                "speculate \"${params.speculate}\" is not one of ${SPECULATE.joinToString(", ")}")
+        }
         val i = intArrayOf(params.maxNewTokens ?: -1, params.topK ?: -1, if (params.ignoreEos) 1 else 0,
-                           if (params.keepContext) 1 else 0, if (params.seed != null) 1 else 0)
+                           if (params.keepContext) 1 else 0, if (params.seed != null) 1 else 0, spec,
+                           params.draftMax ?: -1)
         for (s in params.stop) if (s.isEmpty()) throw EdgeLLMException("stop strings must be non-empty")
         val stops = if (params.stop.isEmpty()) null else params.stop.map { it.utf8() }.toTypedArray()
         val r = synchronized(running) {
@@ -63,7 +72,7 @@ class Context internal constructor(val model: Model, private val modelHandle: Lo
     fun stats(): Stats {
         val c = NativeBridge.statsCounts(live())
         val t = NativeBridge.statsTimes(live())
-        return Stats(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], t[0], t[1], t[2])
+        return Stats(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], t[0], t[1], t[2], c[8], c[9], c[10])
     }
 
     private fun live(): Long {

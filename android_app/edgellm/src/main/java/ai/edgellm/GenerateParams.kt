@@ -18,7 +18,11 @@ data class GenerateParams(
     val stop: List<String> = emptyList(), // strings that end the generation (never part of the text)
     val stopIds: IntArray = IntArray(0),  // token ids that end it
     val ignoreEos: Boolean = false,
-    val keepContext: Boolean = false     // append to the conversation instead of starting over
+    val keepContext: Boolean = false,    // append to the conversation instead of starting over
+    // speculative decoding (the C loop's, as --speculate on the other front ends): "off", "auto" (drafts only where
+    // they pay) or "ngram" (draft whenever the prompt or reply repeats); the tokens are the same as without it
+    val speculate: String? = null,        // null: "off"
+    val draftMax: Int? = null             // drafts per verify pass at most (null / 0: the package's verify width - 1)
 )
 
 enum class FinishReason { NONE, EOS, STOP, LENGTH, CONTEXT, CANCELLED;
@@ -54,5 +58,8 @@ data class Stats(
     val weightBytesRead: Long,   // bytes of weights the kernels read
     val prefillSeconds: Double,
     val decodeSeconds: Double,
-    val ioStallSeconds: Double
+    val ioStallSeconds: Double,
+    val specPasses: Long = 0,    // speculative decoding: verify passes run,
+    val specDrafted: Long = 0,   // draft tokens they carried,
+    val specAccepted: Long = 0   // drafts the samples took (each one a decode step saved)
 )
