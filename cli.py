@@ -86,10 +86,14 @@ def cli():
               help="sliding-window layers keep a KV cache of the whole context (as llama.cpp's --swa-full) instead "
                    "of only the rows their window sees: rewinding a conversation (reuse of a prompt prefix) then "
                    "never falls back to a full prefill, for more memory")
+@click.option("--verify-tokens", type=click.IntRange(0, 32), default=None, metavar="N",
+              help="tokens per pass of the verify program speculative decoding runs (2..32; 0: none) [default: 8; "
+                   "bench/verify_cost.py measures what each width costs here]")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune,
                 npu_chunk, npu_quant, npu_act, soc, npu_weights, npu_residual, npu_outliers, layout, bundle_neurons,
-                ffn_threshold, expert_prefetch_distance, expert_guesser, expert_guess_width, swa_full, quiet):
+                ffn_threshold, expert_prefetch_distance, expert_guesser, expert_guess_width, swa_full, verify_tokens,
+                quiet):
     """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
     from .compiler.driver import compile_model
 
@@ -99,7 +103,7 @@ def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, m
                   layout=layout, bundle_neurons=bundle_neurons, ffn_threshold=ffn_threshold,
                   expert_prefetch_distance=expert_prefetch_distance, expert_guesser=expert_guesser,
                   expert_guess_width=expert_guess_width, npu_weights=npu_weights, npu_residual=npu_residual,
-                  npu_act=npu_act, swa_full=swa_full)
+                  npu_act=npu_act, swa_full=swa_full, verify_tokens=verify_tokens)
 
 
 @cli.command("tune")

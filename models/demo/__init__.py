@@ -1,12 +1,15 @@
-"""Bundled demo models (dense Llama, Mixtral MoE, BitNet b1.58) and the script that trains them.
+"""Bundled demo models (dense Llama, Mixtral MoE, BitNet b1.58, and a tiny draft model for speculative decoding)
+and the scripts that train them.
 
-`python -m edgellm.models.demo.train --model all` rebuilds them from the Python standard library's own
-source (PSF-2.0), offline; see README.md in each model folder for the numbers.
+`python -m edgellm.models.demo.train --model all` rebuilds the three from the Python standard library's own
+source (PSF-2.0), offline, and `python -m edgellm.models.demo.train_draft` distils demo-draft from demo-llama; see
+README.md in each model folder for the numbers.
 """
 from pathlib import Path
 
 DEMO_DIR = Path(__file__).resolve().parent
-DEMO_MODELS = {"demo": "demo-llama", "demo-llama": "demo-llama", "demo-moe": "demo-moe", "demo-bitnet": "demo-bitnet"}
+DEMO_MODELS = {"demo": "demo-llama", "demo-llama": "demo-llama", "demo-moe": "demo-moe", "demo-bitnet": "demo-bitnet",
+               "demo-draft": "demo-draft"}
 HELDOUT = DEMO_DIR / "heldout.txt"
 
 

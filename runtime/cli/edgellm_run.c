@@ -17,6 +17,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include "../edgellm.h"
 #include "option_table.h"
 
@@ -173,7 +175,7 @@ static int parse_ids(const char* s, int32_t** out) {
 }
 
 int main(int argc, char** argv) {
-  const char *pkg = NULL, *prompt = NULL, *ids_arg = NULL, *dump_path = NULL;
+  const char *pkg = NULL, *prompt = NULL, *ids_arg = NULL, *dump_path = NULL, *draft_path = NULL;
   const char* stops[MAX_STOPS];
   int n_stops = 0, print_ids = 0;
   el_load_options opt;
@@ -207,6 +209,18 @@ int main(int argc, char** argv) {
       print_ids = 1;
     } else if (!strcmp(a, "--dump-logits")) {
       NEED_VALUE dump_path = v;
+    } else if (!strcmp(a, "--speculate") && v && strcmp(v, "off") && strcmp(v, "auto") && strcmp(v, "ngram")) {
+      struct stat st_draft;
+      if (stat(v, &st_draft) != 0 || !S_ISDIR(st_draft.st_mode))
+        return usage_error("--speculate %s: choose off, auto or ngram, or give a draft package's directory", v);
+      NEED_VALUE draft_path = v; /* a draft package: auto mode, its guesses where no n-gram matches */
+      a = "--speculate", v = "auto";
+      for (size_t k = 0; k < sizeof EL_GEN_OPTIONS / sizeof *EL_GEN_OPTIONS; k++)
+        if (!strcmp(a, EL_GEN_OPTIONS[k].flag)) {
+          int rc = set_option(&given, &EL_GEN_OPTIONS[k], v);
+          if (rc) return rc;
+          given_mask |= 1u << k;
+        }
     } else if (a[0] == '-' && a[1]) { /* the tables: generation options, then load options */
       const el_cli_option* o = NULL;
       void* dst = &given;
@@ -233,8 +247,8 @@ int main(int argc, char** argv) {
 
   /* from here every exit goes through `done`, which frees what was made (leak-free under LeakSanitizer too) */
   int rc = 1;
-  el_model* m = NULL;
-  el_context* c = NULL;
+  el_model *m = NULL, *dm = NULL;
+  el_context *c = NULL, *draft_c = NULL;
   int32_t* ids = NULL;
   FILE* dump = NULL;
   /* ONNX Runtime's libraries: the NPU backend reads EDGELLM_ORT_LIB / EDGELLM_QNN_EP_LIB / EDGELLM_QNN_BACKEND */
@@ -290,6 +304,17 @@ int main(int argc, char** argv) {
   if (!(c = el_context_new(m, 0))) {
     fail("cannot create a context");
     goto done;
+  }
+  if (draft_path) { /* the draft package: same tokenizer, its own context, default load options */
+    el_load_options dopt;
+    el_load_options_init(&dopt);
+    dopt.n_threads = opt.n_threads;
+    if (!(dm = el_model_load(draft_path, &dopt)) || el_draft_check(m, dm) != 0 || !(draft_c = el_context_new(dm, 0))) {
+      fprintf(stderr, "edgellm-run: error: --speculate %s: not off, auto or ngram, nor a draft package that fits: %s\n",
+              draft_path, el_last_error());
+      goto done;
+    }
+    gp.draft = draft_c;
   }
 
   /* the loop is el_generate's; this only prints what it hands out */
@@ -371,6 +396,8 @@ done:
   if (dump) fclose(dump);
   el_context_free(c);
   el_model_free(m);
+  el_context_free(draft_c);
+  el_model_free(dm);
   free(ids);
   return rc;
 }

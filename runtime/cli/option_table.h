@@ -108,10 +108,11 @@ static const el_cli_option EL_GEN_OPTIONS[] = {
   "                        0 = off [default: the package's]\n" \
   "  --seed S              sampling seed [default: random]\n" \
   "  --ignore-eos          keep generating past end-of-sequence tokens\n" \
-  "  --speculate off|auto|ngram\n" \
+  "  --speculate off|auto|ngram|DRAFT_PKG\n" \
   "                        speculative decoding: draft tokens from n-grams of the prompt and reply, verify several\n" \
   "                        per pass over the weights (auto: where drafts pay, else plain; ngram: whenever one\n" \
-  "                        matches) [default: off]\n" \
+  "                        matches; DRAFT_PKG: a smaller model's package with the same tokenizer guesses where no\n" \
+  "                        n-gram matches, as auto) [default: off]\n" \
   "  --draft-max N         drafts per verify pass at most [default: the package's verify width - 1]\n"
 
 #endif

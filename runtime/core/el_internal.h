@@ -190,6 +190,17 @@ typedef struct {
   int spec_n, spec_i;
   int spec_wait, spec_backoff; /* auto: plain steps left before drafting again, and the next wait after a miss */
   double spec_t_decode, spec_t_verify; /* auto: running averages of a plain step's and a verify pass's seconds */
+  /* the draft model (el_gen_params.draft): the ids its context holds (their prefix shared with hist is valid), and
+   * its logits */
+  el_context* draft_ctx;
+  int32_t* draft_fed;
+  int draft_n, draft_cap, draft_off; /* draft_off: it failed once in this generation (its context is full): n-grams only */
+  /* the pending pass's drafts came from the draft model (not n-grams), and its seconds; the model's own controller:
+   * running averages of its passes' drafts taken and seconds, and plain steps to wait before it guesses again */
+  int spec_from_model;
+  double spec_t_pass, draft_taken_avg, draft_t_avg;
+  int draft_passes, draft_wait, draft_backoff;
+  float* draft_logits;
 } el_gen;
 
 struct el_context {
@@ -229,6 +240,7 @@ EL_HIDDEN void el_verify_accept(el_context* c);
 EL_HIDDEN int el_verify_tokens(const el_model* m);
 EL_HIDDEN int el_spec_rows(const el_model* m);
 EL_HIDDEN int el_spec_draft(el_context* c, el_gen* g);
+EL_HIDDEN int el_spec_draft_start(el_context* c, el_gen* g, el_context* draft, int cap);
 EL_HIDDEN void el_spec_settle(el_gen* g, int taken);
 EL_HIDDEN void el_spec_time(double* avg, double seconds);
 /* sampler.c: the one check of sampling parameters (0 or -1 with el_error set), and a sampler's heap bytes */

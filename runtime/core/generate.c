@@ -56,6 +56,8 @@ void el_gen_release(el_gen* g) {
   free(g->text);
   free(g->logits);
   free(g->spec_logits);
+  free(g->draft_fed);
+  free(g->draft_logits);
   memset(g, 0, sizeof *g);
 }
 
@@ -169,6 +171,7 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
              "or generate without speculation");
     goto out;
   }
+  if (p->draft && el_spec_draft_start(c, g, p->draft, cap) != 0) goto out;
   if (p->speculate && width >= 2 && !g->spec_logits &&
       !(g->spec_logits = malloc(sizeof(float) * m->h.vocab * (size_t)el_spec_rows(m)))) {
     el_error("out of memory");
@@ -179,6 +182,7 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   g->n_gen = g->pending = g->n_decoded = 0;
   g->spec_n = g->spec_i = g->spec_wait = g->spec_backoff = 0;
   g->spec_t_decode = g->spec_t_verify = 0;
+  g->draft_passes = g->draft_wait = g->draft_backoff = 0;
   g->finish = EL_FINISH_NONE;
   g->text_len = g->emitted = 0;
   g->decode_s = g->ttft_s = 0;
@@ -302,7 +306,8 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
         ids[0] = last;
         memcpy(ids + 1, g->spec_draft, sizeof(int32_t) * (size_t)k);
         if (el_verify_locked(c, ids, k + 1, g->spec_logits) != 0) goto out;
-        el_spec_time(&g->spec_t_verify, el_now() - t0);
+        g->spec_t_pass = el_now() - t0; /* drafting included */
+        el_spec_time(&g->spec_t_verify, g->spec_t_pass);
         g->spec_n = k;
         memcpy(g->logits, g->spec_logits, row);
       } else {

@@ -5,6 +5,7 @@
  * as plain decoding would draw (same logits, same history, same random numbers), and each draw that equals the next
  * draft takes that draft's row without a pass of its own. A draft of one token per position (a point mass) makes
  * this exact for any sampler: drawing t ~ p and keeping the draft iff t equals it is the target distribution. */
+#include <math.h>
 #include <string.h>
 
 #include "el_internal.h"
@@ -12,6 +13,8 @@
 /* auto asks for a longer match than ngram: in free text, two-token matches are mostly coincidences, and a refused
  * pass costs what a pass costs */
 enum { NGRAM_MAX = 4, NGRAM_MIN = 2, NGRAM_MIN_AUTO = 3, BACKOFF_MAX = 32 };
+
+static void model_miss(el_gen* g);
 
 /* Prompt lookup: the latest earlier place where the history's last n ids occur (n from NGRAM_MAX down to min_n),
  * and up to max ids that followed them there. Text that quotes its prompt (code edits, extraction, reformatting)
@@ -27,6 +30,93 @@ static int ngram_draft(const int32_t* h, int n_hist, int min_n, int max, int32_t
       return k;
     }
   }
+  return 0;
+}
+
+/* Draft model ------------------------------------------------------------------------------------------------------
+ * A smaller model with the same vocabulary guesses greedily, in its own context, which tracks the history: before
+ * each draft it is rewound to what it holds in common with the history (past the guesses that were refused) and fed
+ * the rest. It guesses until its own top probability falls below DRAFT_P_MIN: a pass's rows cost the same whether
+ * used or not, but each guess costs a draft step, and an unsure one is mostly refused. Its tokens change nothing of
+ * what is sampled (a draft is a point mass), so any model with the same vocabulary keeps decoding exact. */
+#define DRAFT_P_MIN 0.4f
+enum { DRAFT_FEED_MAX = 4 }; /* catch-ups of up to this many ids run as decode steps, longer ones as a prefill */
+
+EL_API int el_draft_check(const el_model* target, const el_model* draft) {
+  if (!target || !draft) return el_error("el_draft_check: a model is NULL");
+  if (draft->h.vocab != target->h.vocab)
+    return el_error("the draft package's vocabulary (%u tokens) is not the model's (%u): a draft model must share "
+                    "its tokenizer", draft->h.vocab, target->h.vocab);
+  if (!target->tok || !draft->tok) return 0; /* no texts to compare (a package without a C tokenizer): ids only */
+  char a[256], b[256];
+  for (uint32_t id = 0; id < target->h.vocab; id++) {
+    int na = el_token_text(target, (int32_t)id, a, sizeof a), nb = el_token_text(draft, (int32_t)id, b, sizeof b);
+    if (na != nb || (na > 0 && memcmp(a, b, (size_t)(na < (int)sizeof a ? na : (int)sizeof a)) != 0))
+      return el_error("the draft package's tokenizer differs from the model's at token %u: a draft model must share "
+                      "its tokenizer", id);
+  }
+  return 0;
+}
+
+int el_spec_draft_start(el_context* c, el_gen* g, el_context* d, int cap) {
+  if (d == c) return el_error("the draft context is the generating context: give the draft model its own context");
+  if (d->m->h.vocab != c->m->h.vocab)
+    return el_error("the draft model's vocabulary (%u tokens) is not this model's (%u): a draft must share the "
+                    "tokenizer", d->m->h.vocab, c->m->h.vocab);
+  if (g->draft_ctx != d) g->draft_ctx = d, g->draft_n = 0; /* another context: nothing it holds is known */
+  int need = cap + EL_MAX_DRAFT + 1;
+  if (need > g->draft_cap) {
+    int32_t* f = realloc(g->draft_fed, sizeof(int32_t) * (size_t)need);
+    if (!f) return el_error("out of memory");
+    g->draft_fed = f, g->draft_cap = need;
+  }
+  if (!g->draft_logits && !(g->draft_logits = malloc(sizeof(float) * c->m->h.vocab))) return el_error("out of memory");
+  g->draft_off = 0;
+  return 0;
+}
+
+/* The most likely id of a logits row and its probability. */
+static int32_t top1(const float* l, int n, float* p) {
+  int32_t best = 0;
+  for (int i = 1; i < n; i++)
+    if (l[i] > l[best]) best = i;
+  double s = 0;
+  for (int i = 0; i < n; i++) s += exp((double)(l[i] - l[best]));
+  *p = (float)(1.0 / s);
+  return best;
+}
+
+/* Up to max greedy guesses of the draft model after the history (0 and draft_off set if its context fails). */
+static int model_draft(el_gen* g, int max, int32_t* out) {
+  el_context* d = g->draft_ctx;
+  int n = g->n_hist, vocab = (int)d->m->h.vocab, common = 0;
+  int held = el_pos(d) < g->draft_n ? el_pos(d) : g->draft_n; /* what its context still holds */
+  while (common < held && common < n && g->draft_fed[common] == g->hist[common]) common++;
+  if (common == n) common = n - 1; /* the last id runs again: its logits are the first guess */
+  if (n >= (int)d->m->h.max_ctx) goto fail;
+  if (el_rewind(d, common) != 0 && (common = 0, el_rewind(d, 0) != 0)) goto fail;
+  g->draft_n = common;
+  if (n - common <= DRAFT_FEED_MAX) {
+    for (int i = common; i < n; i++)
+      if (el_decode(d, g->hist[i], g->draft_logits) != 0) goto fail;
+  } else if (el_prefill(d, g->hist + common, n - common, g->draft_logits, 0) != 0) {
+    goto fail;
+  }
+  memcpy(g->draft_fed + common, g->hist + common, sizeof(int32_t) * (size_t)(n - common));
+  g->draft_n = n;
+  int k = 0;
+  while (k < max) {
+    float p;
+    int32_t t = top1(g->draft_logits, vocab, &p);
+    if (p < DRAFT_P_MIN) break;
+    out[k++] = t;
+    if (k == max || el_pos(d) >= (int)d->m->h.max_ctx) break;
+    if (el_decode(d, t, g->draft_logits) != 0) goto fail;
+    g->draft_fed[g->draft_n++] = t;
+  }
+  return k;
+fail:
+  g->draft_off = 1, g->draft_n = 0;
   return 0;
 }
 
@@ -49,9 +139,18 @@ int el_spec_draft(el_context* c, el_gen* g) {
   int room = (int)m->h.max_ctx - c->pos - 1;     /* the pass runs 1 + k tokens from pos */
   if (left < max) max = left;
   if (room < max) max = room;
-  return max > 0 ? ngram_draft(g->hist, g->n_hist, mode == EL_SPECULATE_AUTO ? NGRAM_MIN_AUTO : NGRAM_MIN, max,
-                               g->spec_draft)
-                 : 0;
+  if (max <= 0) return 0;
+  int k = ngram_draft(g->hist, g->n_hist, mode == EL_SPECULATE_AUTO ? NGRAM_MIN_AUTO : NGRAM_MIN, max, g->spec_draft);
+  g->spec_from_model = 0;
+  if (k > 0 || !g->p.draft || g->draft_off) return k;
+  if (g->draft_wait > 0) { /* the model's guesses did not pay lately: n-grams only for now */
+    g->draft_wait--;
+    return 0;
+  }
+  g->spec_from_model = 1; /* staged: the draft model where no n-gram matches */
+  k = model_draft(g, max, g->spec_draft);
+  if (k == 0) model_miss(g); /* it was not sure of anything: a draft step spent for nothing */
+  return k;
 }
 
 /* After a pass's drafts are settled (taken: how many of them the samples took): in auto mode, a pass that did not
@@ -59,7 +158,31 @@ int el_spec_draft(el_context* c, el_gen* g) {
  * repeat itself costs one wasted pass every BACKOFF_MAX tokens at most). A pass pays when its tokens (the one it
  * decoded and the drafts taken) would have taken plain steps longer than it took, by the measured averages of both
  * (before both are measured: when it took a draft). */
+/* The draft model's passes are judged on running averages (its guesses are taken some passes and not others, and
+ * its drafting costs every pass): while its passes' tokens (1 + drafts taken) would have taken plain steps less
+ * time than they took, or when it was sure of no guess at all, it waits 1, 2, 4 ... 32 chances before guessing
+ * again; n-grams go on meanwhile. */
+static void model_miss(el_gen* g) {
+  g->draft_backoff = g->draft_backoff ? 2 * g->draft_backoff : 1;
+  if (g->draft_backoff > BACKOFF_MAX) g->draft_backoff = BACKOFF_MAX;
+  g->draft_wait = g->draft_backoff;
+}
+
+static void settle_model(el_gen* g, int taken) {
+  double a = g->draft_passes++ ? 0.7 : 0.0;
+  g->draft_taken_avg = a * g->draft_taken_avg + (1 - a) * taken;
+  g->draft_t_avg = a * g->draft_t_avg + (1 - a) * g->spec_t_pass;
+  if (g->spec_t_decode <= 0 || (1 + g->draft_taken_avg) * g->spec_t_decode >= g->draft_t_avg)
+    g->draft_backoff = 0;
+  else
+    model_miss(g);
+}
+
 void el_spec_settle(el_gen* g, int taken) {
+  if (g->spec_from_model) {
+    settle_model(g, taken);
+    return;
+  }
   int measured = g->spec_t_decode > 0 && g->spec_t_verify > 0;
   if (taken > 0 && (!measured || (1 + taken) * g->spec_t_decode >= g->spec_t_verify)) {
     g->spec_backoff = 0;

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import InputError, RuntimeLoadError
+from ...errors import EdgeLLMError, InputError, RuntimeLoadError
 from . import lib as L
 from . import options as O
 from .package import read_manifest, verify_package
@@ -59,15 +59,21 @@ def _threads(threads) -> int:
     return threads
 
 
-def speculation(speculate, draft_max) -> tuple[int | None, int | None]:
-    """speculate ("off" | "auto" | "ngram") and draft_max as el_gen_params takes them (None: not given)."""
+def speculation(speculate, draft_max) -> tuple[int | None, int | None, str | None]:
+    """speculate ("off" | "auto" | "ngram", or a draft package's directory) and draft_max as el_gen_params takes
+    them, and the draft package's path (None: not given). A draft package drafts in auto mode: n-grams first, its
+    greedy guesses where none matches, plain decoding while drafts do not pay."""
+    draft = None
     if speculate is not None and speculate not in O.SPECULATE:
-        raise InputError(f"speculate={speculate!r} is invalid: choose one of {', '.join(O.SPECULATE)}")
+        if not isinstance(speculate, (str, os.PathLike)) or not (Path(speculate) / "manifest.json").is_file():
+            raise InputError(f"speculate={str(speculate)!r} is invalid: choose one of {', '.join(O.SPECULATE)}, or "
+                             "give a draft package's directory (a smaller model with the same tokenizer)")
+        draft, speculate = str(Path(speculate).resolve()), "auto"
     if draft_max is not None:
         draft_max = _num("draft_max", draft_max, int)
         if draft_max > O.DRAFT_MAX:
             raise InputError(f"draft_max={draft_max} is invalid: at most {O.DRAFT_MAX} drafts per pass")
-    return (None if speculate is None else O.SPECULATE[speculate]), draft_max
+    return (None if speculate is None else O.SPECULATE[speculate]), draft_max, draft
 
 
 def _num(name: str, v, kind=float):
@@ -130,6 +136,7 @@ class Context(_Closes):
         self._cancel = threading.Event()  # cancel(): the generation in progress stops at its next token
         self._kv: list[int] | None = []   # the token ids the KV cache holds, in order (None: not known)
         self._drafts: list[int] = []   # the last verify pass's drafts not taken yet (take_drafts)
+        self._draft_ctx: dict[str, Context] = {}   # draft package path -> its context for this one (speculate=)
         self._h = self._lib.el_context_new(runtime._model, _threads(threads))
         if not self._h:
             raise RuntimeLoadError(L.last_error())
@@ -146,7 +153,17 @@ class Context(_Closes):
         with self._lock.hold():
             self._free()
 
+    def _draft_context(self, path: str) -> Context:
+        """This context's own context of a draft package (loaded once per Runtime): the C loop drafts in it."""
+        c = self._draft_ctx.get(path)
+        if c is None:
+            c = self._draft_ctx[path] = self.runtime.draft_runtime(path).new_context(self.threads)
+        return c
+
     def _free(self) -> None:
+        for c in self._draft_ctx.values():
+            c.close()
+        self._draft_ctx = {}
         with self._life:
             if self._h is not None:
                 self._lib.el_context_free(self._h)
@@ -327,9 +344,13 @@ class Context(_Closes):
         """The C parameters: the package's defaults, then what the caller gave. Returns (params, keep-alive)."""
         p = L.GenParams()
         self._lib.el_gen_params_default(self.runtime._model, C.byref(p))
-        spec, dmax = speculation(speculate, draft_max)
-        p.speculate = spec if spec is not None else self.runtime.speculate[0]
+        spec, dmax, draft = speculation(speculate, draft_max)
+        if spec is None:   # Runtime.load's
+            spec, draft = self.runtime.speculate[0], self.runtime.speculate[2]
+        p.speculate = spec
         p.draft_max = dmax if dmax is not None else self.runtime.speculate[1]
+        if draft is not None and spec:
+            p.draft = self._draft_context(draft)._handle()
         if max_new_tokens is not None:
             n = _num("max_new_tokens", max_new_tokens, int) if not (isinstance(max_new_tokens, int) and
                                                                    max_new_tokens > INT32_MAX) else INT32_MAX
@@ -578,7 +599,8 @@ class Runtime(_Closes):
         self.path, self.manifest = path, manifest
         self._lib = L.lib()
         self._model = handle
-        self.speculate = (0, 0)   # (el_gen_params speculate, draft_max): generate()'s defaults (Runtime.load)
+        self.speculate = (0, 0, None)   # (el_gen_params speculate, draft_max, draft path): generate()'s defaults
+        self._draft_rts: dict[str, Runtime] = {}   # draft packages loaded for speculate=PATH
         self.vocab = self._lib.el_vocab(handle)
         self.max_context = self._lib.el_max_context(handle)
         self.chunk = self._lib.el_chunk(handle)
@@ -661,10 +683,16 @@ class Runtime(_Closes):
             raise RuntimeLoadError(L.last_error())
         try:
             rt = cls(p, manifest, h)
-            rt.speculate = (spec[0] or 0, spec[1] or 0)
-            return rt
         except BaseException:
             L.lib().el_model_free(h)
+            raise
+        try:
+            rt.speculate = (spec[0] or 0, spec[1] or 0, spec[2])
+            if spec[2] is not None:
+                rt.draft_runtime(spec[2], threads)   # a draft that cannot draft fails the load, in one line
+            return rt
+        except BaseException:
+            rt.close()
             raise
 
     @classmethod
@@ -746,10 +774,33 @@ class Runtime(_Closes):
             raise InputError(L.last_error())
         return list(out[:n])
 
+    def draft_runtime(self, path: str, threads: int | None = None) -> Runtime:
+        """The draft package at path, loaded once (speculate=PATH): checked to share this package's tokenizer and
+        to have none of the things a draft cannot use."""
+        rt = self._draft_rts.get(path)
+        if rt is not None:
+            return rt
+        if not self.verify_width:
+            raise InputError("this package has no verify program, which speculative decoding runs: recompile it "
+                             "with this edgellm")
+        try:
+            rt = Runtime.load(path, threads=threads if threads is not None else self.threads, prefill_backend="cpu")
+        except EdgeLLMError as e:
+            raise InputError(f"draft package {path}: {e}") from None
+        if self._lib.el_draft_check(self._model, rt._model) != 0:
+            msg = L.last_error()
+            rt.close()
+            raise InputError(f"draft package {path}: {msg}")
+        self._draft_rts[path] = rt
+        return rt
+
     def close(self) -> None:
         for c in self._contexts:
             c.close()
         self._contexts = []
+        for d in self._draft_rts.values():
+            d.close()
+        self._draft_rts = {}
         if self._model is not None:
             self._lib.el_model_free(self._model)   # freed for good once the last context is
             self._model = None

@@ -40,7 +40,7 @@ class GenParams(C.Structure):
                 ("frequency_penalty", C.c_float), ("seed", C.c_uint64), ("ignore_eos", C.c_int32),
                 ("keep_context", C.c_int32), ("n_stop_ids", C.c_int32), ("stop_ids", C.POINTER(C.c_int32)),
                 ("n_stop_strings", C.c_int32), ("stop_strings", C.POINTER(C.c_char_p)), ("n_cached", C.c_int32),
-                ("speculate", C.c_int32), ("draft_max", C.c_int32)]
+                ("speculate", C.c_int32), ("draft_max", C.c_int32), ("draft", C.c_void_p)]
 
 
 class Event(C.Structure):
@@ -100,6 +100,7 @@ _SIGS = {
     "el_max_context": (C.c_int, [P]),
     "el_chunk": (C.c_int, [P]),
     "el_verify_width": (C.c_int, [P]),
+    "el_draft_check": (C.c_int, [P, P]),
     "el_model_threads": (C.c_int, [P]),
     "el_bos_id": (C.c_int, [P]),
     "el_eos_ids": (C.c_int, [P, I32P, C.c_int]),

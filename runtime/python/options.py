@@ -15,6 +15,8 @@ generation option: its `el_gen_params` field, its row in GEN_OPTIONS, and the re
 """
 from __future__ import annotations
 
+import os
+
 import textwrap
 from dataclasses import dataclass, field
 
@@ -43,6 +45,7 @@ class Option:
     openai: str = ""            # generation options: the OpenAI request field ("": the name; "-": none)
     backend: str = ""           # str: an option of this backend (el_load_options.backend_options "backend.name=v")
     cli: str = ""               # the command-line spelling when it is not the name's ("backend-option")
+    or_dir: str = ""            # choice: a value that is none of the choices names a directory, this one
 
     @property
     def field(self) -> str:
@@ -134,9 +137,10 @@ GEN_OPTIONS = (
            fronts=_GEN - {"serve"}),
     # speculative decoding (runtime/core/speculate.c): the tokens are those plain decoding draws
     Option("speculate", "choice", "speculative decoding: draft tokens from n-grams of the prompt and reply, verify "
-           "several per pass over the weights (auto: where drafts pay, else plain; ngram: whenever one matches) "
+           "several per pass over the weights (auto: where drafts pay, else plain; ngram: whenever one matches; "
+           "DRAFT_PKG: a smaller model's package with the same tokenizer guesses where no n-gram matches, as auto) "
            "[default: off]", default="off", choices=(("off", 0), ("auto", 1), ("ngram", 2)),
-           fronts=_SPEC),
+           metavar="off|auto|ngram|DRAFT_PKG", or_dir="a draft package", fronts=_SPEC),
     Option("draft_max", "int", "drafts per verify pass at most [default: the package's verify width - 1]", lo=0,
            hi=31, metavar="N", fronts=_SPEC),
 )
@@ -237,6 +241,9 @@ def click_options(front: str, skip: tuple[str, ...] = (), table: tuple[Option, .
             out.append(click.option(*names, is_flag=True, help=o.help))
         elif o.kind == "backends":
             out.append(click.option(*names, multiple=True, help=o.help, metavar=o.metavar or None))
+        elif o.or_dir:
+            out.append(click.option(*names, type=_ChoiceOrDir(o), default=o.default,
+                                    show_default=o.default is not None, help=o.help, metavar=o.metavar or None))
         elif o.kind in ("choice", "tristate"):
             out.append(click.option(*names, type=click.Choice(list(o.choice_names)), default=o.default,
                                     show_default=o.default is not None, help=o.help))
@@ -250,6 +257,21 @@ def click_options(front: str, skip: tuple[str, ...] = (), table: tuple[Option, .
         else:
             out.append(click.option(*names, default=None, help=o.help, metavar=o.metavar or None))
     return out
+
+
+def _ChoiceOrDir(o: Option):
+    """click's type for a choice that may instead name a directory (speculate: a draft package)."""
+    import click
+
+    class ChoiceOrDir(click.ParamType):
+        name = o.metavar or "|".join(o.choice_names)
+
+        def convert(self, value, param, ctx):
+            if value is None or value in o.choice_names or os.path.isdir(str(value)):
+                return value
+            self.fail(f"{value!r} is none of {', '.join(o.choice_names)}, nor a directory ({o.or_dir})", param, ctx)
+
+    return ChoiceOrDir()
 
 
 def api_kwargs(cli_values: dict) -> dict:
