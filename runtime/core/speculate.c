@@ -6,6 +6,7 @@
  * draft takes that draft's row without a pass of its own. A draft of one token per position (a point mass) makes
  * this exact for any sampler: drawing t ~ p and keeping the draft iff t equals it is the target distribution. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "el_internal.h"
