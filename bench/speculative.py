@@ -164,7 +164,15 @@ def budget_bytes(pkg: Path, fraction: float) -> int:
     from edgellm.runtime.python.api import Runtime
 
     p = Runtime.plan(pkg, memory_budget=1 << 40, weight_policy="window")
-    return int(p["weights_bytes"] * fraction) + p["context_bytes"] + p["cache_bytes"]
+    return max(int(p["weights_bytes"] * fraction) + p["context_bytes"] + p["cache_bytes"], p["minimum_budget"])
+
+
+def budget_share(pkg: Path, budget: int) -> float:
+    """The share of the weights a budget holds (budget_bytes clamps to the package's minimum)."""
+    from edgellm.runtime.python.api import Runtime
+
+    p = Runtime.plan(pkg, memory_budget=1 << 40, weight_policy="window")
+    return (budget - p["context_bytes"] - p["cache_bytes"]) / p["weights_bytes"]
 
 
 def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, budget: float | None,
@@ -177,7 +185,7 @@ def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, bu
     pkg = package(model, work)
     drafts = (str(package("demo-draft", work)),) if model == "demo" else ()   # the demo family's draft package
     kw = {"memory_budget": budget_bytes(pkg, budget), "weight_policy": "window"} if budget else {}
-    memory = f"{budget:.0%} budget" if budget else "RAM"
+    memory = f"{budget_share(pkg, kw['memory_budget']):.0%} budget" if budget else "RAM"
     servers = {}
     if llama is not None and model != "demo":
         from real_checkpoints import gguf_file
@@ -257,7 +265,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--work", default=os.path.expanduser("~/.cache/edgellm/bench"))
     ap.add_argument("--budget", type=float, default=None,
-                    help="also run under a memory budget of this fraction of the weights (window store), e.g. 0.35")
+                    help="also run under a memory budget of this fraction of the weights (window store), e.g. 0.35; "
+                         "raised to the package's minimum where it is below (the memory column says the share)")
     ap.add_argument("--llamacpp", action="store_true",
                     help="also run llama.cpp's own speculative modes (llama-server --spec-type) on the GGUF models")
     ap.add_argument("--json", action="store_true")
