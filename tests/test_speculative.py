@@ -281,6 +281,15 @@ def test_draft_package_under_a_budget_and_with_moe(demo_q8, draft, tmp_path):
         plain, _ = run(rt, ids, "off", n=40, temperature=0)
         got, s = run(rt, ids, None, n=40, temperature=0)
         assert got.token_ids == plain.token_ids and drafted_by_the_model(rt, draft) > 0
+    # the expert cache (weight policy "experts"): a verify pass reads the union of its tokens' experts once
+    budget = Runtime.plan(moe, memory_budget=1 << 40, weight_policy="experts")["minimum_budget"] * 6 // 5
+    with Runtime.load(moe, memory_budget=budget, weight_policy="experts") as rt:
+        assert rt.memory()["policy"] == "experts"
+        base = rt.context.stats()
+        got, s = run(rt, ids, "ngram", n=40, temperature=0)
+        st = rt.context.stats()
+        assert got.token_ids == plain.token_ids and s["spec_passes"] > 0
+        assert st["expert_selected"] > base["expert_selected"]
 
 
 def test_draft_package_front_ends(demo_q8, draft):
