@@ -186,7 +186,7 @@ def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, bu
     pkg = package(model, work)
     drafts = (str(package("demo-draft", work)),) if model.startswith("demo") else ()   # the demo family's draft
     cfg = json.loads((pkg / "manifest.json").read_text())["model"]["config"]
-    policy = "experts" if cfg.get("num_local_experts") or cfg.get("num_experts") else "window"   # MoE: the expert cache
+    policy = "experts" if cfg.get("n_experts") else "window"   # MoE: the expert cache
     kw = {"memory_budget": budget_bytes(pkg, budget, policy), "weight_policy": policy} if budget else {}
     memory = f"{budget_share(pkg, kw['memory_budget'], policy):.0%} budget ({policy})" if budget else "RAM"
     servers = {}

@@ -16,6 +16,7 @@
 enum { NGRAM_MAX = 4, NGRAM_MIN = 2, NGRAM_MIN_AUTO = 3, BACKOFF_MAX = 32 };
 
 static void model_miss(el_gen* g);
+static int pass_cost(const el_gen* g);
 
 /* Prompt lookup: the latest earlier place where the history's last n ids occur (n from NGRAM_MAX down to min_n),
  * and up to max ids that followed them there. Text that quotes its prompt (code edits, extraction, reformatting)
@@ -140,8 +141,11 @@ int el_spec_draft(el_context* c, el_gen* g) {
   int room = (int)m->h.max_ctx - c->pos - 1;     /* the pass runs 1 + k tokens from pos */
   if (left < max) max = left;
   if (room < max) max = room;
+  /* auto: a pass that cannot pay even if every draft is taken is not run (a MoE pass costs several steps) */
+  if (mode == EL_SPECULATE_AUTO && pass_cost(g) - 1 > max) max = 0;
   if (max <= 0) return 0;
   int k = ngram_draft(g->hist, g->n_hist, mode == EL_SPECULATE_AUTO ? NGRAM_MIN_AUTO : NGRAM_MIN, max, g->spec_draft);
+  if (mode == EL_SPECULATE_AUTO && k > 0 && 1 + k < pass_cost(g)) k = 0;
   g->spec_from_model = 0;
   if (k > 0 || !g->p.draft || g->draft_off) return k;
   if (g->draft_wait > 0) { /* the model's guesses did not pay lately: n-grams only for now */
@@ -154,19 +158,23 @@ int el_spec_draft(el_context* c, el_gen* g) {
   return k;
 }
 
-/* After a pass's drafts are settled (taken: how many of them the samples took): in auto mode, a pass that did not
- * pay waits a number of plain steps before the next draft, doubling while they keep not paying (text that does not
- * repeat itself costs one wasted pass every BACKOFF_MAX tokens at most). A pass pays when its tokens (the one it
- * decoded and the drafts taken) would have taken plain steps longer than it took, by the measured averages of both
- * (before both are measured: when it took a draft). */
+/* What a wasted pass costs, in plain steps (1 until both are measured). Waits are scaled by it, so that passes that
+ * do not pay take about the same share of the time whatever a pass costs: a MoE pass, which runs the union of its
+ * tokens' experts, costs several steps. */
+static int pass_cost(const el_gen* g) {
+  if (g->spec_t_decode <= 0 || g->spec_t_verify <= 0) return 1;
+  double r = g->spec_t_verify / g->spec_t_decode;
+  return r < 2 ? 1 : r > 16 ? 16 : (int)(r + 0.5);
+}
+
 /* The draft model's passes are judged on running averages (its guesses are taken some passes and not others, and
  * its drafting costs every pass): while its passes' tokens (1 + drafts taken) would have taken plain steps less
- * time than they took, or when it was sure of no guess at all, it waits 1, 2, 4 ... 32 chances before guessing
- * again; n-grams go on meanwhile. */
+ * time than they took, or when it was sure of no guess at all, it waits 1, 2, 4 ... 32 chances (times a pass's cost)
+ * before guessing again; n-grams go on meanwhile. */
 static void model_miss(el_gen* g) {
   g->draft_backoff = g->draft_backoff ? 2 * g->draft_backoff : 1;
   if (g->draft_backoff > BACKOFF_MAX) g->draft_backoff = BACKOFF_MAX;
-  g->draft_wait = g->draft_backoff;
+  g->draft_wait = g->draft_backoff * pass_cost(g);
 }
 
 static void settle_model(el_gen* g, int taken) {
@@ -179,6 +187,11 @@ static void settle_model(el_gen* g, int taken) {
     model_miss(g);
 }
 
+/* After a pass's drafts are settled (taken: how many of them the samples took): in auto mode, a pass that did not
+ * pay waits a number of plain steps before the next draft, doubling while they keep not paying, times what a pass
+ * costs in steps (text that does not repeat itself wastes one pass in every BACKOFF_MAX passes' worth of steps). A
+ * pass pays when its tokens (the one it decoded and the drafts taken) would have taken plain steps longer than it
+ * took, by the measured averages of both (before both are measured: when it took a draft). */
 void el_spec_settle(el_gen* g, int taken) {
   if (g->spec_from_model) {
     settle_model(g, taken);
@@ -191,5 +204,5 @@ void el_spec_settle(el_gen* g, int taken) {
   }
   g->spec_backoff = g->spec_backoff ? 2 * g->spec_backoff : 1;
   if (g->spec_backoff > BACKOFF_MAX) g->spec_backoff = BACKOFF_MAX;
-  if (g->p.speculate == EL_SPECULATE_AUTO) g->spec_wait = g->spec_backoff;
+  if (g->p.speculate == EL_SPECULATE_AUTO) g->spec_wait = g->spec_backoff * pass_cost(g);
 }

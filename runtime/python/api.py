@@ -775,8 +775,8 @@ class Runtime(_Closes):
         return list(out[:n])
 
     def draft_runtime(self, path: str, threads: int | None = None) -> Runtime:
-        """The draft package at path, loaded once (speculate=PATH): checked to share this package's tokenizer and
-        to have none of the things a draft cannot use."""
+        """The draft package at path, loaded once (speculate=PATH) and checked to share this package's tokenizer
+        token by token (el_draft_check); this package must have a verify program."""
         rt = self._draft_rts.get(path)
         if rt is not None:
             return rt

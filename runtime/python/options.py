@@ -16,7 +16,6 @@ generation option: its `el_gen_params` field, its row in GEN_OPTIONS, and the re
 from __future__ import annotations
 
 import os
-
 import textwrap
 from dataclasses import dataclass, field
 
