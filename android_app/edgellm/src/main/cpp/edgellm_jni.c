@@ -230,9 +230,9 @@ JNIEXPORT jlongArray JNICALL FN(statsCounts)(JNIEnv* env, jclass cls, jlong h) {
   jlong v[] = {(jlong)s.weight_bytes_resident, (jlong)s.kv_bytes, (jlong)s.arena_bytes, (jlong)s.context_bytes,
                 (jlong)s.prefill_tokens, (jlong)s.decode_tokens, (jlong)s.io_bytes_read, (jlong)s.weight_bytes_read,
                 (jlong)s.spec_passes, (jlong)s.spec_drafted, (jlong)s.spec_accepted};
-  jlong v_n = (jlong)(sizeof v / sizeof v[0]);
-  jlongArray a = (*env)->NewLongArray(env, (jsize)v_n);
-  if (a) (*env)->SetLongArrayRegion(env, a, 0, (jsize)v_n, v);
+  jsize n = (jsize)(sizeof v / sizeof v[0]);
+  jlongArray a = (*env)->NewLongArray(env, n);
+  if (a) (*env)->SetLongArrayRegion(env, a, 0, n, v);
   return a;
 }
 
