@@ -3,7 +3,8 @@
     python bench/speculative.py [--models demo smollm2-135m] [--rounds 3] [--tokens 128] [--budget 0.35]
                                 [--llamacpp] [--json]
 
-Per model and task: plain decoding, then `speculate="ngram"` and `"auto"` (and for the demo, its draft package
+Per model and task: plain decoding, then `speculate="ngram"`, `"recycle"` (each run in a fresh context, so that its
+table holds nothing from earlier rounds) and `"auto"` (and for the demo, its draft package
 models/demo/demo-draft), in interleaved rounds (bandwidth on shared hosts drifts within minutes: only same-run
 ratios mean anything). Columns: draft source, verify passes, drafts taken per pass, tokens per weight pass (tokens /
 (plain decode steps + verify passes)), decode tok/s, and x plain decode (the median of the per-round ratios).
@@ -149,9 +150,14 @@ def prompt_ids(rt, task: str) -> list[int]:
 
 
 def one(rt, ids, mode: str, n: int) -> dict:
-    s0 = rt.context.stats()
-    r = rt.generate(ids, max_new_tokens=n, temperature=0, ignore_eos=True, speculate=mode)
-    s1 = rt.context.stats()
+    # recycle keeps its table for a context's life: a fresh context per run, so that no round drafts from what an
+    # earlier round of the same prompt computed
+    ctx = rt.new_context() if mode == "recycle" else rt.context
+    s0 = ctx.stats()
+    r = ctx.generate(ids, max_new_tokens=n, temperature=0, ignore_eos=True, speculate=mode)
+    s1 = ctx.stats()
+    if ctx is not rt.context:
+        ctx.close()
     d = {k: s1[k] - s0[k] for k in ("spec_passes", "spec_drafted", "spec_accepted", "decode_tokens")}
     steps = d["decode_tokens"] - d["spec_accepted"]   # passes over the weights: plain steps + verify passes
     return {"ids": r.token_ids, "tok_s": r.decode_tokens_per_s, "passes": d["spec_passes"],
@@ -200,7 +206,7 @@ def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, bu
             for task in TASKS:
                 ids = prompt_ids(rt, task)
                 one(rt, ids, "off", 8)   # warm-up
-                runs = {m: [] for m in ("off", "ngram", "auto", *drafts)}
+                runs = {m: [] for m in ("off", "ngram", "recycle", "auto", *drafts)}
                 lruns = {t: [] for t in servers}
                 for _ in range(rounds):
                     for m in runs:

@@ -17,7 +17,8 @@ from ..runtime.contract import ARG_ARENA as ARENA
 from ..runtime.contract import ARG_KCACHE as KCACHE
 from ..runtime.contract import ARG_VCACHE as VCACHE
 from ..runtime.contract import ARG_WEIGHT as WEIGHT
-from ..runtime.contract import BACKEND_QNN_ORT, BACKEND_TVM_CPU, KERNEL_WRITES_KV, PROGRAM_SKIPS_FIRST, TENSOR_ALIGN
+from ..runtime.contract import (BACKEND_QNN_ORT, BACKEND_TVM_CPU, KERNEL_WRITES_KV, PROGRAM_SKIPS_FIRST,
+                                PROGRAM_TREE, TENSOR_ALIGN)
 from ..runtime.contract import DTYPES as _DT
 from ..runtime.contract import FLAG_AT_POS as AT_POS
 from ..runtime.contract import FLAG_PREFIX as PREFIX
@@ -186,6 +187,7 @@ class Lowering:
         self.bundles = bundles              # neuron-bundled FFNs (compiler/bundled_ffn.BundleLayout) or None
         self.experts: dict = {}             # MoE layer's experts prefix -> (first weight, views, gate/up parts)
         self.pending_predictions: list = [] # (Predict step, experts prefix) until that layer's experts are stored
+        self._tree: Arg | None = None       # while lowering a tree program: its tree view (rope, attention take it)
         self.guessed_layers: set = set()    # MoE layers whose PREDICT steps use a fitted guesser (expert_guess.py)
 
     @property
@@ -296,7 +298,9 @@ class Lowering:
 
         return family(self.spec).weight_shapes(self.spec)[name]
 
-    def program(self, name: str, g: TraceGraph, inp: Val, out: Val) -> Program:
+    def program(self, name: str, g: TraceGraph, inp: Val, out: Val, tree: bool = False) -> Program:
+        """tree: the input is T ids then a token tree (int32 [T + 1, T]: depths, then each row's ancestors by depth;
+        ops/attention.py) that RoPE and attention follow (PROGRAM_TREE: the verify program's drafts may branch)."""
         s, T = self.spec, g.T
         nodes = g.nodes
         if self.bundles is not None:
@@ -323,8 +327,12 @@ class Lowering:
             for v in n.inputs:
                 last_use[v.id] = i
         last_use[out.id] = len(nodes)
+        if tree:
+            last_use[inp.id] = len(nodes)   # the tree after the ids is read by every layer
         arena = _Arena()
-        loc: dict[int, int] = {inp.id: arena.alloc(_nbytes(inp))}
+        ids_bytes = -(-_nbytes(inp) // TENSOR_ALIGN) * TENSOR_ALIGN   # the tree starts aligned after the ids
+        loc: dict[int, int] = {inp.id: arena.alloc(ids_bytes + 4 * T * (T + 1) if tree else _nbytes(inp))}
+        self._tree = Arg(ARENA, 0, "int32", (T + 1, T), 0, loc[inp.id] + ids_bytes) if tree else None
         steps: list[Step] = []
 
         def act(v: Val, shape=None) -> Arg:
@@ -352,7 +360,9 @@ class Lowering:
 
             resolve_predictions(self)
         self.kernels.note_steps(steps)
-        return Program(name, T, steps, loc[inp.id], loc[out.id], row_bytes, arena.peak, self.backend)
+        self._tree = None
+        return Program(name, T, steps, loc[inp.id], loc[out.id], row_bytes, arena.peak, self.backend,
+                       PROGRAM_TREE if tree else 0)
 
     def _lower_node(self, n: Node, T: int, act) -> list[Step]:
         s, op = self.spec, n.op
@@ -394,16 +404,18 @@ class Lowering:
             return [Step(k, [act(n.inputs[0]), *wargs, *bias, act(n.out)])]
         if op == "rope":
             H, D = n.params["heads"], s.head_dim
-            k = self._kernel("rope", T=T, H=H, D=D)
+            tree = [self._tree] if self._tree else []   # rows rotate by their depth (<= their slot): table rows < T
+            k = self._kernel("rope", T=T, H=H, D=D, **({"P": True} if tree else {}))
             cs = [self._weight(w, (T, D // 2), AT_POS) for w in n.weights]
-            return [Step(k, [act(n.inputs[0], (T, H, D)), *cs, act(n.out, (T, H, D))])]
+            return [Step(k, [act(n.inputs[0], (T, H, D)), *cs, *tree, act(n.out, (T, H, D))])]
         if op == "attention":
             NH, KVH, D, layer = s.n_heads, s.n_kv_heads, s.head_dim, n.params["layer"]
             W = s.window(layer)   # sliding window; one at least as long as the KV cache (rope_rows) never cuts
+            tree = [self._tree] if self._tree else []
             k = self._kernel("attention", T=T, NH=NH, KVH=KVH, D=D, W=0 if W >= self.rope_rows else W,
-                             cap=float(np.float32(s.attn_softcap)))
+                             cap=float(np.float32(s.attn_softcap)), **({"M": True} if tree else {}))
             kv = [Arg(kind, layer, "float32", (T, KVH, D), PREFIX) for kind in (KCACHE, VCACHE)]
-            return [Step(k, [act(n.inputs[0], (T, NH, D)), *kv, act(n.out)])]
+            return [Step(k, [act(n.inputs[0], (T, NH, D)), *kv, *tree, act(n.out)])]
         if op in ("add", "swiglu", "relu2_mul", "gelu_mul"):
             R, N = n.out.shape
             k = self._kernel(op, R=R, N=N) if op == "add" else self._kernel(op, T=R, F=N)
@@ -459,7 +471,8 @@ def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: in
         x = fam.body(g, inp) if body else inp
         if head:
             x = fam.head(g, x)
-        progs.append(low.program(name, g, inp, x))
+        # the CPU's verify program takes token trees (the kernels of other backends have no tree variant)
+        progs.append(low.program(name, g, inp, x, tree=tokens == "verify" and backend == BACKEND_TVM_CPU))
     if npu_chunk:
         g = TraceGraph(spec, npu_chunk)
         inp = g.input_ids()

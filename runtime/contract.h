@@ -56,8 +56,9 @@
 #define EL_FILE_RUNNER "bin/edgellm-run"
 
 #define EL_PLAN_MAGIC "EDGEPLAN"
-#define EL_PLAN_VERSION 5     /* the newest plan this runtime reads: 3 adds PREDICT steps, 4 backend names, 5 the
-                                 per-layer KV cache table (window caches) */
+#define EL_PLAN_VERSION 6     /* the newest plan this runtime reads: 3 adds PREDICT steps, 4 backend names, 5 the
+                                 per-layer KV cache table (window caches), 6 EL_PROGRAM_TREE (a runtime that does not
+                                 fill a tree must not run such a program) */
 #define EL_PLAN_VERSION_MIN 2 /* the oldest it reads (2 and 3 have el_plan_program_v3 records) */
 #define EL_WEIGHT_ALIGN 16384 /* weight regions in weights.bin (Android page size; x86's 4 KiB divides it) */
 #define EL_TENSOR_ALIGN 64    /* every tensor a kernel sees: TVM compiles with this alignment assumption */
@@ -124,7 +125,14 @@ enum { EL_STEP_CALL = 0, EL_STEP_ROUTE = 1, EL_STEP_PREDICT = 2 };
 enum {
   EL_PROGRAM_SKIPS_FIRST = 1, /* calibrated without a sequence's first token (the attention sink, whose massive
                                  activations 16-bit graphs leave out): position 0 runs through decode instead */
+  EL_PROGRAM_TREE = 2,        /* verify (version 6): the input is int32 ids[T], then (from the next multiple of
+                                 EL_TENSOR_ALIGN bytes) a token tree, int32 [T + 1][T]: row 0 each row's depth d
+                                 (its position is pos + d), row 1 + t row t's ancestors by depth (the batch row at
+                                 depth 0..d; the last is t). A chain is depth t, ancestors 0..t */
 };
+
+/* bytes from a tree program's input (its ids) to its tree */
+#define EL_TREE_OFFSET(tokens) (((4ull * (tokens) + EL_TENSOR_ALIGN - 1) / EL_TENSOR_ALIGN) * EL_TENSOR_ALIGN)
 
 /* el_plan_kernel.flags / el_kernel_info.flags */
 enum { EL_KERNEL_WRITES_KV = 1 /* its outputs may be KV cache views (RoPE'd K, V projections, copies) */ };

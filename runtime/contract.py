@@ -21,7 +21,8 @@ ROUTING, ROUTING_MAGIC, ROUTING_VERSION = "routing.bin", b"EDGEROUT", 1
 BIN_DIR, RUNNER = "bin", "bin/edgellm-run"
 REQUIRED_FILES = (MANIFEST, PLAN, WEIGHTS)   # + the kernels: kernels.so, or kernels.cl and kernels.cltab (GPU)
 
-PLAN_MAGIC, PLAN_VERSION = b"EDGEPLAN", 5   # 3 added PREDICT steps, 4 backend names (PROGRAM), 5 KV_LAYER
+PLAN_MAGIC, PLAN_VERSION = b"EDGEPLAN", 6   # 3 added PREDICT steps, 4 backend names (PROGRAM), 5 KV_LAYER,
+                                            # 6 PROGRAM_TREE (an older runtime would not fill the tree)
 PLAN_VERSION_MIN = 2                    # the oldest the runtime reads (2 and 3: PROGRAM_V3 records)
 WEIGHT_ALIGN = 16 * 1024                # weight regions in weights.bin (Android page size; x86's 4 KiB divides it)
 TENSOR_ALIGN = 64                       # every tensor a kernel sees (TVM's alignment assumption)
@@ -43,6 +44,7 @@ BACKEND_TVM_CPU, BACKEND_QNN_ORT, BACKEND_OPENCL = "tvm_cpu", "qnn_ort", "opencl
 BACKENDS = (BACKEND_TVM_CPU, BACKEND_QNN_ORT, BACKEND_OPENCL)
 BACKEND_NAME_BYTES = 16
 PROGRAM_SKIPS_FIRST = 1                 # program flag: calibrated without the first token; position 0 runs via decode
+PROGRAM_TREE = 2                        # program flag (verify): input ids[T], then (64-aligned) int32 tree[T + 1, T]
 # every package file's marker and version (contract.h): tokenizer.bin, kernels.cltab, npu/npu.txt
 TOKENIZER_MAGIC, TOKENIZER_VERSION = b"ELTK", 1
 OPENCL_TABLE_MAGIC, OPENCL_TABLE_VERSION = "edgellm-opencl", 1

@@ -165,6 +165,13 @@ int el_decode(el_context* c, int32_t id, float* logits);
 int el_verify(el_context* c, const int32_t* ids, int n, float* logits);
 int el_verify_width(const el_model* m); /* tokens per verify pass (0: the package has no verify program) */
 int el_verify_take(el_context* c, int k);
+/* The same with the drafts as a tree: draft i (1 <= i < n) follows node parents[i] < i (node 0 is ids[0]; siblings
+ * should differ) and sits at the position of its depth. el_verify_take_node(node) appends a child of the node the
+ * context ends with (its cache row moved to its position); el_verify_take(k) follows a chain. Packages compiled
+ * before trees take chains only (parents[i] = i - 1). */
+int el_verify_tree(el_context* c, const int32_t* ids, const int32_t* parents, int n, float* logits);
+int el_verify_take_node(el_context* c, int node);
+int el_verify_node(el_context* c); /* the node of the last verify pass the context ends with (0: none taken) */
 
 /* Generation ------------------------------------------------------------------------------------------------- */
 
@@ -203,6 +210,8 @@ enum {
   EL_SPECULATE_OFF = 0,
   EL_SPECULATE_AUTO = 1,  /* n-gram drafts where they pay: backs off to plain decoding while they miss */
   EL_SPECULATE_NGRAM = 2, /* n-gram drafts (prompt lookup over the prompt and the reply) whenever one matches */
+  EL_SPECULATE_RECYCLE = 3, /* every pass: a tree of the n-gram chain and recycled tokens (the likeliest next tokens
+                               the model computed after each token before, refused drafts' rows included) */
 };
 
 /* The package's defaults (from its generation_config.json: sampled where it says do_sample, else greedy;

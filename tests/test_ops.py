@@ -396,3 +396,55 @@ def test_aarch64_neon_kernels_build():
         ("swiglu", {"T": 4, "F": 300}), ("copy", {"R": 3, "N": 5})])
     asm = tvm.compile(tvm.IRModule(funcs), target=target).mod.inspect_source("asm")
     assert "fmla" in asm and "fcvtl" in asm
+
+
+# ------------------------------------------------------------------------------------------- token trees (verify)
+def tree_rows(parents):
+    """int32 [T + 1, T] of a token tree (parents[i] < i; node 0 the root): depths, then each node's ancestors by
+    depth (runtime/contract.h EL_PROGRAM_TREE)."""
+    T = len(parents)
+    tab = np.zeros((T + 1, T), np.int32)
+    anc = []
+    for i, p in enumerate(parents):
+        anc.append((anc[p] if p >= 0 else []) + [i])
+        tab[0, i] = len(anc[i]) - 1
+        tab[1 + i, :len(anc[i])] = anc[i]
+    return tab
+
+
+TREES = [(8, 4, 2, 16, 0, 37, [-1, 0, 0, 1, 1, 2, 3, 6]),
+         (8, 8, 2, 64, 0, 100, [-1, 0, 1, 2, 3, 4, 5, 6]),
+         (16, 4, 4, 32, 0, 5, [-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 5, 6, 7, 8, 9, 10]),
+         (8, 4, 2, 16, 20, 60, [-1, 0, 0, 1, 1, 2, 3, 6]),   # a sliding window follows each row's depth
+         (32, 4, 2, 16, 0, 3, [-1] + [(i - 1) // 2 for i in range(1, 32)]),
+         (8, 9, 3, 64, 0, 40, [-1, 0, 0, 0, 0, 0, 0, 0]),   # full chunks hold the batch's rows
+         (8, 4, 2, 16, 5, 30, [-1, 0, 1, 2, 2, 2, 3, 4]),   # a window shorter than the tree
+         (8, 4, 2, 16, 0, 0, [-1, 0, 0, 1, 1, 2, 3, 6])]
+
+
+@pytest.mark.parametrize("T,NH,KVH,D,W,prefix,parents", TREES)
+def test_attention_and_rope_over_a_token_tree(T, NH, KVH, D, W, prefix, parents):
+    """The verify program's tree variants: a row sees the keys before the batch and its ancestors' in it, at the
+    position of its depth; a chain is exactly causal attention."""
+    r = rng(11)
+    S = prefix + T
+    q, k, v = randn(r, (T, NH, D)), randn(r, (S, KVH, D)), randn(r, (S, KVH, D))
+    tr = tree_rows(parents)
+    p = dict(T=T, NH=NH, KVH=KVH, D=D, W=W, M=True)
+    got = run("attention", [q, k, v, tr], (T, NH * D), **p)
+    check(got, ops.reference("attention", [q, k, v, tr], **p))
+    for t in range(T):   # bitwise what the decode kernel computes at the row's position over its path's keys
+        path, n0 = list(tr[1 + t][:tr[0, t] + 1]), prefix
+        kk, vv = (np.concatenate([a[:n0], a[n0 + np.array(path)]]) for a in (k, v))
+        one = run("attention", [q[t:t + 1], kk, vv], (1, NH * D), T=1, NH=NH, KVH=KVH, D=D, W=W)
+        assert np.array_equal(one[0], got[t]), t
+    chain = tree_rows([-1] + list(range(T - 1)))
+    check(run("attention", [q, k, v, chain], (T, NH * D), **p),
+          ops.reference("attention", [q, k, v], T=T, NH=NH, KVH=KVH, D=D, W=W))
+    x, c, s = randn(r, (T, NH, D)), randn(r, (T, D // 2)), randn(r, (T, D // 2))
+    rot = run("rope", [x, c, s, tr], (T, NH, D), T=T, H=NH, D=D, P=True)
+    check(rot, ops.reference("rope", [x, c, s, tr], T=T, H=NH, D=D, P=True))
+    if any(p != i - 1 for i, p in enumerate(parents)):   # a branch: some row rotates by another row than its own
+        assert np.abs(rot - ops.reference("rope", [x, c, s], T=T, H=NH, D=D)).max() > 0.1
+    assert ops.make_kernel("attention", CPU, **p)[0].endswith("_tree1")
+    assert ops.make_kernel("rope", CPU, T=T, H=NH, D=D)[0] == f"rope_t{T}_h{NH}_d{D}"

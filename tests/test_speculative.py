@@ -1,5 +1,5 @@
-"""Speculative decoding (issue 36): n-gram drafts and a draft package's guesses verified several per pass by the
-verify program, in the C generation loop (runtime/core/speculate.c, generate.c). The tokens must be plain decoding's: greedy on every
+"""Speculative decoding (issue 36): n-gram drafts, recycled-token trees and a draft package's guesses verified several
+per pass by the verify program, in the C generation loop (runtime/core/speculate.c, generate.c). The tokens must be plain decoding's: greedy on every
 scheme, dense and MoE, in RAM and under a memory budget; seeded sampling draw for draw; stop strings, max tokens,
 keep_context and prefix reuse as without it; every front end alike."""
 from __future__ import annotations
@@ -45,10 +45,10 @@ def test_greedy_tokens_are_plain_decodings(scheme, packages):
             p = copy_prompt(vocab, seed)
             plain, s = run(rt, p, "off", temperature=0)
             assert s["spec_passes"] == 0
-            for mode in ("ngram", "auto"):
+            for mode in ("ngram", "auto", "recycle"):
                 got, s = run(rt, p, mode, temperature=0)
                 assert got.token_ids == plain.token_ids, (scheme, mode, seed)
-                if mode == "ngram" and seed == 0:   # drafts both taken and refused
+                if mode != "auto" and seed == 0:   # drafts both taken and refused
                     assert s["spec_passes"] > 0 and 0 < s["spec_accepted"] < s["spec_drafted"], s
 
 
@@ -61,14 +61,15 @@ def test_seeded_sampling_draws_what_plain_decoding_draws(demo_q8):
     the trained demo model, whose samples repeat their prompt often enough for drafts to be taken)."""
     with Runtime.load(demo_q8) as rt:
         p = rt.encode(CODE)
-        taken = 0
+        taken = {"ngram": 0, "recycle": 0}
         for seed in range(24):
             kw = dict(temperature=0.7, top_k=8, top_p=0.95, repetition_penalty=1.05, seed=seed)
             plain, _ = run(rt, p, "off", n=32, **kw)
-            got, s = run(rt, p, "ngram", n=32, **kw)
-            assert got.token_ids == plain.token_ids, seed
-            taken += s["spec_accepted"]
-        assert taken > 0
+            for mode in taken:   # recycle: a tree, whose sampled path picks among siblings
+                got, s = run(rt, p, mode, n=32, **kw)
+                assert got.token_ids == plain.token_ids, (mode, seed)
+                taken[mode] += s["spec_accepted"]
+        assert all(taken.values()), taken
 
 
 def test_stops_limits_and_context_behave_as_without(packages):
@@ -126,7 +127,7 @@ def test_own_drafts_through_verify_and_take(packages, scheme):
         ctx.take_drafts(3)
         assert ctx.pos == 44 and ctx.cached == p[:44]
         after = ctx.decode_step(p[44])
-        with pytest.raises(EdgeLLMError, match="left 0 to take"):
+        with pytest.raises(EdgeLLMError, match="left 0 in a chain to take"):
             ctx.take_drafts(1)   # the decode step dropped the other drafts
         ctx.rewind(40)
         want = [ctx.decode_step(t) for t in p[40:45]]
@@ -134,10 +135,73 @@ def test_own_drafts_through_verify_and_take(packages, scheme):
             assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
         ctx.rewind(40)
         ctx.verify(p[40:43])
-        with pytest.raises(EdgeLLMError, match="left 2 to take"):
+        with pytest.raises(EdgeLLMError, match="left 2 in a chain to take"):
             ctx.take_drafts(3)
         with pytest.raises(EdgeLLMError, match="verifies 8 per pass"):
             ctx.verify(p[:9])
+
+
+def tree_paths(parents):
+    """Each node's path from the root (node 0), as node indices."""
+    out = []
+    for i in range(len(parents)):
+        path = [i]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        out.append(path[::-1])
+    return out
+
+
+@pytest.mark.parametrize("scheme", ("f32", "q8"))
+def test_token_tree_rows_and_the_path_taken(packages, scheme):
+    """A pass over a token tree (el_verify_tree): each node's row equals decoding its path from the root; taking a
+    path whose nodes sit further along than their depth (a branch) moves their cache rows down, so the context is
+    then as if it had decoded the path; a node that does not follow the context's last one is a one-line error."""
+    tol = 1e-4
+    parents = [-1, 0, 0, 1, 1, 2, 3, 6]
+    with Runtime.load(packages[scheme]) as rt:
+        ctx = rt.context
+        p = copy_prompt(rt.manifest["model"]["config"]["vocab_size"], 6)
+        ids = p[40:48]
+        ctx.prefill(p[:40])
+        rows = ctx.verify(ids, parents)
+        for node, path in enumerate(tree_paths(parents)):
+            ctx.rewind(40)
+            for i in path[:-1]:
+                ctx.decode_step(ids[i])
+            want = ctx.decode_step(ids[path[-1]])
+            assert np.abs(rows[node] - want).max() <= tol * np.abs(want).max(), node
+        ctx.rewind(40)
+        ctx.verify(ids, parents)
+        ctx.take_node(2)
+        ctx.take_node(5)   # slot 5, depth 2: its rows move to position 42
+        assert ctx.pos == 43 and ctx.cached == p[:40] + [ids[0], ids[2], ids[5]]
+        with pytest.raises(EdgeLLMError, match="does not follow"):
+            ctx.take_node(6)
+        got = ctx.decode_step(p[50])
+        ctx.rewind(40)
+        for t in (ids[0], ids[2], ids[5]):
+            ctx.decode_step(t)
+        want = ctx.decode_step(p[50])
+        assert np.abs(got - want).max() <= tol * np.abs(want).max()
+        with pytest.raises(EdgeLLMError, match="follows"):
+            ctx.verify(ids, [-1, 0, 2, 1, 1, 2, 3, 6])
+
+
+def test_recycled_trees_keep_the_cache_exact(demo_q8):
+    """Recycling on the trained demo: trees whose taken paths branch; the cache then equals a fresh run of the
+    prompt and the tokens."""
+    with Runtime.load(demo_q8) as rt:
+        p = rt.encode(CODE)
+        plain = rt.generate(p, max_new_tokens=64, temperature=0, ignore_eos=True).token_ids
+        for _ in range(2):   # the second run starts from the first's recycled table
+            r, s = run(rt, p, "recycle", n=64, temperature=0)
+            assert r.token_ids == plain and s["spec_accepted"] > 0
+        nxt = rt.context.decode_step(r.token_ids[-1])
+    with Runtime.load(demo_q8) as fresh:
+        fresh.context.prefill(p + r.token_ids[:-1])
+        want = fresh.context.decode_step(r.token_ids[-1])
+    assert np.abs(nxt - want).max() <= 1e-3 * np.abs(want).max()
 
 
 def test_under_a_memory_budget(demo_q8):
@@ -151,6 +215,8 @@ def test_under_a_memory_budget(demo_q8):
         assert rt.memory()["policy"] == "window"
         r, s = run(rt, p, None, n=48, temperature=0)
         assert r.token_ids == plain and s["spec_passes"] > 0
+        r, s = run(rt, p, "recycle", n=48, temperature=0)
+        assert r.token_ids == plain and s["spec_accepted"] > 0
 
 
 def test_moe(tmp_path):
@@ -162,8 +228,9 @@ def test_moe(tmp_path):
     with Runtime.load(pkg) as rt:
         p = copy_prompt(rt.manifest["model"]["config"]["vocab_size"], 4)
         plain, _ = run(rt, p, "off", temperature=0)
-        got, s = run(rt, p, "ngram", temperature=0)
-        assert got.token_ids == plain.token_ids and s["spec_passes"] > 0
+        for mode in ("ngram", "recycle"):   # a tree's pass runs the union of its rows' experts
+            got, s = run(rt, p, mode, temperature=0)
+            assert got.token_ids == plain.token_ids and s["spec_passes"] > 0, mode
 
 
 def test_front_ends_agree(demo_q8):
@@ -183,6 +250,9 @@ def test_front_ends_agree(demo_q8):
     cli = subprocess.run(["edgellm", "run", str(demo_q8), "--ids", ",".join(map(str, ids)), "-n", "48",
                           "--temperature", "0", "--ignore-eos", "--speculate", "ngram"], capture_output=True, text=True)
     assert cli.returncode == 0 and "[speculative: " in cli.stderr, cli.stderr
+    rec = subprocess.run([str(exe), str(demo_q8), "--ids", ",".join(map(str, ids)), "-n", "48", "--temperature", "0",
+                          "--ignore-eos", "--print-ids", "--speculate", "recycle"], capture_output=True, text=True)
+    assert rec.returncode == 0 and [int(x) for x in rec.stdout.split()] == r.token_ids, rec.stderr
 
 
 def test_bad_values_are_one_line(demo_q8):
@@ -207,8 +277,9 @@ def test_opencl(tmp_path):
     with Runtime.load(pkg) as rt:
         ids = rt.encode(CODE)
         plain = rt.generate(ids, max_new_tokens=48, temperature=0, ignore_eos=True).token_ids
-        got, s = run(rt, ids, "ngram", n=48, temperature=0)
-        assert got.token_ids == plain and s["spec_passes"] > 0
+        for mode in ("ngram", "recycle"):   # no tree kernels there: recycle drafts chains
+            got, s = run(rt, ids, mode, n=48, temperature=0)
+            assert got.token_ids == plain and s["spec_passes"] > 0, mode
 
 
 # ---- a draft package: a smaller model with the same tokenizer (models/demo/demo-draft, distilled from demo-llama) --

@@ -132,15 +132,20 @@ ROWS = ("rows", "rows", bool, False)   # row-limited variant (rows.py); left out
 # int params that may be 0 (meaning "off"); they are left out of the kernel name when 0, so the names of kernels
 # from before the param existed do not change
 ZERO_OFF = {("attention", "W"), ("attention", "cap")}
+# bool params left out of the kernel name when off (so the names of kernels from before them do not change)
+NAMED_WHEN_ON = {("rope", "P"), ("attention", "M"), ("linear", "rows")}
 OPS = {
     "embed": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED),
               ("wdtype", "", str, "float32")],
     "rmsnorm": [("R", "r", int, REQUIRED), ("D", "d", int, REQUIRED), ("eps", "eps", float, REQUIRED)],
     "linear": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
                ("wdtype", "", str, "float32"), ("bias", "b", bool, False), SEGS, ROWS],
-    "rope": [("T", "t", int, REQUIRED), ("H", "h", int, REQUIRED), ("D", "d", int, REQUIRED)],
+    # P / M: a token tree (the verify program of speculative decoding; an extra int32 tree[2, T] argument)
+    "rope": [("T", "t", int, REQUIRED), ("H", "h", int, REQUIRED), ("D", "d", int, REQUIRED),
+             ("P", "tree", bool, False)],
     "attention": [("T", "t", int, REQUIRED), ("NH", "nh", int, REQUIRED), ("KVH", "kvh", int, REQUIRED),
-                  ("D", "d", int, REQUIRED), ("W", "w", int, 0), ("cap", "cap", float, 0.0)],
+                  ("D", "d", int, REQUIRED), ("W", "w", int, 0), ("cap", "cap", float, 0.0),
+                  ("M", "tree", bool, False)],
     "add": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
@@ -246,7 +251,8 @@ def _name(op: str, p: dict) -> str:
     return kernel_name(op, [(short, "x".join(map(str, p[name])) if typ is tuple else p[name])
                             for name, short, typ, _ in op_spec(op)
                             if not ((op, name) in ZERO_OFF and p[name] == 0) and not (typ is tuple and not p[name])
-                            and not (name == "rows" and not p[name])])
+                            and not (typ is bool and not p[name] and (op, name) in NAMED_WHEN_ON
+                                     or name == "rows" and not p[name])])
 
 
 def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
@@ -261,7 +267,8 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
             return _linear.make(cpu, p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
         return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
     if op == "attention":
-        return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast, W=p["W"], cap=p["cap"])
+        return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast, W=p["W"], cap=p["cap"],
+                               M=p["M"])
     simple_cpu = cpu if fast else CpuInfo(vector_lanes=1, num_threads=1, arch=cpu.arch)
     if op in KERNEL_OPS:
         traits = KERNEL_OPS[op].traits
@@ -275,7 +282,7 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
     if op == "rmsnorm":
         return _ew.rmsnorm(simple_cpu, p["R"], p["D"], p["eps"])
     if op == "rope":
-        return _ew.rope(simple_cpu, p["T"], p["H"], p["D"])
+        return _ew.rope(simple_cpu, p["T"], p["H"], p["D"], p["P"])
     if op == "add":
         return _ew.add(simple_cpu, p["R"], p["N"])
     if op == "swiglu":

@@ -78,10 +78,17 @@ def blocking(cpu, T_: int, NH: int, KVH: int):
     return Gb, Tq
 
 
-def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int = 0, cap: float = 0.0):
+def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int = 0, cap: float = 0.0,
+         M: bool = False):
     """simple=True: one row per task, per-key dot products only (fallback).
     W > 0: sliding window, query t attends keys max(0, n_t - W) <= j < n_t; W = 0: full causal attention.
-    cap > 0: scores soft-capped to cap * tanh(s / cap) (cap = 0 generates exactly the kernel without it)."""
+    cap > 0: scores soft-capped to cap * tanh(s / cap) (cap = 0 generates exactly the kernel without it).
+    M: a token tree (the verify program of speculative decoding): an extra int32 arg tree[T + 1, T] before the output.
+    tree[0, t] is query t's depth d (its position is n0 + d, n0 = S - T the keys before the batch) and tree[1 + t, i]
+    (i <= d) the batch row of its ancestor at depth i (tree[1 + t, d] = t). The row attends the keys a decode step at
+    its position would see, in the same order and the same chunks (key n0 + i of that sequence is batch row
+    tree[1 + t, i]), so that its sums round exactly as decode's do: a tree's rows are then bitwise those of decoding
+    their paths wherever the kernels of one token are. M = False generates exactly the kernel without it."""
     if NH % KVH != 0:
         raise ValueError(f"NH={NH} not a multiple of KVH={KVH}")
     VL = cpu.vector_lanes
@@ -104,14 +111,18 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
         """A computed score, soft-capped (the -3e38 of an invisible key is never passed here)."""
         return T.float32(cap) * fast_tanh(v * T.float32(1.0 / cap)) if cap > 0 else v
 
-    @T.prim_func
-    def attention(q: T.handle, k: T.handle, v: T.handle, o: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        S = T.int64()
-        Q = T.match_buffer(q, (T_, NH, D), F32)
-        Kc = T.match_buffer(k, (S, KVH, D), F32)
-        Vc = T.match_buffer(v, (S, KVH, D), F32)
-        O = T.match_buffer(o, (T_, NH * D), F32)
+    def key(TR, t, v, n0):
+        """The cache row of key v of row t's sequence (M: past the prefix, its ancestor's batch row)."""
+        if not M:
+            return v
+        return T.if_then_else(v < n0, v, n0 + TR[1 + t, T.min(T.max(v - n0, 0), T_ - 1)])
+
+    def n_seen(TR, t, n_slot, n0):
+        """The keys row t sees: n_slot (causal by its row) or, in a tree, those up to its depth's position."""
+        return n0 + TR[0, t] + 1 if M else n_slot
+
+    @T.macro
+    def body(Q, Kc, Vc, TR, O, S):
         for task in T.parallel(ntask):
             qs = T.alloc_buffer((R * D,), F32, scope="global", annotations=STACK)
             acc = T.alloc_buffer((R * D,), F32, scope="global", annotations=STACK)
@@ -125,6 +136,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             h0: T.let = kh * G + (task % (NHB * NTB)) // NTB * Gb
             t0: T.let = task % NTB * Tq
             nmax: T.let = T.Cast("int32", S) - T_ + t0 + Tq  # keys visible to the block's last query
+            n0: T.let = T.Cast("int32", S) - T_  # keys before the batch
             for r in range(R):
                 for dc in T.unroll(ND):
                     for l in T.vectorized(VD):
@@ -133,19 +145,20 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                 st[r * 4] = T.float32(NEG)
                 st[r * 4 + 3] = T.float32(0)
             if windowed:  # same as below, from the first chunk holding a key the block's first query sees
-                c_lo: T.let = T.max((nmax - Tq + 1 - W) // C, 0)
+                # the lowest key any row of the block sees (a tree's rows sit at their depth, >= 0)
+                c_lo: T.let = T.max((n_seen(TR, 0, nmax - Tq + 1, n0) - W) // C, 0)
                 for c in range(c_lo, (nmax + (C - 1)) // C):
                     for r in range(R):
                         # row r sees keys j0 + c * C <= j < nv + c * C of this chunk (0 <= j0, nv <= C)
-                        n_r: T.let = nmax - Tq + 1 + r % Tq  # keys j < n_r are causal for row r
+                        n_r: T.let = n_seen(TR, t0 + r % Tq, nmax - Tq + 1 + r % Tq, n0)  # keys j < n_r are causal for row r
                         nv: T.let = T.min(C, n_r - c * C)
                         j0: T.let = T.max(n_r - W - c * C, 0)
                         if nv > j0:
                             if tree and j0 == 0 and nv == C:  # full chunk: shuffle-tree scores
                                 for jj in range(C // 2):
                                     for l in T.vectorized(VD):
-                                        pv0[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + jj, kh, l, VD, ND)
-                                        pv1[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + C // 2 + jj, kh, l, VD, ND)
+                                        pv0[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0 + r % Tq, c * C + jj, n0), kh, l, VD, ND)
+                                        pv1[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0 + r % Tq, c * C + C // 2 + jj, n0), kh, l, VD, ND)
                                 sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
                                 if cap > 0:
                                     for jj in T.vectorized(C):
@@ -159,7 +172,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                             part[l] = T.float32(0)
                                         for dc in T.unroll(ND):
                                             for l in T.vectorized(VD):
-                                                part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[c * C + jj, kh, dc * VD + l]
+                                                part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[key(TR, t0 + r % Tq, c * C + jj, n0), kh, dc * VD + l]
                                         sc[jj] = capped(hsum(part, VD))
                             st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
                             st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
@@ -174,7 +187,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                 if jj >= j0:
                                     for dc in T.unroll(ND):
                                         for l in T.vectorized(VD):
-                                            ar[dc * VD + l] = ar[dc * VD + l] + sc[jj] * Vc[c * C + jj, kh, dc * VD + l]
+                                            ar[dc * VD + l] = ar[dc * VD + l] + sc[jj] * Vc[key(TR, t0 + r % Tq, c * C + jj, n0), kh, dc * VD + l]
                             for dc in T.unroll(ND):
                                 for l in T.vectorized(VD):
                                     acc[r * D + dc * VD + l] = ar[dc * VD + l]
@@ -182,13 +195,13 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                 for c in range((nmax + (C - 1)) // C):
                     for r in range(R):
                         # keys of this chunk visible to row r (row r sees keys j < nmax - Tq + 1 + r % Tq)
-                        nv: T.let = T.min(C, nmax - Tq + 1 + r % Tq - c * C)
+                        nv: T.let = T.min(C, n_seen(TR, t0 + r % Tq, nmax - Tq + 1 + r % Tq, n0) - c * C)
                         if nv > 0:
                             if tree and nv == C:  # full chunk: shuffle-tree scores
                                 for jj in range(C // 2):
                                     for l in T.vectorized(VD):
-                                        pv0[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + jj, kh, l, VD, ND)
-                                        pv1[jj * VD + l] = dot_part(Kc, qs, r * D, c * C + C // 2 + jj, kh, l, VD, ND)
+                                        pv0[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0 + r % Tq, c * C + jj, n0), kh, l, VD, ND)
+                                        pv1[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0 + r % Tq, c * C + C // 2 + jj, n0), kh, l, VD, ND)
                                 sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
                                 if cap > 0:
                                     for jj in T.vectorized(C):
@@ -201,7 +214,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                         part[l] = T.float32(0)
                                     for dc in T.unroll(ND):
                                         for l in T.vectorized(VD):
-                                            part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[c * C + jj, kh, dc * VD + l]
+                                            part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[key(TR, t0 + r % Tq, c * C + jj, n0), kh, dc * VD + l]
                                     sc[jj] = capped(hsum(part, VD))
                             st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
                             st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
@@ -215,7 +228,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                             for jj in range(nv):
                                 for dc in T.unroll(ND):
                                     for l in T.vectorized(VD):
-                                        ar[dc * VD + l] = ar[dc * VD + l] + sc[jj] * Vc[c * C + jj, kh, dc * VD + l]
+                                        ar[dc * VD + l] = ar[dc * VD + l] + sc[jj] * Vc[key(TR, t0 + r % Tq, c * C + jj, n0), kh, dc * VD + l]
                             for dc in T.unroll(ND):
                                 for l in T.vectorized(VD):
                                     acc[r * D + dc * VD + l] = ar[dc * VD + l]
@@ -225,4 +238,26 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                     for l in T.vectorized(VD):
                         O[t0 + r % Tq, (h0 + r // Tq) * D + dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 3]
 
+    if M:
+        @T.prim_func
+        def attention_tree(q: T.handle, k: T.handle, v: T.handle, tr: T.handle, o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            S = T.int64()
+            Q = T.match_buffer(q, (T_, NH, D), F32)
+            Kc = T.match_buffer(k, (S, KVH, D), F32)
+            Vc = T.match_buffer(v, (S, KVH, D), F32)
+            TR = T.match_buffer(tr, (T_ + 1, T_), "int32")
+            O = T.match_buffer(o, (T_, NH * D), F32)
+            body(Q, Kc, Vc, TR, O, S)
+        return attention_tree
+
+    @T.prim_func
+    def attention(q: T.handle, k: T.handle, v: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        S = T.int64()
+        Q = T.match_buffer(q, (T_, NH, D), F32)
+        Kc = T.match_buffer(k, (S, KVH, D), F32)
+        Vc = T.match_buffer(v, (S, KVH, D), F32)
+        O = T.match_buffer(o, (T_, NH * D), F32)
+        body(Q, Kc, Vc, Q, O, S)   # no tree: its argument is never read
     return attention

@@ -282,12 +282,35 @@ def rmsnorm(cpu, R: int, D: int, eps: float):
     return kern
 
 
-def rope(cpu, T_: int, H: int, D: int):
+def rope(cpu, T_: int, H: int, D: int, P: bool = False):
+    """P: each row t takes its rotation from row tree[0, t] (its depth, <= t) of the table view instead of row t: the
+    verify program's token trees (tree int32[T + 1, T], attention.py), whose nodes sit at the position of their depth,
+    not of their row."""
     if D % 2:
         raise ValueError(f"rope needs an even head_dim, got {D}")
     half = D // 2
     VH = pow2_divisor(half, cpu.vector_lanes)
     outer = _outer(T_ * H * D)
+
+    if P:
+        @T.prim_func
+        def kern_p(x: T.handle, cs: T.handle, sn: T.handle, tr: T.handle, o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            X = T.match_buffer(x, (T_, H, D), F32)
+            Cs = T.match_buffer(cs, (T_, half), F32, align=VIEW_ALIGN)
+            Sn = T.match_buffer(sn, (T_, half), F32, align=VIEW_ALIGN)
+            TR = T.match_buffer(tr, (T_ + 1, T_), "int32")
+            O = T.match_buffer(o, (T_, H, D), F32, align=VIEW_ALIGN)
+            for th in outer(T_ * H):
+                for ic in range(half // VH):
+                    for l in T.vectorized(VH):
+                        O[th // H, th % H, ic * VH + l] = (
+                            X[th // H, th % H, ic * VH + l] * Cs[TR[0, th // H], ic * VH + l]
+                            - X[th // H, th % H, half + ic * VH + l] * Sn[TR[0, th // H], ic * VH + l])
+                        O[th // H, th % H, half + ic * VH + l] = (
+                            X[th // H, th % H, half + ic * VH + l] * Cs[TR[0, th // H], ic * VH + l]
+                            + X[th // H, th % H, ic * VH + l] * Sn[TR[0, th // H], ic * VH + l])
+        return kern_p
 
     @T.prim_func
     def kern(x: T.handle, cs: T.handle, sn: T.handle, o: T.handle):

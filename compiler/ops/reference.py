@@ -35,6 +35,8 @@ def reference(op: str, args, **p):
     nin = NINPUTS.get(op)
     if op == "linear":
         nin = 3 if p.get("bias", False) else 2
+    if (op, True) in (("rope", p.get("P")), ("attention", p.get("M"))):
+        nin += 1   # the token tree
     if op in KERNEL_OPS:  # x (ids), the parts, [b]
         nin = 1 + len(KERNEL_OPS[op].scheme.parts) + (KERNEL_OPS[op].traits.kind == "linear" and p.get("bias", False))
     if nin is None:
@@ -61,27 +63,35 @@ def reference(op: str, args, **p):
     if op in KERNEL_OPS:
         return _packed(op, a, p)
     if op == "rope":
-        x, c, s = (_f64(v) for v in a)
+        x, c, s = (_f64(v) for v in a[:3])
+        if p.get("P"):   # a token tree: row t rotates by table row tree[0, t] (its depth)
+            c, s = c[a[3][0]], s[a[3][0]]
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
         c, s = c[:, None, :], s[:, None, :]
         return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
     if op == "attention":
-        q, k, v = (_f64(t) for t in a)
+        q, k, v = (_f64(t) for t in a[:3])
         T, NH, D = q.shape
         S, KVH = k.shape[0], k.shape[1]
         G = NH // KVH
         W = int(p.get("W", 0))  # sliding window (0: full causal attention)
+        tree = a[3] if p.get("M") else None   # [T + 1, T]: depths, then each row's ancestors by depth (a token tree)
         out = np.zeros((T, NH, D))
         for t in range(T):
             n = S - T + t + 1
-            lo = max(0, n - W) if W else 0
+            keys = np.arange(n)
+            if tree is not None:   # the prefix, then its ancestors' rows by depth; the window follows the depth
+                d = int(tree[0][t])
+                keys = np.concatenate([np.arange(S - T), S - T + np.asarray(tree[1 + t][:d + 1], np.int64)])
+                n = S - T + d + 1
+            keys = keys[np.arange(len(keys)) >= max(0, n - W)] if W else keys
             for h in range(NH):
-                s = k[lo:n, h // G] @ q[t, h] / np.sqrt(D)
+                s = k[keys, h // G] @ q[t, h] / np.sqrt(D)
                 if p.get("cap"):
                     s = p["cap"] * np.tanh(s / p["cap"])
                 e = np.exp(s - s.max())
-                out[t, h] = (e / e.sum()) @ v[lo:n, h // G]
+                out[t, h] = (e / e.sum()) @ v[keys, h // G]
         return out.reshape(T, NH * D)
     if op == "add":
         return _f64(a[0]) + _f64(a[1])

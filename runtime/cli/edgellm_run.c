@@ -209,10 +209,11 @@ int main(int argc, char** argv) {
       print_ids = 1;
     } else if (!strcmp(a, "--dump-logits")) {
       NEED_VALUE dump_path = v;
-    } else if (!strcmp(a, "--speculate") && v && strcmp(v, "off") && strcmp(v, "auto") && strcmp(v, "ngram")) {
+    } else if (!strcmp(a, "--speculate") && v && strcmp(v, "off") && strcmp(v, "auto") && strcmp(v, "ngram") &&
+               strcmp(v, "recycle")) {
       struct stat st_draft;
       if (stat(v, &st_draft) != 0 || !S_ISDIR(st_draft.st_mode))
-        return usage_error("--speculate %s: choose off, auto or ngram, or give a draft package's directory", v);
+        return usage_error("--speculate %s: choose off, auto, ngram or recycle, or give a draft package's directory", v);
       NEED_VALUE draft_path = v; /* a draft package: auto mode, its guesses where no n-gram matches */
       a = "--speculate", v = "auto";
       for (size_t k = 0; k < sizeof EL_GEN_OPTIONS / sizeof *EL_GEN_OPTIONS; k++)

@@ -51,7 +51,7 @@ static const el_cli_option EL_GEN_OPTIONS[] = {
     {"--frequency-penalty", NULL, EL_OPT_FLOAT, offsetof(el_gen_params, frequency_penalty), NULL, -1e30, 1e30},
     {"--seed", NULL, EL_OPT_U64, offsetof(el_gen_params, seed), NULL, 0, 0},
     {"--ignore-eos", NULL, EL_OPT_FLAG, offsetof(el_gen_params, ignore_eos), NULL, 0, 0},
-    {"--speculate", NULL, EL_OPT_CHOICE, offsetof(el_gen_params, speculate), "off=0|auto=1|ngram=2", 0, 0},
+    {"--speculate", NULL, EL_OPT_CHOICE, offsetof(el_gen_params, speculate), "off=0|auto=1|ngram=2|recycle=3", 0, 0},
     {"--draft-max", NULL, EL_OPT_INT, offsetof(el_gen_params, draft_max), NULL, 0.0, 31.0},
 };
 
@@ -108,11 +108,12 @@ static const el_cli_option EL_GEN_OPTIONS[] = {
   "                        0 = off [default: the package's]\n" \
   "  --seed S              sampling seed [default: random]\n" \
   "  --ignore-eos          keep generating past end-of-sequence tokens\n" \
-  "  --speculate off|auto|ngram|DRAFT_PKG\n" \
+  "  --speculate off|auto|ngram|recycle|DRAFT_PKG\n" \
   "                        speculative decoding: draft tokens from n-grams of the prompt and reply, verify several\n" \
   "                        per pass over the weights (auto: where drafts pay, else plain; ngram: whenever one\n" \
-  "                        matches; DRAFT_PKG: a smaller model's package with the same tokenizer guesses where no\n" \
-  "                        n-gram matches, as auto) [default: off]\n" \
+  "                        matches; recycle: every pass, a tree of n-grams and the tokens the model found likeliest\n" \
+  "                        after each token before; DRAFT_PKG: a smaller model's package with the same tokenizer\n" \
+  "                        guesses where no n-gram matches, as auto) [default: off]\n" \
   "  --draft-max N         drafts per verify pass at most [default: the package's verify width - 1]\n"
 
 #endif

@@ -353,29 +353,54 @@ int el_decode_locked(el_context* c, int32_t id, float* logits) {
   return 0;
 }
 
-/* Speculative decoding: ids[0] (the token just sampled) and n - 1 drafts after it, in one run of the verify program
- * (one pass over the weights); logits gets each one's row [n][vocab]. The position advances by one: the drafts' cache
- * rows are written but belong to the context only as el_verify_accept takes them, in order (rows past the position
- * are never read: attention stops at each query's own position). */
-int el_verify_locked(el_context* c, const int32_t* ids, int n, float* logits) {
+/* Speculative decoding: ids[0] (the token just sampled) and n - 1 drafts in one run of the verify program (one pass
+ * over the weights); logits gets each one's row [n][vocab]. parents (NULL: a chain, parents[i] = i - 1) makes the
+ * drafts a tree: draft i follows node parents[i] < i, and sits at the position of its depth; such a pass needs a
+ * program that takes trees (EL_PROGRAM_TREE). The position advances by one: the drafts' cache rows are written but
+ * belong to the context only as el_verify_accept takes them, a path down the tree (rows past the position are never
+ * read: attention stops at each query's own position). */
+int el_verify_locked(el_context* c, const int32_t* ids, const int32_t* parents, int n, float* logits) {
   el_model* m = c->m;
   const el_plan_program* p = &m->prog[EL_PROG_VERIFY].p;
   if (!m->prog[EL_PROG_VERIFY].present || n < 1 || n > (int)p->tokens)
     return el_error("el_verify: %d tokens; this package verifies 1..%u", n, m->prog[EL_PROG_VERIFY].present ? p->tokens : 0);
   if (c->pos + n > (int)m->h.max_ctx) return el_error("el_verify: %d tokens do not fit the context", n);
   if (check_ids(m, ids, n) != 0) return -1;
+  int tree = (p->flags & EL_PROGRAM_TREE) != 0, T = (int)p->tokens;
+  int32_t parent[32], tab[33][32]; /* the tree as the kernels take it: depths, then each row's ancestors by depth */
+  for (int i = 0; i < T; i++) { /* padding rows continue the chain: no real row follows them */
+    parent[i] = i == 0 ? -1 : parents && i < n ? parents[i] : i - 1;
+    if (i > 0 && (parent[i] < 0 || parent[i] >= i))
+      return el_error("el_verify: draft %d follows node %d; a draft follows an earlier node (0 is the first id)", i,
+                      parent[i]);
+    if (i > 0 && parent[i] != i - 1 && !tree)
+      return el_error("el_verify: this package's verify program takes chains of drafts, not trees: recompile it "
+                      "with this edgellm");
+    int d = i ? tab[0][parent[i]] + 1 : 0;
+    tab[0][i] = d;
+    if (i) memcpy(tab[1 + i], tab[1 + parent[i]], sizeof(int32_t) * (size_t)d);
+    tab[1 + i][d] = i;
+    for (int j = d + 1; j < T; j++) tab[1 + i][j] = i; /* never read */
+  }
   double t0 = el_now();
   int32_t* in = (int32_t*)(c->arena + p->in_offset);
   memcpy(in, ids, sizeof(int32_t) * (size_t)n);
-  memset(in + n, 0, sizeof(int32_t) * (p->tokens - (size_t)n)); /* padding rows: masked by causality */
+  for (int i = n; i < T; i++) in[i] = 0; /* padding rows: no real row follows them */
+  if (tree)
+    for (int r = 0; r <= T; r++)
+      memcpy(c->arena + p->in_offset + EL_TREE_OFFSET(T) + sizeof(int32_t) * (size_t)(r * T), tab[r],
+             sizeof(int32_t) * (size_t)T);
   uint64_t w0 = c->stats.weight_bytes_read;
   if (run(c, EL_PROG_VERIFY, c->pos) != 0) return -1;
   c->stats.decode_weight_bytes_read += c->stats.weight_bytes_read - w0;
-  if (c->kv_high < c->pos + (int)p->tokens) c->kv_high = c->pos + (int)p->tokens;
+  if (c->kv_high < c->pos + T) c->kv_high = c->pos + T;
   for (int r = 0; r < n; r++)
     memcpy(logits + (size_t)r * m->h.vocab, c->arena + p->out_offset + r * p->out_row_bytes, p->out_row_bytes);
+  memcpy(c->spec_parent, parent, sizeof(int32_t) * (size_t)n);
+  c->spec_root = c->pos;
+  c->spec_node = 0;
   c->pos += 1;
-  c->spec_open = n - 1;
+  c->spec_open = n;
   c->stats.decode_seconds += el_now() - t0;
   c->stats.decode_tokens += 1;
   c->stats.spec_passes += 1;
@@ -383,12 +408,38 @@ int el_verify_locked(el_context* c, const int32_t* ids, int n, float* logits) {
   return 0;
 }
 
-/* The next draft of the last el_verify_locked is the token sampled after it: its cache row joins the context. */
-void el_verify_accept(el_context* c) {
+/* Every layer's K and V row of position `from` copied to position `to` (< from; the rows of one verify pass, which a
+ * window cache holds together), on the host and on backends that keep the cache on their device. */
+static int kv_copy_row(el_context* c, int from, int to) {
+  el_model* m = c->m;
+  size_t per_row = (size_t)m->h.n_kv_heads * m->h.head_dim * 4;
+  for (uint32_t l = 0; l < m->h.n_layers; l++)
+    for (int v = 0; v < 2; v++) {
+      size_t at = m->kv_offset[2 * (size_t)l + v], dst = at + (size_t)(to - c->kv_base[l]) * per_row,
+             src = at + (size_t)(from - c->kv_base[l]) * per_row;
+      if (m->kv_host_moves) memcpy(c->caches + dst, c->caches + src, per_row);
+      for (int b = 0; b < m->n_backends; b++) {
+        const el_backend* be = m->backends[b].be;
+        if ((be->caps & EL_BACKEND_DEVICE_KV) && c->backend_ctx[b] &&
+            be->kv_move(m->backends[b].state, c->backend_ctx[b], c, dst, src, per_row) != 0)
+          return -1;
+      }
+    }
+  return 0;
+}
+
+/* Draft `node` of the last el_verify_locked (a child of the node the context ends with) is the token sampled next:
+ * its cache row joins the context, moved down to the position of its depth when a branch put it further along. */
+int el_verify_accept(el_context* c, int node) {
+  if (!c->spec_open || node <= c->spec_node || node >= c->spec_open || c->spec_parent[node] != c->spec_node)
+    return el_error("el_verify: draft %d does not follow the context's last token (the last verify pass left %s)",
+                    node, c->spec_open ? "other drafts" : "none");
+  if (c->spec_root + node != c->pos && kv_copy_row(c, c->spec_root + node, c->pos) != 0) return -1;
+  c->spec_node = node;
   c->pos += 1;
-  c->spec_open -= 1;
   c->stats.decode_tokens += 1;
   c->stats.spec_accepted += 1;
+  return 0;
 }
 
 EL_API int el_verify_width(const el_model* m) { return m ? el_verify_tokens(m) : 0; }
@@ -419,21 +470,50 @@ EL_API int el_decode(el_context* c, int32_t id, float* logits) {
 }
 
 EL_API int el_verify(el_context* c, const int32_t* ids, int n, float* logits) {
+  return el_verify_tree(c, ids, NULL, n, logits);
+}
+
+EL_API int el_verify_tree(el_context* c, const int32_t* ids, const int32_t* parents, int n, float* logits) {
   if (!c || !ids || !logits) return el_error("el_verify: context, ids or logits is NULL");
   pthread_mutex_lock(&c->mu);
-  int rc = el_verify_locked(c, ids, n, logits);
+  int rc = el_verify_locked(c, ids, parents, n, logits);
   pthread_mutex_unlock(&c->mu);
   return rc;
+}
+
+/* The drafts left after the context's last node that a chain of k takes (-1: fewer, or a branch). */
+static int chain_left(const el_context* c, int k) {
+  int at = c->spec_node;
+  for (int i = 0; i < k; i++, at++)
+    if (at + 1 >= c->spec_open || c->spec_parent[at + 1] != at) return -1;
+  return 0;
 }
 
 EL_API int el_verify_take(el_context* c, int k) {
   if (!c) return el_error("el_verify_take: context is NULL");
   pthread_mutex_lock(&c->mu);
-  int open = c->spec_open, rc = 0;
-  if (k < 0 || k > open)
-    rc = el_error("el_verify_take: %d drafts asked for; the last verify pass left %d to take", k, open);
+  int rc = 0;
+  if (k < 0 || chain_left(c, k) != 0)
+    rc = el_error("el_verify_take: %d drafts asked for; the last verify pass left %d in a chain to take", k,
+                  c->spec_open ? c->spec_open - 1 - c->spec_node : 0);
   else
-    while (k-- > 0) el_verify_accept(c);
+    for (int i = 0; i < k && rc == 0; i++) rc = el_verify_accept(c, c->spec_node + 1);
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+EL_API int el_verify_node(el_context* c) {
+  if (!c) return 0;
+  pthread_mutex_lock(&c->mu);
+  int node = c->spec_open ? c->spec_node : 0;
+  pthread_mutex_unlock(&c->mu);
+  return node;
+}
+
+EL_API int el_verify_take_node(el_context* c, int node) {
+  if (!c) return el_error("el_verify_take_node: context is NULL");
+  pthread_mutex_lock(&c->mu);
+  int rc = el_verify_accept(c, node);
   pthread_mutex_unlock(&c->mu);
   return rc;
 }

@@ -186,8 +186,17 @@ typedef struct {
   /* speculative decoding (speculate.c): the last verify pass's drafts and logits rows, how many of its drafts the
    * samples took so far, and the controller's state */
   float* spec_logits; /* [EL_MAX_DRAFT + 1][vocab] */
+  /* the pass's drafts: node i + 1 is spec_draft[i], following node spec_parent[i + 1] (node 0: the sampled token),
+   * where its draft came from (EL_SRC_*), the node the samples reached and how many drafts they took */
   int32_t spec_draft[EL_MAX_DRAFT];
-  int spec_n, spec_i;
+  int32_t spec_parent[EL_MAX_DRAFT + 1];
+  uint8_t spec_src[EL_MAX_DRAFT + 1];
+  int spec_n, spec_at, spec_taken;
+  /* token recycling (speculate.c): per token, the REC_K likeliest next ids of the last logits row computed after it
+   * (-1: none yet), kept across generations; and per draft source, how often its drafts were offered and taken */
+  int32_t* rec_next;
+  float src_offered[8], src_taken[8];
+  int recycling; /* this generation keeps the table (recycle; auto where the verify program takes trees) */
   int spec_wait, spec_backoff; /* auto: plain steps left before drafting again, and the next wait after a miss */
   double spec_t_decode, spec_t_verify; /* auto: running averages of a plain step's and a verify pass's seconds */
   /* the draft model (el_gen_params.draft): the ids its context holds (their prefix shared with hist is valid), and
@@ -213,7 +222,10 @@ struct el_context {
   int* kv_base;    /* per layer: the position at row 0 of a window cache (0 for the others) */
   int pos, n_threads;
   int kv_high; /* cache rows [0, kv_high) may hold data: rows past pos there are stale (an earlier conversation's) */
-  int spec_open; /* drafts of the last verify pass whose cache rows el_verify_accept can still take, in order */
+  /* the last verify pass (el_verify_locked), while its drafts' cache rows can still be taken (any run drops them):
+   * its nodes (0: none open), each one's parent, the position of node 0 and the node the context ends with */
+  int spec_open, spec_root, spec_node;
+  int32_t spec_parent[32];
   void* backend_ctx[EL_MAX_MODEL_BACKENDS]; /* per el_model.backends slot */
   uint64_t backend_bytes; /* what the backends allocated for this context (bind) */
   el_stats stats;
@@ -235,13 +247,18 @@ static inline int el_view_pos(const el_context* c, const el_plan_arg* a, int pos
 /* el_prefill / el_decode with the context already locked (the generation loop holds the lock). */
 EL_HIDDEN int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, int all_logits);
 EL_HIDDEN int el_decode_locked(el_context* c, int32_t id, float* logits);
-EL_HIDDEN int el_verify_locked(el_context* c, const int32_t* ids, int n, float* logits);
-EL_HIDDEN void el_verify_accept(el_context* c);
+EL_HIDDEN int el_verify_locked(el_context* c, const int32_t* ids, const int32_t* parents, int n, float* logits);
+EL_HIDDEN int el_verify_accept(el_context* c, int node);
 EL_HIDDEN int el_verify_tokens(const el_model* m);
 EL_HIDDEN int el_spec_rows(const el_model* m);
 EL_HIDDEN int el_spec_draft(el_context* c, el_gen* g);
+EL_HIDDEN int el_spec_trees(const el_model* m); /* 1: the verify program takes drafts as a tree */
 EL_HIDDEN int el_spec_draft_start(el_context* c, el_gen* g, el_context* draft, int cap);
 EL_HIDDEN void el_spec_settle(el_gen* g, int taken);
+/* Token recycling: a logits row computed after token `id` (no-op unless the generation recycles). */
+EL_HIDDEN void el_spec_observe(el_gen* g, int32_t id, const float* logits, int vocab);
+/* The sample drawn at node spec_at: the child it takes (> 0) or 0, with every child's source counted. */
+EL_HIDDEN int el_spec_child(el_gen* g, int32_t sampled);
 EL_HIDDEN void el_spec_time(double* avg, double seconds);
 /* sampler.c: the one check of sampling parameters (0 or -1 with el_error set), and a sampler's heap bytes */
 EL_HIDDEN int el_check_sampling(const el_sampler_params* p);

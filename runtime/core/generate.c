@@ -58,6 +58,7 @@ void el_gen_release(el_gen* g) {
   free(g->spec_logits);
   free(g->draft_fed);
   free(g->draft_logits);
+  free(g->rec_next);
   memset(g, 0, sizeof *g);
 }
 
@@ -160,13 +161,13 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
     el_error("out of memory");
     goto out;
   }
-  if (p->speculate < EL_SPECULATE_OFF || p->speculate > EL_SPECULATE_NGRAM || p->draft_max < 0) {
-    el_error("speculate %d / draft_max %d is invalid: speculate is 0 (off), 1 (auto) or 2 (ngram), draft_max >= 0",
-             p->speculate, p->draft_max);
+  if (p->speculate < EL_SPECULATE_OFF || p->speculate > EL_SPECULATE_RECYCLE || p->draft_max < 0) {
+    el_error("speculate %d / draft_max %d is invalid: speculate is 0 (off), 1 (auto), 2 (ngram) or 3 (recycle), "
+             "draft_max >= 0", p->speculate, p->draft_max);
     goto out;
   }
   int width = el_verify_tokens(m);
-  if (p->speculate == EL_SPECULATE_NGRAM && width < 2) { /* auto: plain decoding there */
+  if (p->speculate >= EL_SPECULATE_NGRAM && width < 2) { /* auto: plain decoding there */
     el_error("this package has no verify program, which speculative decoding runs: recompile it with this edgellm, "
              "or generate without speculation");
     goto out;
@@ -180,7 +181,10 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   memcpy(g->hist, prompt, sizeof(int32_t) * (size_t)n);
   g->n_hist = g->n_prompt = n;
   g->n_gen = g->pending = g->n_decoded = 0;
-  g->spec_n = g->spec_i = g->spec_wait = g->spec_backoff = 0;
+  g->spec_n = g->spec_at = g->spec_taken = g->spec_wait = g->spec_backoff = 0;
+  g->recycling = width >= 2 && (p->speculate == EL_SPECULATE_RECYCLE ||
+                                (p->speculate == EL_SPECULATE_AUTO && el_spec_trees(m)));
+  memset(g->src_offered, 0, sizeof g->src_offered), memset(g->src_taken, 0, sizeof g->src_taken);
   g->spec_t_decode = g->spec_t_verify = 0;
   g->draft_passes = g->draft_wait = g->draft_backoff = 0;
   g->finish = EL_FINISH_NONE;
@@ -189,6 +193,7 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   g->t_start = el_now();
   if (el_set_pos(c, start + cached) != 0) goto out;
   if (el_prefill_locked(c, prompt + cached, n - cached, g->logits, 0) != 0) goto out;
+  el_spec_observe(g, prompt[n - 1], g->logits, (int)m->h.vocab);
   g->prefill_s = el_now() - g->t_start;
   if (p->max_new_tokens == 0) g->finish = EL_FINISH_LENGTH;
   g->active = 1;
@@ -293,26 +298,31 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
     double t0 = el_now();
     int32_t last = g->hist[g->n_hist - 1];
     size_t row = sizeof(float) * m->h.vocab;
-    if (g->spec_i < g->spec_n && last == g->spec_draft[g->spec_i]) {
-      /* the draw took the next draft: its cache row and logits came with the verify pass */
-      el_verify_accept(c);
-      memcpy(g->logits, g->spec_logits + (size_t)++g->spec_i * m->h.vocab, row);
+    int child = g->spec_n ? el_spec_child(g, last) : 0;
+    if (child) {
+      /* the draw took a draft following the last one: its cache row and logits came with the verify pass */
+      if (el_verify_accept(c, child) != 0) goto out;
+      g->spec_at = child, g->spec_taken++;
+      memcpy(g->logits, g->spec_logits + (size_t)child * m->h.vocab, row);
     } else {
-      if (g->spec_n) el_spec_settle(g, g->spec_i);
-      g->spec_n = g->spec_i = 0;
+      if (g->spec_n) el_spec_settle(g, g->spec_taken);
+      g->spec_n = g->spec_at = g->spec_taken = 0;
       int k = el_spec_draft(c, g);
       if (k > 0) {
         int32_t ids[EL_MAX_DRAFT + 1];
         ids[0] = last;
         memcpy(ids + 1, g->spec_draft, sizeof(int32_t) * (size_t)k);
-        if (el_verify_locked(c, ids, k + 1, g->spec_logits) != 0) goto out;
+        g->spec_parent[0] = -1;
+        if (el_verify_locked(c, ids, g->spec_parent, k + 1, g->spec_logits) != 0) goto out;
         g->spec_t_pass = el_now() - t0; /* drafting included */
         el_spec_time(&g->spec_t_verify, g->spec_t_pass);
         g->spec_n = k;
         memcpy(g->logits, g->spec_logits, row);
+        for (int i = 0; i <= k; i++) el_spec_observe(g, ids[i], g->spec_logits + (size_t)i * m->h.vocab, (int)m->h.vocab);
       } else {
         if (el_decode_locked(c, last, g->logits) != 0) goto out;
         el_spec_time(&g->spec_t_decode, el_now() - t0);
+        el_spec_observe(g, last, g->logits, (int)m->h.vocab);
       }
     }
     g->decode_s += el_now() - t0;

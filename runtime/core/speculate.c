@@ -17,6 +17,7 @@ enum { NGRAM_MAX = 4, NGRAM_MIN = 2, NGRAM_MIN_AUTO = 3, BACKOFF_MAX = 32 };
 
 static void model_miss(el_gen* g);
 static int pass_cost(const el_gen* g);
+static float pass_ratio(const el_gen* g);
 
 /* Prompt lookup: the latest earlier place where the history's last n ids occur (n from NGRAM_MAX down to min_n),
  * and up to max ids that followed them there. Text that quotes its prompt (code edits, extraction, reformatting)
@@ -33,6 +34,95 @@ static int ngram_draft(const int32_t* h, int n_hist, int min_n, int max, int32_t
     }
   }
   return 0;
+}
+
+/* Where a draft came from: its own acceptance rate ranks it when a tree is built (el_gen.src_*). */
+enum { SRC_NGRAM = 0, SRC_MODEL = 1, SRC_RANK0 = 2, REC_K = 4, N_SRC = SRC_RANK0 + REC_K };
+/* what each source's drafts are taken at before any is measured, as if seen PRIOR_N times */
+static const float PRIOR[N_SRC] = {0.6f, 0.5f, 0.5f, 0.15f, 0.07f, 0.04f};
+#define PRIOR_N 4.0f
+
+static float src_rate(const el_gen* g, int src) {
+  return (g->src_taken[src] + PRIOR[src] * PRIOR_N) / (g->src_offered[src] + PRIOR_N);
+}
+
+/* Token recycling ---------------------------------------------------------------------------------------------
+ * Every logits row the model computes (a decode step's, each row of a verify pass, refused drafts' included) names
+ * the likeliest tokens after the token it ran; the REC_K best are kept per token and replace what was kept (recent
+ * text predicts the next text best). Drafts walk this table from the sampled token as a tree: a token's candidates
+ * are its children. Memory: vocab x REC_K ids (0.8 MB for a 49k vocabulary), kept for the context's life. */
+void el_spec_observe(el_gen* g, int32_t id, const float* l, int vocab) {
+  if (!g->recycling || id < 0 || id >= vocab) return;
+  if (!g->rec_next) {
+    if (!(g->rec_next = malloc(sizeof(int32_t) * REC_K * (size_t)vocab))) return; /* drafts are optional */
+    memset(g->rec_next, 0xff, sizeof(int32_t) * REC_K * (size_t)vocab);
+  }
+  int32_t best[REC_K];
+  float v[REC_K];
+  for (int r = 0; r < REC_K; r++) best[r] = -1, v[r] = -INFINITY;
+  for (int i = 0; i < vocab; i++) {
+    if (!(l[i] > v[REC_K - 1])) continue; /* most entries stop here */
+    int r = REC_K - 1;
+    while (r > 0 && l[i] > v[r - 1]) v[r] = v[r - 1], best[r] = best[r - 1], r--;
+    v[r] = l[i], best[r] = i;
+  }
+  memcpy(g->rec_next + (size_t)id * REC_K, best, sizeof best);
+}
+
+/* A draft tree of up to max nodes after root (the sampled token): nodes are added best first by the chance that the
+ * samples reach them (the product of their sources' measured rates along the path), drawn from the n-gram chain
+ * (chain[0..n_chain), continuing the root) and the recycling table. chain_only: each node is the best child of the
+ * last (a package whose verify program takes no trees). Returns the drafts, in spec_draft / spec_parent, and adds
+ * the drafts the samples are expected to take (the sum of those chances) to *expect. */
+typedef struct {
+  int32_t tok;
+  int parent, src, chain_i; /* chain_i: its index in the n-gram chain (-1: off it) */
+  float p;                  /* the chance the samples reach it */
+} tree_cand;
+
+static int tree_draft(el_gen* g, int32_t root, const int32_t* chain, int n_chain, int max, int chain_only,
+                      float* expect) {
+  tree_cand fr[(EL_MAX_DRAFT + 1) * (REC_K + 1)];
+  int32_t tok[EL_MAX_DRAFT + 1];
+  int chain_at[EL_MAX_DRAFT + 1]; /* a node's index in the n-gram chain (-1: off it) */
+  int n = 1, nf = 0;
+  tok[0] = root, chain_at[0] = -1;
+  float pn[EL_MAX_DRAFT + 1];
+  pn[0] = 1;
+  int u = 0; /* the node whose children join the frontier */
+  while (n <= max) {
+    /* the children of u: the chain's next id, then the recycled candidates not equal to it */
+    int ci = chain_at[u] + 1, from_chain = ci < n_chain && (u == 0 || chain_at[u] >= 0);
+    int32_t ng = from_chain ? chain[ci] : -1;
+    if (chain_only) nf = 0;
+    if (ng >= 0) fr[nf++] = (tree_cand){ng, u, SRC_NGRAM, ci, pn[u] * src_rate(g, SRC_NGRAM)};
+    const int32_t* next = g->rec_next ? g->rec_next + (size_t)tok[u] * REC_K : NULL;
+    for (int r = 0; next && r < REC_K && next[r] >= 0; r++)
+      if (next[r] != ng) fr[nf++] = (tree_cand){next[r], u, SRC_RANK0 + r, -1, pn[u] * src_rate(g, SRC_RANK0 + r)};
+    if (nf == 0) break;
+    int b = 0;
+    for (int i = 1; i < nf; i++)
+      if (fr[i].p > fr[b].p) b = i;
+    tok[n] = fr[b].tok, pn[n] = fr[b].p, chain_at[n] = fr[b].chain_i;
+    *expect += fr[b].p;
+    g->spec_draft[n - 1] = fr[b].tok, g->spec_parent[n] = fr[b].parent, g->spec_src[n] = (uint8_t)fr[b].src;
+    fr[b] = fr[--nf];
+    u = n++;
+  }
+  return n - 1;
+}
+
+/* The sample drawn at node spec_at of the pending pass: the child it takes (0: none), every child counted as offered
+ * to its source and the one taken as taken (rates decay: halved past 512 offers). */
+int el_spec_child(el_gen* g, int32_t sampled) {
+  int found = 0;
+  for (int i = g->spec_at + 1; i <= g->spec_n; i++) {
+    if (g->spec_parent[i] != g->spec_at) continue;
+    int src = g->spec_src[i];
+    if (++g->src_offered[src] > 512) g->src_offered[src] /= 2, g->src_taken[src] /= 2;
+    if (g->spec_draft[i - 1] == sampled) g->src_taken[src] += 1, found = i;
+  }
+  return found;
 }
 
 /* Draft model ------------------------------------------------------------------------------------------------------
@@ -125,7 +215,18 @@ fail:
 /* A step's time into its running average (0: none yet). */
 void el_spec_time(double* avg, double seconds) { *avg = *avg > 0 ? 0.7 * *avg + 0.3 * seconds : seconds; }
 
-/* How many drafts the next pass carries (0: decode plainly), and the drafts in g->spec_draft. */
+/* Drafts spec_draft[0..k) as a chain from one source. */
+static void chain_of(el_gen* g, int k, int src) {
+  for (int i = 1; i <= k; i++) g->spec_parent[i] = i - 1, g->spec_src[i] = (uint8_t)src;
+}
+
+/* Whether the package's verify program takes drafts as a tree (EL_PROGRAM_TREE). */
+int el_spec_trees(const el_model* m) {
+  const el_program* v = &m->prog[EL_PROG_VERIFY];
+  return v->present && (v->p.flags & EL_PROGRAM_TREE);
+}
+
+/* How many drafts the next pass carries (0: decode plainly): spec_draft, spec_parent and spec_src. */
 int el_spec_draft(el_context* c, el_gen* g) {
   const el_model* m = c->m;
   int mode = g->p.speculate, width = el_verify_tokens(m) - 1;
@@ -144,9 +245,20 @@ int el_spec_draft(el_context* c, el_gen* g) {
   /* auto: a pass that cannot pay even if every draft is taken is not run (a MoE pass costs several steps) */
   if (mode == EL_SPECULATE_AUTO && pass_cost(g) - 1 > max) max = 0;
   if (max <= 0) return 0;
-  int k = ngram_draft(g->hist, g->n_hist, mode == EL_SPECULATE_AUTO ? NGRAM_MIN_AUTO : NGRAM_MIN, max, g->spec_draft);
-  if (mode == EL_SPECULATE_AUTO && k > 0 && 1 + k < pass_cost(g)) k = 0;
   g->spec_from_model = 0;
+  int32_t chain[EL_MAX_DRAFT];
+  int k = ngram_draft(g->hist, g->n_hist, mode == EL_SPECULATE_AUTO ? NGRAM_MIN_AUTO : NGRAM_MIN, max, chain);
+  if (mode == EL_SPECULATE_AUTO && k > 0 && 1 + k < pass_cost(g)) k = 0;
+  /* recycle, and auto where the model keeps a table: a tree of the n-gram chain (if any) and recycled candidates; in
+   * auto, without a chain only where the drafts the tree expects taken pay for the pass (by the measured costs) */
+  if (g->recycling && (k > 0 || mode == EL_SPECULATE_RECYCLE || !g->p.draft || g->draft_off)) {
+    float expect = 0;
+    int n = tree_draft(g, g->hist[g->n_hist - 1], chain, k, max, !el_spec_trees(m), &expect);
+    if (k > 0 || mode == EL_SPECULATE_RECYCLE || 1 + expect >= pass_ratio(g)) return n;
+    return 0;
+  }
+  memcpy(g->spec_draft, chain, sizeof(int32_t) * (size_t)k);
+  chain_of(g, k, SRC_NGRAM);
   if (k > 0 || !g->p.draft || g->draft_off) return k;
   if (g->draft_wait > 0) { /* the model's guesses did not pay lately: n-grams only for now */
     g->draft_wait--;
@@ -155,7 +267,13 @@ int el_spec_draft(el_context* c, el_gen* g) {
   g->spec_from_model = 1; /* staged: the draft model where no n-gram matches */
   k = model_draft(g, max, g->spec_draft);
   if (k == 0) model_miss(g); /* it was not sure of anything: a draft step spent for nothing */
+  chain_of(g, k, SRC_MODEL);
   return k;
+}
+
+/* A verify pass's measured time in plain steps (1 until both are measured). */
+static float pass_ratio(const el_gen* g) {
+  return g->spec_t_decode > 0 && g->spec_t_verify > 0 ? (float)(g->spec_t_verify / g->spec_t_decode) : 1.0f;
 }
 
 /* What a wasted pass costs, in plain steps (1 until both are measured). Waits are scaled by it, so that passes that

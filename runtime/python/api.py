@@ -60,7 +60,7 @@ def _threads(threads) -> int:
 
 
 def speculation(speculate, draft_max) -> tuple[int | None, int | None, str | None]:
-    """speculate ("off" | "auto" | "ngram", or a draft package's directory) and draft_max as el_gen_params takes
+    """speculate ("off" | "auto" | "ngram" | "recycle", or a draft package's directory) and draft_max as el_gen_params takes
     them, and the draft package's path (None: not given). A draft package drafts in auto mode: n-grams first, its
     greedy guesses where none matches, plain decoding while drafts do not pay."""
     draft = None
@@ -135,7 +135,7 @@ class Context(_Closes):
         self._closing = False
         self._cancel = threading.Event()  # cancel(): the generation in progress stops at its next token
         self._kv: list[int] | None = []   # the token ids the KV cache holds, in order (None: not known)
-        self._drafts: list[int] = []   # the last verify pass's drafts not taken yet (take_drafts)
+        self._drafts: list[int] = []   # the last verify pass's ids, node by node (take_drafts, take_node)
         self._draft_ctx: dict[str, Context] = {}   # draft package path -> its context for this one (speculate=)
         self._h = self._lib.el_context_new(runtime._model, _threads(threads))
         if not self._h:
@@ -285,31 +285,46 @@ class Context(_Closes):
             self._kv = None if kv is None else kv + [int(token)]
         return out
 
-    def verify(self, token_ids) -> np.ndarray:
+    def verify(self, token_ids, parents=None) -> np.ndarray:
         """Speculative decoding with your own drafts: token_ids[0] (the next token) and the drafts after it in one
         pass over the weights (at most runtime.verify_width ids); returns each one's logits [n, vocab]. The context
-        then holds token_ids[0]; take_drafts(k) appends the first k drafts, whose cache rows the pass wrote."""
+        then holds token_ids[0]; take_drafts(k) appends the first k drafts, whose cache rows the pass wrote.
+        parents: the drafts as a tree: token_ids[i] follows node parents[i] < i (node 0 is token_ids[0]; parents[0]
+        is ignored); take_node(i) then appends a child of the context's last node (None: a chain)."""
         ids = self._ids(token_ids)
         width = self.runtime.verify_width
         if ids.size > width:
             raise InputError(f"{ids.size} tokens to verify; this package verifies {width} per pass" if width else
                              "this package has no verify program: recompile it with this edgellm")
+        par = None
+        if parents is not None:
+            par = np.ascontiguousarray(parents, dtype=np.int32).reshape(-1)
+            if par.size != ids.size:
+                raise InputError(f"{par.size} parents for {ids.size} tokens: give one per token")
         out = np.empty((ids.size, self.runtime.vocab), np.float32)
         with self._lock.hold():
             kv, self._kv = self._kv, None
-            self._call(self._lib.el_verify(self._handle(), ids.ctypes.data_as(L.I32P), ids.size,
-                                           out.ctypes.data_as(L.F32P)))
+            self._call(self._lib.el_verify_tree(self._handle(), ids.ctypes.data_as(L.I32P),
+                                                None if par is None else par.ctypes.data_as(L.I32P), ids.size,
+                                                out.ctypes.data_as(L.F32P)))
             self._kv = None if kv is None else kv + [int(ids[0])]
-            self._drafts = ids[1:].tolist()
+            self._drafts = ids.tolist()   # the pass's nodes (node 0 is in the context)
         return out
 
     def take_drafts(self, k: int) -> None:
-        """After verify(): the first k drafts join the context (their rows came with the pass)."""
+        """After verify(): the next k drafts of a chain join the context (their rows came with the pass)."""
         with self._lock.hold():
+            n0 = self._lib.el_verify_node(self._handle())
             self._call(self._lib.el_verify_take(self._handle(), int(k)))
             if self._kv is not None:
-                self._kv = self._kv + self._drafts[:k]
-            self._drafts = self._drafts[k:]
+                self._kv = self._kv + self._drafts[n0 + 1:n0 + 1 + int(k)]
+
+    def take_node(self, node: int) -> None:
+        """After verify(parents=...): draft `node`, a child of the context's last node, joins the context."""
+        with self._lock.hold():
+            self._call(self._lib.el_verify_take_node(self._handle(), int(node)))
+            if self._kv is not None:
+                self._kv = self._kv + [self._drafts[int(node)]]
 
     # ---- generation -----------------------------------------------------------------------------------------------
     def check_generation(self, max_new_tokens: int | None = None, seed: int | None = None, stop=None,
@@ -484,8 +499,8 @@ class Context(_Closes):
         common prefix with its earlier prompts and replies) is kept and not prefilled again (result.cached_tokens).
         Prefill-computed cache rows are bit-identical to a fresh prefill's, so the tokens are the same as without it
         (rows of earlier replies came from decode steps: the same up to float rounding in f16/f32 packages).
-        speculate: "off", "auto" or "ngram" (None: Runtime.load's): drafts from n-grams of the prompt and reply,
-        verified several per pass over the weights; the tokens are those plain decoding draws (same seed, same
+        speculate: "off", "auto", "ngram" or "recycle" (None: Runtime.load's): drafts from n-grams of the prompt and
+        reply (recycle: a tree of them and recycled tokens), verified several per pass over the weights; the tokens are those plain decoding draws (same seed, same
         tokens; float rounding aside). draft_max: drafts per pass at most (None/0: the package's verify width - 1)."""
         r: dict = {}
         for _ in self.stream(prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop,
@@ -833,11 +848,14 @@ class Runtime(_Closes):
     def decode_step(self, token: int) -> np.ndarray:
         return self.context.decode_step(token)
 
-    def verify(self, token_ids) -> np.ndarray:
-        return self.context.verify(token_ids)
+    def verify(self, token_ids, parents=None) -> np.ndarray:
+        return self.context.verify(token_ids, parents)
 
     def take_drafts(self, k: int) -> None:
         self.context.take_drafts(k)
+
+    def take_node(self, node: int) -> None:
+        self.context.take_node(node)
 
     def stream(self, prompt, *args, **kwargs) -> Iterator[str]:
         return self.context.stream(prompt, *args, **kwargs)

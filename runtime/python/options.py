@@ -137,9 +137,10 @@ GEN_OPTIONS = (
     # speculative decoding (runtime/core/speculate.c): the tokens are those plain decoding draws
     Option("speculate", "choice", "speculative decoding: draft tokens from n-grams of the prompt and reply, verify "
            "several per pass over the weights (auto: where drafts pay, else plain; ngram: whenever one matches; "
+           "recycle: every pass, a tree of n-grams and the tokens the model found likeliest after each token before; "
            "DRAFT_PKG: a smaller model's package with the same tokenizer guesses where no n-gram matches, as auto) "
-           "[default: off]", default="off", choices=(("off", 0), ("auto", 1), ("ngram", 2)),
-           metavar="off|auto|ngram|DRAFT_PKG", or_dir="a draft package", fronts=_SPEC),
+           "[default: off]", default="off", choices=(("off", 0), ("auto", 1), ("ngram", 2), ("recycle", 3)),
+           metavar="off|auto|ngram|recycle|DRAFT_PKG", or_dir="a draft package", fronts=_SPEC),
     Option("draft_max", "int", "drafts per verify pass at most [default: the package's verify width - 1]", lo=0,
            hi=31, metavar="N", fronts=_SPEC),
 )

@@ -1,7 +1,7 @@
 package ai.edgellm
 
 /** GenerateParams.speculate's values, in the order of the C API's EL_SPECULATE_* codes. */
-internal val SPECULATE = listOf("off", "auto", "ngram")
+internal val SPECULATE = listOf("off", "auto", "ngram", "recycle")
 
 /**
  * One conversation over a [Model]: KV cache, activation arena, position, sampler. One generation at a time;

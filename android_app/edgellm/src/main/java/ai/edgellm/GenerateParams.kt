@@ -20,7 +20,8 @@ data class GenerateParams(
     val ignoreEos: Boolean = false,
     val keepContext: Boolean = false,    // append to the conversation instead of starting over
     // speculative decoding (the C loop's, as --speculate on the other front ends): "off", "auto" (drafts only where
-    // they pay) or "ngram" (draft whenever the prompt or reply repeats); the tokens are the same as without it
+    // they pay), "ngram" (draft whenever the prompt or reply repeats) or "recycle" (every pass, a tree of n-grams
+    // and the tokens the model found likeliest after each token before); the tokens are the same as without it
     val speculate: String? = null,        // null: "off"
     val draftMax: Int? = null             // drafts per verify pass at most (null / 0: the package's verify width - 1)
 )
