@@ -130,6 +130,24 @@ def test_speculation_through_the_bridge_gives_plain_tokens(driver, built):
     assert row[0] == "ERROR" and "sometimes" in row[1] and "ngram" in row[1], row
 
 
+def test_a_draft_package_through_the_bridge(driver, built, tiny_models, tmp_path_factory):
+    # GenerateParams.draft: a draft model's context (demo-draft, distilled from the demo) drafts in auto mode, and the
+    # tokens are still plain greedy decoding's; a draft with another tokenizer is refused in one line
+    import edgellm
+
+    root = tmp_path_factory.mktemp("jni-draft")
+    draft = edgellm.compile(str(APP.parent / "models" / "demo" / "demo-draft"), quant="q8", out=root / "draft",
+                            tune="off", progress=False)
+    plain = Runtime.load(built[1], threads=1).generate(SPEC_PROMPT, 40, temperature=0, ignore_eos=True)
+    row = driver.ask("spec", SPEC_PROMPT, 40, "-", "-", str(draft), until="SPEC")[-1]
+    assert row[0] == "SPEC" and [int(t) for t in row[1].split(",") if t] == plain.token_ids, row
+    assert int(row[2]) > 0, row
+    other = edgellm.compile(str(tiny_models["llama-gqa"]), quant="q8", out=root / "other", tune="off", progress=False,
+                            max_context=256)
+    row = driver.ask("spec", SPEC_PROMPT, 8, "-", "-", str(other), until="SPEC")[-1]
+    assert row[0] == "ERROR" and ("vocabulary" in row[1] or "tokenizer" in row[1]), row
+
+
 def test_chat_turns_equal_python_runtime(driver, built):
     # the app's ChatSession: turns cut from the package's chat_format.json, each later turn appended to the KV cache
     users = ["Write a function that adds two numbers", "Now make it multiply", "Thanks \U0001F642"]

@@ -44,10 +44,21 @@ fun main(args: Array<String>) {
                     println("RESULT\t${r.tokens.joinToString(",")}\t${hex(r.text)}\t${r.finishReason}\t${r.promptTokens}\t" +
                             "${r.decodeSteps}\t${ctx.position}")
                 }
-                "spec" -> {   // spec PROMPT MAX MODE [DRAFT_MAX]: greedy with speculate=MODE, and the spec counters it moved
+                "spec" -> {   // spec PROMPT MAX MODE [DRAFT_MAX [DRAFT_PKG]]: greedy with speculate=MODE ("-": the
+                              // default), and the spec counters it moved
                     val s0 = ctx.stats()
-                    val r = ctx.generate(f[1], GenerateParams(maxNewTokens = f[2].toInt(), temperature = 0f, ignoreEos = true,
-                                                              speculate = f[3], draftMax = f.getOrNull(4)?.takeIf { it != "-" }?.toInt()))
+                    val draftPkg = f.getOrNull(5)?.takeIf { it != "-" }
+                    val draftModel = draftPkg?.let { Model.load(it, LoadOptions(threads = 1)) }
+                    val draftCtx = draftModel?.newContext()
+                    val r = try {
+                        ctx.generate(f[1], GenerateParams(maxNewTokens = f[2].toInt(), temperature = 0f, ignoreEos = true,
+                                                          speculate = f[3].takeIf { it != "-" },
+                                                          draftMax = f.getOrNull(4)?.takeIf { it != "-" }?.toInt(),
+                                                          draft = draftCtx))
+                    } finally {
+                        draftCtx?.close()
+                        draftModel?.close()
+                    }
                     val s1 = ctx.stats()
                     println("SPEC\t${r.tokens.joinToString(",")}\t${s1.specPasses - s0.specPasses}\t" +
                             "${s1.specDrafted - s0.specDrafted}\t${s1.specAccepted - s0.specAccepted}")

@@ -469,7 +469,8 @@ static int parse_plan(el_model* m, size_t at) {
                        (unsigned long long)p->out_row_bytes, (unsigned long long)m->prog[EL_PROG_PREFILL].p.out_row_bytes);
     } else if (k == EL_PROG_VERIFY) {
       /* its padded rows land past the position like a prefill chunk's: within the rows past the context */
-      if (p->tokens < 2 || p->tokens > h->chunk || p->tokens - 1 > h->kv_rows - h->max_ctx)
+      if (p->tokens < 2 || p->tokens > h->chunk || p->tokens > EL_MAX_DRAFT + 1 ||
+          p->tokens - 1 > h->kv_rows - h->max_ctx)
         return corrupt("program %s runs %u tokens, expected 2..%u", p->name, p->tokens,
                        h->chunk < h->kv_rows - h->max_ctx + 1 ? h->chunk : h->kv_rows - h->max_ctx + 1);
     } else if (npu) {

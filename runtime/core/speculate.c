@@ -70,18 +70,19 @@ void el_spec_observe(el_gen* g, int32_t id, const float* l, int vocab) {
 }
 
 /* A draft tree of up to max nodes after root (the sampled token): nodes are added best first by the chance that the
- * samples reach them (the product of their sources' measured rates along the path), drawn from the n-gram chain
- * (chain[0..n_chain), continuing the root) and the recycling table. chain_only: each node is the best child of the
- * last (a package whose verify program takes no trees). Returns the drafts, in spec_draft / spec_parent, and adds
- * the drafts the samples are expected to take (the sum of those chances) to *expect. */
+ * samples reach them (the product of their sources' measured rates along the path), drawn from a chain (the n-gram
+ * match's or the draft model's: chain[0..n_chain), continuing the root; its source chain_src) and the recycling
+ * table. chain_only: each node is the best child of the last (a package whose verify program takes no trees).
+ * Returns the drafts, in spec_draft / spec_parent / spec_src, and adds the drafts the samples are expected to take
+ * (the sum of those chances) to *expect. */
 typedef struct {
   int32_t tok;
   int parent, src, chain_i; /* chain_i: its index in the n-gram chain (-1: off it) */
   float p;                  /* the chance the samples reach it */
 } tree_cand;
 
-static int tree_draft(el_gen* g, int32_t root, const int32_t* chain, int n_chain, int max, int chain_only,
-                      float* expect) {
+static int tree_draft(el_gen* g, int32_t root, const int32_t* chain, int n_chain, int chain_src, int max,
+                      int chain_only, float* expect) {
   tree_cand fr[(EL_MAX_DRAFT + 1) * (REC_K + 1)];
   int32_t tok[EL_MAX_DRAFT + 1];
   int chain_at[EL_MAX_DRAFT + 1]; /* a node's index in the n-gram chain (-1: off it) */
@@ -95,7 +96,7 @@ static int tree_draft(el_gen* g, int32_t root, const int32_t* chain, int n_chain
     int ci = chain_at[u] + 1, from_chain = ci < n_chain && (u == 0 || chain_at[u] >= 0);
     int32_t ng = from_chain ? chain[ci] : -1;
     if (chain_only) nf = 0;
-    if (ng >= 0) fr[nf++] = (tree_cand){ng, u, SRC_NGRAM, ci, pn[u] * src_rate(g, SRC_NGRAM)};
+    if (ng >= 0) fr[nf++] = (tree_cand){ng, u, chain_src, ci, pn[u] * src_rate(g, chain_src)};
     const int32_t* next = g->rec_next ? g->rec_next + (size_t)tok[u] * REC_K : NULL;
     for (int r = 0; next && r < REC_K && next[r] >= 0; r++)
       if (next[r] != ng) fr[nf++] = (tree_cand){next[r], u, SRC_RANK0 + r, -1, pn[u] * src_rate(g, SRC_RANK0 + r)};
@@ -253,7 +254,7 @@ int el_spec_draft(el_context* c, el_gen* g) {
    * auto, without a chain only where the drafts the tree expects taken pay for the pass (by the measured costs) */
   if (g->recycling && (k > 0 || mode == EL_SPECULATE_RECYCLE || !g->p.draft || g->draft_off)) {
     float expect = 0;
-    int n = tree_draft(g, g->hist[g->n_hist - 1], chain, k, max, !el_spec_trees(m), &expect);
+    int n = tree_draft(g, g->hist[g->n_hist - 1], chain, k, SRC_NGRAM, max, !el_spec_trees(m), &expect);
     if (k > 0 || mode == EL_SPECULATE_RECYCLE || 1 + expect >= pass_ratio(g)) return n;
     return 0;
   }
@@ -265,8 +266,16 @@ int el_spec_draft(el_context* c, el_gen* g) {
     return 0;
   }
   g->spec_from_model = 1; /* staged: the draft model where no n-gram matches */
-  k = model_draft(g, max, g->spec_draft);
-  if (k == 0) model_miss(g); /* it was not sure of anything: a draft step spent for nothing */
+  k = model_draft(g, max, chain);
+  if (k == 0) { /* it was not sure of anything: a draft step spent for nothing */
+    model_miss(g);
+    return 0;
+  }
+  if (g->recycling && k < max) { /* its guesses, and recycled alternatives in the rows they leave */
+    float expect = 0;
+    return tree_draft(g, g->hist[g->n_hist - 1], chain, k, SRC_MODEL, max, !el_spec_trees(m), &expect);
+  }
+  memcpy(g->spec_draft, chain, sizeof(int32_t) * (size_t)k);
   chain_of(g, k, SRC_MODEL);
   return k;
 }

@@ -174,6 +174,12 @@ JNIEXPORT jbyteArray JNICALL FN(tokenText)(JNIEnv* env, jclass cls, jlong h, jin
   return byte_array(env, buf, n);
 }
 
+/* A draft model for `model`: the same vocabulary, token for token (el_draft_check); throws where they differ. */
+JNIEXPORT void JNICALL FN(draftCheck)(JNIEnv* env, jclass cls, jlong model, jlong draft) {
+  (void)cls;
+  if (el_draft_check((el_model*)(intptr_t)model, (el_model*)(intptr_t)draft) != 0) throw_error(env, NULL);
+}
+
 /* ---- context -------------------------------------------------------------------------------------------------- */
 
 JNIEXPORT jlong JNICALL FN(contextNew)(JNIEnv* env, jclass cls, jlong model, jint threads) {
@@ -250,11 +256,11 @@ JNIEXPORT jdoubleArray JNICALL FN(statsTimes)(JNIEnv* env, jclass cls, jlong h) 
 
 /* fparams: temperature, top_p, min_p, repetition, presence, frequency penalty (NaN: the package's default);
  * iparams: max_new_tokens, top_k (< 0: default), ignore_eos, keep_context, has_seed, speculate (EL_SPECULATE_*;
- * < 0: default), draft_max (< 0: default). Returns
+ * < 0: default), draft_max (< 0: default); draft: a draft model's context (0: none; draftCheck passed). Returns
  * [prompt tokens, generated tokens, finish (EL_FINISH_*), prefill s, decode s, ttft s, decode steps]. */
 JNIEXPORT jdoubleArray JNICALL FN(generate)(JNIEnv* env, jclass cls, jlong h, jintArray prompt, jfloatArray fparams,
                                             jintArray iparams, jlong seed, jintArray stop_ids,
-                                            jobjectArray stop_strings, jobject listener) {
+                                            jobjectArray stop_strings, jobject listener, jlong draft) {
   (void)cls;
   jctx* j = (jctx*)(intptr_t)h;
   el_gen_params p;
@@ -278,6 +284,10 @@ JNIEXPORT jdoubleArray JNICALL FN(generate)(JNIEnv* env, jclass cls, jlong h, ji
   if (iv[4]) p.seed = (uint64_t)seed;
   if (iv[5] >= 0) p.speculate = iv[5]; /* el_generate_start checks both */
   if (iv[6] >= 0) p.draft_max = iv[6];
+  if (draft) { /* a draft model drafts in auto mode unless a mode is given */
+    p.draft = ((jctx*)(intptr_t)draft)->c;
+    if (iv[5] < 0) p.speculate = EL_SPECULATE_AUTO;
+  }
 
   jsize n = (*env)->GetArrayLength(env, prompt);
   int32_t* ids = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));

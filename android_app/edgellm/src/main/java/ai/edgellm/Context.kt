@@ -10,7 +10,8 @@ internal val SPECULATE = listOf("off", "auto", "ngram", "recycle")
  */
 class Context internal constructor(val model: Model, private val modelHandle: Long, handle: Long) : AutoCloseable {
     @Volatile private var handle: Long = handle
-    private val running = Any()   // held for the whole of a generation: close() waits for it
+    internal val running = Any()   // held for the whole of a generation (its own, or one it drafts for): close() waits
+    @Volatile private var checkedDraft: Context? = null   // the last draft context whose tokenizer matched
 
     /** Tokens in the KV cache. */
     val position: Int get() = NativeBridge.contextPos(live())
@@ -53,8 +54,17 @@ class Context internal constructor(val model: Model, private val modelHandle: Lo
                            params.draftMax ?: -1)
         for (s in params.stop) if (s.isEmpty()) throw EdgeLLMException("stop strings must be non-empty")
         val stops = if (params.stop.isEmpty()) null else params.stop.map { it.utf8() }.toTypedArray()
+        val draft = params.draft
+        if (draft === this) throw EdgeLLMException("the draft context is this context: give the draft model a context of its own")
+        if (draft != null && checkedDraft !== draft) {   // the tokenizers compared once per draft context
+            NativeBridge.draftCheck(model.live(), draft.model.live())
+            checkedDraft = draft
+        }
         val r = synchronized(running) {
-            NativeBridge.generate(live(), prompt, f, i, params.seed ?: 0L, params.stopIds, stops, listener)
+            if (draft == null) NativeBridge.generate(live(), prompt, f, i, params.seed ?: 0L, params.stopIds, stops, listener, 0L)
+            else synchronized(draft.running) {   // the draft's context follows this generation: nothing else may run on it
+                NativeBridge.generate(live(), prompt, f, i, params.seed ?: 0L, params.stopIds, stops, listener, draft.live())
+            }
         }
         return GenerateResult(tokens.toIntArray(), out.toString(), r[0].toInt(), FinishReason.of(r[2].toInt()),
                               r[3], r[4], r[5], r[6].toInt())
@@ -75,7 +85,7 @@ class Context internal constructor(val model: Model, private val modelHandle: Lo
         return Stats(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], t[0], t[1], t[2], c[8], c[9], c[10])
     }
 
-    private fun live(): Long {
+    internal fun live(): Long {
         val h = handle
         if (h == 0L) throw EdgeLLMException("the context is closed")
         return h

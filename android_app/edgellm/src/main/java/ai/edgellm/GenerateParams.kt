@@ -22,8 +22,11 @@ data class GenerateParams(
     // speculative decoding (the C loop's, as --speculate on the other front ends): "off", "auto" (drafts only where
     // they pay), "ngram" (draft whenever the prompt or reply repeats) or "recycle" (every pass, a tree of n-grams
     // and the tokens the model found likeliest after each token before); the tokens are the same as without it
-    val speculate: String? = null,        // null: "off"
-    val draftMax: Int? = null             // drafts per verify pass at most (null / 0: the package's verify width - 1)
+    val speculate: String? = null,        // null: "off" ("auto" with a draft)
+    val draftMax: Int? = null,            // drafts per verify pass at most (null / 0: the package's verify width - 1)
+    // a draft model's context (Model.load(draftPackage).newContext()): a smaller model with the same tokenizer
+    // (compared token by token on first use) guesses where no n-gram matches; its context serves this generation
+    val draft: Context? = null
 )
 
 enum class FinishReason { NONE, EOS, STOP, LENGTH, CONTEXT, CANCELLED;

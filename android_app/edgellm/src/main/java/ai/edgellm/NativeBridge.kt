@@ -30,7 +30,9 @@ internal object NativeBridge {
     @JvmStatic external fun statsCounts(context: Long): LongArray
     @JvmStatic external fun statsTimes(context: Long): DoubleArray
     @JvmStatic external fun generate(context: Long, prompt: IntArray, fparams: FloatArray, iparams: IntArray, seed: Long,
-                                     stopIds: IntArray?, stopStrings: Array<ByteArray>?, listener: TokenListener?): DoubleArray
+                                     stopIds: IntArray?, stopStrings: Array<ByteArray>?, listener: TokenListener?,
+                                     draft: Long): DoubleArray
+    @JvmStatic external fun draftCheck(model: Long, draft: Long)
 }
 
 /** Called on the generating thread for each event: a new token (id >= 0) and the text safe to show with it, or
