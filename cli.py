@@ -209,9 +209,15 @@ def describe_sampling(defaults: dict, given: dict) -> str:
 @click.option("--quant", "-q", default=None, help="scheme when compiling --model [default: f16; t2 for BitNet]")
 @click.option("--quiet", is_flag=True, help="only the generated text: no compile progress, summary or notes on "
               "stderr (errors still go there)")
+@click.option("--json", "json_out", is_flag=True, help="constrain the output to a JSON object")
+@click.option("--json-schema", type=click.Path(dir_okay=False), default=None,
+              help="constrain the output to JSON valid against the schema in this file")
+@click.option("--grammar", type=click.Path(dir_okay=False), default=None,
+              help="constrain the output to a grammar in this file: Lark (llguidance's), or GBNF if it ends in .gbnf")
 @_sampling_options
-def run_cmd(package, model, prompt, ids, quant, quiet, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
-            presence_penalty, frequency_penalty, seed, stop, ignore_eos, **load):
+def run_cmd(package, model, prompt, ids, quant, quiet, json_out, json_schema, grammar, max_new_tokens, temperature,
+            top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty, seed, stop, ignore_eos,
+            **load):
     """Generate text from PACKAGE (or --model, default: the bundled demo), streaming it to stdout; a tok/s summary
     goes to stderr. Sampling options not given come from the package (its generation_config.json), as in
     Runtime.generate and bin/edgellm-run: the same arguments and seed give the same tokens everywhere."""
@@ -239,6 +245,7 @@ def run_cmd(package, model, prompt, ids, quant, quiet, max_new_tokens, temperatu
         prompt = DEMO_PROMPT
     if prompt is None:
         raise click.UsageError("give a prompt with -p (or token ids with --ids)")
+    constrain = _constraint_args(json_out, json_schema, grammar)
     given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
              "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty,
              "frequency_penalty": frequency_penalty}
@@ -249,7 +256,7 @@ def run_cmd(package, model, prompt, ids, quant, quiet, max_new_tokens, temperatu
         if echo:
             sys.stdout.write(prompt)
         for piece in rt.stream(prompt, max_new_tokens=max_new_tokens, seed=seed, stop=list(stop),
-                               ignore_eos=ignore_eos, _result=r, **given):
+                               ignore_eos=ignore_eos, _result=r, **constrain, **given):
             sys.stdout.write(piece)
             sys.stdout.flush()
         click.echo()
@@ -269,6 +276,36 @@ def run_cmd(package, model, prompt, ids, quant, quiet, max_new_tokens, temperatu
             click.echo(f"[speculative: {s['spec_passes']} passes carried {s['spec_drafted']} drafts, "
                        f"{s['spec_accepted']} taken: {(s['spec_passes'] + s['spec_accepted']) / s['spec_passes']:.2f} "
                        f"tokens per pass]", err=True)
+
+
+def _constraint_args(json_out: bool, json_schema: str | None, grammar: str | None) -> dict:
+    """run's --json / --json-schema / --grammar as Runtime.stream's response_format / grammar."""
+    import json
+    from pathlib import Path
+
+    from .errors import InputError
+
+    if sum(map(bool, (json_out, json_schema, grammar))) > 1:
+        raise click.UsageError("give one of --json, --json-schema and --grammar")
+
+    def read(path: str, flag: str) -> str:
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"{flag} {path}: {getattr(e, 'strerror', None) or e}") from None
+
+    if json_out:
+        return {"response_format": {"type": "json_object"}}
+    if json_schema:
+        try:
+            schema = json.loads(read(json_schema, "--json-schema"))
+        except ValueError as e:
+            raise InputError(f"--json-schema {json_schema} is not JSON: {e}") from None
+        return {"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+    if grammar:
+        kind = "gbnf" if grammar.endswith(".gbnf") else "lark"
+        return {"grammar": {"type": kind, "value": read(grammar, "--grammar")}}
+    return {}
 
 
 def _is_demo_name(name: str) -> bool:

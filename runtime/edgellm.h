@@ -247,6 +247,11 @@ typedef struct {
  * the text), -1 on error. A new start, el_reset or el_context_free ends the previous generation. */
 int el_generate_start(el_context* c, const int32_t* prompt, int n, const el_gen_params* p);
 int el_generate_next(el_context* c, el_event* ev);
+/* An output constraint (a grammar engine's mask): the next draw of el_generate_next takes only tokens whose bit is
+ * set (bit i % 32 of allowed[i / 32]; n_words >= (vocab + 31) / 32); the draw after it is free again unless this is
+ * called again. With speculation the draw picks among the drafts as usual: a draft the mask forbids is never
+ * taken. */
+int el_generate_constrain(el_context* c, const uint32_t* allowed, int n_words);
 void el_generate_result(const el_context* c, el_gen_result* out);
 
 /* The loop in one call: on_event (may be NULL) sees every event; returning nonzero cancels. */

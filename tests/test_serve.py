@@ -131,6 +131,30 @@ def test_speculate_request_field(client, rt):
         client.completions.create(extra_body={"speculate": "always"}, **kw)
 
 
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                          "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["name", "n"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_response_format_through_the_openai_client(client, rt, stream):
+    """response_format json_schema / json_object (issue 37): the runtime's constrained tokens, JSON that validates."""
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
+    ref = ref_chat(rt, MSGS, max_new_tokens=80, temperature=0, response_format=rf)
+    kw = dict(model="demo", messages=MSGS, max_tokens=80, temperature=0, response_format=rf)
+    if stream:
+        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
+                       if c.choices)
+    else:
+        text = client.chat.completions.create(**kw).choices[0].message.content
+    assert text == ref.text
+    out = json.loads(text)
+    assert set(out) == {"name", "n"} and 0 <= out["n"] <= 99 and len(out["name"]) <= 8
+    r = client.chat.completions.create(model="demo", messages=MSGS, max_tokens=200, temperature=0,
+                                       response_format={"type": "json_object"})
+    assert r.choices[0].message.content.startswith("{")
+
+
 def test_stop_strings(client, rt):
     r = client.completions.create(model="demo", prompt="Once upon a time", max_tokens=48, temperature=0,
                                   stop=["self", "\n\n"])
@@ -163,6 +187,9 @@ BAD = [
     ({"messages": MSGS, "top_p": 0}, "top_p"),
     ({"messages": MSGS, "stop": [""]}, "stop"),
     ({"messages": MSGS, "logprobs": True}, "logprobs"),
+    ({"messages": MSGS, "response_format": {"type": "xml"}}, "response_format type 'xml' is invalid"),
+    ({"messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {"schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}}, "the output constraint is invalid"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "text only"),
 ]
 

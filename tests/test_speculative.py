@@ -1,7 +1,7 @@
 """Speculative decoding (issue 36): n-gram drafts, recycled-token trees and a draft package's guesses verified several
-per pass by the verify program, in the C generation loop (runtime/core/speculate.c, generate.c). The tokens must be plain decoding's: greedy on every
-scheme, dense and MoE, in RAM and under a memory budget; seeded sampling draw for draw; stop strings, max tokens,
-keep_context and prefix reuse as without it; every front end alike."""
+per pass by the verify program, in the C generation loop (runtime/core/speculate.c, generate.c). The tokens must be
+plain decoding's: greedy on every scheme, dense and MoE, in RAM and under a memory budget; seeded sampling draw for
+draw; stop strings, max tokens, keep_context and prefix reuse as without it; every front end alike."""
 from __future__ import annotations
 
 import subprocess

@@ -111,10 +111,12 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
         """A computed score, soft-capped (the -3e38 of an invisible key is never passed here)."""
         return T.float32(cap) * fast_tanh(v * T.float32(1.0 / cap)) if cap > 0 else v
 
-    def key(TR, t, v, n0):
-        """The cache row of key v of row t's sequence (M: past the prefix, its ancestor's batch row)."""
+    def key(TR, t0, r, v, n0):
+        """The cache row of key v of the sequence of block row r (query t0 + r % Tq; M: past the prefix, its
+        ancestor's batch row)."""
         if not M:
             return v
+        t = t0 + r % Tq
         return T.if_then_else(v < n0, v, n0 + TR[1 + t, T.min(T.max(v - n0, 0), T_ - 1)])
 
     def n_seen(TR, t, n_slot, n0):
@@ -157,8 +159,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                             if tree and j0 == 0 and nv == C:  # full chunk: shuffle-tree scores
                                 for jj in range(C // 2):
                                     for l in T.vectorized(VD):
-                                        pv0[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0 + r % Tq, c * C + jj, n0), kh, l, VD, ND)
-                                        pv1[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0 + r % Tq, c * C + C // 2 + jj, n0), kh, l, VD, ND)
+                                        pv0[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + jj, n0), kh, l, VD, ND)
+                                        pv1[jj * VD + l] = (
+                                            dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + C // 2 + jj, n0), kh, l, VD, ND))
                                 sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
                                 if cap > 0:
                                     for jj in T.vectorized(C):
@@ -172,7 +175,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                             part[l] = T.float32(0)
                                         for dc in T.unroll(ND):
                                             for l in T.vectorized(VD):
-                                                part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[key(TR, t0 + r % Tq, c * C + jj, n0), kh, dc * VD + l]
+                                                part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[
+                                                    key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l]
                                         sc[jj] = capped(hsum(part, VD))
                             st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
                             st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
@@ -187,7 +191,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                 if jj >= j0:
                                     for dc in T.unroll(ND):
                                         for l in T.vectorized(VD):
-                                            ar[dc * VD + l] = ar[dc * VD + l] + sc[jj] * Vc[key(TR, t0 + r % Tq, c * C + jj, n0), kh, dc * VD + l]
+                                            ar[dc * VD + l] = (
+                                                ar[dc * VD + l] + sc[jj] * Vc[key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l])
                             for dc in T.unroll(ND):
                                 for l in T.vectorized(VD):
                                     acc[r * D + dc * VD + l] = ar[dc * VD + l]
@@ -200,8 +205,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                             if tree and nv == C:  # full chunk: shuffle-tree scores
                                 for jj in range(C // 2):
                                     for l in T.vectorized(VD):
-                                        pv0[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0 + r % Tq, c * C + jj, n0), kh, l, VD, ND)
-                                        pv1[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0 + r % Tq, c * C + C // 2 + jj, n0), kh, l, VD, ND)
+                                        pv0[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + jj, n0), kh, l, VD, ND)
+                                        pv1[jj * VD + l] = (
+                                            dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + C // 2 + jj, n0), kh, l, VD, ND))
                                 sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
                                 if cap > 0:
                                     for jj in T.vectorized(C):
@@ -214,7 +220,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                         part[l] = T.float32(0)
                                     for dc in T.unroll(ND):
                                         for l in T.vectorized(VD):
-                                            part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[key(TR, t0 + r % Tq, c * C + jj, n0), kh, dc * VD + l]
+                                            part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[
+                                                key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l]
                                     sc[jj] = capped(hsum(part, VD))
                             st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
                             st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
@@ -228,7 +235,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                             for jj in range(nv):
                                 for dc in T.unroll(ND):
                                     for l in T.vectorized(VD):
-                                        ar[dc * VD + l] = ar[dc * VD + l] + sc[jj] * Vc[key(TR, t0 + r % Tq, c * C + jj, n0), kh, dc * VD + l]
+                                        ar[dc * VD + l] = (
+                                            ar[dc * VD + l] + sc[jj] * Vc[key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l])
                             for dc in T.unroll(ND):
                                 for l in T.vectorized(VD):
                                     acc[r * D + dc * VD + l] = ar[dc * VD + l]

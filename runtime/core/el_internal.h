@@ -197,6 +197,9 @@ typedef struct {
   int32_t* rec_next;
   float src_offered[8], src_taken[8];
   int recycling; /* this generation keeps the table (recycle; auto where the verify program takes trees) */
+  /* an output constraint's allowed tokens for the next draw (el_generate_constrain): a bit per token */
+  uint32_t* mask;
+  int mask_on;
   int spec_wait, spec_backoff; /* auto: plain steps left before drafting again, and the next wait after a miss */
   double spec_t_decode, spec_t_verify; /* auto: running averages of a plain step's and a verify pass's seconds */
   /* the draft model (el_gen_params.draft): the ids its context holds (their prefix shared with hist is valid), and

@@ -9,6 +9,7 @@
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -59,6 +60,7 @@ void el_gen_release(el_gen* g) {
   free(g->draft_fed);
   free(g->draft_logits);
   free(g->rec_next);
+  free(g->mask);
   memset(g, 0, sizeof *g);
 }
 
@@ -182,6 +184,7 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   g->n_hist = g->n_prompt = n;
   g->n_gen = g->pending = g->n_decoded = 0;
   g->spec_n = g->spec_at = g->spec_taken = g->spec_wait = g->spec_backoff = 0;
+  g->mask_on = 0;
   g->recycling = width >= 2 && (p->speculate == EL_SPECULATE_RECYCLE ||
                                 (p->speculate == EL_SPECULATE_AUTO && el_spec_trees(m)));
   memset(g->src_offered, 0, sizeof g->src_offered), memset(g->src_taken, 0, sizeof g->src_taken);
@@ -275,6 +278,38 @@ static void emit(el_gen* g, el_event* ev, size_t upto) {
   g->emitted = upto;
 }
 
+/* A constraint's mask (el_generate_constrain) on the next draw: tokens it does not allow get -inf logits, so every
+ * sampler setting sees only allowed ones. One draw only. */
+static int apply_mask(el_gen* g, int vocab) {
+  g->mask_on = 0;
+  int any = 0;
+  for (int i = 0; i < vocab; i++) {
+    if (g->mask[i >> 5] >> (i & 31) & 1u)
+      any = 1;
+    else
+      g->logits[i] = -INFINITY;
+  }
+  return any ? 0 : el_error("the output constraint allows no token here");
+}
+
+EL_API int el_generate_constrain(el_context* c, const uint32_t* allowed, int n_words) {
+  if (!c || !allowed) return el_error("el_generate_constrain: context or mask is NULL");
+  pthread_mutex_lock(&c->mu);
+  el_gen* g = &c->gen;
+  int words = (int)((c->m->h.vocab + 31) / 32), rc = 0;
+  if (n_words < words) {
+    rc = el_error("el_generate_constrain: %d mask words; this vocabulary of %u tokens needs %d", n_words,
+                  c->m->h.vocab, words);
+  } else if (!g->mask && !(g->mask = malloc(sizeof(uint32_t) * (size_t)words))) {
+    rc = el_error("out of memory");
+  } else {
+    memcpy(g->mask, allowed, sizeof(uint32_t) * (size_t)words);
+    g->mask_on = 1;
+  }
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
 EL_API int el_generate_next(el_context* c, el_event* ev) {
   if (!c || !ev) return el_error("el_generate_next: context or event is NULL");
   memset(ev, 0, sizeof *ev);
@@ -329,6 +364,7 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
     g->n_decoded++;
     g->pending = 0;
   }
+  if (g->mask_on && apply_mask(g, (int)m->h.vocab) != 0) goto out;
   int32_t t = el_sample(g->sampler, g->logits, (int)m->h.vocab, g->hist, g->n_hist, g->n_prompt);
   if (t < 0) goto out;
   if (g->n_gen == 0) g->ttft_s = el_now() - g->t_start;

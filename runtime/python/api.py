@@ -406,6 +406,7 @@ class Context(_Closes):
                min_p: float | None = None, presence_penalty: float | None = None,
                frequency_penalty: float | None = None, stop_ids: list[int] | None = None, keep_context: bool = False,
                reuse_prefix: bool = False, speculate: str | None = None, draft_max: int | None = None,
+               response_format: dict | str | None = None, grammar: str | dict | None = None,
                _result: dict | None = None) -> Iterator[str]:
         """Yields text pieces as they are generated (never half a UTF-8 character, never part of a stop string).
         Arguments as generate()."""
@@ -420,10 +421,16 @@ class Context(_Closes):
         ids = self._prompt_ids(prompt)
         arr = np.ascontiguousarray(ids, dtype=np.int32)
         fallback = _FallbackText(self.runtime) if not self.runtime.c_text and self.runtime.text.available else None
-        self._cancel.clear()   # here, not when the stream starts: a cancel() after this call is never lost
-        return self._run(arr, params, keep, fallback, _result, reuse_prefix)
+        constraint = None
+        if response_format is not None or grammar is not None:
+            from .constrain import Constraint, grammar_for
 
-    def _run(self, arr, params, keep, fallback, result, reuse=False):
+            g = grammar_for(response_format, grammar)
+            constraint = Constraint(self.runtime, g) if g is not None else None
+        self._cancel.clear()   # here, not when the stream starts: a cancel() after this call is never lost
+        return self._run(arr, params, keep, fallback, _result, reuse_prefix, constraint)
+
+    def _run(self, arr, params, keep, fallback, result, reuse=False, constraint=None):
         tokens: list[int] = []
         pieces: list[bytes] = []
         finish = None
@@ -448,11 +455,15 @@ class Context(_Closes):
                     raise InputError(L.last_error())
                 ev = L.Event()
                 while True:
+                    if constraint is not None:   # the allowed tokens of this draw
+                        self._call(self._lib.el_generate_constrain(h, *constraint.mask()))
                     r = self._lib.el_generate_next(h, C.byref(ev))
                     if r < 0:
                         raise InputError(L.last_error())
                     if r == 1:
                         tokens.append(ev.token)
+                        if constraint is not None:
+                            constraint.accept(ev.token)
                     piece = C.string_at(ev.text, ev.text_len) if ev.text_len else b""
                     if fallback is not None and r == 1:
                         piece = fallback.push(ev.token)
@@ -488,7 +499,8 @@ class Context(_Closes):
                  min_p: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, stop_ids: list[int] | None = None,
                  keep_context: bool = False, reuse_prefix: bool = False, speculate: str | None = None,
-                 draft_max: int | None = None) -> GenerationResult:
+                 draft_max: int | None = None, response_format: dict | str | None = None,
+                 grammar: str | dict | None = None) -> GenerationResult:
         """Generate from a str prompt (tokenized with the package's tokenizer) or a list of token ids (used as is).
 
         Sampling arguments left None take the package's defaults (its generation_config.json: sampled where it says
@@ -500,13 +512,18 @@ class Context(_Closes):
         Prefill-computed cache rows are bit-identical to a fresh prefill's, so the tokens are the same as without it
         (rows of earlier replies came from decode steps: the same up to float rounding in f16/f32 packages).
         speculate: "off", "auto", "ngram" or "recycle" (None: Runtime.load's): drafts from n-grams of the prompt and
-        reply (recycle: a tree of them and recycled tokens), verified several per pass over the weights; the tokens are those plain decoding draws (same seed, same
-        tokens; float rounding aside). draft_max: drafts per pass at most (None/0: the package's verify width - 1)."""
+        reply (recycle: a tree of them and recycled tokens), verified several per pass over the weights; the tokens
+        are those plain decoding draws (same seed, same tokens; float rounding aside). draft_max: drafts per pass at
+        most (None/0: the package's verify width - 1).
+        response_format: constrain the output as OpenAI's field does ({"type": "json_object"}: any JSON object;
+        {"type": "json_schema", "json_schema": {"schema": {...}}}: JSON valid against the schema); grammar: a Lark
+        grammar, or {"type": "lark" | "regex" | "gbnf", "value": "..."} (llguidance: runtime/python/constrain.py)."""
         r: dict = {}
         for _ in self.stream(prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop,
                              ignore_eos, min_p=min_p, presence_penalty=presence_penalty,
                              frequency_penalty=frequency_penalty, stop_ids=stop_ids, keep_context=keep_context,
-                             reuse_prefix=reuse_prefix, speculate=speculate, draft_max=draft_max, _result=r):
+                             reuse_prefix=reuse_prefix, speculate=speculate, draft_max=draft_max,
+                             response_format=response_format, grammar=grammar, _result=r):
             pass
         return GenerationResult(
             text=r["text"], token_ids=r["ids"], prompt_tokens=r["prompt_tokens"], finish_reason=r["finish_reason"],

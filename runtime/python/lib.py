@@ -125,6 +125,7 @@ _SIGS = {
     "el_verify_tree": (C.c_int, [P, I32P, I32P, C.c_int, F32P]),
     "el_verify_take_node": (C.c_int, [P, C.c_int]),
     "el_verify_node": (C.c_int, [P]),
+    "el_generate_constrain": (C.c_int, [P, C.POINTER(C.c_uint32), C.c_int]),
     "el_gen_params_default": (None, [P, C.POINTER(GenParams)]),
     "el_generate_start": (C.c_int, [P, I32P, C.c_int, C.POINTER(GenParams)]),
     "el_generate_next": (C.c_int, [P, C.POINTER(Event)]),

@@ -190,6 +190,15 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
                                                **{k: kwargs[k] for k in SAMPLING_ARGS})
         except EdgeLLMError as e:
             raise BadRequest(str(e)) from None
+        if kwargs["response_format"] is not None:   # a schema the grammar engine refuses is the client's error
+            from ..python.constrain import Constraint, grammar_for
+
+            try:
+                g = grammar_for(kwargs["response_format"])
+                if g is not None:
+                    Constraint(runtime, g)
+            except EdgeLLMError as e:
+                raise BadRequest(str(e), param="response_format") from None
         return kwargs
 
     async def body(request: Request, model):

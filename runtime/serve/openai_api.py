@@ -38,6 +38,9 @@ class _Request(BaseModel):
     speculate: Speculate | None = None   # None: the server's (edgellm serve --speculate)
     draft_max: int | None = Field(default=None, ge=0, le=DRAFT_MAX)
     return_tokens: bool = False                 # the generated token ids in each choice ("tokens"), not streamed
+    # {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}: the output is
+    # constrained to it (runtime/python/constrain.py)
+    response_format: dict | None = None
     # refused unless left at their defaults (see unsupported())
     logprobs: bool | int | None = None
     logit_bias: dict | None = None
@@ -63,7 +66,8 @@ class _Request(BaseModel):
                 "top_k": self.top_k, "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
                 "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                 "seed": None if self.seed is None else self.seed & (2**64 - 1), "stop": self.stops(),
-                "ignore_eos": self.ignore_eos, "speculate": self.speculate, "draft_max": self.draft_max}
+                "ignore_eos": self.ignore_eos, "speculate": self.speculate, "draft_max": self.draft_max,
+                "response_format": self.response_format}
 
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
