@@ -47,6 +47,7 @@ SLOW_MODULES = {
     "test_sliding_window.py": "54 s; attention windows: test_ops.py",
 }
 SLOW_TESTS = {   # module -> test functions (every parameter)
+    "test_android_app.py": ("test_a_draft_package_through_the_bridge",),
     "test_android_apk.py": ("test_apk_assembles_signs_and_verifies",
                             "test_cmake_builds_the_library_and_exports_every_external"),
     "test_c_runtime.py": ("test_thread_pool_unit",),
