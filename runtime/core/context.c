@@ -23,6 +23,20 @@ uint8_t* el_cache_of(el_context* c, uint32_t kind, uint32_t layer) {
 
 /* Window caches (contract.h) ------------------------------------------------------------------------------------ */
 
+/* n bytes of the KV caches moved from offset src to dst: on the host (where a program runs there) and on every
+ * backend that keeps the caches in its own memory. */
+static int kv_move(el_context* c, size_t dst, size_t src, size_t n) {
+  el_model* m = c->m;
+  if (m->kv_host_moves) memmove(c->caches + dst, c->caches + src, n);
+  for (int b = 0; b < m->n_backends; b++) {
+    const el_backend* be = m->backends[b].be;
+    if ((be->caps & EL_BACKEND_DEVICE_KV) && c->backend_ctx[b] &&
+        be->kv_move(m->backends[b].state, c->backend_ctx[b], c, dst, src, n) != 0)
+      return -1;
+  }
+  return 0;
+}
+
 /* Before a run of T tokens at pos: a window cache whose view would pass its rows moves its W - 1 newest rows, all a
  * query at pos or later can see, to its start (the two ranges never overlap: plan.c checks the rows). */
 static int kv_make_room(el_context* c, int pos) {
@@ -35,14 +49,8 @@ static int kv_make_room(el_context* c, int pos) {
     if (k->rows == h->kv_rows || pos - c->kv_base[l] < ctx) continue;
     int keep = (int)k->window - 1, from = pos - keep - c->kv_base[l];
     for (int v = 0; v < 2 && keep > 0; v++) {
-      size_t at = m->kv_offset[2 * (size_t)l + v], n = (size_t)keep * per_row, src = at + (size_t)from * per_row;
-      if (m->kv_host_moves) memcpy(c->caches + at, c->caches + src, n);
-      for (int b = 0; b < m->n_backends; b++) {
-        const el_backend* be = m->backends[b].be;
-        if ((be->caps & EL_BACKEND_DEVICE_KV) && c->backend_ctx[b] &&
-            be->kv_move(m->backends[b].state, c->backend_ctx[b], c, at, src, n) != 0)
-          return -1;
-      }
+      size_t at = m->kv_offset[2 * (size_t)l + v];
+      if (kv_move(c, at, at + (size_t)from * per_row, (size_t)keep * per_row) != 0) return -1;
     }
     c->kv_base[l] = pos - keep;
     c->stats.kv_window_moves++;
@@ -415,15 +423,10 @@ static int kv_copy_row(el_context* c, int from, int to) {
   size_t per_row = (size_t)m->h.n_kv_heads * m->h.head_dim * 4;
   for (uint32_t l = 0; l < m->h.n_layers; l++)
     for (int v = 0; v < 2; v++) {
-      size_t at = m->kv_offset[2 * (size_t)l + v], dst = at + (size_t)(to - c->kv_base[l]) * per_row,
-             src = at + (size_t)(from - c->kv_base[l]) * per_row;
-      if (m->kv_host_moves) memcpy(c->caches + dst, c->caches + src, per_row);
-      for (int b = 0; b < m->n_backends; b++) {
-        const el_backend* be = m->backends[b].be;
-        if ((be->caps & EL_BACKEND_DEVICE_KV) && c->backend_ctx[b] &&
-            be->kv_move(m->backends[b].state, c->backend_ctx[b], c, dst, src, per_row) != 0)
-          return -1;
-      }
+      size_t at = m->kv_offset[2 * (size_t)l + v];
+      if (kv_move(c, at + (size_t)(to - c->kv_base[l]) * per_row, at + (size_t)(from - c->kv_base[l]) * per_row,
+                  per_row) != 0)
+        return -1;
     }
   return 0;
 }
