@@ -289,9 +289,8 @@ static float pass_ratio(const el_gen* g) {
  * do not pay take about the same share of the time whatever a pass costs: a MoE pass, which runs the union of its
  * tokens' experts, costs several steps. */
 static int pass_cost(const el_gen* g) {
-  if (g->spec_t_decode <= 0 || g->spec_t_verify <= 0) return 1;
-  double r = g->spec_t_verify / g->spec_t_decode;
-  return r < 2 ? 1 : r > 16 ? 16 : (int)(r + 0.5);
+  float r = pass_ratio(g);
+  return r < 2 ? 1 : r > 16 ? 16 : (int)(r + 0.5f);
 }
 
 /* The draft model's passes are judged on running averages (its guesses are taken some passes and not others, and

@@ -86,17 +86,22 @@ def engine_tokenizer(runtime):
     return lt
 
 
+def check(runtime, grammar: str) -> None:
+    """InputError with the engine's reason where it refuses the grammar over this package's tokenizer (the server
+    checks a request before it takes a slot, without building a matcher)."""
+    err = _engine().LLMatcher.validate_grammar(grammar, engine_tokenizer(runtime))
+    if err:
+        raise InputError(f"the output constraint is invalid: {err.splitlines()[0]}")
+
+
 class Constraint:
     """One generation's matcher: mask() before each draw, accept(token) after it."""
 
     def __init__(self, runtime, grammar: str):
         g = _engine()
-        lt = engine_tokenizer(runtime)
-        err = g.LLMatcher.validate_grammar(grammar, lt)
-        if err:
-            raise InputError(f"the output constraint is invalid: {err.splitlines()[0]}")
+        check(runtime, grammar)
         self._g = g
-        self.matcher = g.LLMatcher(lt, grammar)
+        self.matcher = g.LLMatcher(engine_tokenizer(runtime), grammar)
         if self.matcher.is_error():
             raise InputError(f"the output constraint is invalid: {self.matcher.get_error().splitlines()[0]}")
         self.bits = g.numpy.allocate_token_bitmask(1, runtime.vocab)

@@ -191,12 +191,12 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
         except EdgeLLMError as e:
             raise BadRequest(str(e)) from None
         if kwargs["response_format"] is not None:   # a schema the grammar engine refuses is the client's error
-            from ..python.constrain import Constraint, grammar_for
+            from ..python import constrain
 
             try:
-                g = grammar_for(kwargs["response_format"])
+                g = constrain.grammar_for(kwargs["response_format"])
                 if g is not None:
-                    Constraint(runtime, g)
+                    constrain.check(runtime, g)
             except EdgeLLMError as e:
                 raise BadRequest(str(e), param="response_format") from None
         return kwargs
