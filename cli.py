@@ -382,19 +382,23 @@ def serve_cmd(package_or_model, host, port, parallel, api_key, name, quant, allo
 @cli.command("chat")
 @click.argument("package_or_model", required=False)
 @click.option("--system", default=None, help="system prompt")
+@click.option("--tools", "tools_file", type=click.Path(dir_okay=False), default=None,
+              help="JSON file of OpenAI function tools to offer the model; its calls are shown and you type each "
+                   "result")
 @click.option("--quant", "-q", default=None, help="scheme when compiling a model [default: f16; t2 for BitNet]")
 @click.option("-n", "--max-new-tokens", type=click.IntRange(min=1), default=None,
               help="longest reply [default: 512; the demo models: 96, inside the 256-token windows they learned]")
 @_with(_gen_options("chat"))
 @_with(_load_options("chat"))
-def chat_cmd(package_or_model, system, quant, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed,
-             **load):
+def chat_cmd(package_or_model, system, tools_file, quant, max_new_tokens, temperature, top_k, top_p,
+             repetition_penalty, seed, **load):
     """Chat with PACKAGE_OR_MODEL (default: the demo) in the terminal: the package's chat template, streamed replies,
     the conversation kept in the KV cache (each turn prefills only its new tokens). /reset, /system TEXT, /quit.
     Reads one message per line from stdin when it is not a terminal."""
     from .runtime import Runtime
     from .runtime.python.chat_repl import chat_repl
 
+    tools = _tools_file(tools_file) if tools_file else None
     pkg = _package_arg(package_or_model, quant)
     demo = _is_demo_name(package_or_model or "demo")
     if demo:
@@ -406,7 +410,24 @@ def chat_cmd(package_or_model, system, quant, max_new_tokens, temperature, top_k
     from .runtime.python.options import api_kwargs
 
     with Runtime.load(pkg, **api_kwargs(load)) as rt:
-        chat_repl(rt, system=system, sampling=sampling)
+        chat_repl(rt, system=system, sampling=sampling, tools=tools)
+
+
+def _tools_file(path: str) -> list:
+    """chat --tools: a JSON list of OpenAI tools (or {"tools": [...]}, as in a request body), checked."""
+    import json
+    from pathlib import Path
+
+    from .errors import InputError
+    from .runtime.python.tools import check_tools
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"--tools {path}: {getattr(e, 'strerror', None) or e}") from None
+    except ValueError as e:
+        raise InputError(f"--tools {path} is not JSON: {e}") from None
+    return check_tools(data.get("tools") if isinstance(data, dict) else data)
 
 
 @cli.group("eval")

@@ -49,7 +49,7 @@ _BASE = {
 
 
 @functools.lru_cache(maxsize=8)
-def _tokenizer_json(vocab_size: int) -> str:
+def _tokenizer_json(vocab_size: int, specials: tuple[str, ...] = ()) -> str:
     """A byte-level BPE (ids 0/1/2 = <s>, </s>, <pad>) trained on the Python language reference, which ships with
     every CPython (pydoc_data.topics), so random-weight models still produce real words."""
     from pydoc_data.topics import topics
@@ -58,7 +58,7 @@ def _tokenizer_json(vocab_size: int) -> str:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<pad>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<pad>", *specials],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(list(topics.values())[:200], trainer)
     return tok.to_str()
@@ -138,8 +138,10 @@ def fused(spec, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def make_tokenizer(out_dir: Path, vocab_size: int = 1000, chat_template: str | None = None) -> None:
-    (out_dir / "tokenizer.json").write_text(_tokenizer_json(vocab_size))
+def make_tokenizer(out_dir: Path, vocab_size: int = 1000, chat_template: str | None = None,
+                   special_tokens: tuple[str, ...] = ()) -> None:
+    """special_tokens: more special tokens after <s>, </s>, <pad> (a chat or tool-call family's markers)."""
+    (out_dir / "tokenizer.json").write_text(_tokenizer_json(vocab_size, tuple(special_tokens)))
     tc = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "tokenizer_class": "PreTrainedTokenizerFast",
           "add_bos_token": False}
     if chat_template:

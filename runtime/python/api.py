@@ -46,6 +46,9 @@ class GenerationResult:
     ttft_s: float = 0.0                  # prompt submitted -> first new token sampled
     extra: dict = field(default_factory=dict)
     cached_tokens: int = 0               # prompt tokens the context already held (reuse_prefix): not prefilled again
+    # chat(tools=...): the calls the reply made, as OpenAI's tool_calls ({"id", "type": "function", "function":
+    # {"name", "arguments": a JSON string}}); finish_reason is then "tool_calls" and text what came before them
+    tool_calls: list[dict] = field(default_factory=list)
 
 
 SAMPLING_ARGS = O.SAMPLING   # the sampler's knobs (runtime/python/options.py GEN_OPTIONS)
@@ -407,9 +410,9 @@ class Context(_Closes):
                frequency_penalty: float | None = None, stop_ids: list[int] | None = None, keep_context: bool = False,
                reuse_prefix: bool = False, speculate: str | None = None, draft_max: int | None = None,
                response_format: dict | str | None = None, grammar: str | dict | None = None,
-               _result: dict | None = None) -> Iterator[str]:
+               _result: dict | None = None, _raw_text: bool = False) -> Iterator[str]:
         """Yields text pieces as they are generated (never half a UTF-8 character, never part of a stop string).
-        Arguments as generate()."""
+        Arguments as generate(). _raw_text: the text of special tokens too (tool calls: runtime/python/tools)."""
         sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
                     "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty,
                     "frequency_penalty": frequency_penalty}
@@ -420,7 +423,10 @@ class Context(_Closes):
                                     speculate, draft_max)
         ids = self._prompt_ids(prompt)
         arr = np.ascontiguousarray(ids, dtype=np.int32)
-        fallback = _FallbackText(self.runtime) if not self.runtime.c_text and self.runtime.text.available else None
+        if _raw_text and not self.runtime.text.available:
+            raise InputError("tool calls need the package's tokenizer.json (this package has none)")
+        fallback = _FallbackText(self.runtime, special=_raw_text) if _raw_text or (
+            not self.runtime.c_text and self.runtime.text.available) else None
         constraint = None
         if response_format is not None or grammar is not None:
             from .constrain import Constraint, grammar_for
@@ -500,7 +506,7 @@ class Context(_Closes):
                  frequency_penalty: float | None = None, stop_ids: list[int] | None = None,
                  keep_context: bool = False, reuse_prefix: bool = False, speculate: str | None = None,
                  draft_max: int | None = None, response_format: dict | str | None = None,
-                 grammar: str | dict | None = None) -> GenerationResult:
+                 grammar: str | dict | None = None, _raw_text: bool = False) -> GenerationResult:
         """Generate from a str prompt (tokenized with the package's tokenizer) or a list of token ids (used as is).
 
         Sampling arguments left None take the package's defaults (its generation_config.json: sampled where it says
@@ -523,7 +529,7 @@ class Context(_Closes):
                              ignore_eos, min_p=min_p, presence_penalty=presence_penalty,
                              frequency_penalty=frequency_penalty, stop_ids=stop_ids, keep_context=keep_context,
                              reuse_prefix=reuse_prefix, speculate=speculate, draft_max=draft_max,
-                             response_format=response_format, grammar=grammar, _result=r):
+                             response_format=response_format, grammar=grammar, _result=r, _raw_text=_raw_text):
             pass
         return GenerationResult(
             text=r["text"], token_ids=r["ids"], prompt_tokens=r["prompt_tokens"], finish_reason=r["finish_reason"],
@@ -531,18 +537,39 @@ class Context(_Closes):
             decode_tokens_per_s=r["n_decoded"] / r["decode_s"] if r["decode_s"] > 0 else 0.0,
             ttft_s=r["ttft_s"], cached_tokens=r["cached_tokens"])
 
-    def chat(self, messages: list[dict], **kwargs) -> GenerationResult:
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: str | dict | None = None,
+             parallel_tool_calls: bool = True, **kwargs) -> GenerationResult:
         """messages: [{"role": "user", "content": "..."}, ...], rendered with the package's chat template. The
         conversation so far stays in this context's cache: a call that extends the previous one (its messages, the
-        reply, a new message) prefills only the new part (result.cached_tokens says how much was reused)."""
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages):
-            raise InputError("chat needs a non-empty list of {'role': str, 'content': str} messages")
-        prompt = self.runtime.text.apply_chat_template(messages)
+        reply, a new message) prefills only the new part (result.cached_tokens says how much was reused).
+        tools / tool_choice / parallel_tool_calls: OpenAI's function tools, offered through the chat template; the
+        reply is constrained to the template's call format and its calls come back in result.tool_calls (feed them
+        back as an assistant message with "tool_calls", then {"role": "tool", "tool_call_id", "content"} results)."""
+        from .tools import template_messages, tool_plan
+
+        if not isinstance(messages, list) or not messages or not all(_chat_message(m) for m in messages):
+            raise InputError("chat needs a non-empty list of {'role': str, 'content': str} messages (an assistant "
+                             "message may carry tool_calls instead of content)")
+        plan = tool_plan(self.runtime.text, tools, tool_choice, parallel_tool_calls)
+        prompt = self.runtime.text.apply_chat_template(template_messages(messages), tools=plan.tools if plan else None)
         # a conversation grows by appending: what the cache holds of it is not prefilled again
         kwargs.setdefault("reuse_prefix", not kwargs.get("keep_context", False))
-        return self.generate(self.runtime.encode(prompt, add_special_tokens=False), **kwargs)
+        if plan is not None:
+            if kwargs.get("response_format") is not None or kwargs.get("grammar") is not None:
+                raise InputError("give tools or response_format/grammar, not both: the tool calls are the constraint")
+            kwargs.update(grammar=plan.grammar(self.runtime.text), _raw_text=True)
+        r = self.generate(self.runtime.encode(prompt, add_special_tokens=False), **kwargs)
+        if plan is not None:
+            content, calls = plan.parse(r.text)
+            r.text, r.tool_calls = content or "", calls
+            if calls:
+                r.finish_reason = "tool_calls"
+        return r
+
+
+def _chat_message(m) -> bool:
+    return isinstance(m, dict) and isinstance(m.get("role"), str) and (
+        isinstance(m.get("content"), str) or (m.get("content") is None and bool(m.get("tool_calls"))))
 
 
 class _FallbackText:
@@ -550,19 +577,23 @@ class _FallbackText:
     families): Hugging Face decode of the ids so far, handed out as it grows (held back while it ends in an
     unfinished character). Stop strings need tokenizer.bin and are refused for such packages."""
 
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Runtime, special: bool = False):
         self.tok, self.ids, self.done = runtime.text.tok, [], ""
+        # special: the text of special tokens too (tool calls open with some), but for those that end the reply
+        self.skip, self.end = not special, set(runtime.eos_ids) if special else set()
 
     def push(self, token: int) -> bytes:
+        if token in self.end:
+            return b""
         self.ids.append(token)
-        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        text = self.tok.decode(self.ids, skip_special_tokens=self.skip)
         if text.endswith("\ufffd") or not text.startswith(self.done):
             return b""
         piece, self.done = text[len(self.done):], text
         return piece.encode()
 
     def flush(self) -> bytes:
-        text = self.tok.decode(self.ids, skip_special_tokens=True) if self.ids else ""
+        text = self.tok.decode(self.ids, skip_special_tokens=self.skip) if self.ids else ""
         return text[len(self.done):].encode() if text.startswith(self.done) else b""
 
 

@@ -101,7 +101,7 @@ class Constraint:
         g = _engine()
         check(runtime, grammar)
         self._g = g
-        self.matcher = g.LLMatcher(engine_tokenizer(runtime), grammar)
+        self.matcher = g.LLMatcher(engine_tokenizer(runtime), grammar, log_level=0)
         if self.matcher.is_error():
             raise InputError(f"the output constraint is invalid: {self.matcher.get_error().splitlines()[0]}")
         self.bits = g.numpy.allocate_token_bitmask(1, runtime.vocab)

@@ -65,19 +65,40 @@ class TextCodec:
         v = self.config.get(key)
         return v.get("content", "") if isinstance(v, dict) else (v if isinstance(v, str) else "")
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def template_source(self, tools: bool = False) -> str | None:
+        """The chat template's text (named templates: "tool_use" when tools are given and there is one, else
+        "default", as transformers picks)."""
+        tmpl = self.config.get("chat_template")
+        if isinstance(tmpl, list):
+            named = {t.get("name"): t["template"] for t in tmpl if isinstance(t, dict) and isinstance(t.get("template"), str)}
+            tmpl = (tools and named.get("tool_use")) or named.get("default") or next(iter(named.values()), None)
+        if tmpl is not None and not isinstance(tmpl, str):
+            raise PackageError("tokenizer_config.json: chat_template is not a string: recompile the package")
+        return tmpl
+
+    def template_takes_tools(self) -> bool:
+        """Whether the chat template reads `tools` (or SmolLM3's `xml_tools`): without that it has no tool support."""
+        return bool(self._template_vars(self.template_source(tools=True)) & {"tools", "xml_tools"})
+
+    def _template_vars(self, tmpl: str | None) -> set:
+        if not tmpl:
+            return set()
+        from jinja2 import meta
+
+        try:
+            return set(meta.find_undeclared_variables(template_env().parse(tmpl)))
+        except Exception:  # noqa: BLE001 - a template that does not parse fails when rendered, with the reason
+            return set()
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
         """messages rendered with the package's chat template in jinja2's ImmutableSandboxedEnvironment (as
         transformers renders them): a template is data from the checkpoint, so it cannot reach Python objects,
-        files or the OS."""
-        tmpl = self.config.get("chat_template")
-        if isinstance(tmpl, list):  # named templates: take "default"
-            named = [t for t in tmpl if isinstance(t, dict) and isinstance(t.get("template"), str)]
-            tmpl = next((t["template"] for t in named if t.get("name") == "default"), named[0]["template"] if named else None)
+        files or the OS. tools: OpenAI function tools, for templates that take them."""
+        tmpl = self.template_source(tools=bool(tools))
         if not tmpl:
             # no template: a plain transcript that still works for base models
             return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + ("assistant:" if add_generation_prompt else "")
-        if not isinstance(tmpl, str):
-            raise PackageError("tokenizer_config.json: chat_template is not a string: recompile the package")
         import jinja2
 
         def raise_exception(msg):
@@ -93,8 +114,9 @@ class TextCodec:
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
+            extra = {"xml_tools": tools} if tools and "xml_tools" in self._template_vars(tmpl) else {}
             return bounded_render(env.from_string(tmpl), messages=messages, add_generation_prompt=add_generation_prompt,
-                                  tools=None, documents=None, bos_token=self.token_str("bos_token"),
+                                  tools=tools or None, documents=None, **extra, bos_token=self.token_str("bos_token"),
                                   eos_token=self.token_str("eos_token"), pad_token=self.token_str("pad_token"),
                                   unk_token=self.token_str("unk_token"))
         except (InputError, TemplateLimit):

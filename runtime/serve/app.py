@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...errors import EdgeLLMError
 from ..python.api import SAMPLING_ARGS, Runtime
+from ..python import tools
 from . import openai_api as oa
 from .guard import MAX_BODY, BodyTooLarge, Guard
 from .slots import Finished, SlotPool
@@ -169,7 +170,7 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
     app.add_middleware(AuthAndCount, api_key=api_key, metrics=metrics)
 
     # ---- helpers -------------------------------------------------------------------------------------------------
-    def check(req: oa._Request, ids: list[int]) -> dict:
+    def check(req: oa._Request, ids: list[int], plan=None) -> dict:
         """The generation arguments, checked before a slot is taken: a bad request is a 4xx, never a broken stream."""
         why = req.unsupported()
         if why:
@@ -190,15 +191,21 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
                                                **{k: kwargs[k] for k in SAMPLING_ARGS})
         except EdgeLLMError as e:
             raise BadRequest(str(e)) from None
-        if kwargs["response_format"] is not None:   # a schema the grammar engine refuses is the client's error
+        if plan is not None:
+            if kwargs["response_format"] is not None:
+                raise BadRequest("give tools or response_format, not both: the tool calls are the constraint",
+                                 param="response_format")
+            kwargs.update(grammar=plan.grammar(runtime.text), _raw_text=True)
+        if kwargs["response_format"] is not None or kwargs["grammar"] is not None:
+            # a schema the grammar engine refuses is the client's error
             from ..python import constrain
 
             try:
-                g = constrain.grammar_for(kwargs["response_format"])
+                g = constrain.grammar_for(kwargs["response_format"], kwargs["grammar"])
                 if g is not None:
                     constrain.check(runtime, g)
             except EdgeLLMError as e:
-                raise BadRequest(str(e), param="response_format") from None
+                raise BadRequest(str(e), param="tools" if plan else "response_format") from None
         return kwargs
 
     async def body(request: Request, model):
@@ -211,11 +218,16 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
         except ValidationError as e:
             raise RequestValidationError(e.errors()) from None
 
-    def chat_ids(req: oa.ChatRequest) -> list[int]:
+    def chat_ids(req: oa.ChatRequest):
+        """The prompt's ids and the request's tool plan (None without tools)."""
         try:
-            msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
-            prompt = runtime.text.apply_chat_template(msgs)
-            return runtime.encode(prompt, add_special_tokens=False)
+            plan = tools.tool_plan(runtime.text, req.tools, req.tool_choice, req.parallel_tool_calls)
+        except EdgeLLMError as e:
+            raise BadRequest(str(e), param="tools") from None
+        try:
+            msgs = tools.template_messages([m.for_template() for m in req.messages])
+            prompt = runtime.text.apply_chat_template(msgs, tools=plan.tools if plan else None)
+            return runtime.encode(prompt, add_special_tokens=False), plan
         except ValueError as e:
             raise BadRequest(str(e), param="messages") from None
         except EdgeLLMError as e:
@@ -260,21 +272,31 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
     def sse(obj) -> str:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
-    async def streamed(ids: list[int], kwargs: dict, chat: bool, include_usage: bool):
+    async def streamed(ids: list[int], kwargs: dict, chat: bool, include_usage: bool, plan=None):
         rid = oa.new_id("chatcmpl" if chat else "cmpl")
         obj = "chat.completion.chunk" if chat else "text_completion"
+        calls_out = tools.ToolStream(plan) if plan else None   # content streams; calls come whole at the end
         try:
             if chat:
                 yield sse(oa.chat_chunk(rid, model_id, {"role": "assistant", "content": ""}))
             async with aclosing(pool.generate(ids, kwargs)) as gen:
                 async for item in gen:
                     if not isinstance(item, Finished):
+                        if calls_out is not None and not (item := calls_out.push(item)):
+                            continue
                         yield sse(oa.chat_chunk(rid, model_id, {"content": item}) if chat
                                   else oa.completion_chunk(rid, model_id, item))
                         continue
                     r = item.result
                     metrics.finished(r)
-                    fin = oa.FINISH[r["finish_reason"]]
+                    calls = None
+                    if calls_out is not None:
+                        rest, calls = calls_out.finish()
+                        if rest:
+                            yield sse(oa.chat_chunk(rid, model_id, {"content": rest}))
+                        for delta in oa.tool_call_deltas(calls):
+                            yield sse(oa.chat_chunk(rid, model_id, delta))
+                    fin = oa.finish_reason(r, calls)
                     yield sse(oa.chat_chunk(rid, model_id, {}, fin) if chat else oa.completion_chunk(rid, model_id, "", fin))
                     if include_usage:
                         yield sse(oa.usage_chunk(rid, model_id, obj, r))
@@ -286,8 +308,8 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
         yield "data: [DONE]\n\n"
 
     def prepare(req, chat: bool):
-        ids = chat_ids(req) if chat else completion_ids(req)
-        return ids, check(req, ids)
+        ids, plan = chat_ids(req) if chat else (completion_ids(req), None)
+        return ids, check(req, ids, plan), plan
 
     async def complete(request: Request, chat: bool):
         req = await body(request, oa.ChatRequest if chat else oa.CompletionRequest)
@@ -296,14 +318,16 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
                              f"{', '.join(map(repr, names))}: GET /v1/models)", 404, "model", "model_not_found")
         # the chat template, the tokenizer and the checks run in a worker thread (the template bounded in time and
         # size: runtime/template_env.py): one heavy request must not stall /health or other clients' streams
-        ids, kwargs = await anyio.to_thread.run_sync(prepare, req, chat)
+        ids, kwargs, plan = await anyio.to_thread.run_sync(prepare, req, chat)
         if req.stream:
-            return SSEResponse(streamed(ids, kwargs, chat, req.include_usage()))
+            return SSEResponse(streamed(ids, kwargs, chat, req.include_usage(), plan))
         r = await whole(request, ids, kwargs)
         if r is None:   # the client went away
             return PlainTextResponse("", 499)
-        build = oa.chat_response if chat else oa.completion_response
-        return JSONResponse(build(oa.new_id("chatcmpl" if chat else "cmpl"), model_id, r, req.return_tokens))
+        if not chat:
+            return JSONResponse(oa.completion_response(oa.new_id("cmpl"), model_id, r, req.return_tokens))
+        content, calls = plan.parse(r["text"]) if plan else (None, None)
+        return JSONResponse(oa.chat_response(oa.new_id("chatcmpl"), model_id, r, req.return_tokens, content, calls))
 
     # ---- routes --------------------------------------------------------------------------------------------------
     @app.post("/v1/chat/completions")

@@ -67,21 +67,47 @@ class _Request(BaseModel):
                 "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                 "seed": None if self.seed is None else self.seed & (2**64 - 1), "stop": self.stops(),
                 "ignore_eos": self.ignore_eos, "speculate": self.speculate, "draft_max": self.draft_max,
-                "response_format": self.response_format}
+                "response_format": self.response_format, "grammar": None}
 
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: str                              # a JSON string, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[dict]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict] | None = None     # None: an assistant turn that only called tools
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None    # an assistant's calls, sent back with the tools' results
+    tool_call_id: str | None = None             # a tool result: the call it answers
+    # what the official client echoes back of an earlier reply's message: accepted, unused
+    refusal: str | None = None
+    annotations: list | None = None
+    audio: dict | None = None
+    function_call: dict | None = None
 
     def text(self) -> str:
         """String content, or the text parts of a content list (images and audio are refused)."""
+        if self.content is None:
+            if self.role == "assistant" and self.tool_calls:
+                return ""
+            raise ValueError(f"a {self.role} message needs content")
         if isinstance(self.content, str):
             return self.content
         parts = []
@@ -91,10 +117,24 @@ class Message(BaseModel):
             parts.append(p["text"])
         return "".join(parts)
 
+    def for_template(self) -> dict:
+        m = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            m["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            m["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            m["name"] = self.name
+        return m
+
 
 class ChatRequest(_Request):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=0)
+    # OpenAI function tools (runtime/python/tools): offered through the model's chat template, calls constrained
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None       # "auto" (default with tools) | "none" | "required" | a function
+    parallel_tool_calls: bool | None = None     # None/true: several calls in one reply where the format has them
 
     def sampling(self) -> dict:
         out = super().sampling()
@@ -131,11 +171,25 @@ def timings(r: dict) -> dict:
             "predicted_per_second": r["n_decoded"] / r["decode_s"] if r["decode_s"] > 0 else 0.0}
 
 
-def chat_response(rid: str, model: str, r: dict, tokens: bool = False) -> dict:
-    choice = {"index": 0, "message": {"role": "assistant", "content": r["text"]},
-              "finish_reason": FINISH[r["finish_reason"]], "logprobs": None}
+def finish_reason(r: dict, calls: list | None = None) -> str:
+    return "tool_calls" if calls and r["finish_reason"] in ("eos", "stop") else FINISH[r["finish_reason"]]
+
+
+def chat_response(rid: str, model: str, r: dict, tokens: bool = False, content: str | None = None,
+                  calls: list | None = None) -> dict:
+    """calls: the reply's tool_calls (content is then what came before them, None if nothing did)."""
+    message = {"role": "assistant", "content": r["text"] if calls is None else content}
+    if calls:
+        message["tool_calls"] = calls
+    choice = {"index": 0, "message": message, "finish_reason": finish_reason(r, calls), "logprobs": None}
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{**choice, "tokens": r["ids"]} if tokens else choice], "usage": usage(r), "timings": timings(r)}
+
+
+def tool_call_deltas(calls: list) -> list[dict]:
+    """A streamed reply's calls, each whole in one delta (the official client joins argument pieces; one piece is
+    a valid stream)."""
+    return [{"tool_calls": [{"index": i, **c}]} for i, c in enumerate(calls)]
 
 
 def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None) -> dict:
