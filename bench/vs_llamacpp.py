@@ -155,6 +155,22 @@ NO_AMX = ["-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
           "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"]
 
 
+def llama_cpp_source(work: Path) -> Path:
+    """llama.cpp's source tree (vendored in the llama-cpp-python sdist: its build files, and the models/ folder's
+    vocabulary-only GGUFs and real chat templates), downloaded and unpacked once under work."""
+    src = work / SDIST / "vendor" / "llama.cpp"
+    if not (src / "CMakeLists.txt").is_file():
+        tgz = work / f"{SDIST}.tar.gz"
+        if not tgz.is_file():
+            log(f"pip download llama-cpp-python=={LLAMA_CPP_PYTHON} (sdist) ...")
+            work.mkdir(parents=True, exist_ok=True)
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", "llama-cpp-python", "--no-deps",
+                            f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)], check=True)
+        with tarfile.open(tgz) as t:
+            t.extractall(work, filter="data")
+    return src
+
+
 def build_llamacpp(work: Path, jobs: int, amx: bool = True,
                    targets: tuple[str, ...] = ("llama-bench", "llama-quantize")) -> tuple[Path, ...]:
     """llama.cpp's tools (default llama-bench and llama-quantize; also e.g. llama-tokenize, llama-perplexity) built
@@ -164,15 +180,7 @@ def build_llamacpp(work: Path, jobs: int, amx: bool = True,
     exes = tuple(build / "bin" / t for t in targets)
     if all(e.is_file() for e in exes):
         return exes
-    src = work / SDIST / "vendor" / "llama.cpp"
-    if not (src / "CMakeLists.txt").is_file():
-        tgz = work / f"{SDIST}.tar.gz"
-        if not tgz.is_file():
-            log(f"pip download llama-cpp-python=={LLAMA_CPP_PYTHON} (sdist) ...")
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", "llama-cpp-python", "--no-deps",
-                            f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)], check=True)
-        with tarfile.open(tgz) as t:
-            t.extractall(work, filter="data")
+    src = llama_cpp_source(work)
     log(f"building {', '.join(targets)} (-j{jobs}, nice 19) in {build} ...")
     t0 = time.perf_counter()
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []

@@ -113,6 +113,16 @@ def hf_folder(name: str) -> Path:
     return _with_template(done, REAL[name])
 
 
+def chat_templates() -> Path:
+    """Real checkpoints' chat templates (Qwen, Llama, Mistral, Granite, Gemma, Phi, ...): llama.cpp's
+    models/templates, from the llama-cpp-python sdist the llama.cpp benchmark builds from (cached with it)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import vs_llamacpp
+
+    work = Path(os.environ.get("EDGELLM_BENCH_CACHE") or Path.home() / ".cache" / "edgellm" / "bench")
+    return vs_llamacpp.llama_cpp_source(work) / "models" / "templates"
+
+
 def _with_template(folder: Path, r: dict) -> Path:
     if r.get("chat_template") and not (folder / "chat_template.jinja").is_file():
         (folder / "chat_template.jinja").write_text(r["chat_template"])

@@ -11,6 +11,7 @@ reply constrained to that template's call format and read back as tool_calls.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ def rendered_reply(codec: TextCodec, calls: list[dict]) -> str:
     reply = full[full.rindex(text) + len(text):]
     assert reply.startswith(opening), (opening, reply)
     reply = reply[len(opening):]
-    for end in ("<|im_end|>", "<|eot_id|>", "</s>"):
+    for end in ("<|im_end|>", "<|eot_id|>", "</s>", "<|end_of_text|>", "<sep>", "<|end|>"):
         reply = reply.split(end)[0]
     return reply.strip()
 
@@ -279,3 +280,64 @@ def test_chat_repl_shows_calls_and_takes_their_results(rt):
     assert len(shown) == 2, out.getvalue()   # the call, then (after its result) the next one
     jsonschema.validate(json.loads(shown[0].split(" ", 3)[3]), TOOLS[1]["function"]["parameters"])
     assert "tool_calls]" in err.getvalue()
+
+
+# real checkpoints' own templates (llama.cpp's models/templates) -> the format edgellm reads their calls in
+REAL_TEMPLATES = {"Qwen-Qwen2.5-7B-Instruct": "hermes", "Qwen-Qwen3-0.6B": "hermes",
+                  "ibm-granite-granite-4.0": "hermes", "Bielik-11B-v3.0-Instruct": "hermes",
+                  "meta-llama-Llama-3.1-8B-Instruct": "llama3", "meta-llama-Llama-3.2-3B-Instruct": "llama3",
+                  "meta-llama-Llama-3.3-70B-Instruct": "llama3",
+                  "mistralai-Mistral-Nemo-Instruct-2407": "mistral",
+                  "Mistral-Small-3.2-24B-Instruct-2506": "mistral-args",
+                  "mistralai-Ministral-3-14B-Reasoning-2512": "mistral-args",
+                  "unsloth-mistral-Devstral-Small-2507": "mistral-args"}
+NO_TOOLS = ["google-gemma-2-2b-it", "microsoft-Phi-3.5-mini-instruct", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"]
+
+
+def _real_codec(tmp: Path, name: str) -> TextCodec:
+    from real_checkpoints import chat_templates, hf_folder
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.copy(hf_folder("smollm2-135m") / "tokenizer.json", tmp / "tokenizer.json")   # a real 49k vocabulary
+    (tmp / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "chat_template":
+                                                           (chat_templates() / f"{name}.jinja").read_text()}))
+    return TextCodec(tmp)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(REAL_TEMPLATES))
+def test_real_templates_calls_round_trip(tmp_path, name):
+    """Each real template renders our tools, its own rendering of two calls (one for Llama) is what the grammar
+    accepts and the parser reads back, and the answers to them render."""
+    from real_checkpoints import enabled
+
+    if not enabled():
+        pytest.skip("real-checkpoint tier: set EDGELLM_REAL=1")
+    codec = _real_codec(tmp_path, name)
+    plan = tool_plan(codec, TOOLS, "required")
+    assert plan.fmt.name == REAL_TEMPLATES[name]
+    calls = CALLS[:1] if plan.fmt.max_calls == 1 else CALLS
+    reply = rendered_reply(codec, calls)
+    content, got = plan.parse(reply)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got] == \
+           [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls], reply
+    for choice in ("required", "auto"):
+        m = matcher(codec, tool_plan(codec, TOOLS, choice).grammar(codec))
+        assert consumes(m, codec, reply) and m.is_accepting(), (choice, reply)
+    msgs = USER + [{"role": "assistant", "content": None, "tool_calls": calls}] + [
+        {"role": "tool", "tool_call_id": c["id"], "content": "RESULT-" + c["id"]} for c in calls]
+    prompt = codec.apply_chat_template(template_messages(msgs), tools=plan.tools)
+    assert all("RESULT-" + c["id"] in prompt for c in calls)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NO_TOOLS)
+def test_real_templates_without_tools_are_refused(tmp_path, name):
+    from real_checkpoints import enabled
+
+    if not enabled():
+        pytest.skip("real-checkpoint tier: set EDGELLM_REAL=1")
+    with pytest.raises(EdgeLLMError, match="no tool support"):
+        tool_plan(_real_codec(tmp_path, name), TOOLS)

@@ -7,10 +7,10 @@ teaches, and read back into OpenAI tool_calls.
     ... generate with grammar=plan.grammar(codec) and raw_text=True ...
     content, calls = plan.parse(raw_text)
 
-A format is its own module (hermes.py, llama3.py, mistral.py) plus one line in FORMATS; a template is matched to the
-first format whose marker it contains. tool_choice: "auto" (text or calls; the call is constrained once its opening
-appears), "required" (calls only), {"type": "function", "function": {"name": ...}} (that one function), "none" (the
-tools are not offered)."""
+A format is its own module (hermes.py, llama3.py, mistral.py, mistral_args.py) plus one line in FORMATS; a
+template is matched to the first format whose marker it contains. tool_choice: "auto" (text or calls; the call is
+constrained once its opening appears), "required" (calls only), {"type": "function", "function": {"name": ...}}
+(that one function), "none" (the tools are not offered)."""
 from __future__ import annotations
 
 import json
@@ -20,9 +20,11 @@ from ....errors import InputError
 from .base import ToolFormat
 from .hermes import Hermes
 from .llama3 import Llama3
-from .mistral import Mistral
+from .mistral import Granite, Mistral
+from .mistral_args import MistralArgs
 
-FORMATS: dict[str, type[ToolFormat]] = {f.name: f for f in (Mistral, Hermes, Llama3)}   # detection order
+# detection order: the first whose marker the template holds
+FORMATS: dict[str, type[ToolFormat]] = {f.name: f for f in (MistralArgs, Mistral, Granite, Hermes, Llama3)}
 CHOICES = ("auto", "none", "required")
 
 
@@ -44,7 +46,10 @@ def check_tools(tools) -> list[dict]:
         names.add(fn["name"])
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
             raise InputError(f"tools[{i}].function.parameters must be a JSON schema object")
-    return [{"type": "function", "function": t["function"]} for t in tools]
+    # a description and parameters always there: templates read them without checking (Hermes 3's)
+    return [{"type": "function", "function": {"description": "", "parameters": {"type": "object", "properties": {}},
+                                              **{k: v for k, v in t["function"].items() if v is not None}}}
+            for t in tools]
 
 
 @dataclass
@@ -55,13 +60,17 @@ class ToolPlan:
     required: bool
     parallel: bool
 
+    reasoning: bool = False   # the template's model thinks in <think> blocks first
+
     def grammar(self, codec) -> dict:
-        trig = None
-        if self.fmt.trigger and codec.tok is not None:
-            tid = codec.tok.token_to_id(self.fmt.trigger)
-            if tid is not None and tid in special_ids(codec):
-                trig = tid
-        return {"type": "lark", "value": self.fmt.grammar(self.callable, self.required, self.parallel, trig)}
+        specials = special_ids(codec)
+
+        def spell(text: str) -> str:   # a marker the tokenizer has as a special token is that token
+            tid = codec.tok.token_to_id(text) if codec.tok is not None else None
+            return f"<[{tid}]>" if tid is not None and tid in specials else json.dumps(text)
+
+        return {"type": "lark", "value": self.fmt.grammar(self.callable, self.required, self.parallel, spell,
+                                                          self.reasoning)}
 
     def parse(self, raw: str) -> tuple[str | None, list[dict]]:
         """(content, OpenAI tool_calls) of a raw reply (special tokens included)."""
@@ -114,7 +123,7 @@ def tool_plan(codec, tools, tool_choice=None, parallel_tool_calls: bool | None =
         raise InputError("this model's chat template writes tool calls in a format edgellm does not read "
                          f"(it reads: {', '.join(FORMATS)})")
     parallel = parallel_tool_calls is not False and not isinstance(choice, dict)
-    return ToolPlan(fmt, tools, callable_, required, parallel)
+    return ToolPlan(fmt, tools, callable_, required, parallel, "<think>" in template)
 
 
 def template_messages(messages: list[dict]) -> list[dict]:

@@ -40,29 +40,40 @@ class ToolFormat:
         one = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
         return "%json " + json.dumps({**one, "x-guidance": JSON_STYLE})
 
-    def calls_rules(self, head: str, parallel: bool) -> str:
+    def call_rule(self, tools: list[dict], spell) -> str:
+        """Lark rule `call`: one call to any of the tools (spell(text): the grammar's literal for a marker text)."""
+        return f"call: {self.call_json(tools)}"
+
+    def calls_rules(self, head: str, parallel: bool, spell) -> str:
         """Lark rules `calls` (everything after the trigger) given `head`, the grammar's spelling of the trigger."""
         raise NotImplementedError
 
-    def grammar(self, tools: list[dict], required: bool, parallel: bool, trigger_token: int | None) -> str:
-        """A Lark grammar for llguidance. required: the reply is calls only; else free text, or (lazily, once the
-        trigger appears) text then calls. trigger_token: the trigger's id where it is a special token (text cannot
-        spell those, so no laziness is needed)."""
+    def grammar(self, tools: list[dict], required: bool, parallel: bool, spell=json.dumps,
+                reasoning: bool = False) -> str:
+        """A Lark grammar for llguidance. required: the reply is calls only (after a <think> block where the
+        template has them: reasoning); else free text, or (lazily, once the trigger appears) text then calls.
+        spell(text): the grammar's literal for a marker, `<[id]>` where the tokenizer has it as a special token
+        (text cannot spell those, so no laziness is needed there)."""
         parallel = parallel and self.max_calls != 1
-        head = f"<[{trigger_token}]>" if trigger_token is not None else json.dumps(self.trigger or "")
-        lines = ["%llguidance {}", f"call: {self.call_json(tools)}", self.calls_rules(head, parallel)]
+        head = spell(self.trigger) if self.trigger else ""
+        special = head.startswith("<[")
+        lines = ["%llguidance {}", self.call_rule(tools, spell), self.calls_rules(head, parallel, spell),
+                 f"TEXT: /{ANY_TEXT}/"]
         if required:
-            lines.append(f"start: {head} calls" if self.trigger else "start: calls")
+            think = "think " if reasoning else ""
+            lines.append(f"start: {think}{head} calls" if self.trigger else f"start: {think}calls")
+            if reasoning:   # the reasoning, ended by its first </think>, then the calls
+                lines += ['think: "" | think_text WS', 'think_text[lazy]: "<think>" TEXT "</think>"', r"WS: /\s*/"]
         elif self.trigger is None:     # a reply that starts with the call, or text that does not
-            lines += ["start: TEXT | calls", self.free_text_rule()]
-        elif trigger_token is not None:
-            lines += ["start: TEXT | TEXT " + head + " calls", f"TEXT: /{ANY_TEXT}/"]
+            lines += ["start: FREE | calls", self.free_text_rule()]
+        elif special:
+            lines += [f"start: TEXT | TEXT {head} calls"]
         else:   # lazy: the text lexeme ends at the first trigger, and the calls' grammar applies from there
-            lines += ["start: TEXT | opening calls", f"opening[lazy]: TEXT {head}", f"TEXT: /{ANY_TEXT}/"]
+            lines += ["start: TEXT | opening calls", f"opening[lazy]: TEXT {head}"]
         return "\n".join(lines) + "\n"
 
     def free_text_rule(self) -> str:
-        return f"TEXT: /{ANY_TEXT}/"
+        return f"FREE: /{ANY_TEXT}/"
 
     # ---- reading a reply back --------------------------------------------------------------------------------------
     def split(self, raw: str) -> tuple[str, str | None]:

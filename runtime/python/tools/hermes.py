@@ -15,7 +15,7 @@ class Hermes(ToolFormat):
     def detect(template: str) -> bool:
         return "<tool_call>" in template
 
-    def calls_rules(self, head: str, parallel: bool) -> str:
+    def calls_rules(self, head: str, parallel: bool, spell) -> str:
         # the newlines the templates write around the JSON, optional (SmolLM3 writes none)
         one = 'NL call NL "</tool_call>"'
         more = f' (NL {head} {one})*' if parallel else ""

@@ -17,12 +17,12 @@ class Llama3(ToolFormat):
     def detect(template: str) -> bool:
         return "<|python_tag|>" in template or ('"parameters"' in template and "ipython" in template)
 
-    def calls_rules(self, head: str, parallel: bool) -> str:
+    def calls_rules(self, head: str, parallel: bool, spell) -> str:
         return "calls: call"
 
     def free_text_rule(self) -> str:
         # text that does not open with "{" (that would be a call)
-        return f"TEXT: /(\\s*[^\\s{{]{ANY_TEXT})?/"
+        return f"FREE: /(\\s*[^\\s{{]{ANY_TEXT})?/"
 
     def split(self, raw: str) -> tuple[str, str | None]:
         s = raw.strip()

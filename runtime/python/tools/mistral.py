@@ -1,5 +1,5 @@
-"""Mistral's calls (7B v0.3, Nemo, Small 3.x templates that render [TOOL_CALLS] then a JSON list of calls):
-[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]. The templates want 9-character alphanumeric call ids."""
+"""Calls as one JSON list after a marker. Mistral (7B v0.3, Nemo): [TOOL_CALLS][{"name": ..., "arguments": {...}},
+...] (the templates want 9-character alphanumeric call ids); Granite 3.x: <|tool_call|>[...] likewise."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ class Mistral(ToolFormat):
         s = super().call_schema(tool)
         return {**s, "properties": {**s["properties"], "id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}}}
 
-    def calls_rules(self, head: str, parallel: bool) -> str:
+    def calls_rules(self, head: str, parallel: bool, spell) -> str:
         more = ' (", " call)*' if parallel else ""
         return f'calls: SP "[" call{more} "]"\nSP: / ?/'
 
@@ -36,6 +36,21 @@ class Mistral(ToolFormat):
 
     def call_id(self) -> str:
         return alnum_id(9)
+
+
+class Granite(Mistral):
+    name = "granite"
+    trigger = "<|tool_call|>"
+
+    @staticmethod
+    def detect(template: str) -> bool:
+        return "<|tool_call|>" in template
+
+    def call_schema(self, tool: dict) -> dict:
+        return ToolFormat.call_schema(self, tool)
+
+    def call_id(self) -> str:
+        return ToolFormat.call_id(self)
 
 
 def whole_items(text: str) -> list:
