@@ -7,9 +7,9 @@ import json
 import secrets
 import string
 
-# one call's JSON spaced as the templates render it (jinja's tojson: json.dumps's ", " and ": "), so the model is
-# held to the very tokens it was trained to write; keys in schema order (name first)
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# one call's JSON is spaced as the templates render it (jinja's tojson: json.dumps's ", " and ": ")
+from ..constrain import JSON_STYLE
+
 ANY_TEXT = r"(.|\n)*"
 
 
