@@ -81,7 +81,7 @@ def package_1b(work: Path) -> Path:
                 (d / f.name).symlink_to(f)
         for f in ("tokenizer.json", "tokenizer_config.json"):
             (d / f).write_text((gguf_vocab(work, "llama-spm") / f).read_text())
-    pkg, why, _ = vs.compile_package(work, d, "q4g32", 1024, "auto")
+    pkg, why, _ = vs.compile_package(work, d, "q4g32", 1024, "quick")
     if pkg is None:
         raise RuntimeError(f"the 1B package did not compile: {why}")
     return pkg
@@ -245,7 +245,7 @@ def mask_cost(rt) -> tuple[float, float, int]:
     from edgellm.runtime.python.constrain import Constraint, grammar_for
 
     c = Constraint(rt, grammar_for({"type": "json_schema", "json_schema": {"schema": SCHEMA}}))
-    ids = rt.encode(json.dumps(INSTANCE, separators=(", ", ": ")), add_special_tokens=False)
+    ids = walk_ids(rt.text.tok, json.dumps(INSTANCE))
     c.mask()   # the first mask compiles the grammar's lexer: a one-off, reported by the decode rows
     ts = []
     for t in ids:
@@ -284,6 +284,10 @@ def main(argv=None):
     import vs_llamacpp as vs
 
     print(f"host: {vs._cpu_name()}")
+    try:
+        import xgrammar  # noqa: F401 - the engine compared with (pip install xgrammar; it pulls in torch)
+    except ImportError:
+        sys.exit("bench/structured.py compares llguidance with xgrammar: pip install xgrammar")
     print("\n1. mask per token while a JSON-schema matcher walks a valid instance (one thread)\n")
     print("| vocabulary | llguidance: us median, p90 | compile ms | xgrammar: us median, p90 | compile ms |")
     print("|---|---|---|---|---|")

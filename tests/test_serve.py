@@ -191,6 +191,10 @@ BAD = [
     ({"messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {"schema": {
         "type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}}, "the output constraint is invalid"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "text only"),
+    # the demo's chat template reads no tools
+    ({"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]}, "no tool support"),
+    ({"messages": MSGS, "tool_choice": "required"}, "tool_choice needs tools"),
+    ({"messages": [{"role": "tool", "content": None}]}, "needs content"),
 ]
 
 
