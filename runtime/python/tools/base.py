@@ -19,9 +19,10 @@ class ToolFormat:
     args_key = "arguments"          # the key of the arguments object in one call's JSON
     max_calls: int | None = None    # 1: the template renders one call per turn
 
-    @staticmethod
-    def detect(template: str) -> bool:
-        raise NotImplementedError
+    @classmethod
+    def detect(cls, template: str) -> bool:
+        """Whether a chat template teaches this format (by default: it writes the trigger)."""
+        return bool(cls.trigger) and cls.trigger in template
 
     # ---- grammar ---------------------------------------------------------------------------------------------------
     def call_schema(self, tool: dict) -> dict:

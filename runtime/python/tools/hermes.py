@@ -11,10 +11,6 @@ class Hermes(ToolFormat):
     name = "hermes"
     trigger = "<tool_call>"
 
-    @staticmethod
-    def detect(template: str) -> bool:
-        return "<tool_call>" in template
-
     def calls_rules(self, head: str, parallel: bool, spell) -> str:
         # the newlines the templates write around the JSON, optional (SmolLM3 writes none)
         one = 'NL call NL "</tool_call>"'

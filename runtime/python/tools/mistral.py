@@ -42,10 +42,6 @@ class Granite(Mistral):
     name = "granite"
     trigger = "<|tool_call|>"
 
-    @staticmethod
-    def detect(template: str) -> bool:
-        return "<|tool_call|>" in template
-
     def call_schema(self, tool: dict) -> dict:
         return ToolFormat.call_schema(self, tool)
 
