@@ -341,3 +341,27 @@ def test_real_templates_without_tools_are_refused(tmp_path, name):
         pytest.skip("real-checkpoint tier: set EDGELLM_REAL=1")
     with pytest.raises(EdgeLLMError, match="no tool support"):
         tool_plan(_real_codec(tmp_path, name), TOOLS)
+
+
+def test_stop_strings_cut_the_raw_text_as_the_c_loop_cuts_its_own(rt):
+    """Tool replies are read from the raw text (special tokens included): stop strings end it where the C loop ends
+    its own text, streamed or whole."""
+    rt.text.config["chat_template"] = FAMILIES["hermes"]
+    ids = rt.encode(rt.text.apply_chat_template(USER), add_special_tokens=False)
+    full = rt.generate(ids, temperature=0, max_new_tokens=60, ignore_eos=True)
+    stop = full.text[len(full.text) // 2:][:4]
+    assert len(stop) == 4 and stop.strip()
+    plain = rt.generate(ids, temperature=0, max_new_tokens=60, ignore_eos=True, stop=[stop])
+    raw = rt.generate(ids, temperature=0, max_new_tokens=60, ignore_eos=True, stop=[stop], _raw_text=True)
+    assert plain.finish_reason == raw.finish_reason == "stop"
+    assert plain.text == full.text[:full.text.index(stop)]
+
+    def text_of(raw_text):   # the raw text holds the special tokens the random model drew; the C text does not
+        for t in ALL_SPECIALS:
+            raw_text = raw_text.replace(t, "")
+        return raw_text
+
+    assert stop not in raw.text and text_of(raw.text) == plain.text
+    pieces = list(rt.context.stream(ids, temperature=0, max_new_tokens=60, ignore_eos=True, stop=[stop],
+                                    _raw_text=True))
+    assert "".join(pieces) == raw.text

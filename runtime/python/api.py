@@ -425,7 +425,7 @@ class Context(_Closes):
         arr = np.ascontiguousarray(ids, dtype=np.int32)
         if _raw_text and not self.runtime.text.available:
             raise InputError("tool calls need the package's tokenizer.json (this package has none)")
-        fallback = _FallbackText(self.runtime, special=_raw_text) if _raw_text or (
+        fallback = _FallbackText(self.runtime, special=_raw_text, stops=stop if _raw_text else None) if _raw_text or (
             not self.runtime.c_text and self.runtime.text.available) else None
         constraint = None
         if response_format is not None or grammar is not None:
@@ -575,26 +575,41 @@ def _chat_message(m) -> bool:
 class _FallbackText:
     """Text of the generated ids for packages without tokenizer.bin (their tokenizer is outside the C tokenizer's
     families): Hugging Face decode of the ids so far, handed out as it grows (held back while it ends in an
-    unfinished character). Stop strings need tokenizer.bin and are refused for such packages."""
+    unfinished character). Stop strings need tokenizer.bin and are refused for such packages.
+    special (tool calls, whose openings may be special tokens): the text of special tokens too, but for those that
+    end the reply; the stop strings are then applied here as the C loop applies them to its own text (the text ends
+    before the first one; what may still become one is held back)."""
 
-    def __init__(self, runtime: Runtime, special: bool = False):
-        self.tok, self.ids, self.done = runtime.text.tok, [], ""
-        # special: the text of special tokens too (tool calls open with some), but for those that end the reply
+    def __init__(self, runtime: Runtime, special: bool = False, stops=None):
+        self.tok, self.ids, self.done, self.stopped = runtime.text.tok, [], "", False
         self.skip, self.end = not special, set(runtime.eos_ids) if special else set()
+        self.stops = [stops] if isinstance(stops, str) else [x for x in (stops or []) if x]
 
-    def push(self, token: int) -> bytes:
-        if token in self.end:
+    def _text(self) -> str:
+        return self.tok.decode(self.ids, skip_special_tokens=self.skip) if self.ids else ""
+
+    def _take(self, text: str, final: bool) -> bytes:
+        cut = min((i for i in (text.find(x) for x in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            text, final, self.stopped = text[:cut], True, True
+        end = len(text)
+        if not final:   # hold back a tail that may still become a stop string
+            end -= max((k for x in self.stops for k in range(min(len(x) - 1, end), 0, -1)
+                        if x.startswith(text[end - k:])), default=0)
+        if not text.startswith(self.done) or end <= len(self.done):
             return b""
-        self.ids.append(token)
-        text = self.tok.decode(self.ids, skip_special_tokens=self.skip)
-        if text.endswith("\ufffd") or not text.startswith(self.done):
-            return b""
-        piece, self.done = text[len(self.done):], text
+        piece, self.done = text[len(self.done):end], text[:end]
         return piece.encode()
 
+    def push(self, token: int) -> bytes:
+        if token in self.end or self.stopped:
+            return b""
+        self.ids.append(token)
+        text = self._text()
+        return b"" if text.endswith("\ufffd") else self._take(text, False)
+
     def flush(self) -> bytes:
-        text = self.tok.decode(self.ids, skip_special_tokens=self.skip) if self.ids else ""
-        return text[len(self.done):].encode() if text.startswith(self.done) else b""
+        return b"" if self.stopped else self._take(self._text(), True)
 
 
 @contextmanager
