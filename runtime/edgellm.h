@@ -252,6 +252,13 @@ int el_generate_next(el_context* c, el_event* ev);
  * called again. With speculation the draw picks among the drafts as usual: a draft the mask forbids is never
  * taken. */
 int el_generate_constrain(el_context* c, const uint32_t* allowed, int n_words);
+/* The constraint's check of a verify pass's drafts, before the pass: filter(user, ids, parents, n, keep) sees the
+ * n drafts (draft i follows node parents[i]: 0 is the token just sampled, j > 0 draft j - 1) and sets keep[i] to 1
+ * for those the constraint allows after their path; the others, and what follows them, are dropped, so the pass's
+ * rows go to drafts that can be taken (a nonzero return keeps them all). For this generation (el_generate_start
+ * clears it); NULL: none. */
+typedef int (*el_draft_filter)(void* user, const int32_t* ids, const int32_t* parents, int n, uint8_t* keep);
+int el_generate_filter_drafts(el_context* c, el_draft_filter filter, void* user);
 void el_generate_result(const el_context* c, el_gen_result* out);
 
 /* The loop in one call: on_event (may be NULL) sees every event; returning nonzero cancels. */

@@ -200,6 +200,8 @@ typedef struct {
   /* an output constraint's allowed tokens for the next draw (el_generate_constrain): a bit per token */
   uint32_t* mask;
   int mask_on;
+  el_draft_filter draft_filter; /* the constraint's check of a pass's drafts (el_generate_filter_drafts) */
+  void* filter_user;
   int spec_wait, spec_backoff; /* auto: plain steps left before drafting again, and the next wait after a miss */
   double spec_t_decode, spec_t_verify; /* auto: running averages of a plain step's and a verify pass's seconds */
   /* the draft model (el_gen_params.draft): the ids its context holds (their prefix shared with hist is valid), and

@@ -136,6 +136,7 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   const char* const* stop_strings = g->p.stop_strings;
   g->p = *p;
   g->p.stop_ids = stop_ids, g->p.stop_strings = stop_strings;
+  g->mask_on = 0, g->draft_filter = NULL, g->filter_user = NULL; /* a constraint is one generation's */
   int max = (int)m->h.max_ctx;
   int cached = p->n_cached;
   int start = p->keep_context ? c->pos - cached : 0; /* where the prompt's first id sits */
@@ -310,6 +311,32 @@ EL_API int el_generate_constrain(el_context* c, const uint32_t* allowed, int n_w
   return rc;
 }
 
+EL_API int el_generate_filter_drafts(el_context* c, el_draft_filter filter, void* user) {
+  if (!c) return el_error("el_generate_filter_drafts: context is NULL");
+  pthread_mutex_lock(&c->mu);
+  c->gen.draft_filter = filter, c->gen.filter_user = user;
+  pthread_mutex_unlock(&c->mu);
+  return 0;
+}
+
+/* The pass's drafts the constraint allows (a parent precedes its children), compacted in place; the count. */
+static int filter_drafts(el_gen* g, int k) {
+  int32_t parent[EL_MAX_DRAFT], where[EL_MAX_DRAFT + 1]; /* where: old node -> new node, -1 dropped */
+  uint8_t keep[EL_MAX_DRAFT];
+  for (int i = 0; i < k; i++) parent[i] = g->spec_parent[i + 1], keep[i] = 0;
+  if (g->draft_filter(g->filter_user, g->spec_draft, parent, k, keep) != 0) return k;
+  int n = 0;
+  where[0] = 0;
+  for (int i = 0; i < k; i++) {
+    int p = where[parent[i]];
+    where[i + 1] = -1;
+    if (!keep[i] || p < 0) continue;
+    g->spec_draft[n] = g->spec_draft[i], g->spec_parent[n + 1] = p, g->spec_src[n + 1] = g->spec_src[i + 1];
+    where[i + 1] = ++n;
+  }
+  return n;
+}
+
 EL_API int el_generate_next(el_context* c, el_event* ev) {
   if (!c || !ev) return el_error("el_generate_next: context or event is NULL");
   memset(ev, 0, sizeof *ev);
@@ -343,6 +370,7 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
       if (g->spec_n) el_spec_settle(g, g->spec_taken);
       g->spec_n = g->spec_at = g->spec_taken = 0;
       int k = el_spec_draft(c, g);
+      if (k > 0 && g->draft_filter) k = filter_drafts(g, k);
       if (k > 0) {
         int32_t ids[EL_MAX_DRAFT + 1];
         ids[0] = last;

@@ -459,6 +459,11 @@ class Context(_Closes):
                 self._kv = None   # unknown until the run ends
                 if self._lib.el_generate_start(h, arr.ctypes.data_as(L.I32P), arr.size, C.byref(params)) != 0:
                     raise InputError(L.last_error())
+                if constraint is not None:   # drafts the constraint refuses are dropped before their pass
+                    check = L.DraftFilter(lambda _u, ids, parents, n, keep: constraint.allowed_drafts(
+                        ids, parents, n, keep))
+                    keep.append(check)
+                    self._lib.el_generate_filter_drafts(h, C.cast(check, C.c_void_p), None)
                 ev = L.Event()
                 while True:
                     if constraint is not None:   # the allowed tokens of this draw
@@ -495,6 +500,8 @@ class Context(_Closes):
                                   "cancelled", prefill_s=res.prefill_seconds, decode_s=res.decode_seconds,
                                   ttft_s=res.ttft_seconds, n_decoded=res.decoded_tokens)
             finally:
+                if constraint is not None and self._h is not None:
+                    self._lib.el_generate_filter_drafts(self._h, None, None)   # before the callback is freed
                 del keep
                 if self._closing:
                     self._free()

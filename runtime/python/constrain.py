@@ -115,6 +115,22 @@ class Constraint:
             raise InputError(f"the output constraint failed: {self.matcher.get_error().splitlines()[0]}")
         return self.bits.ctypes.data_as(C.POINTER(C.c_uint32)), self.words
 
+    def allowed_drafts(self, ids, parents, n, keep) -> int:
+        """el_draft_filter: keep[i] = 1 where the matcher takes draft i after its path (the drafts from the token
+        just sampled, which it has taken, to i), without moving the matcher."""
+        try:
+            paths: list[list[int] | None] = [[]]   # node 0: the sampled token
+            for i in range(n):
+                up = paths[parents[i]] if 0 <= parents[i] <= i else None
+                path = None if up is None else up + [ids[i]]
+                if path is not None and self.matcher.validate_tokens(path) != len(path):
+                    path = None
+                paths.append(path)
+                keep[i] = path is not None
+            return 0
+        except Exception:  # noqa: BLE001 - never raise into C: the pass then keeps its drafts (the mask still holds)
+            return 1
+
     def accept(self, token: int) -> None:
         if not self.matcher.consume_token(int(token)):
             raise InputError(f"the output constraint refused token {token}: "

@@ -83,6 +83,8 @@ STRUCTS = {"el_load_options": LoadOptions, "el_gen_params": GenParams, "el_event
            "el_memory_plan": MemoryPlan}
 
 P, I32P, F32P = C.c_void_p, C.POINTER(C.c_int32), C.POINTER(C.c_float)
+# el_draft_filter: (user, ids, parents, n, keep) -> 0
+DraftFilter = C.CFUNCTYPE(C.c_int, C.c_void_p, I32P, I32P, C.c_int, C.POINTER(C.c_uint8))
 _SIGS = {
     "el_last_error": (C.c_char_p, []),
     "el_version": (C.c_char_p, []),
@@ -126,6 +128,7 @@ _SIGS = {
     "el_verify_take_node": (C.c_int, [P, C.c_int]),
     "el_verify_node": (C.c_int, [P]),
     "el_generate_constrain": (C.c_int, [P, C.POINTER(C.c_uint32), C.c_int]),
+    "el_generate_filter_drafts": (C.c_int, [P, C.c_void_p, C.c_void_p]),
     "el_gen_params_default": (None, [P, C.POINTER(GenParams)]),
     "el_generate_start": (C.c_int, [P, I32P, C.c_int, C.POINTER(GenParams)]),
     "el_generate_next": (C.c_int, [P, C.POINTER(Event)]),
