@@ -97,7 +97,9 @@ def test_quantized_package_matches_oracle(ckpts, packages, name, quant):
     head = "q8" if get_scheme(quant).default_head == "q8" else quant
     ref = QuantizedModel(spec, ck.get, get_scheme(quant), get_scheme(head))
     with edgellm.Runtime.load(packages(name, quant), threads=2) as rt:
-        assert relerr(rt.logits(PROMPT), ref.logits(PROMPT)) < TOL
+        # t2 re-quantizes every projection's input per token: rounding-edge flips compound as in the BitNet oracle
+        # test (tests/test_quant_packages.py), 1e-2 of the range (0.0045 measured on a Zen 3 AVX2 host)
+        assert relerr(rt.logits(PROMPT), ref.logits(PROMPT)) < (1e-2 if quant == "t2" else TOL)
         assert greedy(rt) == ref.greedy(PROMPT, N_NEW)
 
 
