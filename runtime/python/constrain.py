@@ -100,8 +100,8 @@ class Constraint:
 
     def __init__(self, runtime, grammar: str):
         g = _engine()
-        check(runtime, grammar)
         self._g = g
+        # the matcher reports what validate_grammar would (is_error below): the grammar is not checked twice
         self.matcher = g.LLMatcher(engine_tokenizer(runtime), grammar, log_level=0)
         if self.matcher.is_error():
             raise InputError(f"the output constraint is invalid: {self.matcher.get_error().splitlines()[0]}")

@@ -3,6 +3,7 @@ C tokenizer of tokenizer.bin when there is no tokenizer.json) and chat templates
 Generated text comes from the C generation loop (runtime/core/generate.c), not from here."""
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from pathlib import Path
@@ -80,15 +81,8 @@ class TextCodec:
         """Whether the chat template reads `tools` (or SmolLM3's `xml_tools`): without that it has no tool support."""
         return bool(self._template_vars(self.template_source(tools=True)) & {"tools", "xml_tools"})
 
-    def _template_vars(self, tmpl: str | None) -> set:
-        if not tmpl:
-            return set()
-        from jinja2 import meta
-
-        try:
-            return set(meta.find_undeclared_variables(template_env().parse(tmpl)))
-        except Exception:  # noqa: BLE001 - a template that does not parse fails when rendered, with the reason
-            return set()
+    def _template_vars(self, tmpl: str | None) -> frozenset:
+        return _template_vars(tmpl) if tmpl else frozenset()
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
@@ -126,3 +120,14 @@ class TextCodec:
                              f"({first_line(e)})") from None
         except Exception as e:  # noqa: BLE001 - a template may fail in any way; it is the package's data
             raise InputError(f"the package's chat template failed: {type(e).__name__}: {first_line(e)}") from None
+
+
+@functools.lru_cache(maxsize=16)
+def _template_vars(tmpl: str) -> frozenset:
+    """The variables a chat template reads (parsed once per template: each tool request asks twice)."""
+    from jinja2 import meta
+
+    try:
+        return frozenset(meta.find_undeclared_variables(template_env().parse(tmpl)))
+    except Exception:  # noqa: BLE001 - a template that does not parse fails when rendered, with the reason
+        return frozenset()
