@@ -158,6 +158,8 @@ struct el_model {
   int expert_predict;     /* el_load_options.expert_predict */
   char device_note[512];  /* the device a GPU backend runs on, for el_model_device */
   int verified;           /* loaded with a digest: run only what SHA256SUMS covers (no cached GPU binaries) */
+  uint8_t package_digest[32]; /* sha256 of SHA256SUMS (has_digest): what a saved context is checked against */
+  int has_digest;
   uint32_t* routing;      /* routing.bin: per weight, calibration selections (NULL: none) */
   int n_threads;
   pthread_mutex_t mu; /* guards refs / freed */
@@ -192,6 +194,7 @@ typedef struct {
   int32_t spec_parent[EL_MAX_DRAFT + 1];
   uint8_t spec_src[EL_MAX_DRAFT + 1];
   int spec_n, spec_at, spec_taken;
+  int spec_shadow; /* auto: drafts built but not verified (they would not pay); the next sample still rates them */
   /* token recycling (speculate.c): per token, the REC_K likeliest next ids of the last logits row computed after it
    * (-1: none yet), kept across generations; and per draft source, how often its drafts were offered and taken */
   int32_t* rec_next;
@@ -203,7 +206,9 @@ typedef struct {
   el_draft_filter draft_filter; /* the constraint's check of a pass's drafts (el_generate_filter_drafts) */
   void* filter_user;
   int spec_wait, spec_backoff; /* auto: plain steps left before drafting again, and the next wait after a miss */
-  double spec_t_decode, spec_t_verify; /* auto: running averages of a plain step's and a verify pass's seconds */
+  /* auto: running averages of a plain step's and a verify pass's seconds (kept across generations: they are the
+   * package's and the host's, not the text's) */
+  double spec_t_decode, spec_t_verify;
   /* the draft model (el_gen_params.draft): the ids its context holds (their prefix shared with hist is valid), and
    * its logits */
   el_context* draft_ctx;
@@ -264,6 +269,8 @@ EL_HIDDEN void el_spec_settle(el_gen* g, int taken);
 EL_HIDDEN void el_spec_observe(el_gen* g, int32_t id, const float* logits, int vocab);
 /* The sample drawn at node spec_at: the child it takes (> 0) or 0, with every child's source counted. */
 EL_HIDDEN int el_spec_child(el_gen* g, int32_t sampled);
+/* auto: the sample drawn after drafts that were built but not verified rates their sources as if they had been. */
+EL_HIDDEN void el_spec_shadow(el_gen* g, int32_t sampled);
 EL_HIDDEN void el_spec_time(double* avg, double seconds);
 /* sampler.c: the one check of sampling parameters (0 or -1 with el_error set), and a sampler's heap bytes */
 EL_HIDDEN int el_check_sampling(const el_sampler_params* p);

@@ -184,12 +184,11 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   memcpy(g->hist, prompt, sizeof(int32_t) * (size_t)n);
   g->n_hist = g->n_prompt = n;
   g->n_gen = g->pending = g->n_decoded = 0;
-  g->spec_n = g->spec_at = g->spec_taken = g->spec_wait = g->spec_backoff = 0;
+  g->spec_n = g->spec_at = g->spec_taken = g->spec_wait = g->spec_backoff = g->spec_shadow = 0;
   g->mask_on = 0;
   g->recycling = width >= 2 && (p->speculate == EL_SPECULATE_RECYCLE ||
                                 (p->speculate == EL_SPECULATE_AUTO && el_spec_trees(m)));
   memset(g->src_offered, 0, sizeof g->src_offered), memset(g->src_taken, 0, sizeof g->src_taken);
-  g->spec_t_decode = g->spec_t_verify = 0;
   g->draft_passes = g->draft_wait = g->draft_backoff = 0;
   g->finish = EL_FINISH_NONE;
   g->text_len = g->emitted = 0;
@@ -371,14 +370,15 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
       g->spec_n = g->spec_at = g->spec_taken = 0;
       int k = el_spec_draft(c, g);
       if (k > 0 && g->draft_filter) k = filter_drafts(g, k);
+      double t1 = el_now(); /* the pass's own time, without drafting's, is what auto weighs a pass at */
       if (k > 0) {
         int32_t ids[EL_MAX_DRAFT + 1];
         ids[0] = last;
         memcpy(ids + 1, g->spec_draft, sizeof(int32_t) * (size_t)k);
         g->spec_parent[0] = -1;
         if (el_verify_locked(c, ids, g->spec_parent, k + 1, g->spec_logits) != 0) goto out;
-        g->spec_t_pass = el_now() - t0; /* drafting included */
-        el_spec_time(&g->spec_t_verify, g->spec_t_pass);
+        g->spec_t_pass = el_now() - t0; /* drafting included: what a draft model's pass costs */
+        el_spec_time(&g->spec_t_verify, el_now() - t1);
         g->spec_n = k;
         memcpy(g->logits, g->spec_logits, row);
         for (int i = 0; i <= k; i++) el_spec_observe(g, ids[i], g->spec_logits + (size_t)i * m->h.vocab, (int)m->h.vocab);
@@ -395,6 +395,7 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
   if (g->mask_on && apply_mask(g, (int)m->h.vocab) != 0) goto out;
   int32_t t = el_sample(g->sampler, g->logits, (int)m->h.vocab, g->hist, g->n_hist, g->n_prompt);
   if (t < 0) goto out;
+  if (g->spec_shadow) el_spec_shadow(g, t);
   if (g->n_gen == 0) g->ttft_s = el_now() - g->t_start;
   ev->token = t;
   ev->logits = g->logits;
