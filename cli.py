@@ -2,6 +2,7 @@
 `compile` (run/info/targets stay light)."""
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -214,10 +215,13 @@ def describe_sampling(defaults: dict, given: dict) -> str:
               help="constrain the output to JSON valid against the schema in this file")
 @click.option("--grammar", type=click.Path(dir_okay=False), default=None,
               help="constrain the output to a grammar in this file: Lark (llguidance's), or GBNF if it ends in .gbnf")
+@click.option("--prompt-cache", type=click.Path(dir_okay=False), default=None,
+              help="a saved context: loaded first, so the start of the prompt it holds is not prefilled again, and "
+              "saved after the run (created when missing; only from this package, with the same load settings)")
 @_sampling_options
-def run_cmd(package, model, prompt, ids, quant, quiet, json_out, json_schema, grammar, max_new_tokens, temperature,
-            top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty, seed, stop, ignore_eos,
-            **load):
+def run_cmd(package, model, prompt, ids, quant, quiet, json_out, json_schema, grammar, prompt_cache, max_new_tokens,
+            temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty, seed, stop,
+            ignore_eos, **load):
     """Generate text from PACKAGE (or --model, default: the bundled demo), streaming it to stdout; a tok/s summary
     goes to stderr. Sampling options not given come from the package (its generation_config.json), as in
     Runtime.generate and bin/edgellm-run: the same arguments and seed give the same tokens everywhere."""
@@ -255,13 +259,20 @@ def run_cmd(package, model, prompt, ids, quant, quiet, json_out, json_schema, gr
         r: dict = {}
         if echo:
             sys.stdout.write(prompt)
+        if prompt_cache and os.path.exists(prompt_cache):
+            rt.context.load(prompt_cache)
         for piece in rt.stream(prompt, max_new_tokens=max_new_tokens, seed=seed, stop=list(stop),
-                               ignore_eos=ignore_eos, _result=r, **constrain, **given):
+                               ignore_eos=ignore_eos, _result=r, reuse_prefix=bool(prompt_cache), **constrain, **given):
             sys.stdout.write(piece)
             sys.stdout.flush()
         click.echo()
+        if prompt_cache:
+            rt.context.save(prompt_cache)
         if quiet:
             return
+        if prompt_cache:
+            click.echo(f"[prompt cache {prompt_cache}: {r['cached_tokens']} of {r['prompt_tokens']} prompt tokens "
+                       f"were in it; it now holds {rt.context.pos}]", err=True)
         pf = r["prompt_tokens"] / r["prefill_s"] if r["prefill_s"] else 0.0
         dc = r["n_decoded"] / r["decode_s"] if r["decode_s"] else 0.0
         click.echo(f"[{r['prompt_tokens']} prompt tokens, {len(r['ids'])} generated ({r['finish_reason']}); "

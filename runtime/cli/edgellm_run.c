@@ -24,13 +24,15 @@
 
 #define USAGE                                                                                                       \
   "usage: edgellm-run PKG (-p TEXT | --ids 1,2,3) [generation options] [--stop STR ...] [--print-ids]\n"        \
-  "                   [--dump-logits FILE] [load options]\n"                                                   \
+  "                   [--dump-logits FILE] [--prompt-cache FILE] [load options]\n"                             \
   "  PKG                  package directory (made by `edgellm compile`)\n"                                      \
   "  -p, --prompt TEXT    prompt text (needs PKG/tokenizer.bin)\n"                                              \
   "  --ids LIST           prompt as token ids, comma- or space-separated\n"                                     \
   "  --stop STR           stop at this text (repeatable; the text never contains it)\n"                         \
   "  --print-ids          print the generated ids (space-separated) instead of text\n"                          \
   "  --dump-logits FILE   write the logits of every sampling step (vocab float32 rows, raw) to FILE\n"        \
+  "  --prompt-cache FILE  a saved context: loaded first (the start of the prompt it holds is not prefilled\n"   \
+  "                       again), saved after the run (created when missing; same package and settings)\n"    \
   "  --version            print the runtime version\n"                                                          \
   "generation options (sampling options not given come from the package's generation_config.json, else greedy;\n" \
   "the same table as edgellm run and Runtime.generate: runtime/python/options.py):\n"                           \
@@ -175,7 +177,7 @@ static int parse_ids(const char* s, int32_t** out) {
 }
 
 int main(int argc, char** argv) {
-  const char *pkg = NULL, *prompt = NULL, *ids_arg = NULL, *dump_path = NULL, *draft_path = NULL;
+  const char *pkg = NULL, *prompt = NULL, *ids_arg = NULL, *dump_path = NULL, *draft_path = NULL, *cache_path = NULL;
   const char* stops[MAX_STOPS];
   int n_stops = 0, print_ids = 0;
   el_load_options opt;
@@ -209,6 +211,9 @@ int main(int argc, char** argv) {
       print_ids = 1;
     } else if (!strcmp(a, "--dump-logits")) {
       NEED_VALUE dump_path = v;
+    } else if (!strcmp(a, "--prompt-cache")) {
+      NEED_VALUE if (!*v) return usage_error("%s", "--prompt-cache needs a file name");
+      cache_path = v;
     } else if (!strcmp(a, "--speculate") && v && strcmp(v, "off") && strcmp(v, "auto") && strcmp(v, "ngram") &&
                strcmp(v, "recycle")) {
       struct stat st_draft;
@@ -250,7 +255,7 @@ int main(int argc, char** argv) {
   int rc = 1;
   el_model *m = NULL, *dm = NULL;
   el_context *c = NULL, *draft_c = NULL;
-  int32_t* ids = NULL;
+  int32_t *ids = NULL, *held = NULL; /* held: the ids the context holds (--prompt-cache) */
   FILE* dump = NULL;
   /* ONNX Runtime's libraries: the NPU backend reads EDGELLM_ORT_LIB / EDGELLM_QNN_EP_LIB / EDGELLM_QNN_BACKEND */
   /* Qualcomm's HTP libraries print a banner on stdout when they load; the generated text owns stdout here. */
@@ -318,6 +323,26 @@ int main(int argc, char** argv) {
     gp.draft = draft_c;
   }
 
+  int max_ctx = el_max_context(m), n_held = 0, cached = 0;
+  if (cache_path && !(held = malloc(sizeof *held * (size_t)max_ctx))) {
+    fail("out of memory");
+    goto done;
+  }
+  struct stat st_cache;
+  if (cache_path && stat(cache_path, &st_cache) == 0) { /* what it holds of the prompt is not prefilled again */
+    if ((n_held = el_context_load(c, cache_path, held, max_ctx)) < 0) {
+      fail("--prompt-cache");
+      goto done;
+    }
+    while (cached < n_held && cached < n_prompt - 1 && held[cached] == ids[cached]) cached++;
+    if (cached && cached < el_rewind_floor(c)) cached = 0; /* window caches no longer hold what it needs */
+    if (cached && el_rewind(c, cached) != 0) {
+      fail("--prompt-cache");
+      goto done;
+    }
+    gp.keep_context = cached > 0, gp.n_cached = cached;
+  }
+
   /* the loop is el_generate's; this only prints what it hands out */
   if (el_generate_start(c, ids, n_prompt, &gp) != 0) {
     fail("cannot start the generation");
@@ -335,7 +360,9 @@ int main(int argc, char** argv) {
       fprintf(stderr, "edgellm-run: error: cannot write %s: %s\n", dump_path, strerror(errno));
       goto done;
     }
-    if (r == 1 && print_ids) printf(n_out++ ? " %d" : "%d", (int)ev.token);
+    if (r == 1 && print_ids) printf(n_out ? " %d" : "%d", (int)ev.token);
+    if (r == 1 && held && n_prompt + n_out < max_ctx) held[n_prompt + n_out] = ev.token;
+    n_out += r == 1;
     if (!print_ids && ev.text_len) fwrite(ev.text, 1, (size_t)ev.text_len, stdout);
     fflush(stdout);
     if (r == 0 || ev.finish) break;
@@ -349,6 +376,15 @@ int main(int argc, char** argv) {
       fprintf(stderr, "edgellm-run: error: cannot write %s: %s\n", dump_path, strerror(errno));
       goto done;
     }
+  }
+  if (cache_path) { /* the prompt and the reply, as the context holds them */
+    memcpy(held, ids, sizeof *held * (size_t)n_prompt);
+    if (el_context_save(c, cache_path, held, el_pos(c)) != 0) {
+      fail("--prompt-cache");
+      goto done;
+    }
+    fprintf(stderr, "[prompt cache %s: %d of %d prompt tokens were in it; it now holds %d]\n", cache_path, cached,
+            n_prompt, el_pos(c));
   }
   el_gen_result res;
   el_generate_result(c, &res);
@@ -400,5 +436,6 @@ done:
   el_context_free(draft_c);
   el_model_free(dm);
   free(ids);
+  free(held);
   return rc;
 }

@@ -114,6 +114,24 @@ static int open_store(el_model* m, const char* weights_path, const el_load_optio
   return m->store ? 0 : el_error("%s", err);
 }
 
+/* The package's digest (sha256 of SHA256SUMS; none for a package without one), which saved contexts carry. */
+static int package_digest(el_model* m, const char* dir) {
+  char path[4096];
+  struct stat st;
+  if (join(path, sizeof path, dir, EL_FILE_SUMS) != 0) return -1;
+  if (stat(path, &st) != 0) return 0;
+  size_t n;
+  char* sums = el_read_small_file(path, "SHA256SUMS", 1u << 20, &n);
+  if (!sums) return -1;
+  el_sha256 s;
+  el_sha256_init(&s);
+  el_sha256_update(&s, sums, n);
+  el_sha256_final(&s, m->package_digest);
+  free(sums);
+  m->has_digest = 1;
+  return 0;
+}
+
 EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   if (!dir) return el_error("el_model_load: package_dir is NULL"), NULL;
   el_load_options defaults;
@@ -143,6 +161,7 @@ EL_API el_model* el_model_load(const char* dir, const el_load_options* opt) {
   if (el_plan_read(m) != 0 || el_weight_order(m) != 0) goto fail;
   /* the backends' own options: names checked here, values theirs (a set one the package has no backend for fails) */
   if (el_backend_options_parse(m, opt->backend_options) != 0) goto fail;
+  if (package_digest(m, dir) != 0) goto fail;
   m->memory_budget = opt->memory_budget;
   m->plan_only = opt->plan_only;
   for (int i = 0; i < EL_N_SETTINGS; i++) m->settings[i] = -1; /* the package's defaults */

@@ -224,6 +224,34 @@ class Context(_Closes):
         that token is not handed on. No-op when none runs."""
         self._cancel.set()
 
+    def save(self, path) -> None:
+        """Save what this context holds (its KV cache rows, position and token ids) to `path`, atomically: a killed
+        process leaves the old file or the new one. load() in a context of the same package (same load settings)
+        continues from there without prefilling it again; CPU packages."""
+        with self._lock.hold():
+            h = self._handle()
+            if self._kv is None:
+                raise InputError("this context's token ids are unknown (a call failed midway): reset it first")
+            ids = np.asarray(self._kv, np.int32)
+            self._call(self._lib.el_context_save(h, os.fsencode(os.fspath(path)), ids.ctypes.data_as(L.I32P), ids.size))
+
+    def load(self, path) -> int:
+        """Replace what this context holds with a state save() wrote from the same package and load settings; returns
+        the tokens it now holds (generate(..., reuse_prefix=True) skips them where a prompt starts with them).
+        Another package or settings, a damaged or truncated file: InputError, and the context is left as it was or
+        empty, never half-loaded."""
+        ids = np.empty(self.runtime.max_context, np.int32)
+        with self._lock.hold():
+            h = self._handle()
+            n = self._lib.el_context_load(h, os.fsencode(os.fspath(path)), ids.ctypes.data_as(L.I32P), ids.size)
+            if n < 0:
+                err = L.last_error()
+                if self._lib.el_pos(h) == 0:
+                    self._kv = []
+                raise InputError(err)
+            self._kv = ids[:n].tolist()
+        return n
+
     @property
     def cached(self) -> list[int]:
         """The token ids this context's KV cache holds (what a reuse_prefix generation can skip)."""

@@ -120,6 +120,8 @@ _SIGS = {
     "el_reset": (C.c_int, [P]),
     "el_rewind": (C.c_int, [P, C.c_int]),
     "el_rewind_floor": (C.c_int, [P]),
+    "el_context_save": (C.c_int, [P, C.c_char_p, I32P, C.c_int]),
+    "el_context_load": (C.c_int, [P, C.c_char_p, I32P, C.c_int]),
     "el_prefill": (C.c_int, [P, I32P, C.c_int, F32P, C.c_int]),
     "el_decode": (C.c_int, [P, C.c_int32, F32P]),
     "el_verify": (C.c_int, [P, I32P, C.c_int, F32P]),
