@@ -153,13 +153,15 @@ int el_rewind(el_context* c, int n);
 /* The lowest n besides 0 el_rewind accepts: sliding-window layers keep only the keys their window still needs
  * (0 for packages without window caches, and until a conversation passes such a cache's rows). */
 int el_rewind_floor(const el_context* c);
-/* Saves the context's state to path: its KV cache rows, position and the ids it holds (n_ids == el_pos, the ids the
- * caller fed it), written atomically (a temporary file renamed over path). CPU packages with a SHA256SUMS. */
-int el_context_save(el_context* c, const char* path, const int32_t* ids, int n_ids);
+/* The token ids the context holds (position 0 on), up to cap of them into out; returns el_pos. */
+int el_context_tokens(const el_context* c, int32_t* out, int cap);
+/* Saves the context's state to path: its KV cache rows, position and token ids, written atomically (a temporary file
+ * renamed over path). CPU packages with a SHA256SUMS. */
+int el_context_save(el_context* c, const char* path);
 /* Loads a state saved from the same package with the same load settings into c, replacing what it held; returns
- * the ids it holds (their count, <= cap, is the new el_pos) or -1: another package or settings, a damaged or
+ * the tokens it now holds (el_pos; el_context_tokens reads them) or -1: another package or settings, a damaged or
  * truncated file (the context is then left empty, never half-loaded). Cancels a generation in progress. */
-int el_context_load(el_context* c, const char* path, int32_t* ids, int cap);
+int el_context_load(el_context* c, const char* path);
 
 /* Appends n tokens (chunks of el_chunk(), the last padded and masked). logits may be NULL; all_logits: [n, vocab]
  * floats, else the last row [vocab]. Fails and changes nothing if pos + n > max context or n <= 0. */

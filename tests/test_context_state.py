@@ -59,6 +59,22 @@ def test_a_loaded_context_continues_bit_for_bit(which, request, tmp_path):
         assert got.cached_tokens == len(held) and got.token_ids == want.token_ids
 
 
+@pytest.mark.parametrize("speculate", ["off", "recycle"])
+def test_the_context_knows_its_tokens(demo_q8, speculate):
+    """The C context keeps the id at each position (el_context_tokens: what a save writes), through prefill, decode,
+    and verify passes whose tree rows it takes, and a rewind; they are the ids Python fed it."""
+    with edgellm.Runtime.load(demo_q8, threads=2) as rt:
+        ctx = rt.new_context()
+        p = rt.encode("def add(a, b):\n    return a + b\n\ndef add(a, b):\n")
+        r = ctx.generate(p, max_new_tokens=40, temperature=0, ignore_eos=True, speculate=speculate)
+        if speculate != "off":
+            assert ctx.stats()["spec_accepted"] > 0
+        assert ctx._tokens(ctx._handle()) == ctx.cached == p + r.token_ids[:-1]
+        ctx.rewind(10)
+        ctx.decode_step(5)
+        assert ctx._tokens(ctx._handle()) == p[:10] + [5]
+
+
 def test_bad_files_are_refused_in_one_line(demo_q8, gemma2, tmp_path):
     with edgellm.Runtime.load(demo_q8, threads=2) as rt:
         ctx = rt.new_context()

@@ -330,7 +330,7 @@ int main(int argc, char** argv) {
   }
   struct stat st_cache;
   if (cache_path && stat(cache_path, &st_cache) == 0) { /* what it holds of the prompt is not prefilled again */
-    if ((n_held = el_context_load(c, cache_path, held, max_ctx)) < 0) {
+    if ((n_held = el_context_load(c, cache_path)) < 0 || el_context_tokens(c, held, max_ctx) != n_held) {
       fail("--prompt-cache");
       goto done;
     }
@@ -360,9 +360,7 @@ int main(int argc, char** argv) {
       fprintf(stderr, "edgellm-run: error: cannot write %s: %s\n", dump_path, strerror(errno));
       goto done;
     }
-    if (r == 1 && print_ids) printf(n_out ? " %d" : "%d", (int)ev.token);
-    if (r == 1 && held && n_prompt + n_out < max_ctx) held[n_prompt + n_out] = ev.token;
-    n_out += r == 1;
+    if (r == 1 && print_ids) printf(n_out++ ? " %d" : "%d", (int)ev.token);
     if (!print_ids && ev.text_len) fwrite(ev.text, 1, (size_t)ev.text_len, stdout);
     fflush(stdout);
     if (r == 0 || ev.finish) break;
@@ -378,8 +376,7 @@ int main(int argc, char** argv) {
     }
   }
   if (cache_path) { /* the prompt and the reply, as the context holds them */
-    memcpy(held, ids, sizeof *held * (size_t)n_prompt);
-    if (el_context_save(c, cache_path, held, el_pos(c)) != 0) {
+    if (el_context_save(c, cache_path) != 0) {
       fail("--prompt-cache");
       goto done;
     }

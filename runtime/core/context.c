@@ -139,6 +139,7 @@ EL_API void el_context_free(el_context* c) {
   if (c->arena) munmap(c->arena, c->arena_map);
   if (c->caches) munmap(c->caches, c->caches_map);
   free(c->kv_base);
+  free(c->ids);
   pthread_mutex_destroy(&c->mu);
   free(c);
   el_model_unref(m);
@@ -169,7 +170,8 @@ EL_API el_context* el_context_new(el_model* m, int n_threads) {
     goto fail;
   }
   c->caches_map = (size_t)m->kv_offset[2 * (size_t)h->n_layers];
-  if (!(c->kv_base = calloc(h->n_layers ? h->n_layers : 1, sizeof *c->kv_base))) {
+  if (!(c->kv_base = calloc(h->n_layers ? h->n_layers : 1, sizeof *c->kv_base)) ||
+      !(c->ids = calloc(h->max_ctx ? h->max_ctx : 1, sizeof *c->ids))) {
     el_error("out of memory");
     goto fail;
   }
@@ -265,6 +267,7 @@ int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, i
     return el_error("prompt of %d tokens does not fit: context is at %d of %d; reset the context or shorten the "
                     "prompt", n, c->pos, max);
   if (check_ids(m, ids, n) != 0) return -1;
+  memcpy(c->ids + c->pos, ids, sizeof(int32_t) * (size_t)n); /* past pos until it succeeds: stale, as cache rows */
   double t0 = el_now();
   int start = c->pos, valid = 0;
   if (m->staged_prefill) {
@@ -355,6 +358,7 @@ int el_decode_locked(el_context* c, int32_t id, float* logits) {
   }
   if (c->kv_high < c->pos + 1) c->kv_high = c->pos + 1;
   if (logits) memcpy(logits, c->arena + p->out_offset, p->out_row_bytes);
+  c->ids[c->pos] = id;
   c->pos += 1;
   c->stats.decode_seconds += el_now() - t0;
   c->stats.decode_tokens += 1;
@@ -405,6 +409,8 @@ int el_verify_locked(el_context* c, const int32_t* ids, const int32_t* parents, 
   for (int r = 0; r < n; r++)
     memcpy(logits + (size_t)r * m->h.vocab, c->arena + p->out_offset + r * p->out_row_bytes, p->out_row_bytes);
   memcpy(c->spec_parent, parent, sizeof(int32_t) * (size_t)n);
+  memcpy(c->spec_ids, ids, sizeof(int32_t) * (size_t)n);
+  c->ids[c->pos] = ids[0];
   c->spec_root = c->pos;
   c->spec_node = 0;
   c->pos += 1;
@@ -439,6 +445,7 @@ int el_verify_accept(el_context* c, int node) {
                     node, c->spec_open ? "other drafts" : "none");
   if (c->spec_root + node != c->pos && kv_copy_row(c, c->spec_root + node, c->pos) != 0) return -1;
   c->spec_node = node;
+  c->ids[c->pos] = c->spec_ids[node];
   c->pos += 1;
   c->stats.decode_tokens += 1;
   c->stats.spec_accepted += 1;
@@ -542,6 +549,16 @@ EL_API int el_rewind(el_context* c, int n) {
   if (!rc && c->gen.active && !c->gen.finish) c->gen.finish = EL_FINISH_CANCELLED;
   pthread_mutex_unlock(&c->mu);
   return rc;
+}
+
+EL_API int el_context_tokens(const el_context* c, int32_t* out, int cap) {
+  if (!c || (cap && !out)) return el_error("el_context_tokens: context or out is NULL");
+  el_context* w = (el_context*)c;
+  pthread_mutex_lock(&w->mu);
+  int n = c->pos;
+  if (out) memcpy(out, c->ids, sizeof(int32_t) * (size_t)(n < cap ? n : cap));
+  pthread_mutex_unlock(&w->mu);
+  return n;
 }
 
 EL_API int el_rewind_floor(const el_context* c) {

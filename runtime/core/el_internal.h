@@ -235,7 +235,8 @@ struct el_context {
   /* the last verify pass (el_verify_locked), while its drafts' cache rows can still be taken (any run drops them):
    * its nodes (0: none open), each one's parent, the position of node 0 and the node the context ends with */
   int spec_open, spec_root, spec_node;
-  int32_t spec_parent[32];
+  int32_t spec_parent[32], spec_ids[32];
+  int32_t* ids; /* the token at each position [0, pos) (max_ctx of them): what a saved context and a shift keep */
   void* backend_ctx[EL_MAX_MODEL_BACKENDS]; /* per el_model.backends slot */
   uint64_t backend_bytes; /* what the backends allocated for this context (bind) */
   el_stats stats;

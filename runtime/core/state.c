@@ -83,18 +83,14 @@ static int put(sink* s, const void* p, size_t n) {
   return 0;
 }
 
-EL_API int el_context_save(el_context* c, const char* path, const int32_t* ids, int n_ids) {
-  if (!c || !path || (n_ids && !ids)) return el_error("el_context_save: context, path or ids is NULL");
+EL_API int el_context_save(el_context* c, const char* path) {
+  if (!c || !path) return el_error("el_context_save: context or path is NULL");
   pthread_mutex_lock(&c->mu);
   el_model* m = c->m;
   int rc = -1, fd = -1;
   char tmp[4096];
   tmp[0] = 0;
   if (can_save(c, "saving a context") != 0) goto out;
-  if (n_ids != c->pos) {
-    el_error("el_context_save: %d ids given; the context holds %d tokens", n_ids, c->pos);
-    goto out;
-  }
   if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid()) >= sizeof tmp) {
     tmp[0] = 0;
     el_error("path too long: %s", path);
@@ -111,7 +107,7 @@ EL_API int el_context_save(el_context* c, const char* path, const int32_t* ids, 
   state_header h;
   header_of(c, &h);
   int ok = put(&s, &h, sizeof h) == 0 && put(&s, c->kv_base, sizeof(int) * m->h.n_layers) == 0 &&
-           put(&s, ids, sizeof(int32_t) * (size_t)n_ids) == 0;
+           put(&s, c->ids, sizeof(int32_t) * (size_t)c->pos) == 0;
   size_t row = row_bytes(m);
   for (uint32_t l = 0; ok && l < m->h.n_layers; l++) {
     size_t held = (size_t)(c->pos - c->kv_base[l]) * row;
@@ -158,8 +154,8 @@ static const char* mismatch(const state_header* got, const state_header* want) {
   return NULL;
 }
 
-EL_API int el_context_load(el_context* c, const char* path, int32_t* ids, int cap) {
-  if (!c || !path || (cap && !ids)) return el_error("el_context_load: context, path or ids is NULL");
+EL_API int el_context_load(el_context* c, const char* path) {
+  if (!c || !path) return el_error("el_context_load: context or path is NULL");
   pthread_mutex_lock(&c->mu);
   el_model* m = c->m;
   int rc = -1, touched = 0;
@@ -196,10 +192,6 @@ EL_API int el_context_load(el_context* c, const char* path, int32_t* ids, int ca
     goto out;
   }
   int pos = (int)h.pos;
-  if (pos > cap) {
-    el_error("el_context_load: room for %d ids; the saved context holds %d", cap, pos);
-    goto out;
-  }
   size_t row = row_bytes(m);
   int* base = calloc(m->h.n_layers ? m->h.n_layers : 1, sizeof *base);
   if (!base) {
@@ -218,8 +210,8 @@ EL_API int el_context_load(el_context* c, const char* path, int32_t* ids, int ca
     el_error("%s is damaged (%s): delete it", path, bad ? "bad cache layout" : "wrong size");
     goto out;
   }
-  bad = get(&s, ids, sizeof(int32_t) * (size_t)pos) != 0;
-  for (int i = 0; !bad && i < pos; i++) bad = ids[i] < 0 || (uint32_t)ids[i] >= m->h.vocab;
+  bad = get(&s, c->ids, sizeof(int32_t) * (size_t)pos) != 0;
+  for (int i = 0; !bad && i < pos; i++) bad = c->ids[i] < 0 || (uint32_t)c->ids[i] >= m->h.vocab;
   /* from here the cache is overwritten: a failure leaves the context empty */
   touched = 1;
   for (uint32_t l = 0; !bad && l < m->h.n_layers; l++) {

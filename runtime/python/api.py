@@ -127,6 +127,12 @@ class _Closes:
         self.close()
 
 
+def _path_arg(path, what: str) -> bytes:
+    if not isinstance(path, (str, bytes, os.PathLike)) or not os.fspath(path):
+        raise InputError(f"{what}: {path!r} is not a file path")
+    return os.fsencode(os.fspath(path))
+
+
 class Context(_Closes):
     """One conversation over a loaded package: its own KV cache, arena and position."""
 
@@ -228,29 +234,30 @@ class Context(_Closes):
         """Save what this context holds (its KV cache rows, position and token ids) to `path`, atomically: a killed
         process leaves the old file or the new one. load() in a context of the same package (same load settings)
         continues from there without prefilling it again; CPU packages."""
+        path = _path_arg(path, "save")
         with self._lock.hold():
-            h = self._handle()
-            if self._kv is None:
-                raise InputError("this context's token ids are unknown (a call failed midway): reset it first")
-            ids = np.asarray(self._kv, np.int32)
-            self._call(self._lib.el_context_save(h, os.fsencode(os.fspath(path)), ids.ctypes.data_as(L.I32P), ids.size))
+            self._call(self._lib.el_context_save(self._handle(), path))
 
     def load(self, path) -> int:
         """Replace what this context holds with a state save() wrote from the same package and load settings; returns
         the tokens it now holds (generate(..., reuse_prefix=True) skips them where a prompt starts with them).
         Another package or settings, a damaged or truncated file: InputError, and the context is left as it was or
         empty, never half-loaded."""
-        ids = np.empty(self.runtime.max_context, np.int32)
+        path = _path_arg(path, "load")
         with self._lock.hold():
             h = self._handle()
-            n = self._lib.el_context_load(h, os.fsencode(os.fspath(path)), ids.ctypes.data_as(L.I32P), ids.size)
+            n = self._lib.el_context_load(h, path)
+            err = L.last_error() if n < 0 else ""
+            self._kv = self._tokens(h)
             if n < 0:
-                err = L.last_error()
-                if self._lib.el_pos(h) == 0:
-                    self._kv = []
                 raise InputError(err)
-            self._kv = ids[:n].tolist()
         return n
+
+    def _tokens(self, h) -> list[int]:
+        """The ids the C context holds (el_context_tokens)."""
+        ids = np.empty(self.runtime.max_context, np.int32)
+        n = self._lib.el_context_tokens(h, ids.ctypes.data_as(L.I32P), ids.size)
+        return ids[:n].tolist()
 
     @property
     def cached(self) -> list[int]:
