@@ -138,12 +138,12 @@ def _load_options(front: str, skip: tuple[str, ...] = ()) -> list:
     return click_options(front, skip)
 
 
-def _spec_cli_options(front: str) -> list:
-    """--speculate / --draft-max of a command whose generation rows are not its own flags (serve: requests carry
-    them; bench): the default of the runtime it loads."""
-    from .runtime.python.options import SPEC_OPTIONS, click_options
+def _spec_cli_options(front: str, shift: bool = False) -> list:
+    """--speculate / --draft-max (and with shift, --context-shift / --shift-sinks / --shift-tokens) of a command whose
+    generation rows are not its own flags (serve: requests carry them; bench): the default of the runtime it loads."""
+    from .runtime.python.options import SHIFT_OPTIONS, SPEC_OPTIONS, click_options
 
-    return click_options(front, table=SPEC_OPTIONS)
+    return click_options(front, table=SPEC_OPTIONS + (SHIFT_OPTIONS if shift else ()))
 
 
 def _with(options):
@@ -283,6 +283,9 @@ def run_cmd(package, model, prompt, ids, quant, quiet, json_out, json_schema, gr
         if note:
             click.echo(note, err=True)
         s = rt.context.stats()
+        if s["context_shifts"]:
+            click.echo(f"[context shift: {s['context_shifts']} times, {s['shift_tokens_run']} kept tokens run again]",
+                       err=True)
         if s["spec_passes"]:
             click.echo(f"[speculative: {s['spec_passes']} passes carried {s['spec_drafted']} drafts, "
                        f"{s['spec_accepted']} taken: {(s['spec_passes'] + s['spec_accepted']) / s['spec_passes']:.2f} "
@@ -363,7 +366,7 @@ def _package_arg(package_or_model: str | None, quant: str | None, progress: bool
 @click.option("--name", default=None, help="model id the API reports [default: the model's name]")
 @click.option("--quant", "-q", default=None, help="scheme when compiling a model [default: f16; t2 for BitNet]")
 @_with(_load_options("serve"))
-@_with(_spec_cli_options("serve"))
+@_with(_spec_cli_options("serve", shift=True))
 @click.option("--allowed-hosts", default="", help="Host names the server answers to besides IP addresses, localhost "
               "and this machine's name, comma-separated ('*': any; DNS-rebinding protection)")
 @click.option("--allowed-origins", default="", help="web origins whose pages may call the API (CORS), "
@@ -380,6 +383,8 @@ def serve_cmd(package_or_model, host, port, parallel, api_key, name, quant, allo
 
     load = api_kwargs(load)
     threads = load.pop("threads")
+    if load.get("context_shift") is None:   # a conversation outgrowing the context goes on
+        load["context_shift"] = "on"
     if package_or_model == "":
         _package_arg(package_or_model, quant)   # the one-line error
     serve(lambda: _package_arg(package_or_model, quant), host=host, port=port, parallel=parallel, api_key=api_key,
@@ -420,7 +425,10 @@ def chat_cmd(package_or_model, system, tools_file, quant, max_new_tokens, temper
                 "repetition_penalty": repetition_penalty, "seed": seed}
     from .runtime.python.options import api_kwargs
 
-    with Runtime.load(pkg, **api_kwargs(load)) as rt:
+    load = api_kwargs(load)
+    if load.get("context_shift") is None:   # a conversation outgrowing the context goes on
+        load["context_shift"] = "on"
+    with Runtime.load(pkg, **load) as rt:
         chat_repl(rt, system=system, sampling=sampling, tools=tools)
 
 

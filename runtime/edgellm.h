@@ -209,6 +209,11 @@ typedef struct {
   el_context* draft;        /* a draft model's context (a smaller model with the same vocabulary, el_draft_check):
                                with speculate auto or ngram, where no n-gram matches, its greedy guesses are the
                                drafts. The generation owns it while it runs (NULL: none) */
+  int32_t context_shift;    /* 1: when the context is full, keep its first shift_sinks tokens (attention sinks) and
+                               its newest ones, drop shift_tokens between them, run the kept ones again at their new
+                               positions and go on; 0: stop with EL_FINISH_CONTEXT */
+  int32_t shift_sinks;      /* tokens kept at the start (default 4) */
+  int32_t shift_tokens;     /* tokens dropped per shift (0: half of those after the sinks) */
 } el_gen_params;
 
 /* 0 if `draft` can draft for `target`: the same vocabulary, token for token; else -1 and el_last_error() says
@@ -347,6 +352,10 @@ typedef struct {
   uint64_t spec_passes;
   uint64_t spec_drafted;
   uint64_t spec_accepted;
+  /* context shifts (el_gen_params.context_shift): times a full context dropped tokens to go on, and the tokens its
+     kept ones took to run again */
+  uint64_t context_shifts;
+  uint64_t shift_tokens_run;
 } el_stats;
 void el_get_stats(const el_context* c, el_stats* out);
 void el_reset_stats(el_context* c);

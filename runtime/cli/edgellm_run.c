@@ -422,6 +422,9 @@ int main(int argc, char** argv) {
     fprintf(stderr, "[speculative: %llu passes carried %llu drafts, %llu taken: %.2f tokens per pass]\n",
             (unsigned long long)st.spec_passes, (unsigned long long)st.spec_drafted,
             (unsigned long long)st.spec_accepted, (double)(st.spec_passes + st.spec_accepted) / (double)st.spec_passes);
+  if (st.context_shifts) /* the conversation outgrew the context and went on */
+    fprintf(stderr, "[context shift: %llu times, %llu kept tokens run again]\n", (unsigned long long)st.context_shifts,
+            (unsigned long long)st.shift_tokens_run);
   fprintf(stderr, "[%d prompt tokens, %d generated (%s); prefill %.1f tok/s%s, decode %.1f tok/s, %d threads]\n",
           res.prompt_tokens, res.generated_tokens, reasons[res.finish < 6 ? res.finish : 0], pf,
           on_npu ? " (NPU)" : "", dc, el_context_threads(c));

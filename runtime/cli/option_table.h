@@ -53,6 +53,9 @@ static const el_cli_option EL_GEN_OPTIONS[] = {
     {"--ignore-eos", NULL, EL_OPT_FLAG, offsetof(el_gen_params, ignore_eos), NULL, 0, 0},
     {"--speculate", NULL, EL_OPT_CHOICE, offsetof(el_gen_params, speculate), "off=0|auto=1|ngram=2|recycle=3", 0, 0},
     {"--draft-max", NULL, EL_OPT_INT, offsetof(el_gen_params, draft_max), NULL, 0.0, 31.0},
+    {"--context-shift", NULL, EL_OPT_CHOICE, offsetof(el_gen_params, context_shift), "off=0|on=1", 0, 0},
+    {"--shift-sinks", NULL, EL_OPT_INT, offsetof(el_gen_params, shift_sinks), NULL, 0.0, 1024.0},
+    {"--shift-tokens", NULL, EL_OPT_INT, offsetof(el_gen_params, shift_tokens), NULL, 0.0, 2147483647.0},
 };
 
 #define EL_LOAD_OPTIONS_USAGE \
@@ -114,6 +117,12 @@ static const el_cli_option EL_GEN_OPTIONS[] = {
   "                        matches; recycle: every pass, a tree of n-grams and the tokens the model found likeliest\n" \
   "                        after each token before; DRAFT_PKG: a smaller model's package with the same tokenizer\n" \
   "                        guesses where no n-gram matches, as auto) [default: off]\n" \
-  "  --draft-max N         drafts per verify pass at most [default: the package's verify width - 1]\n"
+  "  --draft-max N         drafts per verify pass at most [default: the package's verify width - 1]\n" \
+  "  --context-shift off|on\n" \
+  "                        when the context is full, keep its first --shift-sinks tokens (attention sinks) and its\n" \
+  "                        newest ones, drop --shift-tokens between them, and go on instead of stopping [default:\n" \
+  "                        on for chat and serve, off for run]\n" \
+  "  --shift-sinks N       context shift: tokens kept at the start [default: 4]\n" \
+  "  --shift-tokens N      context shift: tokens dropped per shift [default: half of those after the sinks]\n"
 
 #endif

@@ -41,6 +41,7 @@ EL_API void el_gen_params_default(const el_model* m, el_gen_params* p) {
   p->max_new_tokens = 128;
   p->temperature = 0, p->top_k = 0, p->top_p = 1, p->min_p = 0;
   p->repetition_penalty = 1, p->presence_penalty = 0, p->frequency_penalty = 0;
+  p->shift_sinks = 4;
   if (m) {
     const el_plan_sampling* s = &m->h.sampling;
     p->temperature = s->temperature, p->top_k = s->top_k, p->top_p = s->top_p, p->min_p = s->min_p;
@@ -167,6 +168,13 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   if (p->speculate < EL_SPECULATE_OFF || p->speculate > EL_SPECULATE_RECYCLE || p->draft_max < 0) {
     el_error("speculate %d / draft_max %d is invalid: speculate is 0 (off), 1 (auto), 2 (ngram) or 3 (recycle), "
              "draft_max >= 0", p->speculate, p->draft_max);
+    goto out;
+  }
+  if (p->context_shift < 0 || p->context_shift > 1 || p->shift_sinks < 0 || p->shift_tokens < 0 ||
+      (p->context_shift && p->shift_sinks + 2 > max)) {
+    el_error("context_shift %d / shift_sinks %d / shift_tokens %d is invalid: context_shift is 0 or 1, the sinks "
+             "leave room for at least 2 tokens of this %d-token context, the tokens dropped per shift >= 0",
+             p->context_shift, p->shift_sinks, p->shift_tokens, max);
     goto out;
   }
   int width = el_verify_tokens(m);
@@ -336,6 +344,31 @@ static int filter_drafts(el_gen* g, int k) {
   return n;
 }
 
+/* The context is full: keep its first S tokens (attention sinks: the rows every later token attends to most,
+ * StreamingLLM) and its newest ones, drop the D after the sinks, and run the kept newest ones again from position S,
+ * so that their keys carry the rotation of their new positions. Run again rather than rotated in place: one path
+ * for every position encoding the compiler knows (RoPE variants, partial rotary, NoPE layers), at prefill speed; a
+ * conversation that outgrows its context pays one prefill of what it keeps per shift. The sinks' rows stay where
+ * they are (they attend only to each other); where window caches no longer hold position S, they run again too. */
+static int shift_context(el_context* c, el_gen* g) {
+  int max = (int)c->m->h.max_ctx, S = g->p.shift_sinks, D = g->p.shift_tokens;
+  if (D <= 0) D = (c->pos - S) / 2;
+  if (D > c->pos - S - 1) D = c->pos - S - 1; /* at least one newest token stays */
+  if (D < 1) return el_error("context shift: %d sinks leave nothing to drop in a %d-token context", S, max);
+  int n_keep = c->pos - S - D, from = S;
+  int32_t* run = malloc(sizeof(int32_t) * (size_t)(S + n_keep));
+  if (!run) return el_error("out of memory");
+  memcpy(run, c->ids, sizeof(int32_t) * (size_t)S);
+  memcpy(run + S, c->ids + S + D, sizeof(int32_t) * (size_t)n_keep);
+  if (S == 0 || el_set_pos(c, S) != 0) from = 0, el_set_pos(c, 0);
+  int rc = el_prefill_locked(c, run + from, S + n_keep - from, NULL, 0);
+  free(run);
+  if (rc != 0) return -1;
+  c->stats.context_shifts++;
+  c->stats.shift_tokens_run += (uint64_t)(S + n_keep - from);
+  return 0;
+}
+
 EL_API int el_generate_next(el_context* c, el_event* ev) {
   if (!c || !ev) return el_error("el_generate_next: context or event is NULL");
   memset(ev, 0, sizeof *ev);
@@ -368,6 +401,7 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
     } else {
       if (g->spec_n) el_spec_settle(g, g->spec_taken);
       g->spec_n = g->spec_at = g->spec_taken = 0;
+      if (c->pos >= (int)m->h.max_ctx && shift_context(c, g) != 0) goto out; /* only with context_shift */
       int k = el_spec_draft(c, g);
       if (k > 0 && g->draft_filter) k = filter_drafts(g, k);
       double t1 = el_now(); /* the pass's own time, without drafting's, is what auto weighs a pass at */
@@ -406,6 +440,14 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
     rc = 0;
     goto out;
   }
+  if (g->n_hist == g->cap_hist) { /* past the context's end (context_shift): the history grows */
+    int32_t* h = realloc(g->hist, sizeof(int32_t) * (size_t)g->cap_hist * 2);
+    if (!h) {
+      el_error("out of memory");
+      goto out;
+    }
+    g->hist = h, g->cap_hist *= 2;
+  }
   g->hist[g->n_hist++] = t;
   g->n_gen++;
   int stopped = append_text(g, m, t);
@@ -414,7 +456,7 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
     finish = EL_FINISH_STOP;
   else if (g->n_gen >= g->p.max_new_tokens)
     finish = EL_FINISH_LENGTH;
-  else if (c->pos >= (int)m->h.max_ctx)
+  else if (c->pos >= (int)m->h.max_ctx && !g->p.context_shift)
     finish = EL_FINISH_CONTEXT;
   else
     g->pending = 1;

@@ -214,7 +214,7 @@ static int model_draft(el_gen* g, int max, int32_t* out) {
   int held = el_pos(d) < g->draft_n ? el_pos(d) : g->draft_n; /* what its context still holds */
   while (common < held && common < n && g->draft_fed[common] == g->hist[common]) common++;
   if (common == n) common = n - 1; /* the last id runs again: its logits are the first guess */
-  if (n >= (int)d->m->h.max_ctx) goto fail;
+  if (n >= (int)d->m->h.max_ctx || n + max >= g->draft_cap) goto fail; /* its context, or the ids it tracks, is full */
   if (el_rewind(d, common) != 0 && (common = 0, el_rewind(d, 0) != 0)) goto fail;
   g->draft_n = common;
   if (n - common <= DRAFT_FEED_MAX) {

@@ -127,6 +127,22 @@ class _Closes:
         self.close()
 
 
+def shifting(context_shift, shift_sinks, shift_tokens) -> tuple[int | None, int | None, int | None]:
+    """context_shift (True/"on", False/"off", None), shift_sinks and shift_tokens as el_gen_params takes them (None:
+    not given)."""
+    names = dict(O.GEN_BY_NAME["context_shift"].choices)
+    if context_shift is not None and not isinstance(context_shift, bool) and context_shift not in names:
+        raise InputError(f"context_shift={context_shift!r} is invalid: give True, False, \"on\" or \"off\"")
+    cs = None if context_shift is None else int(context_shift) if isinstance(context_shift, bool) else names[context_shift]
+    out = [cs]
+    for name, v in (("shift_sinks", shift_sinks), ("shift_tokens", shift_tokens)):
+        hi = int(O.GEN_BY_NAME[name].hi)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= hi):
+            raise InputError(f"{name}={v!r} is invalid: an integer from 0 to {hi}")
+        out.append(None if v is None else int(v))
+    return tuple(out)
+
+
 def _path_arg(path, what: str) -> bytes:
     if not isinstance(path, (str, bytes, os.PathLike)) or not os.fspath(path):
         raise InputError(f"{what}: {path!r} is not a file path")
@@ -393,10 +409,15 @@ class Context(_Closes):
         raise InputError(f"prompt must be a str or a list of token ids, not {type(prompt).__name__}")
 
     def _params(self, max_new_tokens, sampling: dict, seed, stop, stop_ids, ignore_eos, keep_context,
-                speculate=None, draft_max=None):
+                speculate=None, draft_max=None, shift=(None, None, None)):
         """The C parameters: the package's defaults, then what the caller gave. Returns (params, keep-alive)."""
         p = L.GenParams()
         self._lib.el_gen_params_default(self.runtime._model, C.byref(p))
+        for name, given, default in zip(("context_shift", "shift_sinks", "shift_tokens"), shifting(*shift),
+                                        self.runtime.shift):
+            v = given if given is not None else default
+            if v is not None:   # else the C default
+                setattr(p, name, v)
         spec, dmax, draft = speculation(speculate, draft_max)
         if spec is None:   # Runtime.load's
             spec, draft = self.runtime.speculate[0], self.runtime.speculate[2]
@@ -445,7 +466,9 @@ class Context(_Closes):
                frequency_penalty: float | None = None, stop_ids: list[int] | None = None, keep_context: bool = False,
                reuse_prefix: bool = False, speculate: str | None = None, draft_max: int | None = None,
                response_format: dict | str | None = None, grammar: str | dict | None = None,
-               _result: dict | None = None, _raw_text: bool = False) -> Iterator[str]:
+               context_shift: bool | str | None = None, shift_sinks: int | None = None,
+               shift_tokens: int | None = None, _result: dict | None = None,
+               _raw_text: bool = False) -> Iterator[str]:
         """Yields text pieces as they are generated (never half a UTF-8 character, never part of a stop string).
         Arguments as generate(). _raw_text: the text of special tokens too (tool calls: runtime/python/tools)."""
         sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
@@ -455,7 +478,7 @@ class Context(_Closes):
             raise InputError("reuse_prefix and keep_context exclude each other: reuse_prefix takes the whole "
                              "conversation as the prompt, keep_context only what follows it")
         params, keep = self._params(max_new_tokens, sampling, seed, stop, stop_ids, ignore_eos, keep_context,
-                                    speculate, draft_max)
+                                    speculate, draft_max, (context_shift, shift_sinks, shift_tokens))
         ids = self._prompt_ids(prompt)
         arr = np.ascontiguousarray(ids, dtype=np.int32)
         if _raw_text and not self.runtime.text.available:
@@ -479,7 +502,6 @@ class Context(_Closes):
             try:
                 h = self._handle()
                 ids = arr.tolist()
-                before = self._kv if params.keep_context else []   # what stays in the cache ahead of the prompt
                 cached = 0
                 if reuse and self._kv:
                     # the longest prefix the cache already holds, short of the prompt's last token (its logits are
@@ -527,8 +549,7 @@ class Context(_Closes):
                     yield tail.decode("utf-8", "replace")
                 res = L.GenResult()
                 self._lib.el_generate_result(h, C.byref(res))
-                if before is not None:
-                    self._kv = (before + ids + tokens)[:self._lib.el_pos(h)]
+                self._kv = self._tokens(h)   # what it holds (a context shift dropped some)
                 if result is not None:
                     result.update(ids=tokens, text=b"".join(pieces).decode("utf-8", "replace"), cached_tokens=cached,
                                   prompt_tokens=res.prompt_tokens, finish_reason=finish or L.FINISH[res.finish] or
@@ -548,7 +569,9 @@ class Context(_Closes):
                  frequency_penalty: float | None = None, stop_ids: list[int] | None = None,
                  keep_context: bool = False, reuse_prefix: bool = False, speculate: str | None = None,
                  draft_max: int | None = None, response_format: dict | str | None = None,
-                 grammar: str | dict | None = None, _raw_text: bool = False) -> GenerationResult:
+                 grammar: str | dict | None = None, context_shift: bool | str | None = None,
+                 shift_sinks: int | None = None, shift_tokens: int | None = None,
+                 _raw_text: bool = False) -> GenerationResult:
         """Generate from a str prompt (tokenized with the package's tokenizer) or a list of token ids (used as is).
 
         Sampling arguments left None take the package's defaults (its generation_config.json: sampled where it says
@@ -565,13 +588,18 @@ class Context(_Closes):
         most (None/0: the package's verify width - 1).
         response_format: constrain the output as OpenAI's field does ({"type": "json_object"}: any JSON object;
         {"type": "json_schema", "json_schema": {"schema": {...}}}: JSON valid against the schema); grammar: a Lark
-        grammar, or {"type": "lark" | "regex" | "gbnf", "value": "..."} (llguidance: runtime/python/constrain.py)."""
+        grammar, or {"type": "lark" | "regex" | "gbnf", "value": "..."} (llguidance: runtime/python/constrain.py).
+        context_shift (True/"on", False/"off"; None: Runtime.load's, else off): when the context is full, keep its
+        first shift_sinks tokens (default 4) and its newest ones, drop shift_tokens between them (default: half of
+        those after the sinks), run the kept ones again at their new positions and go on instead of finishing with
+        "context" (stats(): context_shifts)."""
         r: dict = {}
         for _ in self.stream(prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop,
                              ignore_eos, min_p=min_p, presence_penalty=presence_penalty,
                              frequency_penalty=frequency_penalty, stop_ids=stop_ids, keep_context=keep_context,
                              reuse_prefix=reuse_prefix, speculate=speculate, draft_max=draft_max,
-                             response_format=response_format, grammar=grammar, _result=r, _raw_text=_raw_text):
+                             response_format=response_format, grammar=grammar, context_shift=context_shift,
+                             shift_sinks=shift_sinks, shift_tokens=shift_tokens, _result=r, _raw_text=_raw_text):
             pass
         return GenerationResult(
             text=r["text"], token_ids=r["ids"], prompt_tokens=r["prompt_tokens"], finish_reason=r["finish_reason"],
@@ -720,6 +748,7 @@ class Runtime(_Closes):
         self._lib = L.lib()
         self._model = handle
         self.speculate = (0, 0, None)   # (el_gen_params speculate, draft_max, draft path): generate()'s defaults
+        self.shift = (None, None, None)   # (context_shift, shift_sinks, shift_tokens): generate()'s defaults
         self._draft_rts: dict[str, Runtime] = {}   # draft packages loaded for speculate=PATH
         self.vocab = self._lib.el_vocab(handle)
         self.max_context = self._lib.el_max_context(handle)
@@ -745,7 +774,8 @@ class Runtime(_Closes):
              ffn_threshold: float | None = None, expert_eviction: str | None = None,
              expert_predict: bool = False, expert_warm: bool = True, device: str | None = None,
              backend_options: dict[str, str] | None = None, speculate: str | None = None,
-             draft_max: int | None = None) -> Runtime:
+             draft_max: int | None = None, context_shift: bool | str | None = None, shift_sinks: int | None = None,
+             shift_tokens: int | None = None) -> Runtime:
         """Load a package.
 
         threads: default threads of its contexts (None: one per CPU). memory_budget: bytes (or "600MB") the model
@@ -771,8 +801,10 @@ class Runtime(_Closes):
         android-gpu / opencl packages ("P:D" platform and device index, or part of the device name; None:
         $EDGELLM_OPENCL_DEVICE, else the first GPU, else the first OpenCL device); `device` says which ran.
         backend_options: the package's backends' own options, {"backend.key": "value"} (README "Backends").
-        speculate / draft_max: generate()'s defaults for this runtime's contexts (None: off; the package's width)."""
+        speculate / draft_max: generate()'s defaults for this runtime's contexts (None: off; the package's width).
+        context_shift / shift_sinks / shift_tokens: generate()'s defaults too (None: off, 4, half)."""
         spec = speculation(speculate, draft_max)
+        shift = shifting(context_shift, shift_sinks, shift_tokens)
         p = Path(path)
         opts = L.LoadOptions()
         L.lib().el_load_options_init(C.byref(opts))
@@ -808,6 +840,7 @@ class Runtime(_Closes):
             raise
         try:
             rt.speculate = (spec[0] or 0, spec[1] or 0, spec[2])
+            rt.shift = shift
             if spec[2] is not None:
                 rt.draft_runtime(spec[2], threads)   # a draft that cannot draft fails the load, in one line
             return rt

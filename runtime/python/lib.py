@@ -40,7 +40,8 @@ class GenParams(C.Structure):
                 ("frequency_penalty", C.c_float), ("seed", C.c_uint64), ("ignore_eos", C.c_int32),
                 ("keep_context", C.c_int32), ("n_stop_ids", C.c_int32), ("stop_ids", C.POINTER(C.c_int32)),
                 ("n_stop_strings", C.c_int32), ("stop_strings", C.POINTER(C.c_char_p)), ("n_cached", C.c_int32),
-                ("speculate", C.c_int32), ("draft_max", C.c_int32), ("draft", C.c_void_p)]
+                ("speculate", C.c_int32), ("draft_max", C.c_int32), ("draft", C.c_void_p),
+                ("context_shift", C.c_int32), ("shift_sinks", C.c_int32), ("shift_tokens", C.c_int32)]
 
 
 class Event(C.Structure):
@@ -74,7 +75,8 @@ class Stats(C.Structure):
                 ("expert_stalls", C.c_uint64), ("expert_predict_reads", C.c_uint64),
                 ("expert_predict_wasted", C.c_uint64), ("decode_io_bytes_read", C.c_uint64),
                 ("decode_io_stall_seconds", C.c_double), ("kv_window_moves", C.c_uint64),
-                ("spec_passes", C.c_uint64), ("spec_drafted", C.c_uint64), ("spec_accepted", C.c_uint64)]
+                ("spec_passes", C.c_uint64), ("spec_drafted", C.c_uint64), ("spec_accepted", C.c_uint64),
+                ("context_shifts", C.c_uint64), ("shift_tokens_run", C.c_uint64)]
 
 
 FINISH = {0: None, 1: "eos", 2: "stop", 3: "length", 4: "context", 5: "cancelled"}

@@ -143,13 +143,23 @@ GEN_OPTIONS = (
            metavar="off|auto|ngram|recycle|DRAFT_PKG", or_dir="a draft package", fronts=_SPEC),
     Option("draft_max", "int", "drafts per verify pass at most [default: the package's verify width - 1]", lo=0,
            hi=31, metavar="N", fronts=_SPEC),
+    # context shift (runtime/core/generate.c): a conversation that outgrows the context goes on
+    Option("context_shift", "choice", "when the context is full, keep its first --shift-sinks tokens (attention "
+           "sinks) and its newest ones, drop --shift-tokens between them, and go on instead of stopping [default: on "
+           "for chat and serve, off for run]", choices=(("off", 0), ("on", 1)), fronts=_SPEC),
+    Option("shift_sinks", "int", "context shift: tokens kept at the start [default: 4]", lo=0, hi=1024, metavar="N",
+           fronts=_SPEC),
+    Option("shift_tokens", "int", "context shift: tokens dropped per shift [default: half of those after the sinks]",
+           lo=0, hi=2**31 - 1, metavar="N", fronts=_SPEC),
 )
 SAMPLING = tuple(o.name for o in GEN_OPTIONS if o.kind == "float" or o.name == "top_k")   # the sampler's knobs
 # generation rows Runtime.load (and so every command that loads) also takes, as its contexts' defaults
-LOAD_DEFAULTS = ("speculate", "draft_max")
-SPEC_OPTIONS = tuple(o for o in GEN_OPTIONS if o.name in LOAD_DEFAULTS)
-SPECULATE = dict(SPEC_OPTIONS[0].choices)   # speculate's names -> el_gen_params values
-DRAFT_MAX = int(SPEC_OPTIONS[1].hi)         # drafts per pass at most (el_internal.h EL_MAX_DRAFT)
+LOAD_DEFAULTS = ("speculate", "draft_max", "context_shift", "shift_sinks", "shift_tokens")
+GEN_BY_NAME = {o.name: o for o in GEN_OPTIONS}
+SPEC_OPTIONS = (GEN_BY_NAME["speculate"], GEN_BY_NAME["draft_max"])
+SHIFT_OPTIONS = tuple(GEN_BY_NAME[k] for k in ("context_shift", "shift_sinks", "shift_tokens"))
+SPECULATE = dict(GEN_BY_NAME["speculate"].choices)   # speculate's names -> el_gen_params values
+DRAFT_MAX = int(GEN_BY_NAME["draft_max"].hi)         # drafts per pass at most (el_internal.h EL_MAX_DRAFT)
 
 
 def for_front(front: str, table: tuple[Option, ...] = LOAD_OPTIONS) -> tuple[Option, ...]:

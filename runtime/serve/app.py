@@ -182,7 +182,9 @@ def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str 
         n, m = len(ids), kwargs["max_new_tokens"]
         if n == 0:
             raise BadRequest("the prompt is empty")
-        if n >= max_ctx or (m is not None and n + m > max_ctx):
+        shift = kwargs["context_shift"]   # on: a reply that reaches the context's end goes on past it
+        shifting = shift in (True, "on") or (shift is None and runtime.shift[0] == 1)
+        if n >= max_ctx or (m is not None and n + m > max_ctx and not shifting):
             raise BadRequest(f"the prompt has {n} tokens{'' if m is None else f' and max_tokens is {m}'}: more than "
                              f"the model's context of {max_ctx} tokens", param="messages" if isinstance(
                                  req, oa.ChatRequest) else "prompt", kind="invalid_request_error")

@@ -37,6 +37,9 @@ class _Request(BaseModel):
     ignore_eos: bool = False
     speculate: Speculate | None = None   # None: the server's (edgellm serve --speculate)
     draft_max: int | None = Field(default=None, ge=0, le=DRAFT_MAX)
+    context_shift: Literal["off", "on"] | bool | None = None   # None: the server's (on unless --context-shift off)
+    shift_sinks: int | None = Field(default=None, ge=0, le=1024)
+    shift_tokens: int | None = Field(default=None, ge=0, le=2**31 - 1)
     return_tokens: bool = False                 # the generated token ids in each choice ("tokens"), not streamed
     # {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}: the output is
     # constrained to it (runtime/python/constrain.py)
@@ -67,6 +70,7 @@ class _Request(BaseModel):
                 "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                 "seed": None if self.seed is None else self.seed & (2**64 - 1), "stop": self.stops(),
                 "ignore_eos": self.ignore_eos, "speculate": self.speculate, "draft_max": self.draft_max,
+                "context_shift": self.context_shift, "shift_sinks": self.shift_sinks, "shift_tokens": self.shift_tokens,
                 "response_format": self.response_format, "grammar": None}
 
     def include_usage(self) -> bool:
