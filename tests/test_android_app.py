@@ -166,6 +166,32 @@ def test_chat_turns_equal_python_runtime(driver, built):
         assert _unhex(row[2]) == ref.text and int(row[4]) == len(ids), (i, row)
 
 
+def test_the_app_keeps_its_conversation_across_restarts(driver, tmp_path):
+    """ChatSession.save / restore (what MainActivity does on stop and on load): a new session over the same package
+    restores the conversation, its turns' text and its KV cache, and its next reply is the one the first session
+    would have given (the `chat` command's second turn). A damaged state or one that does not match the turns
+    starts a new conversation instead, in one piece."""
+    users = ["Write a function that adds two numbers", "Now make it multiply"]
+    whole = [r for r in driver.ask("chat", 24, *users, until="CHAT") if r[0] == "TURN"]
+    d = tmp_path / "conv"
+    rows = driver.ask("persist", d, 24, *users, until="PERSIST")
+    turns = [r for r in rows if r[0] == "TURN"]
+    restored = next(r for r in rows if r[0] == "RESTORED")
+    assert restored[1] == "true" and restored[2] == "1", rows
+    assert _unhex(restored[3]) == users[0] + "|" + _unhex(whole[0][2])
+    assert turns[0][1] == whole[0][1] and turns[1][1] == whole[1][1], (turns, whole)
+    assert int(turns[1][4]) == int(whole[1][4])   # only the new turn was prefilled
+    state = d / "conversation.state"
+    good = state.read_bytes()
+    state.write_bytes(good[:-9])
+    assert driver.ask("restore", d, until="RESTORED")[-1][1:] == ["false", "0"]
+    state.write_bytes(good)
+    txt = d / "conversation.txt"
+    head, rest = txt.read_text().split("\n", 1)
+    txt.write_text(head.split("\t")[0] + "\t7\n" + rest)   # the turns of another position: a kill between writes
+    assert driver.ask("restore", d, until="RESTORED")[-1][1:] == ["false", "0"]
+
+
 def test_cancel_from_the_callback_stops_at_once(driver):
     row = driver.ask("cancel_in_callback", "Once upon a time", 3, until="CANCEL")[-1]
     assert row[0] == "CANCEL" and row[1:4] == ["3", "3", "CANCELLED"], row

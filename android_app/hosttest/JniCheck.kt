@@ -82,6 +82,28 @@ fun main(args: Array<String>) {
                     }
                     println("CHAT")
                 }
+                "persist" -> {   // persist DIR MAX USER1 USER2: USER1 in one ChatSession, kept in DIR, then USER2 in a new
+                                 // session that restores it; one TURN line per message, RESTORED with what it took
+                    val settings = Settings(temperature = 0f, maxTokens = f[2].toInt())
+                    val dir = File(f[1])
+                    ChatSession(File(pkg), settings.copy(threads = 1)).closing { s ->
+                        val r = s.send(f[3], settings) { }
+                        println("TURN\t${r.tokens.joinToString(",")}\t${hex(r.text)}\t${r.finishReason}\t${r.promptTokens}")
+                        s.save(dir)
+                    }
+                    ChatSession(File(pkg), settings.copy(threads = 1)).closing { s ->
+                        val ok = s.restore(dir)
+                        println("RESTORED\t$ok\t${s.history.size}\t${s.history.joinToString(",") { hex(it.first + "|" + it.second) }}")
+                        val r = s.send(f[4], settings) { }
+                        println("TURN\t${r.tokens.joinToString(",")}\t${hex(r.text)}\t${r.finishReason}\t${r.promptTokens}")
+                    }
+                    println("PERSIST")
+                }
+                "restore" -> {   // restore DIR: what a new ChatSession makes of DIR
+                    ChatSession(File(pkg), Settings(threads = 1)).closing { s ->
+                        println("RESTORED\t${s.restore(File(f[1]))}\t${s.history.size}")
+                    }
+                }
                 "listener_throws" -> {   // the listener's exception reaches the caller; the context stays usable
                     try {
                         ctx.generate(f[1], GenerateParams(maxNewTokens = 8, temperature = 0f)) { t ->

@@ -222,6 +222,46 @@ JNIEXPORT void JNICALL FN(contextReset)(JNIEnv* env, jclass cls, jlong h) {
   el_reset(((jctx*)(intptr_t)h)->c);
 }
 
+/* The conversation to a file and back (el_context_save / el_context_load: atomic, checked against the package). */
+JNIEXPORT void JNICALL FN(contextSave)(JNIEnv* env, jclass cls, jlong h, jbyteArray path) {
+  (void)cls;
+  char* p = dup_bytes(env, path);
+  if (!p) {
+    throw_error(env, "out of memory");
+    return;
+  }
+  if (el_context_save(((jctx*)(intptr_t)h)->c, p) != 0) throw_error(env, NULL);
+  free(p);
+}
+
+JNIEXPORT jint JNICALL FN(contextLoad)(JNIEnv* env, jclass cls, jlong h, jbyteArray path) {
+  (void)cls;
+  char* p = dup_bytes(env, path);
+  if (!p) {
+    throw_error(env, "out of memory");
+    return -1;
+  }
+  int n = el_context_load(((jctx*)(intptr_t)h)->c, p);
+  free(p);
+  if (n < 0) throw_error(env, NULL);
+  return n;
+}
+
+JNIEXPORT jintArray JNICALL FN(contextTokens)(JNIEnv* env, jclass cls, jlong h) {
+  (void)cls;
+  el_context* c = ((jctx*)(intptr_t)h)->c;
+  int n = el_context_tokens(c, NULL, 0);
+  int32_t* ids = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+  if (!ids) {
+    throw_error(env, "out of memory");
+    return NULL;
+  }
+  n = el_context_tokens(c, ids, n); /* the count again: nothing runs on it meanwhile (the caller holds it) */
+  jintArray a = int_array(env, ids, n);
+  free(ids);
+  return a;
+}
+
 JNIEXPORT void JNICALL FN(cancel)(JNIEnv* env, jclass cls, jlong h) {
   (void)env, (void)cls;
   atomic_store(&((jctx*)(intptr_t)h)->cancel, 1);

@@ -79,6 +79,17 @@ class Context internal constructor(val model: Model, private val modelHandle: Lo
     /** Forgets the conversation (position 0). */
     fun reset() = synchronized(running) { NativeBridge.contextReset(live()) }
 
+    /** Saves the conversation (its KV cache, position and token ids) to [path], atomically: a killed app leaves the
+     * old file or the new one. [load] in a context of the same package continues it without prefilling it again. */
+    fun save(path: String) = synchronized(running) { NativeBridge.contextSave(live(), path.utf8()) }
+
+    /** Replaces the conversation with one [save] wrote from this package; returns the tokens it holds. Another
+     * package, a damaged or truncated file: [EdgeLLMException], and the context is left as it was or empty. */
+    fun load(path: String): Int = synchronized(running) { NativeBridge.contextLoad(live(), path.utf8()) }
+
+    /** The token ids the context holds, position 0 on. */
+    fun tokens(): IntArray = synchronized(running) { NativeBridge.contextTokens(live()) }
+
     fun stats(): Stats {
         val c = NativeBridge.statsCounts(live())
         val t = NativeBridge.statsTimes(live())

@@ -26,6 +26,9 @@ internal object NativeBridge {
     @JvmStatic external fun contextPos(context: Long): Int
     @JvmStatic external fun contextThreads(context: Long): Int
     @JvmStatic external fun contextReset(context: Long)
+    @JvmStatic external fun contextSave(context: Long, path: ByteArray)
+    @JvmStatic external fun contextLoad(context: Long, path: ByteArray): Int
+    @JvmStatic external fun contextTokens(context: Long): IntArray
     @JvmStatic external fun cancel(context: Long)
     @JvmStatic external fun statsCounts(context: Long): LongArray
     @JvmStatic external fun statsTimes(context: Long): DoubleArray

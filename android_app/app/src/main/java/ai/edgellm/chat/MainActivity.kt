@@ -63,6 +63,23 @@ class MainActivity : Activity() {
         refreshPackages()
     }
 
+    /** The conversation is kept in the app's files across restarts (ChatSession.save / restore). */
+    override fun onStop() {
+        val s = session
+        if (s != null && !generating) worker.execute { keep(s) }
+        super.onStop()
+    }
+
+    private fun conversationDir(pkg: File) = File(filesDir, "conversations/${pkg.name}")
+
+    private fun keep(s: ChatSession) {
+        try {
+            s.save(conversationDir(s.pkg))
+        } catch (e: EdgeLLMException) {
+            ui.post { toast("could not keep the conversation: ${e.message}") }
+        }
+    }
+
     override fun onDestroy() {
         session?.cancel()
         worker.execute { session?.close(); session = null }
@@ -101,9 +118,11 @@ class MainActivity : Activity() {
         worker.execute {
             session?.close()
             session = null
+            var turns = emptyList<Pair<String, String>>()
             val text = try {
                 val loaded = ChatSession(pkg, s)
                 session = loaded
+                if (loaded.restore(conversationDir(pkg))) turns = loaded.history   // the last conversation goes on
                 loaded.description
             } catch (e: EdgeLLMException) {
                 "error: ${e.message}"
@@ -112,6 +131,10 @@ class MainActivity : Activity() {
                 status.text = text
                 send.isEnabled = session != null
                 messages.removeAllViews()
+                for ((user, reply) in turns) {
+                    addBubble(user, user = true)
+                    addBubble(reply, user = false)
+                }
             }
         }
     }
