@@ -372,8 +372,13 @@ def _package_arg(package_or_model: str | None, quant: str | None, progress: bool
 @click.option("--allowed-origins", default="", help="web origins whose pages may call the API (CORS), "
               "comma-separated, e.g. http://localhost:3000 ('*': any) [default: none but the server's own page]")
 @click.option("--max-body", default="4MiB", show_default=True, help="largest request body (413 beyond it)")
+@click.option("--prompt-cache-dir", type=click.Path(file_okay=False), default=None,
+              help="keep the prompt prefixes requests share (a system prompt) in this folder across restarts: a "
+              "request that starts with one prefills only the rest")
+@click.option("--prompt-cache-size", default="1GiB", show_default=True,
+              help="--prompt-cache-dir holds at most this much; the least recently used prefixes go first")
 def serve_cmd(package_or_model, host, port, parallel, api_key, name, quant, allowed_hosts, allowed_origins, max_body,
-              **load):
+              prompt_cache_dir, prompt_cache_size, **load):
     """Serve PACKAGE_OR_MODEL (default: the demo) over an OpenAI-compatible HTTP API with a chat page at /:
     /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics. Bound to 127.0.0.1 unless told otherwise."""
     from pathlib import Path
@@ -392,6 +397,7 @@ def serve_cmd(package_or_model, host, port, parallel, api_key, name, quant, allo
           load=load,
           allowed_hosts=[h for h in allowed_hosts.split(",") if h.strip()],
           allowed_origins=[o for o in allowed_origins.split(",") if o.strip()], max_body=max_body,
+          prompt_cache_dir=prompt_cache_dir, prompt_cache_size=prompt_cache_size,
           aliases=[] if name or (package_or_model and Path(package_or_model).exists()) else [package_or_model or "demo"])
 
 

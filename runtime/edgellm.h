@@ -155,9 +155,10 @@ int el_rewind(el_context* c, int n);
 int el_rewind_floor(const el_context* c);
 /* The token ids the context holds (position 0 on), up to cap of them into out; returns el_pos. */
 int el_context_tokens(const el_context* c, int32_t* out, int cap);
-/* Saves the context's state to path: its KV cache rows, position and token ids, written atomically (a temporary file
- * renamed over path). CPU packages with a SHA256SUMS. */
-int el_context_save(el_context* c, const char* path);
+/* Saves the context's state to path: the KV cache rows, position and token ids of its first n tokens (n < 0: all it
+ * holds; n below el_rewind_floor is refused), written atomically (a temporary file renamed over path). CPU packages
+ * with a SHA256SUMS. */
+int el_context_save(el_context* c, const char* path, int n);
 /* Loads a state saved from the same package with the same load settings into c, replacing what it held; returns
  * the tokens it now holds (el_pos; el_context_tokens reads them) or -1: another package or settings, a damaged or
  * truncated file (the context is then left empty, never half-loaded). Cancels a generation in progress. */

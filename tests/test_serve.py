@@ -182,7 +182,8 @@ BAD = [
     ({"messages": MSGS, "frobnicate": True}, "unknown field 'frobnicate'"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "role"),
-    ({"messages": MSGS, "max_tokens": 100000}, "max_tokens is 100000: more than the model's context of 1024 tokens"),
+    ({"messages": MSGS, "max_tokens": 100000, "context_shift": "off"},
+     "max_tokens is 100000: more than the model's context of 1024 tokens"),   # with a shift it would go on
     ({"messages": [{"role": "user", "content": "word " * 1500}]}, "more than the model's context of 1024 tokens"),
     ({"messages": MSGS, "top_p": 0}, "top_p"),
     ({"messages": MSGS, "stop": [""]}, "stop"),

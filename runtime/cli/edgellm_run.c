@@ -376,7 +376,7 @@ int main(int argc, char** argv) {
     }
   }
   if (cache_path) { /* the prompt and the reply, as the context holds them */
-    if (el_context_save(c, cache_path) != 0) {
+    if (el_context_save(c, cache_path, -1) != 0) {
       fail("--prompt-cache");
       goto done;
     }

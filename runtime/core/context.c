@@ -59,7 +59,7 @@ static int kv_make_room(el_context* c, int pos) {
 }
 
 /* The lowest position besides 0 the context can go back to: a window cache holds no key below its base. */
-static int kv_floor(const el_context* c) {
+int el_kv_floor(const el_context* c) {
   int f = 0;
   for (uint32_t l = 0; l < c->m->h.n_layers; l++)
     if (c->kv_base[l] > 0 && c->kv_base[l] + (int)c->m->kv_layers[l].window - 1 > f)
@@ -70,7 +70,7 @@ static int kv_floor(const el_context* c) {
 /* Moves the context back to position n (0 <= n <= pos): 0 empties every cache; otherwise n must not be below
  * kv_floor. */
 int el_set_pos(el_context* c, int n) {
-  int floor = kv_floor(c);
+  int floor = el_kv_floor(c);
   if (n > 0 && n < floor)
     return el_error("cannot go back to position %d: the sliding-window layers no longer hold the keys it needs (go "
                     "back to 0 or to %d or later)", n, floor);
@@ -326,7 +326,7 @@ int el_prefill_locked(el_context* c, const int32_t* ids, int n, float* logits, i
 fail:
   /* rows written past start are never read before being rewritten; where a window cache moved past start, the
    * conversation is forgotten (position 0), and the prefill's own error stays the one reported */
-  el_set_pos(c, start > 0 && start < kv_floor(c) ? 0 : start);
+  el_set_pos(c, start > 0 && start < el_kv_floor(c) ? 0 : start);
   return -1;
 }
 
@@ -565,7 +565,7 @@ EL_API int el_rewind_floor(const el_context* c) {
   if (!c) return el_error("el_rewind_floor: context is NULL");
   el_context* w = (el_context*)c;
   pthread_mutex_lock(&w->mu);
-  int f = kv_floor(c);
+  int f = el_kv_floor(c);
   pthread_mutex_unlock(&w->mu);
   return f;
 }

@@ -251,6 +251,8 @@ EL_HIDDEN uint8_t* el_cache_of(el_context* c, uint32_t kind, uint32_t layer);
 /* Moves the context to position n <= pos (0 empties it); -1 with the error set where window caches no longer hold
  * the keys position n needs (context.c). */
 EL_HIDDEN int el_set_pos(el_context* c, int n);
+/* The lowest position besides 0 the context can go back to (window caches no longer hold the keys below it). */
+EL_HIDDEN int el_kv_floor(const el_context* c);
 /* The position a KV arg's AT_POS / PREFIX view is taken at: pos - the layer's base (window caches), else pos. */
 static inline int el_view_pos(const el_context* c, const el_plan_arg* a, int pos) {
   return (a->kind == EL_ARG_KCACHE || a->kind == EL_ARG_VCACHE) ? pos - c->kv_base[a->index] : pos;

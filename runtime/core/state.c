@@ -37,7 +37,7 @@ typedef struct {
 
 static size_t row_bytes(const el_model* m) { return (size_t)m->h.n_kv_heads * m->h.head_dim * sizeof(float); }
 
-static void header_of(const el_context* c, state_header* h) {
+static void header_of(const el_context* c, int pos, state_header* h) {
   const el_model* m = c->m;
   memset(h, 0, sizeof *h);
   memcpy(h->magic, STATE_MAGIC, 8);
@@ -47,7 +47,7 @@ static void header_of(const el_context* c, state_header* h) {
   h->kv_rows = m->h.kv_rows, h->max_ctx = m->h.max_ctx, h->vocab = m->h.vocab;
   memcpy(h->settings, m->settings, sizeof h->settings);
   h->staged_prefill = (uint32_t)m->staged_prefill;
-  h->pos = (uint32_t)c->pos;
+  h->pos = (uint32_t)pos;
 }
 
 /* Whether the context's caches are the host's (a GPU backend keeps its own: those are not saved). */
@@ -83,7 +83,7 @@ static int put(sink* s, const void* p, size_t n) {
   return 0;
 }
 
-EL_API int el_context_save(el_context* c, const char* path) {
+EL_API int el_context_save(el_context* c, const char* path, int n) {
   if (!c || !path) return el_error("el_context_save: context or path is NULL");
   pthread_mutex_lock(&c->mu);
   el_model* m = c->m;
@@ -91,6 +91,12 @@ EL_API int el_context_save(el_context* c, const char* path) {
   char tmp[4096];
   tmp[0] = 0;
   if (can_save(c, "saving a context") != 0) goto out;
+  if (n < 0) n = c->pos;
+  if (n > c->pos || (n > 0 && n < el_kv_floor(c))) {
+    el_error("cannot save the first %d tokens: the context holds %d%s", n, c->pos,
+             n <= c->pos ? ", and its sliding-window layers no longer hold what the first ones need" : "");
+    goto out;
+  }
   if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid()) >= sizeof tmp) {
     tmp[0] = 0;
     el_error("path too long: %s", path);
@@ -105,12 +111,16 @@ EL_API int el_context_save(el_context* c, const char* path) {
   s.fd = fd;
   el_sha256_init(&s.sum);
   state_header h;
-  header_of(c, &h);
-  int ok = put(&s, &h, sizeof h) == 0 && put(&s, c->kv_base, sizeof(int) * m->h.n_layers) == 0 &&
-           put(&s, c->ids, sizeof(int32_t) * (size_t)c->pos) == 0;
+  header_of(c, n, &h);
+  int ok = put(&s, &h, sizeof h) == 0;
+  for (uint32_t l = 0; ok && l < m->h.n_layers; l++) {
+    int b = n > 0 ? c->kv_base[l] : 0; /* the first n tokens: n >= every window's floor, so base <= n */
+    ok = put(&s, &b, sizeof b) == 0;
+  }
+  ok = ok && put(&s, c->ids, sizeof(int32_t) * (size_t)n) == 0;
   size_t row = row_bytes(m);
   for (uint32_t l = 0; ok && l < m->h.n_layers; l++) {
-    size_t held = (size_t)(c->pos - c->kv_base[l]) * row;
+    size_t held = n > 0 ? (size_t)(n - c->kv_base[l]) * row : 0;
     ok = put(&s, c->caches + m->kv_offset[2 * (size_t)l], held) == 0 &&
          put(&s, c->caches + m->kv_offset[2 * (size_t)l + 1], held) == 0;
   }
@@ -173,7 +183,7 @@ EL_API int el_context_load(el_context* c, const char* path) {
     goto out;
   }
   state_header h, want;
-  header_of(c, &want);
+  header_of(c, c->pos, &want); /* pos aside: mismatch() compares what must agree */
   if (get(&s, &h, sizeof h) != 0 || memcmp(h.magic, STATE_MAGIC, 8) != 0) {
     el_error("%s is not a saved edgellm context", path);
     goto out;

@@ -246,13 +246,17 @@ class Context(_Closes):
         that token is not handed on. No-op when none runs."""
         self._cancel.set()
 
-    def save(self, path) -> None:
-        """Save what this context holds (its KV cache rows, position and token ids) to `path`, atomically: a killed
-        process leaves the old file or the new one. load() in a context of the same package (same load settings)
-        continues from there without prefilling it again; CPU packages."""
+    def save(self, path, n_tokens: int | None = None) -> None:
+        """Save what this context holds (its KV cache rows, position and token ids; n_tokens: only its first ones,
+        e.g. a system prompt) to `path`, atomically: a killed process leaves the old file or the new one. load() in a
+        context of the same package (same load settings) continues from there without prefilling it again; CPU
+        packages."""
         path = _path_arg(path, "save")
+        if n_tokens is not None and (isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer))
+                                     or n_tokens < 0):
+            raise InputError(f"save: n_tokens={n_tokens!r} is not a token count")
         with self._lock.hold():
-            self._call(self._lib.el_context_save(self._handle(), path))
+            self._call(self._lib.el_context_save(self._handle(), path, -1 if n_tokens is None else int(n_tokens)))
 
     def load(self, path) -> int:
         """Replace what this context holds with a state save() wrote from the same package and load settings; returns

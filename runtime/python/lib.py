@@ -122,7 +122,7 @@ _SIGS = {
     "el_reset": (C.c_int, [P]),
     "el_rewind": (C.c_int, [P, C.c_int]),
     "el_rewind_floor": (C.c_int, [P]),
-    "el_context_save": (C.c_int, [P, C.c_char_p]),
+    "el_context_save": (C.c_int, [P, C.c_char_p, C.c_int]),
     "el_context_load": (C.c_int, [P, C.c_char_p]),
     "el_context_tokens": (C.c_int, [P, I32P, C.c_int]),
     "el_prefill": (C.c_int, [P, I32P, C.c_int, F32P, C.c_int]),

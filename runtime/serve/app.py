@@ -133,8 +133,8 @@ class Metrics:
 
 def create_app(runtime: Runtime, model_id: str, parallel: int = 1, api_key: str | None = None,
                threads: int | None = None, allowed_hosts=(), allowed_origins=(), max_body: int = MAX_BODY,
-               aliases=()) -> FastAPI:
-    pool = SlotPool(runtime, parallel, threads)
+               aliases=(), prompt_cache=None) -> FastAPI:
+    pool = SlotPool(runtime, parallel, threads, disk=prompt_cache)
     metrics = Metrics(pool)
     app = FastAPI(title="edgellm", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.pool, app.state.runtime, app.state.metrics = pool, runtime, metrics

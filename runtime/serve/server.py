@@ -40,7 +40,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 def serve(package, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1, api_key: str | None = None,
           threads: int | None = None, model_id: str | None = None, load: dict | None = None,
-          allowed_hosts=(), allowed_origins=(), max_body: int | str | None = None, aliases=()) -> None:
+          allowed_hosts=(), allowed_origins=(), max_body: int | str | None = None, aliases=(),
+          prompt_cache_dir: str | None = None, prompt_cache_size: int | str = "1GiB") -> None:
     import uvicorn
 
     from ..python.api import Runtime
@@ -55,6 +56,7 @@ def serve(package, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1,
     from .guard import MAX_BODY
 
     limit = MAX_BODY if max_body is None else parse_bytes(max_body, "--max-body")
+    cache_bytes = parse_bytes(prompt_cache_size, "--prompt-cache-size")
     if (load or {}).get("memory_budget") is not None:
         parse_bytes(load["memory_budget"], "--memory-budget")
     digest = (load or {}).get("digest")
@@ -67,9 +69,14 @@ def serve(package, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1,
         package = package()
     with Runtime.load(package, threads=threads, **(load or {})) as rt:
         name = model_id or rt.manifest.get("model", {}).get("source", str(package)).rstrip("/").split("/")[-1]
+        disk = None
+        if prompt_cache_dir is not None:
+            from .prompt_cache import PromptCacheDir
+
+            disk = PromptCacheDir(prompt_cache_dir, package, cache_bytes)
         app = create_app(rt, name, parallel, api_key, threads, allowed_hosts=tuple(allowed_hosts),
                          allowed_origins=tuple(allowed_origins), max_body=limit,
-                         aliases=tuple(aliases))
+                         aliases=tuple(aliases), prompt_cache=disk)
         url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
         print(f"edgellm serve: {name} on {url} ({parallel} slot{'s' if parallel > 1 else ''}, context "
               f"{rt.max_context} tokens{', API key required' if api_key else ''})\n"

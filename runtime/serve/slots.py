@@ -41,8 +41,9 @@ class Finished:
 
 
 class SlotPool:
-    def __init__(self, runtime: Runtime, n: int, threads: int | None = None):
+    def __init__(self, runtime: Runtime, n: int, threads: int | None = None, disk=None):
         self.runtime = runtime
+        self.disk = disk   # a PromptCacheDir (--prompt-cache-dir), or None
         self.slots = [Slot(i, runtime.new_context(threads)) for i in range(n)]
         self.waiting = 0
         self._cond: asyncio.Condition | None = None
@@ -89,11 +90,15 @@ class SlotPool:
         def work():
             r: dict = {}
             try:
+                if self.disk is not None:   # a saved prefix of this prompt, where the slot holds less of it
+                    self.disk.prepare(slot.ctx, ids)
                 pieces = slot.ctx.stream(ids, reuse_prefix=True, _result=r, **params)
                 if stop.is_set():   # cancelled before the stream existed
                     slot.ctx.cancel()
                 for piece in pieces:
                     loop.call_soon_threadsafe(queue.put_nowait, piece)
+                if self.disk is not None and r.get("finish_reason") != "cancelled":
+                    self.disk.remember(slot.ctx, ids)   # before the slot is free: nothing else runs on it
                 loop.call_soon_threadsafe(queue.put_nowait, Finished(r))
             except Exception as e:  # noqa: BLE001 - the consumer re-raises it: a runtime error or a bug, never a hang
                 loop.call_soon_threadsafe(queue.put_nowait, e)

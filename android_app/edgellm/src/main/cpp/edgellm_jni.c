@@ -230,7 +230,7 @@ JNIEXPORT void JNICALL FN(contextSave)(JNIEnv* env, jclass cls, jlong h, jbyteAr
     throw_error(env, "out of memory");
     return;
   }
-  if (el_context_save(((jctx*)(intptr_t)h)->c, p) != 0) throw_error(env, NULL);
+  if (el_context_save(((jctx*)(intptr_t)h)->c, p, -1) != 0) throw_error(env, NULL);
   free(p);
 }
 
