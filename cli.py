@@ -90,11 +90,14 @@ def cli():
 @click.option("--verify-tokens", type=click.IntRange(0, 32), default=None, metavar="N",
               help="tokens per pass of the verify program speculative decoding runs (2..32; 0: none) [default: 8; "
                    "bench/verify_cost.py measures what each width costs here]")
+@click.option("--kv-cache", type=click.Choice(["f32", "f16"]), default="f32", show_default=True,
+              help="the K/V caches' element type: f16 halves what a context's cache takes (CPU targets; README "
+                   "\"Saved contexts\" / \"KV cache\")")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune,
                 npu_chunk, npu_quant, npu_act, soc, npu_weights, npu_residual, npu_outliers, layout, bundle_neurons,
                 ffn_threshold, expert_prefetch_distance, expert_guesser, expert_guess_width, swa_full, verify_tokens,
-                quiet):
+                kv_cache, quiet):
     """Compile MODEL (a Hugging Face checkpoint directory, hub id or demo name) into a package."""
     from .compiler.driver import compile_model
 
@@ -104,7 +107,7 @@ def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, m
                   layout=layout, bundle_neurons=bundle_neurons, ffn_threshold=ffn_threshold,
                   expert_prefetch_distance=expert_prefetch_distance, expert_guesser=expert_guesser,
                   expert_guess_width=expert_guess_width, npu_weights=npu_weights, npu_residual=npu_residual,
-                  npu_act=npu_act, swa_full=swa_full, verify_tokens=verify_tokens)
+                  npu_act=npu_act, swa_full=swa_full, verify_tokens=verify_tokens, kv_cache=kv_cache)
 
 
 @cli.command("tune")
@@ -697,14 +700,16 @@ def _kv_line(m: dict, c: dict) -> str:
     """The KV cache of one context, and what the sliding-window layers' window caches save."""
     from types import SimpleNamespace
 
-    from .compiler.kv_layout import kv_cache_bytes
+    from .compiler.kv_layout import KV_CACHE_TYPES, kv_cache_bytes
 
     spec = SimpleNamespace(n_kv_heads=c["n_kv_heads"], head_dim=c["head_dim"])
     full = [(m["kv_rows"], 0)] * c["n_layers"]
     layers = [tuple(x) for x in m.get("kv_layers") or full]
-    have, whole = kv_cache_bytes(spec, layers), kv_cache_bytes(spec, full)
+    kind = m.get("kv_cache", "f32")
+    bits = KV_CACHE_TYPES[kind][1]
+    have, whole = kv_cache_bytes(spec, layers, bits), kv_cache_bytes(spec, full, bits)
     n = sum(rows < m["kv_rows"] for rows, _ in layers)
-    return f"KV cache {have / 2**20:.1f} MiB" + (
+    return f"KV cache {have / 2**20:.1f} MiB ({kind})" + (
         f" ({n} sliding-window layers keep {min(r for r, _ in layers)} of {m['kv_rows']} rows: "
         f"{(whole - have) / 2**20:.1f} MiB ({100 * (whole - have) / whole:.0f}%) less than {whole / 2**20:.1f} MiB)"
         if n else "")

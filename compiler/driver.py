@@ -16,7 +16,7 @@ from ..models import load_checkpoint
 from ..models.rope import cos_sin, resolve_longrope
 from ..models.rope import table_of as rope_table_of
 from ..quant import SCHEMES, body_schemes, get_scheme, head_schemes
-from ..runtime.contract import FORMAT_VERSION, MANIFEST, PLAN, ROUTING, WEIGHTS
+from ..runtime.contract import BACKEND_TVM_CPU, FORMAT_VERSION, MANIFEST, PLAN, ROUTING, WEIGHTS
 from ..targets import get_target, short_prefill_chunk
 from .device_binary import BIN_DIR, BINARY, build_edgellm_run
 from .backends import kernel_backend
@@ -120,7 +120,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                   expert_prefetch_distance: int | None = None, expert_guesser: str = "fitted",
                   expert_guess_width: int | None = None, npu_weights: str = "rtn",
                   npu_residual: str | None = None, npu_act: str | None = None, swa_full: bool = False,
-                  verify_tokens: int | None = None) -> Path:
+                  verify_tokens: int | None = None, kv_cache: str = "f32") -> Path:
     """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
     body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
     calibrated on calib (a text file) or the built-in sample. tune: off | quick | full (compiler/tune; None: quick
@@ -128,7 +128,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     expert_prefetch_distance (MoE): decode guesses layer L's experts from the residual stream entering layer
     L - D + 1 (1: layer L's own input; 0: no guesses; None: 1), so an expert cache reads them ahead; expert_guesser:
     "fitted" (a per-layer map fitted on calib text, compiler/expert_guess.py) or "router" (layer L's own router);
-    expert_guess_width: how many of the most likely experts each guess names (None: top-k)."""
+    expert_guess_width: how many of the most likely experts each guess names (None: top-k). kv_cache: the K/V
+    caches' element type, "f32" or "f16" (half the memory; CPU targets)."""
     t_start = time.perf_counter()
     for name, v, lo, hi in (("--max-context", max_context, 1, 1 << 24), ("--prefill-chunk", prefill_chunk, 1, 1024),
                             ("--npu-chunk", npu_chunk, 1, 1024)):
@@ -139,6 +140,14 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     tune_mode = resolve_mode(tune, tgt)
     npu = npu_options(tgt, npu_chunk, npu_quant, soc, npu_outliers, npu_weights, npu_residual, npu_act)
     _check_layout(layout, bundle_neurons, ffn_threshold, gptq, npu, tgt)
+    from .kv_layout import KV_CACHE_TYPES
+
+    if kv_cache not in KV_CACHE_TYPES:
+        raise CompileError(f"--kv-cache {kv_cache!r} is not one of {', '.join(KV_CACHE_TYPES)}")
+    if kv_cache != "f32" and (npu or kernels.name != BACKEND_TVM_CPU):
+        raise CompileError(f"--kv-cache {kv_cache}: target {tgt.name} keeps K/V in f32 (its "
+                           f"{'NPU graphs' if npu else 'GPU kernels'} read them so); use --kv-cache f32")
+    kv_dtype, kv_bits = KV_CACHE_TYPES[kv_cache]
     _check_schemes_and_calib(quant, head_quant, calib, tgt)
     if out is not None:
         check_destination(out)   # fail before any work when the output place is wrong
@@ -252,7 +261,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                                 short_chunk=short, verify_tokens=verify, fuse=fuse, npu_chunk=npu.chunk if npu else None,
                                 bundles=bundles, expert_lookahead=lookahead, matrix_schemes=own,
                                 guessed_layers=guess.weights if guess else (), guess_width=width,
-                                **kernels.lower_args())
+                                kv_dtype=kv_dtype, **kernels.lower_args())
     if tuner is not None:
         tuner.guarded("decode knobs", lambda: tuner.decode_prefetch(
             low.kernels, next(p for p in programs if p.name == "decode")), None)
@@ -268,7 +277,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
         write_plan(tmp / PLAN, arch=tgt.arch, features=list(tgt.features), target=tgt.name, build_id=build_id,
                    spec=spec, max_ctx=max_ctx, chunk=chunk, kv_rows=kv_rows,
                    weight_regions=[(t["offset"], t["nbytes"]) for t in table], weights_bytes=wbytes,
-                   kernels=kernel_table, programs=programs, sampling=sampling, kv_layers=kv_table)
+                   kernels=kernel_table, programs=programs, sampling=sampling, kv_layers=kv_table,
+                   kv_dtype_bits=kv_bits)
         _log(progress, f"weights: {wbytes / 2**20:.1f} MiB written")
         t0 = time.perf_counter()
         with Step(f"building {len(low.kernels.names)} kernels with TVM for {tgt.name}", progress):
@@ -310,7 +320,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                       "n_params": n_params, "source_types": _source_types(spec, ck, scheme, head_scheme, gptq, own),
                       **({"matrix_schemes": dict(Counter(s.name for s in own.values()))} if own else {})},
             "max_context": max_ctx, "prefill_chunk": chunk, "prefill_short_chunk": short, "kv_rows": kv_rows,
-            "verify_tokens": verify,
+            "verify_tokens": verify, "kv_cache": kv_cache,
             "kv_layers": [list(x) for x in kv_table],
             "files": {"plan": PLAN, "weights": WEIGHTS, "binary": f"{BIN_DIR}/{BINARY}",
                       **kernels.files,

@@ -28,7 +28,10 @@ def kv_layers(spec, max_ctx: int, kv_rows: int, window_caches: bool = True) -> l
     return out
 
 
-def kv_cache_bytes(spec, layers: list[tuple[int, int]]) -> int:
-    """Bytes of one context's f32 K and V caches (each layer's rounded to 64 bytes, as the runtime maps them)."""
-    row = spec.n_kv_heads * spec.head_dim * 4
+KV_CACHE_TYPES = {"f32": ("float32", 32), "f16": ("float16", 16)}   # --kv-cache: TIR dtype, plan kv_dtype_bits
+
+
+def kv_cache_bytes(spec, layers: list[tuple[int, int]], bits: int = 32) -> int:
+    """Bytes of one context's K and V caches (each layer's rounded to 64 bytes, as the runtime maps them)."""
+    row = spec.n_kv_heads * spec.head_dim * bits // 8
     return sum(2 * (-(-rows * row // 64) * 64) for rows, _ in layers)

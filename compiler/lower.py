@@ -169,7 +169,7 @@ class Lowering:
 
     def __init__(self, spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, rope_rows: int, quantized=None,
                  fuse: bool = True, bundles=None, make_kernel=None, backend: str = BACKEND_TVM_CPU,
-                 matrix_schemes=None):
+                 matrix_schemes=None, kv_dtype: str = "float32"):
         if make_kernel is None:
             from .ops import make_kernel
 
@@ -183,6 +183,7 @@ class Lowering:
         self.matrix_schemes = dict(matrix_schemes or {})
         self.quantized = quantized or {}    # name -> parts computed ahead (GPTQ, a file's blocks), for its scheme
         self.rope_rows = rope_rows
+        self.kv_dtype = kv_dtype            # the K/V caches' element type (float32 | float16)
         self.fuse = fuse                    # one kernel per group of linears on one input (fuse_linears)
         self.bundles = bundles              # neuron-bundled FFNs (compiler/bundled_ffn.BundleLayout) or None
         self.experts: dict = {}             # MoE layer's experts prefix -> (first weight, views, gate/up parts)
@@ -319,7 +320,9 @@ class Lowering:
             if n.op == "kv_store":
                 for v, kind in zip(n.inputs, (KCACHE, VCACHE)):
                     p = producer.get(v.id)
-                    if p is not None and consumers[v.id] == 1 and p.op in ("rope", "linear", FUSED):
+                    # a float32 cache only: producers write f32 rows (a float16 cache's rows come through a copy)
+                    if (p is not None and consumers[v.id] == 1 and p.op in ("rope", "linear", FUSED)
+                            and self.kv_dtype == "float32"):
                         kv_loc[v.id] = (kind, n.params["layer"])   # else _lower_node emits a copy
         # 2. lifetimes
         last_use: dict[int, int] = {}
@@ -413,8 +416,9 @@ class Lowering:
             W = s.window(layer)   # sliding window; one at least as long as the KV cache (rope_rows) never cuts
             tree = [self._tree] if self._tree else []
             k = self._kernel("attention", T=T, NH=NH, KVH=KVH, D=D, W=0 if W >= self.rope_rows else W,
-                             cap=float(np.float32(s.attn_softcap)), **({"M": True} if tree else {}))
-            kv = [Arg(kind, layer, "float32", (T, KVH, D), PREFIX) for kind in (KCACHE, VCACHE)]
+                             cap=float(np.float32(s.attn_softcap)), **({"M": True} if tree else {}),
+                             **({"kv": self.kv_dtype} if self.kv_dtype != "float32" else {}))
+            kv = [Arg(kind, layer, self.kv_dtype, (T, KVH, D), PREFIX) for kind in (KCACHE, VCACHE)]
             return [Step(k, [act(n.inputs[0], (T, NH, D)), *kv, *tree, act(n.out)])]
         if op in ("add", "swiglu", "relu2_mul", "gelu_mul"):
             R, N = n.out.shape
@@ -427,9 +431,10 @@ class Lowering:
         if op == "kv_store":
             steps = []
             for v, kind in zip(n.inputs, (KCACHE, VCACHE)):
-                dst = Arg(kind, n.params["layer"], "float32", v.shape, AT_POS)
-                if act(v).kind != kind:   # not produced in place: copy into the cache rows
-                    steps.append(Step(self._kernel("copy", R=v.shape[0], N=v.shape[1]), [act(v), dst]))
+                dst = Arg(kind, n.params["layer"], self.kv_dtype, v.shape, AT_POS)
+                if act(v).kind != kind:   # not produced in place: copy into the cache rows (f16: rounded)
+                    dt = {"dtype": self.kv_dtype} if self.kv_dtype != "float32" else {}
+                    steps.append(Step(self._kernel("copy", R=v.shape[0], N=v.shape[1], **dt), [act(v), dst]))
             return steps
         raise AssertionError(f"no lowering for op {op}")
 
@@ -448,7 +453,8 @@ def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: in
                 kv_rows: int, quantized=None, short_chunk: int | None = None, verify_tokens: int | None = None,
                 fuse: bool = True, npu_chunk: int | None = None, bundles=None,
                 expert_lookahead: int = 0, guessed_layers=(), guess_width: int = 0, make_kernel=None,
-                backend: str = BACKEND_TVM_CPU, matrix_schemes=None) -> tuple[Lowering, list[Program]]:
+                backend: str = BACKEND_TVM_CPU, matrix_schemes=None,
+                kv_dtype: str = "float32") -> tuple[Lowering, list[Program]]:
     """expert_lookahead: decode predicts each MoE layer's experts from the residual stream this many layers
     earlier (1: at the layer's own input; 0: no predictions), naming guess_width experts (0: top-k); the layers in
     guessed_layers use a fitted guesser (compiler/expert_guess.py). fuse: one kernel per group of linears on one
@@ -459,7 +465,7 @@ def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: in
 
     fam = family(spec)
     low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows, quantized, fuse, bundles, make_kernel, backend,
-                   matrix_schemes)
+                   matrix_schemes, kv_dtype)
     low.guessed_layers = set(guessed_layers)
     progs = []
     for name, tokens, body, head in PROGRAMS:

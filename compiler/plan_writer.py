@@ -18,7 +18,7 @@ def _cstr(s: str, n: int) -> bytes:
 def write_plan(path, *, arch: str, features: list[str], target: str, build_id: bytes, spec, max_ctx: int, chunk: int,
                kv_rows: int, weight_regions: list[tuple[int, int]], weights_bytes: int,
                kernels: list[tuple[str, int, int, int]], programs: list[Program], sampling: dict | None = None,
-               kv_layers: list[tuple[int, int]] | None = None) -> None:
+               kv_layers: list[tuple[int, int]] | None = None, kv_dtype_bits: int = 32) -> None:
     """kernels: (name, n_args, flags, writes) per kernel; sampling: defaults from generation_config.json; kv_layers:
     (rows, window) per layer (compiler/kv_layout.py; None: every layer kv_rows rows, window 0)."""
     eos = list(spec.eos_token_ids)[:K.MAX_EOS]
@@ -27,7 +27,7 @@ def write_plan(path, *, arch: str, features: list[str], target: str, build_id: b
         magic=K.PLAN_MAGIC, version=K.PLAN_VERSION, arch=K.ARCH[arch], features=_cstr(",".join(features), 64),
         target=_cstr(target, 32), build_id=build_id, vocab=spec.vocab_size, dim=spec.hidden_size,
         n_layers=spec.n_layers, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, max_ctx=max_ctx, chunk=chunk,
-        kv_rows=kv_rows, kv_dtype_bits=32, n_weights=len(weight_regions), n_kernels=len(kernels),
+        kv_rows=kv_rows, kv_dtype_bits=kv_dtype_bits, n_weights=len(weight_regions), n_kernels=len(kernels),
         n_programs=len(programs), arena_bytes=max(p.arena_bytes for p in programs), weights_bytes=weights_bytes,
         bos_id=-1 if spec.bos_token_id is None else spec.bos_token_id, n_eos=len(eos),
         eos_ids=eos + [0] * (K.MAX_EOS - len(eos)), **{f"sampling.{k}": v for k, v in samp.items()},

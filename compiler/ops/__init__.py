@@ -13,13 +13,13 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 | rmsnorm   | R, D, eps                 | x f32[R, D], w f32[D], out f32[R, D]                             |
 | linear    | T, N, K, wdtype, bias     | x f32[T, K], W wdtype[N, K], [b f32[N]], out f32[T, N]           |
 | rope      | T, H, D                   | x f32[T, H, D], cos f32[T, D/2], sin f32[T, D/2], out f32[T, H, D] |
-| attention | T, NH, KVH, D, W          | q f32[T, NH, D], k/v f32[S, KVH, D], out f32[T, NH*D] (S: symbolic int64 "S") |
+| attention | T, NH, KVH, D, W, kv      | q f32[T, NH, D], k/v kv[S, KVH, D], out f32[T, NH*D] (S: symbolic int64 "S") |
 | add       | R, N                      | a, b f32[R, N], out f32[R, N]                                    |
 | swiglu    | T, F                      | g, u f32[T, F], out f32[T, F]                                    |
 | gelu_mul  | T, F                      | g, u f32[T, F], out f32[T, F] (gelu_tanh(g) * u)                 |
 | scale     | R, N, c                   | a f32[R, N], out f32[R, N] (a * c; out may be a)                 |
 | softcap   | R, N, c                   | a f32[R, N], out f32[R, N] (c * tanh(a / c); out may be a)       |
-| copy      | R, N                      | a f32[R, N], out f32[R, N]                                       |
+| copy      | R, N, dtype               | a f32[R, N], out dtype[R, N] (K/V cache rows: float32 or float16)  |
 | linear_q8 | T, N, K, bias             | x f32[T, K], qweight u8[N, K], scales f32[N], [b], out f32[T, N] |
 | linear_q4 | T, N, K, G, bias          | x f32[T, K], qweight u8[N, K/2], scales f16[N, K/G], [b], out    |
 | linear_q6 | T, N, K, bias             | x f32[T, K], qweight u8[N, 3K/4], scales f16[N, K/32], [b], out |
@@ -46,6 +46,7 @@ wdtype is "float32" or "float16" (default "float32"); bias defaults to False. Ev
 (default (): one matrix): row counts N_0, N_1, ... summing to N when W (and b) stack several matrices computed in
 one call (q/k/v, gate/up: compiler/lower.py); the kernel then takes one output per matrix, out_s f32[T, N_s], as
 its last args, and linear_t2's scale is f32[nseg] (one per matrix). Named "_s<N_0>x<N_1>..." only when fused.
+attention's kv: the K/V caches' element type ("float32" default, or "float16": widened as read; --kv-cache);
 attention's W: sliding window (query at position p attends keys p-W+1 .. p), default 0 = full causal attention;
 named "_w<W>" only when W > 0. Its cap: logit soft-capping (cap * tanh(score / cap), Gemma 2), default 0 = none;
 named "_cap<cap>" only when > 0.
@@ -132,6 +133,8 @@ ROWS = ("rows", "rows", bool, False)   # row-limited variant (rows.py); left out
 # int params that may be 0 (meaning "off"); they are left out of the kernel name when 0, so the names of kernels
 # from before the param existed do not change
 ZERO_OFF = {("attention", "W"), ("attention", "cap")}
+# dtype params left out of the kernel name at their default (float32), likewise
+DEFAULT_OFF = {("attention", "kv"), ("copy", "dtype")}
 # bool params left out of the kernel name when off (so the names of kernels from before them do not change)
 NAMED_WHEN_ON = {("rope", "P"), ("attention", "M"), ("linear", "rows")}
 OPS = {
@@ -145,10 +148,10 @@ OPS = {
              ("P", "tree", bool, False)],
     "attention": [("T", "t", int, REQUIRED), ("NH", "nh", int, REQUIRED), ("KVH", "kvh", int, REQUIRED),
                   ("D", "d", int, REQUIRED), ("W", "w", int, 0), ("cap", "cap", float, 0.0),
-                  ("M", "tree", bool, False)],
+                  ("M", "tree", bool, False), ("kv", "kv", str, "float32")],
     "add": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
-    "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
+    "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED), ("dtype", "", str, "float32")],
     "relu2_mul": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "gelu_mul": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "scale": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED), ("c", "c", float, REQUIRED)],
@@ -218,10 +221,10 @@ def kernel_params(op: str, params: dict) -> dict:
             v = bool(v)
         elif typ is tuple:
             v = check_segs(v, out["N"])
-        elif name == "wdtype":
+        elif name in ("wdtype", "kv", "dtype"):
             v = str(v)
             if v not in ("float32", "float16"):
-                raise ValueError(f"{op}: wdtype must be 'float32' or 'float16', got {v!r}")
+                raise ValueError(f"{op}: {name} must be 'float32' or 'float16', got {v!r}")
         out[name] = v
     if op == "attention" and out["NH"] % out["KVH"]:
         raise ValueError(f"attention: NH={out['NH']} is not a multiple of KVH={out['KVH']}")
@@ -251,6 +254,7 @@ def _name(op: str, p: dict) -> str:
     return kernel_name(op, [(short, "x".join(map(str, p[name])) if typ is tuple else p[name])
                             for name, short, typ, _ in op_spec(op)
                             if not ((op, name) in ZERO_OFF and p[name] == 0) and not (typ is tuple and not p[name])
+                            and not ((op, name) in DEFAULT_OFF and p[name] == "float32")
                             and not (typ is bool and not p[name] and (op, name) in NAMED_WHEN_ON
                                      or name == "rows" and not p[name])])
 
@@ -268,7 +272,7 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
     if op == "attention":
         return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast, W=p["W"], cap=p["cap"],
-                               M=p["M"])
+                               M=p["M"], KV=p["kv"])
     simple_cpu = cpu if fast else CpuInfo(vector_lanes=1, num_threads=1, arch=cpu.arch)
     if op in KERNEL_OPS:
         traits = KERNEL_OPS[op].traits
@@ -288,7 +292,7 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
     if op == "swiglu":
         return _ew.swiglu(simple_cpu, p["T"], p["F"])
     if op == "copy":
-        return _ew.copy(simple_cpu, p["R"], p["N"])
+        return _ew.copy(simple_cpu, p["R"], p["N"], p["dtype"])
     if op == "relu2_mul":
         return _ew.relu2_mul(simple_cpu, p["T"], p["F"])
     if op == "gelu_mul":

@@ -36,12 +36,17 @@ from ._util import F32, STACK, concat_vecs, fast_exp, fast_tanh, hmax, hsum, let
 NEG = -3.0e38
 
 
+def kv_load(buf, j, kh, d):
+    """A K or V element as float32 (a float16 cache's widened exactly: vcvtph2ps / fcvtl when vectorized)."""
+    return buf[j, kh, d] if buf.dtype == F32 else T.Cast(F32, buf[j, kh, d])
+
+
 def dot_part(Kc, qs, qoff, j, kh, l, VD, ND):
     """Lane l (< VD) of the partial sums of q . k[j]: sum over d = l, l + VD, ... (used inside a loop
     vectorized over l)."""
     p = None
     for dc in range(ND):
-        term = qs[qoff + dc * VD + l] * Kc[j, kh, dc * VD + l]
+        term = qs[qoff + dc * VD + l] * kv_load(Kc, j, kh, dc * VD + l)
         p = term if p is None else p + term
     return p
 
@@ -79,7 +84,7 @@ def blocking(cpu, T_: int, NH: int, KVH: int):
 
 
 def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int = 0, cap: float = 0.0,
-         M: bool = False):
+         M: bool = False, KV: str = F32):
     """simple=True: one row per task, per-key dot products only (fallback).
     W > 0: sliding window, query t attends keys max(0, n_t - W) <= j < n_t; W = 0: full causal attention.
     cap > 0: scores soft-capped to cap * tanh(s / cap) (cap = 0 generates exactly the kernel without it).
@@ -88,7 +93,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
     (i <= d) the batch row of its ancestor at depth i (tree[1 + t, d] = t). The row attends the keys a decode step at
     its position would see, in the same order and the same chunks (key n0 + i of that sequence is batch row
     tree[1 + t, i]), so that its sums round exactly as decode's do: a tree's rows are then bitwise those of decoding
-    their paths wherever the kernels of one token are. M = False generates exactly the kernel without it."""
+    their paths wherever the kernels of one token are. M = False generates exactly the kernel without it.
+    KV: the K/V caches' element type (float32, or float16: each element widened as it is read; the sums stay f32)."""
     if NH % KVH != 0:
         raise ValueError(f"NH={NH} not a multiple of KVH={KVH}")
     VL = cpu.vector_lanes
@@ -175,8 +181,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                             part[l] = T.float32(0)
                                         for dc in T.unroll(ND):
                                             for l in T.vectorized(VD):
-                                                part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[
-                                                    key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l]
+                                                part[l] = part[l] + qs[r * D + dc * VD + l] * kv_load(
+                                                    Kc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
                                         sc[jj] = capped(hsum(part, VD))
                             st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
                             st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
@@ -192,7 +198,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                     for dc in T.unroll(ND):
                                         for l in T.vectorized(VD):
                                             ar[dc * VD + l] = (
-                                                ar[dc * VD + l] + sc[jj] * Vc[key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l])
+                                                ar[dc * VD + l] + sc[jj] * kv_load(Vc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l))
                             for dc in T.unroll(ND):
                                 for l in T.vectorized(VD):
                                     acc[r * D + dc * VD + l] = ar[dc * VD + l]
@@ -220,8 +226,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                         part[l] = T.float32(0)
                                     for dc in T.unroll(ND):
                                         for l in T.vectorized(VD):
-                                            part[l] = part[l] + qs[r * D + dc * VD + l] * Kc[
-                                                key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l]
+                                            part[l] = part[l] + qs[r * D + dc * VD + l] * kv_load(
+                                                Kc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
                                     sc[jj] = capped(hsum(part, VD))
                             st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
                             st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
@@ -236,7 +242,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                 for dc in T.unroll(ND):
                                     for l in T.vectorized(VD):
                                         ar[dc * VD + l] = (
-                                            ar[dc * VD + l] + sc[jj] * Vc[key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l])
+                                            ar[dc * VD + l] + sc[jj] * kv_load(Vc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l))
                             for dc in T.unroll(ND):
                                 for l in T.vectorized(VD):
                                     acc[r * D + dc * VD + l] = ar[dc * VD + l]
@@ -252,8 +258,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             T.func_attr({"tirx.noalias": True})
             S = T.int64()
             Q = T.match_buffer(q, (T_, NH, D), F32)
-            Kc = T.match_buffer(k, (S, KVH, D), F32)
-            Vc = T.match_buffer(v, (S, KVH, D), F32)
+            Kc = T.match_buffer(k, (S, KVH, D), KV)
+            Vc = T.match_buffer(v, (S, KVH, D), KV)
             TR = T.match_buffer(tr, (T_ + 1, T_), "int32")
             O = T.match_buffer(o, (T_, NH * D), F32)
             body(Q, Kc, Vc, TR, O, S)
@@ -264,8 +270,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
         T.func_attr({"tirx.noalias": True})
         S = T.int64()
         Q = T.match_buffer(q, (T_, NH, D), F32)
-        Kc = T.match_buffer(k, (S, KVH, D), F32)
-        Vc = T.match_buffer(v, (S, KVH, D), F32)
+        Kc = T.match_buffer(k, (S, KVH, D), KV)
+        Vc = T.match_buffer(v, (S, KVH, D), KV)
         O = T.match_buffer(o, (T_, NH * D), F32)
         body(Q, Kc, Vc, Q, O, S)   # no tree: its argument is never read
     return attention

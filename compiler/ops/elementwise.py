@@ -20,7 +20,7 @@ def _outer(elems: int):
 GELU_C = 0.7978845608028654   # sqrt(2 / pi)
 
 
-def _flat(kind: str, cpu, R: int, N: int, c: float = 1.0):
+def _flat(kind: str, cpu, R: int, N: int, c: float = 1.0, odtype: str = F32):
     """add / swiglu / gelu_mul / relu2_mul / copy / scale (by the constant c) over R*N contiguous elements."""
     VL = cpu.vector_lanes
     M = R * N
@@ -32,8 +32,8 @@ def _flat(kind: str, cpu, R: int, N: int, c: float = 1.0):
     def body(a, b, i):
         if kind == "add":
             return a[i] + b[i]
-        if kind == "copy":
-            return a[i]
+        if kind == "copy":   # into a K/V cache of odtype (float16: rounded to nearest)
+            return a[i] if odtype == F32 else T.Cast(odtype, a[i])
         if kind == "scale":
             return a[i] * T.float32(c)
         if kind == "softcap":   # Gemma 2's final logits: c * tanh(a / c)
@@ -53,9 +53,9 @@ def _flat(kind: str, cpu, R: int, N: int, c: float = 1.0):
         def kern(a: T.handle, o: T.handle):
             T.func_attr({"tirx.noalias": True})
             A = T.match_buffer(a, (R, N), F32)
-            O = T.match_buffer(o, (R, N), F32, align=VIEW_ALIGN)  # copy writes K/V cache rows
+            O = T.match_buffer(o, (R, N), odtype, align=VIEW_ALIGN)  # copy writes K/V cache rows
             Af = T.decl_buffer((M,), F32, data=A.data)
-            Of = T.decl_buffer((M,), F32, data=O.data, align=VIEW_ALIGN)
+            Of = T.decl_buffer((M,), odtype, data=O.data, align=VIEW_ALIGN)
             for i in outer(Mm // B):
                 for l in T.vectorized(B):
                     Of[i * B + l] = body(Af, None, i * B + l)
@@ -98,8 +98,8 @@ def gelu_mul(cpu, T_: int, F: int):
     return _flat("gelu_mul", cpu, T_, F)
 
 
-def copy(cpu, R: int, N: int):
-    return _flat("copy", cpu, R, N)
+def copy(cpu, R: int, N: int, dtype: str = F32):
+    return _flat("copy", cpu, R, N, odtype=dtype)
 
 
 def scale(cpu, R: int, N: int, c: float):

@@ -494,6 +494,8 @@ static void cl_close(void* state) {
 }
 
 static int cl_open(el_model* m, const char* dir, uint32_t programs, void** state) {
+  if (m->h.kv_dtype_bits != 32) /* its kernels read f32 caches (the compiler refuses --kv-cache f16 for them) */
+    return el_error("the opencl backend keeps an f32 KV cache; this package's is %u-bit", m->h.kv_dtype_bits);
   opencl* b = calloc(1, sizeof *b);
   if (!b) return el_error("out of memory");
   pthread_mutex_init(&b->mu, NULL);

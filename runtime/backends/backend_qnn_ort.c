@@ -460,6 +460,8 @@ static int qnn_open(el_model* m, const char* dir, uint32_t programs, void** stat
   if (programs != 1u << EL_PROG_STAGE_RUN)
     return el_error("the qnn_ort backend runs a staged prefill's graphs (npu_prefill) and nothing else: recompile the "
                     "package with --target android-npu");
+  if (m->h.kv_dtype_bits != 32) /* its graphs write f32 caches (the compiler refuses --kv-cache f16 for them) */
+    return el_error("the qnn_ort backend writes an f32 KV cache; this package's is %u-bit", m->h.kv_dtype_bits);
   qnn* q = calloc(1, sizeof *q);
   if (!q) return el_error("out of memory");
   if (open_sessions(m, dir, q) != 0) {

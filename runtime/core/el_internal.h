@@ -169,6 +169,11 @@ struct el_model {
 
 #define EL_MAX_DRAFT 31 /* drafts per verify pass at most (the verify program's tokens - 1 bounds it too) */
 
+/* Bytes of one K (or V) cache row: every KV head's head_dim elements of kv_dtype_bits (f32 or f16). */
+static inline size_t el_kv_row_bytes(const el_plan_header* h) {
+  return (size_t)h->n_kv_heads * h->head_dim * (h->kv_dtype_bits / 8);
+}
+
 /* Generation state (generate.c), one per context. */
 typedef struct {
   int active;

@@ -78,9 +78,9 @@ static int check_header(const el_plan_header* h, size_t file_size) {
   if (h->max_ctx == 0 || h->max_ctx > (1u << 30)) return corrupt("max_ctx %u", h->max_ctx);
   if (h->chunk == 0 || h->chunk > (1u << 20)) return corrupt("chunk %u", h->chunk);
   if (h->kv_rows < h->max_ctx) return corrupt("kv_rows %u < max_ctx %u", h->kv_rows, h->max_ctx);
-  if (h->kv_dtype_bits != 32)
-    return el_error("plan.bin asks for a %u-bit KV cache, this runtime has only f32 (32): recompile the package "
-                    "with this edgellm", h->kv_dtype_bits);
+  if (h->kv_dtype_bits != 32 && h->kv_dtype_bits != 16)
+    return el_error("plan.bin asks for a %u-bit KV cache, this runtime has f32 (32) and f16 (16): recompile the "
+                    "package with this edgellm", h->kv_dtype_bits);
   if (h->n_layers > (1u << 16)) return corrupt("n_layers %u", h->n_layers);
   if (h->n_eos < 0 || h->n_eos > EL_MAX_EOS) return corrupt("n_eos %d (at most %d)", h->n_eos, EL_MAX_EOS);
   if (h->bos_id < -1 || h->bos_id >= (int32_t)h->vocab) return corrupt("bos_id %d, vocab %u", h->bos_id, h->vocab);
@@ -203,7 +203,8 @@ static int check_arg(const el_model* m, const arg_site* s, const el_plan_arg* a)
       if (a->flags & (EL_FLAG_EXPERT | EL_FLAG_SLOT)) return corrupt("%s: KV views take no expert or slot flag", where);
       if (a->index >= h->n_layers) return corrupt("%s names layer %u, the model has %u", where, a->index, h->n_layers);
       if (a->dtype_code != EL_DT_FLOAT || a->dtype_bits != h->kv_dtype_bits)
-        return corrupt("%s views the f32 KV cache as dtype %u/%u", where, a->dtype_code, a->dtype_bits);
+        return corrupt("%s views the %u-bit KV cache as dtype %u/%u", where, h->kv_dtype_bits, a->dtype_code,
+                       a->dtype_bits);
       /* a window cache's views move by at most its rows less the room a run needs (its "max_ctx") */
       uint32_t rows = m->kv_layers[a->index].rows;
       if (rows < h->kv_rows) {
@@ -213,7 +214,7 @@ static int check_arg(const el_model* m, const arg_site* s, const el_plan_arg* a)
       }
       if ((a->flags & EL_FLAG_PREFIX) && __builtin_mul_overflow(last + (uint64_t)a->shape[0], row, &extent))
         return corrupt("%s: prefix size overflows", where);
-      uint64_t cap = (uint64_t)rows * h->n_kv_heads * h->head_dim * 4; /* checked not to overflow at read */
+      uint64_t cap = (uint64_t)rows * el_kv_row_bytes(h); /* checked not to overflow at read */
       if (!fits(a->offset, extent, cap))
         return corrupt("%s reaches [%llu, +%llu) of a KV cache of %llu bytes (%u rows)", where,
                        (unsigned long long)a->offset, (unsigned long long)extent, (unsigned long long)cap, rows);
@@ -530,7 +531,7 @@ static int read_kv_layers(el_model* m, size_t* at) {
   const el_plan_kv_layer* t = h->version >= 5 ? take(&c, sizeof *t, L) : NULL;
   if (h->version >= 5 && !t) return corrupt("the KV table (%u layers) runs past the end of the file", L);
   *at = c.off;
-  uint64_t per_row = (uint64_t)h->n_kv_heads * h->head_dim * 4, off = 0;
+  uint64_t per_row = el_kv_row_bytes(h), off = 0;
   m->window_caches = 0;
   for (uint32_t l = 0; l < L; l++) {
     el_plan_kv_layer k = t ? t[l] : (el_plan_kv_layer){h->kv_rows, 0};

@@ -35,7 +35,7 @@ typedef struct {
   uint32_t staged_prefill, pos;
 } state_header;
 
-static size_t row_bytes(const el_model* m) { return (size_t)m->h.n_kv_heads * m->h.head_dim * sizeof(float); }
+static size_t row_bytes(const el_model* m) { return el_kv_row_bytes(&m->h); }
 
 static void header_of(const el_context* c, int pos, state_header* h) {
   const el_model* m = c->m;
