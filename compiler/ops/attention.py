@@ -197,8 +197,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                 if jj >= j0:
                                     for dc in T.unroll(ND):
                                         for l in T.vectorized(VD):
-                                            ar[dc * VD + l] = (
-                                                ar[dc * VD + l] + sc[jj] * kv_load(Vc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l))
+                                            ar[dc * VD + l] = ar[dc * VD + l] + sc[jj] * kv_load(
+                                                Vc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
                             for dc in T.unroll(ND):
                                 for l in T.vectorized(VD):
                                     acc[r * D + dc * VD + l] = ar[dc * VD + l]
@@ -241,8 +241,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                             for jj in range(nv):
                                 for dc in T.unroll(ND):
                                     for l in T.vectorized(VD):
-                                        ar[dc * VD + l] = (
-                                            ar[dc * VD + l] + sc[jj] * kv_load(Vc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l))
+                                        ar[dc * VD + l] = ar[dc * VD + l] + sc[jj] * kv_load(
+                                            Vc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
                             for dc in T.unroll(ND):
                                 for l in T.vectorized(VD):
                                     acc[r * D + dc * VD + l] = ar[dc * VD + l]
