@@ -51,6 +51,8 @@ SLOW_TESTS = {   # module -> test functions (every parameter)
     "test_android_apk.py": ("test_apk_assembles_signs_and_verifies",
                             "test_cmake_builds_the_library_and_exports_every_external"),
     "test_c_runtime.py": ("test_thread_pool_unit",),
+    "test_context_shift.py": ("test_a_shifted_context_is_a_fresh_one_holding_the_kept_ids",
+                              "test_runtime_default_and_the_command_lines"),
     "test_cli_cache.py": ("test_first_hour_commands",),
     "test_demo.py": ("test_demo_bitnet_numpy_agrees_with_transformers", "test_eval_ppl_matches_transformers_and_beats_unigram"),
     "test_errors.py": ("test_failed_build_leaves_nothing_behind", "test_missing_config", "test_unknown_architecture",
@@ -64,6 +66,8 @@ SLOW_TESTS = {   # module -> test functions (every parameter)
     "test_fuzz.py": ("test_bad_rope_table_is_refused_under_asan", "test_mutated_tables_of_other_kinds",
                      "test_truncated_routing_table_is_refused_under_asan"),
     "test_gptq.py": ("test_gptq_model_demo_llama",),
+    "test_kv_cache.py": ("test_the_attention_kernel_reads_a_float16_cache",
+                         "test_an_f16_cache_gives_the_f32_caches_logits_in_half_the_bytes"),
     "test_inputs.py": ("test_cli_compile_bad_config_is_one_line", "test_tied_lm_head_only_compiles",
                        "test_tied_lm_head_only_matches_transformers", "test_transformers_written_configs_are_accepted"),
     "test_moe.py": ("test_demo_moe_package_matches_transformers", "test_expert_layout_and_bytes_read_per_token",
@@ -91,6 +95,9 @@ SLOW_TESTS = {   # module -> test functions (every parameter)
 FAST_ANYWAY = {   # a slow function's one parameter that stands for its capability in the fast tier
     "test_opencl.py::test_same_tokens_and_logits_as_the_cpu[demo-llama-t2]",
     "test_gguf.py::test_bitnet_gguf_keeps_the_ternary_weights[TQ2_0]",
+    "test_context_shift.py::test_a_shifted_context_is_a_fresh_one_holding_the_kept_ids[4-0-gemma2]",
+    "test_kv_cache.py::test_the_attention_kernel_reads_a_float16_cache[4-40-0-True]",
+    "test_kv_cache.py::test_an_f16_cache_gives_the_f32_caches_logits_in_half_the_bytes[llama]",
 }
 
 

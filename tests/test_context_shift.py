@@ -19,15 +19,27 @@ from edgellm.models.synthetic import make_checkpoint
 CTX = 64
 
 
+class _Packages(dict):
+    """name -> package, compiled on first use (the fast tier needs only some)."""
+
+    def __init__(self, root):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, name):
+        if name == "llama":
+            ck = make_checkpoint(self.root / "llama", "LlamaForCausalLM", seed=41)
+        else:
+            ck = make_checkpoint(self.root / "gemma2", "Gemma2ForCausalLM", seed=42, num_hidden_layers=3,
+                                 tie_word_embeddings=True, sliding_window=6)
+        self[name] = edgellm.compile(str(ck), out=self.root / f"{name}.pkg", quant="f32", max_context=CTX,
+                                     prefill_chunk=8, progress=False, verify_tokens=8)
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory):
-    root = tmp_path_factory.mktemp("shift")
-    llama = make_checkpoint(root / "llama", "LlamaForCausalLM", seed=41)
-    gemma2 = make_checkpoint(root / "gemma2", "Gemma2ForCausalLM", seed=42, num_hidden_layers=3,
-                             tie_word_embeddings=True, sliding_window=6)
-    opts = dict(quant="f32", max_context=CTX, prefill_chunk=8, progress=False, verify_tokens=8)
-    return {"llama": edgellm.compile(str(llama), out=root / "llama.pkg", **opts),
-            "gemma2": edgellm.compile(str(gemma2), out=root / "gemma2.pkg", **opts)}
+    return _Packages(tmp_path_factory.mktemp("shift"))
 
 
 def relerr(a, b):

@@ -51,18 +51,28 @@ def test_the_attention_kernel_reads_a_float16_cache(T_, S, W, tree):
     assert np.array_equal(outs["float16"], outs["float32"])
 
 
+class _Packages(dict):
+    """(model, cache type) -> package, compiled on first use (the fast tier needs only some)."""
+
+    def __init__(self, tiny_models, root):
+        super().__init__()
+        self.tiny_models, self.root = tiny_models, root
+
+    def __missing__(self, key):
+        name, kind = key
+        if name == "llama":
+            ck, q = self.tiny_models["llama-gqa"], "q8"
+        else:
+            ck, q = make_checkpoint(self.root / "gemma2", "Gemma2ForCausalLM", seed=43, num_hidden_layers=3,
+                                    tie_word_embeddings=True, sliding_window=6), "f32"
+        self[key] = edgellm.compile(str(ck), quant=q, out=self.root / f"{name}-{kind}", max_context=CTX,
+                                    prefill_chunk=8, tune="off", progress=False, verify_tokens=8, kv_cache=kind)
+        return self[key]
+
+
 @pytest.fixture(scope="module")
 def packages(tiny_models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("kvc")
-    gemma2 = make_checkpoint(root / "gemma2", "Gemma2ForCausalLM", seed=43, num_hidden_layers=3,
-                             tie_word_embeddings=True, sliding_window=6)
-    out = {}
-    for kind in ("f32", "f16"):
-        for name, ck, q in (("llama", tiny_models["llama-gqa"], "q8"), ("gemma2", gemma2, "f32")):
-            out[name, kind] = edgellm.compile(str(ck), quant=q, out=root / f"{name}-{kind}", max_context=CTX,
-                                              prefill_chunk=8, tune="off", progress=False, verify_tokens=8,
-                                              kv_cache=kind)
-    return out
+    return _Packages(tiny_models, tmp_path_factory.mktemp("kvc"))
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma2"])
