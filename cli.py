@@ -709,7 +709,7 @@ def _kv_line(m: dict, c: dict) -> str:
     bits = KV_CACHE_TYPES[kind][1]
     have, whole = kv_cache_bytes(spec, layers, bits), kv_cache_bytes(spec, full, bits)
     n = sum(rows < m["kv_rows"] for rows, _ in layers)
-    return f"KV cache {have / 2**20:.1f} MiB ({kind})" + (
+    return f"KV cache {have / 2**20:.1f} MiB" + (f" ({kind})" if kind != "f32" else "") + (
         f" ({n} sliding-window layers keep {min(r for r, _ in layers)} of {m['kv_rows']} rows: "
         f"{(whole - have) / 2**20:.1f} MiB ({100 * (whole - have) / whole:.0f}%) less than {whole / 2**20:.1f} MiB)"
         if n else "")
