@@ -275,7 +275,7 @@ class Context(_Closes):
 
     def _tokens(self, h) -> list[int]:
         """The ids the C context holds (el_context_tokens)."""
-        ids = np.empty(self.runtime.max_context, np.int32)
+        ids = np.empty(self._lib.el_context_tokens(h, None, 0), np.int32)   # the count, then the ids
         n = self._lib.el_context_tokens(h, ids.ctypes.data_as(L.I32P), ids.size)
         return ids[:n].tolist()
 

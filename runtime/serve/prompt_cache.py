@@ -21,14 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import EdgeLLMError, InputError
+from .slots import common_prefix
 
 RECENT, MIN_TOKENS = 16, 32
 NAME = re.compile(r"^[0-9a-f]{32}\.(state|ids)$")
-
-
-def common_prefix(a, b) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 class PromptCacheDir:
@@ -81,10 +77,9 @@ class PromptCacheDir:
             with self._lock:
                 self._drop(name)
             return 0
-        now = None
         for f in (state, ids_file):   # its last use: what eviction orders by
             try:
-                os.utime(f, now)
+                os.utime(f)
             except OSError:
                 pass
         self.stats["loaded"] += 1
