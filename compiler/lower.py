@@ -23,6 +23,7 @@ from ..runtime.contract import DTYPES as _DT
 from ..runtime.contract import FLAG_AT_POS as AT_POS
 from ..runtime.contract import FLAG_PREFIX as PREFIX
 from ..runtime.contract import TENSOR_ALIGN as ALIGN
+from .kv_layout import kv_row_bytes
 from .program import Arg, Predict, Program, Route, Step  # noqa: F401 (re-exported)
 from .trace import Node, TraceGraph, Val
 
@@ -183,7 +184,7 @@ class Lowering:
         self.matrix_schemes = dict(matrix_schemes or {})
         self.quantized = quantized or {}    # name -> parts computed ahead (GPTQ, a file's blocks), for its scheme
         self.rope_rows = rope_rows
-        self.kv_dtype = kv_dtype            # the K/V caches' element type (float32 | float16)
+        self.kv_dtype = kv_dtype            # the K/V caches' element type (float32 | float16 | q8 | q4: kv_layout.py)
         self.fuse = fuse                    # one kernel per group of linears on one input (fuse_linears)
         self.bundles = bundles              # neuron-bundled FFNs (compiler/bundled_ffn.BundleLayout) or None
         self.experts: dict = {}             # MoE layer's experts prefix -> (first weight, views, gate/up parts)
@@ -418,7 +419,7 @@ class Lowering:
             k = self._kernel("attention", T=T, NH=NH, KVH=KVH, D=D, W=0 if W >= self.rope_rows else W,
                              cap=float(np.float32(s.attn_softcap)), **({"M": True} if tree else {}),
                              **({"kv": self.kv_dtype} if self.kv_dtype != "float32" else {}))
-            kv = [Arg(kind, layer, self.kv_dtype, (T, KVH, D), PREFIX) for kind in (KCACHE, VCACHE)]
+            kv = [self._kv_view(kind, layer, T, PREFIX) for kind in (KCACHE, VCACHE)]
             return [Step(k, [act(n.inputs[0], (T, NH, D)), *kv, *tree, act(n.out)])]
         if op in ("add", "swiglu", "relu2_mul", "gelu_mul"):
             R, N = n.out.shape
@@ -431,12 +432,24 @@ class Lowering:
         if op == "kv_store":
             steps = []
             for v, kind in zip(n.inputs, (KCACHE, VCACHE)):
-                dst = Arg(kind, n.params["layer"], self.kv_dtype, v.shape, AT_POS)
-                if act(v).kind != kind:   # not produced in place: copy into the cache rows (f16: rounded)
+                if act(v).kind == kind:   # produced in place (an f32 cache)
+                    continue
+                dst = self._kv_view(kind, n.params["layer"], v.shape[0], AT_POS)
+                if self.kv_dtype in ("q8", "q4"):   # quantized as the rows are written
+                    k = self._kernel(f"kv_{self.kv_dtype}", R=v.shape[0], H=s.n_kv_heads, D=s.head_dim)
+                else:                       # copied into the cache rows (f16: rounded)
                     dt = {"dtype": self.kv_dtype} if self.kv_dtype != "float32" else {}
-                    steps.append(Step(self._kernel("copy", R=v.shape[0], N=v.shape[1], **dt), [act(v), dst]))
+                    k = self._kernel("copy", R=v.shape[0], N=v.shape[1], **dt)
+                steps.append(Step(k, [act(v), dst]))
             return steps
         raise AssertionError(f"no lowering for op {op}")
+
+    def _kv_view(self, kind: int, layer: int, rows: int, flag: int) -> Arg:
+        """rows of a layer's K or V cache as the attention and row-writing kernels take them (kv_layout.py)."""
+        KVH, D = self.spec.n_kv_heads, self.spec.head_dim
+        if self.kv_dtype in ("q8", "q4"):
+            return Arg(kind, layer, "int8", (rows, kv_row_bytes(KVH, D, int(self.kv_dtype[1:]))), flag)
+        return Arg(kind, layer, self.kv_dtype, (rows, KVH, D) if flag == PREFIX else (rows, KVH * D), flag)
 
 
 PROGRAMS = (  # name, tokens ("chunk", "short" or a count), body, head

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.numpy_backend import NumpyGraph, NumpyModel
+from .kv_cache import KV_ROUND
 from .scheme import Scheme
 
 
@@ -44,11 +45,14 @@ class QuantizedModel(NumpyModel):
     matrix_schemes: body matrices stored in another scheme than `scheme` (name -> Scheme)."""
 
     def __init__(self, spec, weight, scheme: Scheme, head_scheme: Scheme, dtype=np.float32, parts=None,
-                 matrix_schemes=None):
+                 matrix_schemes=None, kv_cache: str = "f32"):
         self.scheme, self.head_scheme, self._parts = scheme, head_scheme, dict(parts or {})
         self.matrix_schemes = dict(matrix_schemes or {})
+        self.kv_cache = kv_cache   # the package's --kv-cache: K/V rows are rounded as its cache stores them
         super().__init__(spec, weight, dtype)
 
     def reset(self):
         self.g = QuantizedGraph(self.spec, self._weight, self.scheme, self.head_scheme, self._parts, self.dtype,
                                 self.matrix_schemes)
+        if self.kv_cache != "f32":
+            self.g.kv_round = KV_ROUND[self.kv_cache]

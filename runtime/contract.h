@@ -164,7 +164,10 @@ typedef struct {
   uint32_t max_ctx;       /* longest sequence a user may run */
   uint32_t chunk;         /* prefill chunk length C */
   uint32_t kv_rows;       /* rows per KV cache buffer (>= max_ctx; a padded last chunk writes up to chunk-1 more) */
-  uint32_t kv_dtype_bits; /* 32 (f32) */
+  uint32_t kv_dtype_bits; /* 32 (f32), 16 (f16), 8 (q8: a row is n_kv_heads * head_dim int8 codes, then one
+                           * float32 scale per head; element = code * scale), 4 (q4: per block of B = the largest
+                           * power of two <= 32 dividing head_dim, B/2 bytes of nibbles, element i low and
+                           * i + B/2 high, then one float16 scale per block; element = (nibble - 8) * scale) */
   uint32_t n_weights;
   uint32_t n_kernels;
   uint32_t n_programs;

@@ -20,6 +20,8 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 | scale     | R, N, c                   | a f32[R, N], out f32[R, N] (a * c; out may be a)                 |
 | softcap   | R, N, c                   | a f32[R, N], out f32[R, N] (c * tanh(a / c); out may be a)       |
 | copy      | R, N, dtype               | a f32[R, N], out dtype[R, N] (K/V cache rows: float32 or float16)  |
+| kv_q8     | R, H, D                   | a f32[R, H*D], out int8[R, H*D + 4H] (q8 K/V cache rows: kv_quant.py) |
+| kv_q4     | R, H, D                   | a f32[R, H*D], out int8[R, H*D/2 + 2H*D/B] (q4 K/V cache rows)   |
 | linear_q8 | T, N, K, bias             | x f32[T, K], qweight u8[N, K], scales f32[N], [b], out f32[T, N] |
 | linear_q4 | T, N, K, G, bias          | x f32[T, K], qweight u8[N, K/2], scales f16[N, K/G], [b], out    |
 | linear_q6 | T, N, K, bias             | x f32[T, K], qweight u8[N, 3K/4], scales f16[N, K/32], [b], out |
@@ -46,7 +48,8 @@ wdtype is "float32" or "float16" (default "float32"); bias defaults to False. Ev
 (default (): one matrix): row counts N_0, N_1, ... summing to N when W (and b) stack several matrices computed in
 one call (q/k/v, gate/up: compiler/lower.py); the kernel then takes one output per matrix, out_s f32[T, N_s], as
 its last args, and linear_t2's scale is f32[nseg] (one per matrix). Named "_s<N_0>x<N_1>..." only when fused.
-attention's kv: the K/V caches' element type ("float32" default, or "float16": widened as read; --kv-cache);
+attention's kv: the K/V caches' element type ("float32" default, "float16": widened as read, or "q8" / "q4": codes and
+scales, kv_quant.py; --kv-cache);
 attention's W: sliding window (query at position p attends keys p-W+1 .. p), default 0 = full causal attention;
 named "_w<W>" only when W > 0. Its cap: logit soft-capping (cap * tanh(score / cap), Gemma 2), default 0 = none;
 named "_cap<cap>" only when > 0.
@@ -65,6 +68,7 @@ from dataclasses import dataclass, replace
 from . import attention as _attention
 from . import bundled_ffn as _ffn
 from . import elementwise as _ew
+from . import kv_quant as _kv_quant
 from . import linear as _linear
 from . import linear_quant as _linear_quant
 from . import moe as _moe
@@ -152,6 +156,8 @@ OPS = {
     "add": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED), ("dtype", "", str, "float32")],
+    "kv_q8": [("R", "r", int, REQUIRED), ("H", "h", int, REQUIRED), ("D", "d", int, REQUIRED)],
+    "kv_q4": [("R", "r", int, REQUIRED), ("H", "h", int, REQUIRED), ("D", "d", int, REQUIRED)],
     "relu2_mul": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "gelu_mul": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "scale": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED), ("c", "c", float, REQUIRED)],
@@ -223,8 +229,9 @@ def kernel_params(op: str, params: dict) -> dict:
             v = check_segs(v, out["N"])
         elif name in ("wdtype", "kv", "dtype"):
             v = str(v)
-            if v not in ("float32", "float16"):
-                raise ValueError(f"{op}: {name} must be 'float32' or 'float16', got {v!r}")
+            allowed = ("float32", "float16", "q8", "q4") if name == "kv" else ("float32", "float16")
+            if v not in allowed:
+                raise ValueError(f"{op}: {name} must be one of {', '.join(map(repr, allowed))}, got {v!r}")
         out[name] = v
     if op == "attention" and out["NH"] % out["KVH"]:
         raise ValueError(f"attention: NH={out['NH']} is not a multiple of KVH={out['KVH']}")
@@ -293,6 +300,8 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         return _ew.swiglu(simple_cpu, p["T"], p["F"])
     if op == "copy":
         return _ew.copy(simple_cpu, p["R"], p["N"], p["dtype"])
+    if op in ("kv_q8", "kv_q4"):
+        return _kv_quant.ROW_WRITERS[op[3:]](simple_cpu, p["R"], p["H"], p["D"])
     if op == "relu2_mul":
         return _ew.relu2_mul(simple_cpu, p["T"], p["F"])
     if op == "gelu_mul":

@@ -31,13 +31,17 @@ import math
 
 from tvm.script import tirx as T
 
-from ._util import F32, STACK, concat_vecs, fast_exp, fast_tanh, hmax, hsum, let_wrap, pow2_divisor, tree_reduce
+from ._util import F32, STACK, VIEW_ALIGN, concat_vecs, fast_exp, fast_tanh, hmax, hsum, let_wrap, pow2_divisor, tree_reduce
+from .kv_quant import QRows, row_bytes, scale_view
 
 NEG = -3.0e38
 
 
 def kv_load(buf, j, kh, d):
-    """A K or V element as float32 (a float16 cache's widened exactly: vcvtph2ps / fcvtl when vectorized)."""
+    """A K or V element as float32 (a float16 cache's widened exactly: vcvtph2ps / fcvtl when vectorized; a q8
+    cache's code widened and multiplied by its head's scale)."""
+    if isinstance(buf, QRows):
+        return buf.load(j, kh, d)
     return buf[j, kh, d] if buf.dtype == F32 else T.Cast(F32, buf[j, kh, d])
 
 
@@ -94,7 +98,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
     its position would see, in the same order and the same chunks (key n0 + i of that sequence is batch row
     tree[1 + t, i]), so that its sums round exactly as decode's do: a tree's rows are then bitwise those of decoding
     their paths wherever the kernels of one token are. M = False generates exactly the kernel without it.
-    KV: the K/V caches' element type (float32, or float16: each element widened as it is read; the sums stay f32)."""
+    KV: the K/V caches' element type (float32, or float16: each element widened as it is read; the sums stay f32; or
+    q8 / q4: codes and scales, each element dequantized as it is read, kv_quant.py: k/v int8[S, row bytes])."""
     if NH % KVH != 0:
         raise ValueError(f"NH={NH} not a multiple of KVH={KVH}")
     VL = cpu.vector_lanes
@@ -251,6 +256,37 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                 for dc in T.unroll(ND):
                     for l in T.vectorized(VD):
                         O[t0 + r % Tq, (h0 + r // Tq) * D + dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 3]
+
+    if KV in ("q8", "q4"):   # quantized caches (kv_quant.py): int8 rows of codes, then scales
+        RB = row_bytes(KV, KVH, D)
+
+        if M:
+            @T.prim_func
+            def attention_tree_q(q: T.handle, k: T.handle, v: T.handle, tr: T.handle, o: T.handle):
+                T.func_attr({"tirx.noalias": True})
+                S = T.int64()
+                Q = T.match_buffer(q, (T_, NH, D), F32)
+                Kq = T.match_buffer(k, (S, RB), "int8", align=VIEW_ALIGN)
+                Vq = T.match_buffer(v, (S, RB), "int8", align=VIEW_ALIGN)
+                TR = T.match_buffer(tr, (T_ + 1, T_), "int32")
+                O = T.match_buffer(o, (T_, NH * D), F32)
+                Ks = scale_view(KV, Kq, S, KVH, D)
+                Vs = scale_view(KV, Vq, S, KVH, D)
+                body(Q, QRows(KV, Kq, Ks, KVH, D), QRows(KV, Vq, Vs, KVH, D), TR, O, S)
+            return attention_tree_q
+
+        @T.prim_func
+        def attention_q(q: T.handle, k: T.handle, v: T.handle, o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            S = T.int64()
+            Q = T.match_buffer(q, (T_, NH, D), F32)
+            Kq = T.match_buffer(k, (S, RB), "int8", align=VIEW_ALIGN)
+            Vq = T.match_buffer(v, (S, RB), "int8", align=VIEW_ALIGN)
+            O = T.match_buffer(o, (T_, NH * D), F32)
+            Ks = scale_view(KV, Kq, S, KVH, D)
+            Vs = scale_view(KV, Vq, S, KVH, D)
+            body(Q, QRows(KV, Kq, Ks, KVH, D), QRows(KV, Vq, Vs, KVH, D), Q, O, S)
+        return attention_q
 
     if M:
         @T.prim_func

@@ -169,9 +169,18 @@ struct el_model {
 
 #define EL_MAX_DRAFT 31 /* drafts per verify pass at most (the verify program's tokens - 1 bounds it too) */
 
-/* Bytes of one K (or V) cache row: every KV head's head_dim elements of kv_dtype_bits (f32 or f16). */
+/* Bytes of one K (or V) cache row: every KV head's head_dim elements of kv_dtype_bits (32: f32, 16: f16), or, for
+ * the quantized caches, the codes then the scales (contract.h): 8 (q8) one float32 per head, 4 (q4) one float16 per
+ * block of the largest power of two <= 32 dividing head_dim. */
 static inline size_t el_kv_row_bytes(const el_plan_header* h) {
-  return (size_t)h->n_kv_heads * h->head_dim * (h->kv_dtype_bits / 8);
+  size_t elems = (size_t)h->n_kv_heads * h->head_dim;
+  if (h->kv_dtype_bits == 8) return elems + 4u * h->n_kv_heads;
+  if (h->kv_dtype_bits == 4) {
+    uint32_t b = 1;
+    while (b < 32 && h->head_dim % (2 * b) == 0) b *= 2;
+    return elems / 2 + 2u * (elems / b);
+  }
+  return elems * (h->kv_dtype_bits / 8);
 }
 
 /* Generation state (generate.c), one per context. */

@@ -78,9 +78,11 @@ static int check_header(const el_plan_header* h, size_t file_size) {
   if (h->max_ctx == 0 || h->max_ctx > (1u << 30)) return corrupt("max_ctx %u", h->max_ctx);
   if (h->chunk == 0 || h->chunk > (1u << 20)) return corrupt("chunk %u", h->chunk);
   if (h->kv_rows < h->max_ctx) return corrupt("kv_rows %u < max_ctx %u", h->kv_rows, h->max_ctx);
-  if (h->kv_dtype_bits != 32 && h->kv_dtype_bits != 16)
-    return el_error("plan.bin asks for a %u-bit KV cache, this runtime has f32 (32) and f16 (16): recompile the "
-                    "package with this edgellm", h->kv_dtype_bits);
+  if (h->kv_dtype_bits != 32 && h->kv_dtype_bits != 16 && h->kv_dtype_bits != 8 && h->kv_dtype_bits != 4)
+    return el_error("plan.bin asks for a %u-bit KV cache, this runtime has f32 (32), f16 (16), q8 (8) and q4 (4): "
+                    "recompile the package with this edgellm", h->kv_dtype_bits);
+  if (h->kv_dtype_bits <= 8 && (h->head_dim % 4 || h->n_kv_heads == 0))
+    return corrupt("a quantized KV cache with head_dim %u (scales follow the codes: a multiple of 4)", h->head_dim);
   if (h->n_layers > (1u << 16)) return corrupt("n_layers %u", h->n_layers);
   if (h->n_eos < 0 || h->n_eos > EL_MAX_EOS) return corrupt("n_eos %d (at most %d)", h->n_eos, EL_MAX_EOS);
   if (h->bos_id < -1 || h->bos_id >= (int32_t)h->vocab) return corrupt("bos_id %d, vocab %u", h->bos_id, h->vocab);
@@ -202,7 +204,9 @@ static int check_arg(const el_model* m, const arg_site* s, const el_plan_arg* a)
         return corrupt("%s: its kernel writes this argument and is not one that writes the KV cache", where);
       if (a->flags & (EL_FLAG_EXPERT | EL_FLAG_SLOT)) return corrupt("%s: KV views take no expert or slot flag", where);
       if (a->index >= h->n_layers) return corrupt("%s names layer %u, the model has %u", where, a->index, h->n_layers);
-      if (a->dtype_code != EL_DT_FLOAT || a->dtype_bits != h->kv_dtype_bits)
+      /* a quantized cache's views are its rows' bytes (int8) */
+      if (a->dtype_code != (h->kv_dtype_bits <= 8 ? EL_DT_INT : EL_DT_FLOAT) ||
+          a->dtype_bits != (h->kv_dtype_bits <= 8 ? 8u : h->kv_dtype_bits))
         return corrupt("%s views the %u-bit KV cache as dtype %u/%u", where, h->kv_dtype_bits, a->dtype_code,
                        a->dtype_bits);
       /* a window cache's views move by at most its rows less the room a run needs (its "max_ctx") */

@@ -1,0 +1,126 @@
+"""The quantized K/V caches (`--kv-cache q8|q4`, compiler/kv_layout.py): kv_q8 / kv_q4 write rows into them, QRows
+reads them (attention.py). quant/kv_cache.py is the same in numpy.
+
+A row holds every KV head's codes, then the scales: a head's codes stay one contiguous run the attention kernel widens
+lane by lane, and the scales are read through a float view of the same bytes.
+- q8: D int8 codes per head, one float32 scale per head: x = code * scale, scale = max|x| / 127 over the head's D
+  values (0 for an all-zero head), code = floor(x * 127 / max|x| + 0.5) clamped to +-127.
+- q4: blocks of B = the largest power of two <= 32 dividing D; per block B/2 bytes (byte i: element i in the low
+  nibble, element i + B/2 in the high one, as llama.cpp's q4_0) and one float16 scale: x = (nibble - 8) * scale,
+  scale = f16(max|x| / 7), nibble = floor(x * 7 / max|x| + 0.5) clamped to +-7, plus 8.
+"""
+from __future__ import annotations
+
+from tvm.script import tirx as T
+
+from ._util import F32, STACK, VIEW_ALIGN, pow2_divisor
+
+F16 = "float16"
+
+
+def q4_block(D: int) -> int:
+    return pow2_divisor(D, 32)
+
+
+def row_bytes(kind: str, H: int, D: int) -> int:
+    """Bytes of one cache row of H heads of D (kv_layout.kv_row_bytes; the runtime's el_kv_row_bytes)."""
+    if kind == "q8":
+        return H * D + 4 * H
+    return H * D // 2 + 2 * H * (D // q4_block(D))
+
+
+def check_head_dim(kind: str, D: int) -> None:
+    if D % 4:
+        raise ValueError(f"--kv-cache {kind}: head_dim {D} is not a multiple of 4 (its scales follow the codes)")
+
+
+class QRows:
+    """A quantized cache as the attention kernel reads it: codes q int8[S, row bytes], scales s (the same bytes as
+    float32 for q8, float16 for q4)."""
+
+    def __init__(self, kind: str, q, s, H: int, D: int):
+        self.kind, self.q, self.s, self.H, self.D = kind, q, s, H, D
+
+    def load(self, j, kh, d):
+        """Element d of head kh of row j as float32."""
+        H, D, q, s = self.H, self.D, self.q, self.s
+        if self.kind == "q8":
+            return T.Cast(F32, q[j, kh * D + d]) * s[j * (row_bytes("q8", H, D) // 4) + H * D // 4 + kh]
+        B = q4_block(D)
+        half, blk, w = B // 2, d // B, d % B
+        code = T.shift_right(T.Cast("int32", q[j, kh * (D // 2) + blk * half + w % half]), (w // half) * 4) & 15
+        scale = s[j * (row_bytes("q4", H, D) // 2) + H * D // 4 + kh * (D // B) + blk]
+        return T.Cast(F32, code - 8) * T.Cast(F32, scale)
+
+
+def scale_view(kind: str, codes, S, H: int, D: int):
+    """The scales' buffer over the codes' bytes (declared inside the prim_func, after its match_buffers)."""
+    rb = row_bytes(kind, H, D)
+    if kind == "q8":
+        return T.decl_buffer((S * (rb // 4),), F32, data=codes.data, align=VIEW_ALIGN)
+    return T.decl_buffer((S * (rb // 2),), F16, data=codes.data, align=VIEW_ALIGN)
+
+
+def q8_rows(cpu, R: int, H: int, D: int):
+    """kv_q8: x f32[R, H*D] -> out int8[R, H*D + 4H] (cache rows, at a per-position offset: element-aligned)."""
+    check_head_dim("q8", D)
+    RB = row_bytes("q8", H, D)
+    VL = pow2_divisor(D, cpu.vector_lanes)
+
+    @T.prim_func
+    def kv_q8(a: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        A = T.match_buffer(a, (R, H * D), F32)
+        O = T.match_buffer(o, (R, RB), "int8", align=VIEW_ALIGN)
+        Os = T.decl_buffer((R * RB // 4,), F32, data=O.data, align=VIEW_ALIGN)
+        for r in range(R):
+            for h in range(H):
+                m = T.alloc_buffer((VL,), F32, scope="global", annotations=STACK)
+                for l in T.vectorized(VL):
+                    m[l] = T.float32(0)
+                for dc in range(D // VL):
+                    for l in T.vectorized(VL):
+                        m[l] = T.max(m[l], T.abs(A[r, h * D + dc * VL + l]))
+                for l in range(1, VL):
+                    m[0] = T.max(m[0], m[l])
+                inv: T.let = T.if_then_else(m[0] > T.float32(0), T.float32(127) / m[0], T.float32(0))
+                for dc in range(D // VL):
+                    for l in T.vectorized(VL):
+                        O[r, h * D + dc * VL + l] = T.Cast("int8", T.max(T.min(
+                            T.floor(A[r, h * D + dc * VL + l] * inv + T.float32(0.5)), T.float32(127)), T.float32(-127)))
+                Os[r * (RB // 4) + H * D // 4 + h] = m[0] / T.float32(127)
+    return kv_q8
+
+
+def q4_rows(cpu, R: int, H: int, D: int):
+    """kv_q4: x f32[R, H*D] -> out int8[R, row_bytes("q4")] (cache rows, at a per-position offset)."""
+    check_head_dim("q4", D)
+    RB, B = row_bytes("q4", H, D), q4_block(D)
+    half, NB = B // 2, D // B
+
+    def code(x, inv):
+        """The block's nibble of x: its signed code plus 8 (1..15), as int32."""
+        return T.Cast("int32", T.max(T.min(T.floor(x * inv + T.float32(0.5)), T.float32(7)), T.float32(-7))) + 8
+
+    @T.prim_func
+    def kv_q4(a: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        A = T.match_buffer(a, (R, H * D), F32)
+        O = T.match_buffer(o, (R, RB), "int8", align=VIEW_ALIGN)
+        Os = T.decl_buffer((R * RB // 2,), F16, data=O.data, align=VIEW_ALIGN)
+        for r in range(R):
+            for h in range(H):
+                for b in range(NB):
+                    m = T.alloc_buffer((1,), F32, scope="global", annotations=STACK)
+                    m[0] = T.float32(0)
+                    for i in range(B):
+                        m[0] = T.max(m[0], T.abs(A[r, h * D + b * B + i]))
+                    inv: T.let = T.if_then_else(m[0] > T.float32(0), T.float32(7) / m[0], T.float32(0))
+                    for i in T.vectorized(half):
+                        O[r, h * (D // 2) + b * half + i] = T.Cast("int8", code(A[r, h * D + b * B + i], inv) | T.shift_left(
+                            code(A[r, h * D + b * B + half + i], inv), 4))
+                    Os[r * (RB // 2) + H * D // 4 + h * NB + b] = T.Cast(F16, m[0] / T.float32(7))
+    return kv_q4
+
+
+ROW_WRITERS = {"q8": q8_rows, "q4": q4_rows}   # --kv-cache kind -> its kv_<kind> kernel

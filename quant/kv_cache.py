@@ -1,0 +1,65 @@
+"""The quantized K/V caches in numpy (compiler/ops/kv_quant.py is the kernel and says the formats): the oracle's K/V
+rows go through them, and the tests build cache rows with them."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def q4_block(D: int) -> int:
+    b = 1
+    while b < 32 and D % (2 * b) == 0:
+        b *= 2
+    return b
+
+
+def q8_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x f32[..., D] -> (codes int8[..., D], scales f32[...]) per row of D (one head of one position)."""
+    x = np.asarray(x, np.float32)
+    amax = np.abs(x).max(-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.clip(np.floor(x * inv[..., None] + np.float32(0.5)), -127, 127).astype(np.int8)
+    return q, (amax / np.float32(127)).astype(np.float32)
+
+
+def q4_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x f32[..., D] -> (signed codes int8[..., D] in -7..7, scales f16[..., D / B]) per block of B."""
+    x = np.asarray(x, np.float32)
+    D = x.shape[-1]
+    B = q4_block(D)
+    xb = x.reshape(*x.shape[:-1], D // B, B)
+    amax = np.abs(xb).max(-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(7) / amax, np.float32(0)).astype(np.float32)
+    q = np.clip(np.floor(xb * inv[..., None] + np.float32(0.5)), -7, 7).astype(np.int8)
+    return q.reshape(x.shape), (amax / np.float32(7)).astype(np.float16)
+
+
+def q8_round(x: np.ndarray) -> np.ndarray:
+    """x f32[..., D] as the q8 cache gives it back: code * scale."""
+    q, s = q8_codes(x)
+    return q.astype(np.float32) * s[..., None]
+
+
+def q4_round(x: np.ndarray) -> np.ndarray:
+    """x f32[..., D] as the q4 cache gives it back: code * its block's (f16) scale."""
+    q, s = q4_codes(x)
+    B = q4_block(x.shape[-1])
+    return (q.reshape(*q.shape[:-1], -1, B).astype(np.float32) * s.astype(np.float32)[..., None]).reshape(q.shape)
+
+
+def cache_rows(kind: str, x: np.ndarray) -> np.ndarray:
+    """x f32[S, H, D] -> the cache's rows int8[S, row bytes], as the kv_<kind> kernel writes them."""
+    S, H, D = x.shape
+    if kind == "q8":
+        q, s = q8_codes(x)
+        return np.concatenate([q.reshape(S, -1), s.view(np.int8).reshape(S, -1)], axis=1)
+    q, s = q4_codes(x)
+    B = q4_block(D)
+    n = (q.reshape(S, H, D // B, 2, B // 2).astype(np.int32) + 8)
+    packed = (n[..., 0, :] | (n[..., 1, :] << 4)).astype(np.uint8).view(np.int8)
+    return np.concatenate([packed.reshape(S, -1), s.view(np.int8).reshape(S, -1)], axis=1)
+
+
+KV_ROUND = {"f32": lambda x: np.asarray(x, np.float32), "f16": lambda x: np.asarray(x, np.float16).astype(np.float32),
+            "q8": q8_round, "q4": q4_round}
