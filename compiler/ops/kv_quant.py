@@ -41,11 +41,19 @@ class QRows:
     def __init__(self, kind: str, q, s, H: int, D: int):
         self.kind, self.q, self.s, self.H, self.D = kind, q, s, H, D
 
+    def code(self, j, kh, d):
+        """q8: element d of head kh of row j's code as float32 (times scale(j, kh): the element)."""
+        return T.Cast(F32, self.q[j, kh * self.D + d])
+
+    def scale(self, j, kh):
+        """q8: the scale of head kh of row j."""
+        return self.s[j * (row_bytes("q8", self.H, self.D) // 4) + self.H * self.D // 4 + kh]
+
     def load(self, j, kh, d):
         """Element d of head kh of row j as float32."""
         H, D, q, s = self.H, self.D, self.q, self.s
         if self.kind == "q8":
-            return T.Cast(F32, q[j, kh * D + d]) * s[j * (row_bytes("q8", H, D) // 4) + H * D // 4 + kh]
+            return self.code(j, kh, d) * self.scale(j, kh)
         B = q4_block(D)
         half, blk, w = B // 2, d // B, d % B
         code = T.shift_right(T.Cast("int32", q[j, kh * (D // 2) + blk * half + w % half]), (w // half) * 4) & 15
