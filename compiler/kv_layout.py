@@ -31,6 +31,7 @@ def kv_layers(spec, max_ctx: int, kv_rows: int, window_caches: bool = True) -> l
 # --kv-cache: the attention kernel's kv param, plan kv_dtype_bits. q8 / q4: each row holds every KV head's codes,
 # then the scales (compiler/ops/kv_quant.py says the formats; runtime/contract.h)
 KV_CACHE_TYPES = {"f32": ("float32", 32), "f16": ("float16", 16), "q8": ("q8", 8), "q4": ("q4", 4)}
+QUANTIZED_KV = frozenset(kv for kv, bits in KV_CACHE_TYPES.values() if bits <= 8)   # written by a kv_<kind> kernel
 
 
 def kv_row_bytes(n_kv_heads: int, head_dim: int, bits: int = 32) -> int:

@@ -23,7 +23,7 @@ from ..runtime.contract import DTYPES as _DT
 from ..runtime.contract import FLAG_AT_POS as AT_POS
 from ..runtime.contract import FLAG_PREFIX as PREFIX
 from ..runtime.contract import TENSOR_ALIGN as ALIGN
-from .kv_layout import kv_row_bytes
+from .kv_layout import QUANTIZED_KV, kv_row_bytes
 from .program import Arg, Predict, Program, Route, Step  # noqa: F401 (re-exported)
 from .trace import Node, TraceGraph, Val
 
@@ -435,7 +435,7 @@ class Lowering:
                 if act(v).kind == kind:   # produced in place (an f32 cache)
                     continue
                 dst = self._kv_view(kind, n.params["layer"], v.shape[0], AT_POS)
-                if self.kv_dtype in ("q8", "q4"):   # quantized as the rows are written
+                if self.kv_dtype in QUANTIZED_KV:   # quantized as the rows are written
                     k = self._kernel(f"kv_{self.kv_dtype}", R=v.shape[0], H=s.n_kv_heads, D=s.head_dim)
                 else:                       # copied into the cache rows (f16: rounded)
                     dt = {"dtype": self.kv_dtype} if self.kv_dtype != "float32" else {}
@@ -447,7 +447,7 @@ class Lowering:
     def _kv_view(self, kind: int, layer: int, rows: int, flag: int) -> Arg:
         """rows of a layer's K or V cache as the attention and row-writing kernels take them (kv_layout.py)."""
         KVH, D = self.spec.n_kv_heads, self.spec.head_dim
-        if self.kv_dtype in ("q8", "q4"):
+        if self.kv_dtype in QUANTIZED_KV:
             return Arg(kind, layer, "int8", (rows, kv_row_bytes(KVH, D, int(self.kv_dtype[1:]))), flag)
         return Arg(kind, layer, self.kv_dtype, (rows, KVH, D) if flag == PREFIX else (rows, KVH * D), flag)
 

@@ -32,7 +32,7 @@ import math
 from tvm.script import tirx as T
 
 from ._util import F32, STACK, VIEW_ALIGN, concat_vecs, fast_exp, fast_tanh, hmax, hsum, let_wrap, pow2_divisor, tree_reduce
-from .kv_quant import QRows, row_bytes, scale_view
+from .kv_quant import ROW_WRITERS, QRows, row_bytes, scale_view
 
 NEG = -3.0e38
 
@@ -48,14 +48,14 @@ def kv_load(buf, j, kh, d):
 def kv_elem(buf, j, kh, d):
     """What the dot products multiply: kv_load, but a q8 cache's bare code (its row's scale applies once per key:
     row_scaled)."""
-    if isinstance(buf, QRows) and buf.kind == "q8":
+    if isinstance(buf, QRows) and buf.per_head:
         return buf.code(j, kh, d)
     return kv_load(buf, j, kh, d)
 
 
 def row_scaled(buf, v, j, kh):
     """v times key j's scale where kv_elem left it out (q8: one multiply per key instead of one per element)."""
-    if isinstance(buf, QRows) and buf.kind == "q8":
+    if isinstance(buf, QRows) and buf.per_head:
         return v * buf.scale(j, kh)
     return v
 
@@ -132,7 +132,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
     if W < 0:
         raise ValueError(f"window W={W} must be >= 0")
     windowed = W > 0  # a Python bool: the parser keeps only the taken branch, W = 0 gives the unwindowed kernel
-    scaled_keys = KV == "q8"   # chunk scores times each key's row scale (kv_elem gave the bare codes' sums)
+    # chunk scores times each key's row scale (kv_elem gave the bare codes' sums): a per-head scale (q8)
+    scaled_keys = KV in ROW_WRITERS and QRows(KV, None, None, KVH, D).per_head
 
     def capped(v):
         """A computed score, soft-capped (the -3e38 of an invisible key is never passed here)."""
@@ -281,7 +282,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                     for l in T.vectorized(VD):
                         O[t0 + r % Tq, (h0 + r // Tq) * D + dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 3]
 
-    if KV in ("q8", "q4"):   # quantized caches (kv_quant.py): int8 rows of codes, then scales
+    if KV in ROW_WRITERS:   # quantized caches (kv_quant.py): int8 rows of codes, then scales
         RB = row_bytes(KV, KVH, D)
 
         if M:

@@ -18,13 +18,17 @@ from ._util import F32, STACK, VIEW_ALIGN, pow2_divisor
 F16 = "float16"
 
 
+# kind -> whether its scale covers a head's whole row (q8: one float32 per head) rather than a block of it (q4)
+PER_HEAD_SCALE = {"q8": True, "q4": False}
+
+
 def q4_block(D: int) -> int:
     return pow2_divisor(D, 32)
 
 
 def row_bytes(kind: str, H: int, D: int) -> int:
     """Bytes of one cache row of H heads of D (kv_layout.kv_row_bytes; the runtime's el_kv_row_bytes)."""
-    if kind == "q8":
+    if PER_HEAD_SCALE[kind]:
         return H * D + 4 * H
     return H * D // 2 + 2 * H * (D // q4_block(D))
 
@@ -40,6 +44,7 @@ class QRows:
 
     def __init__(self, kind: str, q, s, H: int, D: int):
         self.kind, self.q, self.s, self.H, self.D = kind, q, s, H, D
+        self.per_head = PER_HEAD_SCALE[kind]   # q8: codes times one scale per head (code / scale below)
 
     def code(self, j, kh, d):
         """q8: element d of head kh of row j's code as float32 (times scale(j, kh): the element)."""
@@ -52,7 +57,7 @@ class QRows:
     def load(self, j, kh, d):
         """Element d of head kh of row j as float32."""
         H, D, q, s = self.H, self.D, self.q, self.s
-        if self.kind == "q8":
+        if self.per_head:
             return self.code(j, kh, d) * self.scale(j, kh)
         B = q4_block(D)
         half, blk, w = B // 2, d // B, d % B
@@ -64,7 +69,7 @@ class QRows:
 def scale_view(kind: str, codes, S, H: int, D: int):
     """The scales' buffer over the codes' bytes (declared inside the prim_func, after its match_buffers)."""
     rb = row_bytes(kind, H, D)
-    if kind == "q8":
+    if PER_HEAD_SCALE[kind]:
         return T.decl_buffer((S * (rb // 4),), F32, data=codes.data, align=VIEW_ALIGN)
     return T.decl_buffer((S * (rb // 2),), F16, data=codes.data, align=VIEW_ALIGN)
 
