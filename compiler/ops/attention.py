@@ -32,7 +32,7 @@ import math
 from tvm.script import tirx as T
 
 from ._util import F32, STACK, VIEW_ALIGN, concat_vecs, fast_exp, fast_tanh, hmax, hsum, let_wrap, pow2_divisor, tree_reduce
-from .kv_quant import ROW_WRITERS, QRows, row_bytes, scale_view
+from .kv_quant import PER_HEAD_SCALE, ROW_WRITERS, QRows, row_bytes, scale_view
 
 NEG = -3.0e38
 
@@ -133,7 +133,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
         raise ValueError(f"window W={W} must be >= 0")
     windowed = W > 0  # a Python bool: the parser keeps only the taken branch, W = 0 gives the unwindowed kernel
     # chunk scores times each key's row scale (kv_elem gave the bare codes' sums): a per-head scale (q8)
-    scaled_keys = KV in ROW_WRITERS and QRows(KV, None, None, KVH, D).per_head
+    scaled_keys = PER_HEAD_SCALE.get(KV, False)
 
     def capped(v):
         """A computed score, soft-capped (the -3e38 of an invisible key is never passed here)."""
