@@ -294,6 +294,9 @@ def run_cmd(package, model, prompt, ids, quant, quiet, json_out, json_schema, gr
             click.echo(f"[speculative: {s['spec_passes']} passes carried {s['spec_drafted']} drafts, "
                        f"{s['spec_accepted']} taken: {(s['spec_passes'] + s['spec_accepted']) / s['spec_passes']:.2f} "
                        f"tokens per pass]", err=True)
+        if s["spec_drafted_model"]:
+            click.echo(f"[draft model: {s['spec_drafted_model']} of the drafts, {s['spec_accepted_model']} taken "
+                       f"({s['spec_accepted_branch']} of them its second or third choice)]", err=True)
 
 
 def _constraint_args(json_out: bool, json_schema: str | None, grammar: str | None) -> dict:

@@ -357,6 +357,11 @@ typedef struct {
      kept ones took to run again */
   uint64_t context_shifts;
   uint64_t shift_tokens_run;
+  /* of spec_drafted / spec_accepted, the draft model's (el_gen_params.draft): its guesses and, where it was unsure,
+     its second and third choices (branches of the tree); and of those taken, the branches */
+  uint64_t spec_drafted_model;
+  uint64_t spec_accepted_model;
+  uint64_t spec_accepted_branch;
 } el_stats;
 void el_get_stats(const el_context* c, el_stats* out);
 void el_reset_stats(el_context* c);

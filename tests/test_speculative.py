@@ -34,7 +34,8 @@ def run(rt, prompt, speculate, n=64, **kw):
     s0 = rt.context.stats()
     r = rt.generate(prompt, max_new_tokens=n, speculate=speculate, ignore_eos=True, **kw)
     s1 = rt.context.stats()
-    return r, {k: s1[k] - s0[k] for k in ("spec_passes", "spec_drafted", "spec_accepted", "decode_tokens")}
+    return r, {k: s1[k] - s0[k] for k in ("spec_passes", "spec_drafted", "spec_accepted", "decode_tokens",
+                                          "spec_drafted_model", "spec_accepted_model", "spec_accepted_branch")}
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -289,8 +290,9 @@ TEXTS = (CODE, "import os\nimport sys\n\n\ndef main(", "The following is a list 
 
 @pytest.fixture(scope="module")
 def draft(tmp_path_factory):
+    """With a verify program of its own: it drafts its guesses' n-gram continuations (staged drafting)."""
     return edgellm.compile(str(DEMO / "demo-draft"), quant="q8", out=tmp_path_factory.mktemp("draft") / "draft",
-                           tune="off", progress=False)
+                           tune="off", progress=False, verify_tokens=8)
 
 
 @pytest.fixture(scope="module")
@@ -346,6 +348,19 @@ def test_draft_package_under_a_budget_and_with_moe(demo_q8, draft, tmp_path):
                       speculate=str(draft)) as rt:
         r, s = run(rt, ids, None, n=40, temperature=0)
         assert r.token_ids == plain and drafted_by_the_model(rt, draft) > 0
+        # where passes pay (a step reads the streamed weights, a pass reads them once for all its rows): the draft's
+        # guesses, and its second and third choices where it is unsure (branches of the tree), are taken
+        model = {k: 0 for k in s}
+        for text in TEXTS:
+            p = rt.encode(text)
+            want = rt.generate(p, max_new_tokens=48, temperature=0, ignore_eos=True, speculate="off").token_ids
+            got, s = run(rt, p, None, n=48, temperature=0)
+            assert got.token_ids == want, text
+            model = {k: model[k] + s[k] for k in s}
+        assert model["spec_drafted_model"] > model["spec_accepted_model"] >= model["spec_accepted_branch"] > 0, model
+        assert model["spec_accepted"] > model["spec_accepted_model"], model   # n-grams and recycled ones too
+        staged = rt.context._draft_ctx[str(Path(draft).resolve())].stats()
+        assert staged["spec_passes"] > 0, staged   # the draft ran its own pass over an n-gram of its guesses
     moe = edgellm.compile(str(DEMO / "demo-moe"), quant="q8", out=tmp_path / "moe", tune="off", progress=False,
                           verify_tokens=8)
     with Runtime.load(moe, speculate=str(draft)) as rt:   # demo-moe shares demo-llama's tokenizer

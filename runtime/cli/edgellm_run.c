@@ -422,6 +422,10 @@ int main(int argc, char** argv) {
     fprintf(stderr, "[speculative: %llu passes carried %llu drafts, %llu taken: %.2f tokens per pass]\n",
             (unsigned long long)st.spec_passes, (unsigned long long)st.spec_drafted,
             (unsigned long long)st.spec_accepted, (double)(st.spec_passes + st.spec_accepted) / (double)st.spec_passes);
+  if (st.spec_drafted_model) /* the draft package's share: its guesses and its branches where it was unsure */
+    fprintf(stderr, "[draft model: %llu of the drafts, %llu taken (%llu of them its second or third choice)]\n",
+            (unsigned long long)st.spec_drafted_model, (unsigned long long)st.spec_accepted_model,
+            (unsigned long long)st.spec_accepted_branch);
   if (st.context_shifts) /* the conversation outgrew the context and went on */
     fprintf(stderr, "[context shift: %llu times, %llu kept tokens run again]\n", (unsigned long long)st.context_shifts,
             (unsigned long long)st.shift_tokens_run);

@@ -207,12 +207,14 @@ typedef struct {
   int32_t spec_draft[EL_MAX_DRAFT];
   int32_t spec_parent[EL_MAX_DRAFT + 1];
   uint8_t spec_src[EL_MAX_DRAFT + 1];
+  float spec_q[EL_MAX_DRAFT + 1]; /* the draft model's probability of a node it drafted (-1: another source's) */
   int spec_n, spec_at, spec_taken;
   int spec_shadow; /* auto: drafts built but not verified (they would not pay); the next sample still rates them */
   /* token recycling (speculate.c): per token, the REC_K likeliest next ids of the last logits row computed after it
    * (-1: none yet), kept across generations; and per draft source, how often its drafts were offered and taken */
   int32_t* rec_next;
   float src_offered[8], src_taken[8];
+  float src_q[8]; /* per source, the draft model's probabilities of the drafts offered, summed (its calibration) */
   int recycling; /* this generation keeps the table (recycle; auto where the verify program takes trees) */
   /* an output constraint's allowed tokens for the next draw (el_generate_constrain): a bit per token */
   uint32_t* mask;
@@ -234,6 +236,12 @@ typedef struct {
   double spec_t_pass, draft_taken_avg, draft_t_avg;
   int draft_passes, draft_wait, draft_backoff;
   float* draft_logits;
+  /* staged drafting: the draft model's own verify pass over n-grams after its guesses (its rows [width][vocab]), how
+   * many of those n-gram ids it was offered and took, and its running average seconds of a step and of a pass */
+  size_t draft_rows_n;
+  float* draft_rows;
+  float stage_offered, stage_taken;
+  double stage_t_decode, stage_t_verify;
 } el_gen;
 
 struct el_context {
@@ -289,6 +297,8 @@ EL_HIDDEN int el_spec_child(el_gen* g, int32_t sampled);
 /* auto: the sample drawn after drafts that were built but not verified rates their sources as if they had been. */
 EL_HIDDEN void el_spec_shadow(el_gen* g, int32_t sampled);
 EL_HIDDEN void el_spec_time(double* avg, double seconds);
+/* The draft model's share of the counters (el_stats.spec_*_model): node 0, a pass's drafts; else the one taken. */
+EL_HIDDEN void el_spec_count(el_stats* st, const el_gen* g, int node);
 /* sampler.c: the one check of sampling parameters (0 or -1 with el_error set), and a sampler's heap bytes */
 EL_HIDDEN int el_check_sampling(const el_sampler_params* p);
 EL_HIDDEN size_t el_sampler_bytes(const el_sampler* s);

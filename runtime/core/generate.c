@@ -60,6 +60,7 @@ void el_gen_release(el_gen* g) {
   free(g->spec_logits);
   free(g->draft_fed);
   free(g->draft_logits);
+  free(g->draft_rows);
   free(g->rec_next);
   free(g->mask);
   memset(g, 0, sizeof *g);
@@ -197,6 +198,8 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   g->recycling = width >= 2 && (p->speculate == EL_SPECULATE_RECYCLE ||
                                 (p->speculate == EL_SPECULATE_AUTO && el_spec_trees(m)));
   memset(g->src_offered, 0, sizeof g->src_offered), memset(g->src_taken, 0, sizeof g->src_taken);
+  memset(g->src_q, 0, sizeof g->src_q);
+  g->stage_offered = g->stage_taken = 0;
   g->draft_passes = g->draft_wait = g->draft_backoff = 0;
   g->finish = EL_FINISH_NONE;
   g->text_len = g->emitted = 0;
@@ -339,6 +342,7 @@ static int filter_drafts(el_gen* g, int k) {
     where[i + 1] = -1;
     if (!keep[i] || p < 0) continue;
     g->spec_draft[n] = g->spec_draft[i], g->spec_parent[n + 1] = p, g->spec_src[n + 1] = g->spec_src[i + 1];
+    g->spec_q[n + 1] = g->spec_q[i + 1];
     where[i + 1] = ++n;
   }
   return n;
@@ -397,6 +401,7 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
       /* the draw took a draft following the last one: its cache row and logits came with the verify pass */
       if (el_verify_accept(c, child) != 0) goto out;
       g->spec_at = child, g->spec_taken++;
+      el_spec_count(&c->stats, g, child);
       memcpy(g->logits, g->spec_logits + (size_t)child * m->h.vocab, row);
     } else {
       if (g->spec_n) el_spec_settle(g, g->spec_taken);
@@ -414,6 +419,7 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
         g->spec_t_pass = el_now() - t0; /* drafting included: what a draft model's pass costs */
         el_spec_time(&g->spec_t_verify, el_now() - t1);
         g->spec_n = k;
+        el_spec_count(&c->stats, g, 0);
         memcpy(g->logits, g->spec_logits, row);
         for (int i = 0; i <= k; i++) el_spec_observe(g, ids[i], g->spec_logits + (size_t)i * m->h.vocab, (int)m->h.vocab);
       } else {

@@ -36,14 +36,23 @@ static int ngram_draft(const int32_t* h, int n_hist, int min_n, int max, int32_t
   return 0;
 }
 
-/* Where a draft came from: its own acceptance rate ranks it when a tree is built (el_gen.src_*). */
-enum { SRC_NGRAM = 0, SRC_MODEL = 1, SRC_RANK0 = 2, REC_K = 4, N_SRC = SRC_RANK0 + REC_K };
+/* Where a draft came from: its own acceptance rate ranks it when a tree is built (el_gen.src_*). The draft model's
+ * guesses (SRC_MODEL) and its second and third choices where it was unsure (SRC_BRANCH) are ranked by its own
+ * probabilities instead, scaled by how often its drafts of that kind were taken against how often it expected. */
+enum { SRC_NGRAM = 0, SRC_MODEL = 1, SRC_BRANCH = 2, SRC_RANK0 = 3, REC_K = 4, N_SRC = SRC_RANK0 + REC_K };
 /* what each source's drafts are taken at before any is measured, as if seen PRIOR_N times */
-static const float PRIOR[N_SRC] = {0.6f, 0.5f, 0.5f, 0.15f, 0.07f, 0.04f};
+static const float PRIOR[N_SRC] = {0.6f, 0.5f, 0.2f, 0.5f, 0.15f, 0.07f, 0.04f};
 #define PRIOR_N 4.0f
 
 static float src_rate(const el_gen* g, int src) {
   return (g->src_taken[src] + PRIOR[src] * PRIOR_N) / (g->src_offered[src] + PRIOR_N);
+}
+
+/* The chance a draft the model gave probability q is taken: q, times the measured ratio of its taken drafts of that
+ * source to their summed probabilities (a small model's probabilities are not the target's). */
+static float model_rate(const el_gen* g, int src, float q) {
+  float r = q * (g->src_taken[src] + PRIOR_N) / (g->src_q[src] + PRIOR_N);
+  return r < 0.98f ? r : 0.98f;
 }
 
 /* Token recycling ---------------------------------------------------------------------------------------------
@@ -87,37 +96,60 @@ void el_spec_observe(el_gen* g, int32_t id, const float* l, int vocab) {
   memcpy(g->rec_next + (size_t)id * REC_K, best, sizeof best);
 }
 
+/* A chain of drafts continuing the root (the n-gram match's or the draft model's guesses), from one source. The draft
+ * model's also carry its probability of each guess (q) and, per place in the chain (0: after the root; n: after the
+ * last guess, where it stopped being sure), up to ALT_K other ids it found likely there, with their probabilities. */
+enum { ALT_K = 3 };
+typedef struct {
+  const int32_t* tok;
+  int n, src;
+  const float* q;                 /* NULL: the source's measured rate for each */
+  const int32_t (*alt)[ALT_K];    /* NULL: none; else [n + 1][ALT_K], -1 past the last */
+  const float (*alt_q)[ALT_K];
+} chain_guide;
+
 /* A draft tree of up to max nodes after root (the sampled token): nodes are added best first by the chance that the
- * samples reach them (the product of their sources' measured rates along the path), drawn from a chain (the n-gram
- * match's or the draft model's: chain[0..n_chain), continuing the root; its source chain_src) and the recycling
- * table. chain_only: each node is the best child of the last (a package whose verify program takes no trees).
- * Returns the drafts, in spec_draft / spec_parent / spec_src, and adds the drafts the samples are expected to take
- * (the sum of those chances) to *expect. */
+ * samples reach them (the product of their estimated chances along the path), drawn from a chain (continuing the
+ * root), the draft model's alternatives to it (branches where it was unsure) and the recycling table. chain_only:
+ * each node is the best child of the last (a package whose verify program takes no trees). Returns the drafts, in
+ * spec_draft / spec_parent / spec_src / spec_q, and adds the drafts the samples are expected to take (the sum of
+ * those chances) to *expect. */
 typedef struct {
   int32_t tok;
-  int parent, src, chain_i; /* chain_i: its index in the n-gram chain (-1: off it) */
-  float p;                  /* the chance the samples reach it */
+  int parent, src, chain_i; /* chain_i: its index in the chain (-1: off it) */
+  float p, q;               /* p: the chance the samples reach it; q: the draft model's probability (-1: none) */
 } tree_cand;
 
-static int tree_draft(el_gen* g, int32_t root, const int32_t* chain, int n_chain, int chain_src, int max,
-                      int chain_only, float* expect) {
-  tree_cand fr[(EL_MAX_DRAFT + 1) * (REC_K + 1)];
+static int tree_draft(el_gen* g, int32_t root, const chain_guide* ch, int max, int chain_only, float* expect) {
+  tree_cand fr[(EL_MAX_DRAFT + 1) * (REC_K + ALT_K + 1)];
   int32_t tok[EL_MAX_DRAFT + 1];
-  int chain_at[EL_MAX_DRAFT + 1]; /* a node's index in the n-gram chain (-1: off it) */
+  int chain_at[EL_MAX_DRAFT + 1]; /* a node's index in the chain (-1: off it) */
   int n = 1, nf = 0;
   tok[0] = root, chain_at[0] = -1;
   float pn[EL_MAX_DRAFT + 1];
   pn[0] = 1;
+  g->spec_q[0] = -1;
   int u = 0; /* the node whose children join the frontier */
   while (n <= max) {
-    /* the children of u: the chain's next id, then the recycled candidates not equal to it */
-    int ci = chain_at[u] + 1, from_chain = ci < n_chain && (u == 0 || chain_at[u] >= 0);
-    int32_t ng = from_chain ? chain[ci] : -1;
-    if (chain_only) nf = 0;
-    if (ng >= 0) fr[nf++] = (tree_cand){ng, u, chain_src, ci, pn[u] * src_rate(g, chain_src)};
+    /* the children of u: the chain's next id and the model's alternatives there, then the recycled candidates not
+     * among them */
+    int ci = chain_at[u] + 1, on_chain = u == 0 || chain_at[u] >= 0, first = nf;
+    if (chain_only) nf = first = 0;
+    if (on_chain && ci < ch->n) {
+      float q = ch->q ? ch->q[ci] : -1;
+      fr[nf++] = (tree_cand){ch->tok[ci], u, ch->src, ci, pn[u] * (ch->q ? model_rate(g, ch->src, q) : src_rate(g, ch->src)), q};
+    }
+    for (int a = 0; on_chain && ch->alt && ci <= ch->n && a < ALT_K && ch->alt[ci][a] >= 0; a++) {
+      float q = ch->alt_q[ci][a];
+      fr[nf++] = (tree_cand){ch->alt[ci][a], u, SRC_BRANCH, -1, pn[u] * model_rate(g, SRC_BRANCH, q), q};
+    }
+    int ours = nf;
     const int32_t* next = g->rec_next ? g->rec_next + (size_t)tok[u] * REC_K : NULL;
-    for (int r = 0; next && r < REC_K && next[r] >= 0; r++)
-      if (next[r] != ng) fr[nf++] = (tree_cand){next[r], u, SRC_RANK0 + r, -1, pn[u] * src_rate(g, SRC_RANK0 + r)};
+    for (int r = 0; next && r < REC_K && next[r] >= 0; r++) {
+      int dup = 0;
+      for (int i = first; i < ours; i++) dup |= fr[i].tok == next[r];
+      if (!dup) fr[nf++] = (tree_cand){next[r], u, SRC_RANK0 + r, -1, pn[u] * src_rate(g, SRC_RANK0 + r), -1};
+    }
     if (nf == 0) break;
     int b = 0;
     for (int i = 1; i < nf; i++)
@@ -125,6 +157,7 @@ static int tree_draft(el_gen* g, int32_t root, const int32_t* chain, int n_chain
     tok[n] = fr[b].tok, pn[n] = fr[b].p, chain_at[n] = fr[b].chain_i;
     *expect += fr[b].p;
     g->spec_draft[n - 1] = fr[b].tok, g->spec_parent[n] = fr[b].parent, g->spec_src[n] = (uint8_t)fr[b].src;
+    g->spec_q[n] = fr[b].q;
     fr[b] = fr[--nf];
     u = n++;
   }
@@ -138,10 +171,20 @@ static int rate_children(el_gen* g, int at, int n, int32_t sampled) {
   for (int i = at + 1; i <= n; i++) {
     if (g->spec_parent[i] != at) continue;
     int src = g->spec_src[i];
-    if (++g->src_offered[src] > 512) g->src_offered[src] /= 2, g->src_taken[src] /= 2;
+    if (++g->src_offered[src] > 512) g->src_offered[src] /= 2, g->src_taken[src] /= 2, g->src_q[src] /= 2;
+    if (g->spec_q[i] >= 0) g->src_q[src] += g->spec_q[i];
     if (g->spec_draft[i - 1] == sampled) g->src_taken[src] += 1, found = i;
   }
   return found;
+}
+
+void el_spec_count(el_stats* st, const el_gen* g, int node) {
+  for (int i = node ? node : 1; i <= (node ? node : g->spec_n); i++) {
+    int src = g->spec_src[i];
+    if (src != SRC_MODEL && src != SRC_BRANCH) continue;
+    if (!node) st->spec_drafted_model++;
+    if (node) st->spec_accepted_model++, st->spec_accepted_branch += src == SRC_BRANCH;
+  }
 }
 
 int el_spec_child(el_gen* g, int32_t sampled) { return rate_children(g, g->spec_at, g->spec_n, sampled); }
@@ -184,7 +227,10 @@ int el_spec_draft_start(el_context* c, el_gen* g, el_context* d, int cap) {
   if (d->m->h.vocab != c->m->h.vocab)
     return el_error("the draft model's vocabulary (%u tokens) is not this model's (%u): a draft must share the "
                     "tokenizer", d->m->h.vocab, c->m->h.vocab);
-  if (g->draft_ctx != d) g->draft_ctx = d, g->draft_n = 0; /* another context: nothing it holds is known */
+  if (g->draft_ctx != d) { /* another context: nothing it holds is known, nor what its steps cost */
+    g->draft_ctx = d, g->draft_n = 0;
+    g->stage_t_decode = g->stage_t_verify = 0;
+  }
   int need = cap + EL_MAX_DRAFT + 1;
   if (need > g->draft_cap) {
     int32_t* f = realloc(g->draft_fed, sizeof(int32_t) * (size_t)need);
@@ -192,23 +238,77 @@ int el_spec_draft_start(el_context* c, el_gen* g, el_context* d, int cap) {
     g->draft_fed = f, g->draft_cap = need;
   }
   if (!g->draft_logits && !(g->draft_logits = malloc(sizeof(float) * c->m->h.vocab))) return el_error("out of memory");
+  size_t rows = (size_t)el_verify_tokens(d->m) * c->m->h.vocab; /* staged drafting: its own verify pass's rows */
+  if (rows > g->draft_rows_n) {
+    float* r = realloc(g->draft_rows, sizeof(float) * rows);
+    if (!r) return el_error("out of memory");
+    g->draft_rows = r, g->draft_rows_n = rows;
+  }
   g->draft_off = 0;
   return 0;
 }
 
-/* The most likely id of a logits row and its probability. */
-static int32_t top1(const float* l, int n, float* p) {
-  int32_t best = 0;
-  for (int i = 1; i < n; i++)
-    if (l[i] > l[best]) best = i;
+/* The ALT_K likeliest ids of a logits row (descending) and their probabilities. */
+static void top_ids(const float* l, int n, int32_t* ids, float* p) {
+  float v[ALT_K];
+  for (int r = 0; r < ALT_K; r++) ids[r] = -1, v[r] = -INFINITY;
+  for (int i = 0; i < n; i++) {
+    if (!(l[i] > v[ALT_K - 1])) continue;
+    int r = ALT_K - 1;
+    while (r > 0 && l[i] > v[r - 1]) v[r] = v[r - 1], ids[r] = ids[r - 1], r--;
+    v[r] = l[i], ids[r] = i;
+  }
   double s = 0;
-  for (int i = 0; i < n; i++) s += exp((double)(l[i] - l[best]));
-  *p = (float)(1.0 / s);
-  return best;
+  for (int i = 0; i < n; i++) s += exp((double)(l[i] - v[0]));
+  for (int r = 0; r < ALT_K; r++) p[r] = ids[r] >= 0 ? (float)(exp((double)(v[r] - v[0])) / s) : 0;
 }
 
-/* Up to max greedy guesses of the draft model after the history (0 and draft_off set if its context fails). */
-static int model_draft(el_gen* g, int max, int32_t* out) {
+/* The draft model's guesses (a chain) and, at each place, the other ids it found likely (chain_guide). */
+typedef struct {
+  int32_t tok[EL_MAX_DRAFT];
+  float q[EL_MAX_DRAFT];
+  int32_t alt[EL_MAX_DRAFT + 1][ALT_K];
+  float alt_q[EL_MAX_DRAFT + 1][ALT_K];
+} model_guesses;
+
+/* The logits row after place k of the guesses: its best id continues the chain where the model is sure of it, and
+ * the others (all of them where it is not) are the alternatives there. Returns 1 where the chain goes on. */
+static int guess_at(const float* l, int vocab, int k, model_guesses* out) {
+  int32_t ids[ALT_K];
+  float p[ALT_K];
+  top_ids(l, vocab, ids, p);
+  int sure = p[0] >= DRAFT_P_MIN, a = 0;
+  for (int r = sure; r < ALT_K; r++) out->alt[k][a] = ids[r], out->alt_q[k][a++] = p[r];
+  for (; a < ALT_K; a++) out->alt[k][a] = -1;
+  if (sure) out->tok[k] = ids[0], out->q[k] = p[0];
+  return sure;
+}
+
+/* Staged drafting: the draft model's own drafts are the n-grams of what it holds (the history and its guesses so
+ * far) after `next`, the guess it is about to run; run with them in one pass of its verify program, its guesses
+ * along them cost no steps of their own. Like auto's passes, one runs only where the guesses it is expected to take
+ * (by the measured rate of this stage's drafts) save more of its steps than the pass costs over one (measured: the
+ * first pass runs to be timed). The count (0: decode `next` alone). */
+static int model_ngram(el_gen* g, int32_t next, int room, int32_t* ids) {
+  el_context* d = g->draft_ctx;
+  int w = el_verify_tokens(d->m) - 1, left = (int)d->m->h.max_ctx - el_pos(d) - 1;
+  if (w > room) w = room;
+  if (w > left) w = left;
+  if (w < 1) return 0;
+  g->draft_fed[g->draft_n] = next;
+  int k = ngram_draft(g->draft_fed, g->draft_n + 1, NGRAM_MIN, w, ids + 1);
+  float r = (g->stage_taken + 0.6f * PRIOR_N) / (g->stage_offered + PRIOR_N), p = 1, e = 0;
+  for (int i = 0; i < k; i++) p *= r, e += p;
+  if (k == 0 || (g->stage_t_verify > 0 && g->stage_t_decode > 0 && (1 + e) * g->stage_t_decode < g->stage_t_verify))
+    return 0;
+  ids[0] = next;
+  return k;
+}
+
+/* Up to max greedy guesses of the draft model after the history, and its alternatives at each place (0 and draft_off
+ * set if its context fails). Where its guesses run into n-grams of the history, it verifies them instead of stepping
+ * through them (model_ngram): the guesses are the same greedy ones. */
+static int model_draft(el_gen* g, int max, model_guesses* out) {
   el_context* d = g->draft_ctx;
   int n = g->n_hist, vocab = (int)d->m->h.vocab, common = 0;
   int held = el_pos(d) < g->draft_n ? el_pos(d) : g->draft_n; /* what its context still holds */
@@ -225,14 +325,29 @@ static int model_draft(el_gen* g, int max, int32_t* out) {
   }
   memcpy(g->draft_fed + common, g->hist + common, sizeof(int32_t) * (size_t)(n - common));
   g->draft_n = n;
-  int k = 0;
-  while (k < max) {
-    float p;
-    int32_t t = top1(g->draft_logits, vocab, &p);
-    if (p < DRAFT_P_MIN) break;
-    out[k++] = t;
+  const float* row = g->draft_logits;
+  int32_t ng[EL_MAX_DRAFT + 1];
+  int k = 0, n_ng = 0, at = 0; /* a verify pass of the draft's: its ids ng[0..n_ng], the node its context ends on */
+  while (guess_at(row, vocab, k, out)) {
+    int32_t t = out->tok[k++];
     if (k == max || el_pos(d) >= (int)d->m->h.max_ctx) break;
-    if (el_decode(d, t, g->draft_logits) != 0) goto fail;
+    if (at < n_ng && ng[at + 1] == t) { /* the n-gram's next id is the guess: its row came with the pass */
+      if (el_verify_take_node(d, at + 1) != 0) goto fail;
+      row = g->draft_rows + (size_t)(++at) * vocab;
+      g->stage_taken++;
+    } else {
+      double t0 = el_now();
+      if (g->draft_rows && (n_ng = model_ngram(g, t, max - k - 1, ng)) > 0) {
+        if (el_verify(d, ng, n_ng + 1, g->draft_rows) != 0) goto fail;
+        el_spec_time(&g->stage_t_verify, el_now() - t0);
+        row = g->draft_rows, at = 0;
+        if ((g->stage_offered += n_ng) > 512) g->stage_offered /= 2, g->stage_taken /= 2;
+      } else {
+        if (el_decode(d, t, g->draft_logits) != 0) goto fail;
+        el_spec_time(&g->stage_t_decode, el_now() - t0);
+        row = g->draft_logits, n_ng = 0;
+      }
+    }
     g->draft_fed[g->draft_n++] = t;
   }
   return k;
@@ -246,7 +361,7 @@ void el_spec_time(double* avg, double seconds) { *avg = *avg > 0 ? 0.7 * *avg + 
 
 /* Drafts spec_draft[0..k) as a chain from one source. */
 static void chain_of(el_gen* g, int k, int src) {
-  for (int i = 1; i <= k; i++) g->spec_parent[i] = i - 1, g->spec_src[i] = (uint8_t)src;
+  for (int i = 1; i <= k; i++) g->spec_parent[i] = i - 1, g->spec_src[i] = (uint8_t)src, g->spec_q[i] = -1;
 }
 
 /* Whether the package's verify program takes drafts as a tree (EL_PROGRAM_TREE). */
@@ -303,7 +418,8 @@ int el_spec_draft(el_context* c, el_gen* g) {
    * auto, only where the drafts the tree expects to be taken pay for the pass */
   if (g->recycling && (k > 0 || mode == EL_SPECULATE_RECYCLE || !g->p.draft || g->draft_off)) {
     float expect = 0;
-    int n = tree_draft(g, g->hist[g->n_hist - 1], chain, k, SRC_NGRAM, max, !el_spec_trees(m), &expect);
+    chain_guide ch = {chain, k, SRC_NGRAM, NULL, NULL, NULL};
+    int n = tree_draft(g, g->hist[g->n_hist - 1], &ch, max, !el_spec_trees(m), &expect);
     return !automatic || pays(g, expect) ? n : decline(g, n);
   }
   memcpy(g->spec_draft, chain, sizeof(int32_t) * (size_t)k);
@@ -315,18 +431,17 @@ int el_spec_draft(el_context* c, el_gen* g) {
     return 0;
   }
   g->spec_from_model = 1; /* staged: the draft model where no n-gram matches */
-  k = model_draft(g, max, chain);
-  if (k == 0) { /* it was not sure of anything: a draft step spent for nothing */
-    model_miss(g);
-    return 0;
-  }
-  if (g->recycling && k < max) { /* its guesses, and recycled alternatives in the rows they leave */
-    float expect = 0;
-    return tree_draft(g, g->hist[g->n_hist - 1], chain, k, SRC_MODEL, max, !el_spec_trees(m), &expect);
-  }
-  memcpy(g->spec_draft, chain, sizeof(int32_t) * (size_t)k);
-  chain_of(g, k, SRC_MODEL);
-  return k;
+  model_guesses guess;
+  k = model_draft(g, max, &guess);
+  if (g->draft_off) return 0;
+  /* its guesses, its alternatives where it was unsure and recycled candidates, best first in the pass's rows */
+  float expect = 0;
+  chain_guide ch = {guess.tok, k, SRC_MODEL, guess.q, (const int32_t(*)[ALT_K])guess.alt,
+                    (const float(*)[ALT_K])guess.alt_q};
+  int n = tree_draft(g, g->hist[g->n_hist - 1], &ch, max, !el_spec_trees(m), &expect);
+  if (n > 0 && (!automatic || pays(g, expect))) return n;
+  model_miss(g); /* nothing worth a pass: its drafting was spent for nothing */
+  return n ? decline(g, n) : 0;
 }
 
 /* A verify pass's measured time in plain steps (1 until both are measured). */

@@ -76,7 +76,9 @@ class Stats(C.Structure):
                 ("expert_predict_wasted", C.c_uint64), ("decode_io_bytes_read", C.c_uint64),
                 ("decode_io_stall_seconds", C.c_double), ("kv_window_moves", C.c_uint64),
                 ("spec_passes", C.c_uint64), ("spec_drafted", C.c_uint64), ("spec_accepted", C.c_uint64),
-                ("context_shifts", C.c_uint64), ("shift_tokens_run", C.c_uint64)]
+                ("context_shifts", C.c_uint64), ("shift_tokens_run", C.c_uint64),
+                ("spec_drafted_model", C.c_uint64), ("spec_accepted_model", C.c_uint64),
+                ("spec_accepted_branch", C.c_uint64)]
 
 
 FINISH = {0: None, 1: "eos", 2: "stop", 3: "length", 4: "context", 5: "cancelled"}

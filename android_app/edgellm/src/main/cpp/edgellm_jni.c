@@ -268,14 +268,16 @@ JNIEXPORT void JNICALL FN(cancel)(JNIEnv* env, jclass cls, jlong h) {
 }
 
 /* [weights resident, KV bytes, arena bytes, context bytes, prefill tokens, decode tokens, io bytes read,
- *  weight bytes read, verify passes, drafts verified, drafts taken] and [prefill s, decode s, io stall s] */
+ *  weight bytes read, verify passes, drafts verified, drafts taken, the draft model's drafts, those taken, the
+ *  branches taken] and [prefill s, decode s, io stall s] */
 JNIEXPORT jlongArray JNICALL FN(statsCounts)(JNIEnv* env, jclass cls, jlong h) {
   (void)cls;
   el_stats s;
   el_get_stats(((jctx*)(intptr_t)h)->c, &s);
   jlong v[] = {(jlong)s.weight_bytes_resident, (jlong)s.kv_bytes, (jlong)s.arena_bytes, (jlong)s.context_bytes,
                 (jlong)s.prefill_tokens, (jlong)s.decode_tokens, (jlong)s.io_bytes_read, (jlong)s.weight_bytes_read,
-                (jlong)s.spec_passes, (jlong)s.spec_drafted, (jlong)s.spec_accepted};
+                (jlong)s.spec_passes, (jlong)s.spec_drafted, (jlong)s.spec_accepted, (jlong)s.spec_drafted_model,
+                (jlong)s.spec_accepted_model, (jlong)s.spec_accepted_branch};
   jsize n = (jsize)(sizeof v / sizeof v[0]);
   jlongArray a = (*env)->NewLongArray(env, n);
   if (a) (*env)->SetLongArrayRegion(env, a, 0, n, v);

@@ -93,7 +93,7 @@ class Context internal constructor(val model: Model, private val modelHandle: Lo
     fun stats(): Stats {
         val c = NativeBridge.statsCounts(live())
         val t = NativeBridge.statsTimes(live())
-        return Stats(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], t[0], t[1], t[2], c[8], c[9], c[10])
+        return Stats(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], t[0], t[1], t[2], c[8], c[9], c[10], c[11], c[12], c[13])
     }
 
     internal fun live(): Long {

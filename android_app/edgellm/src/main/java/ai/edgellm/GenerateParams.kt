@@ -65,5 +65,8 @@ data class Stats(
     val ioStallSeconds: Double,
     val specPasses: Long = 0,    // speculative decoding: verify passes run,
     val specDrafted: Long = 0,   // draft tokens they carried,
-    val specAccepted: Long = 0   // drafts the samples took (each one a decode step saved)
+    val specAccepted: Long = 0,  // drafts the samples took (each one a decode step saved);
+    val specDraftedModel: Long = 0,   // of those, the draft package's (its guesses and, where it was unsure,
+    val specAcceptedModel: Long = 0,  // its second and third choices: branches of the tree),
+    val specAcceptedBranch: Long = 0  // and the branches taken
 )
