@@ -797,6 +797,37 @@ def cache_prune_cmd(older_than):
     click.echo(f"removed {len(old)} package(s) not used for {older_than.strip()}, {freed / 2**20:.1f} MB freed")
 
 
+@cli.command("schema")
+@click.argument("schema", required=False, type=click.Path(dir_okay=False))
+@click.option("--regex", help="a regular expression over the output text instead of a JSON schema")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="the automaton file to write")
+def schema_cmd(schema, regex, out):
+    """Compile a JSON schema (a file) or --regex into an automaton for `bin/edgellm-run --constraint FILE` and the
+    Android library, which link no grammar engine. One file serves every package."""
+    import json
+    from pathlib import Path
+
+    from .runtime.python import automaton
+
+    if (schema is None) == (regex is None):
+        raise EdgeLLMError("give a JSON schema file or --regex, one of them")
+    if regex is not None:
+        data = automaton.compile_regex(regex)
+    else:
+        try:
+            text = Path(schema).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise EdgeLLMError(f"cannot read the schema {schema}: {getattr(e, 'strerror', None) or e}") from None
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as e:
+            raise EdgeLLMError(f"{schema} is not JSON: {e.msg} at line {e.lineno}") from None
+        data = automaton.compile_schema(text)
+    automaton.write(data, Path(out))
+    a = automaton.Automaton(data)
+    click.echo(f"wrote {out}: {a.n} nodes, {a.nc} byte classes, {len(data) / 1024:.1f} KiB", err=True)
+
+
 @cli.command("targets")
 def targets_cmd():
     """List compilation targets."""

@@ -23,6 +23,7 @@ extern "C" {
 typedef struct el_model el_model;
 typedef struct el_context el_context;
 typedef struct el_sampler el_sampler;
+typedef struct el_constraint el_constraint;
 
 const char* el_last_error(void);
 const char* el_version(void);
@@ -215,7 +216,16 @@ typedef struct {
                                positions and go on; 0: stop with EL_FINISH_CONTEXT */
   int32_t shift_sinks;      /* tokens kept at the start (default 4) */
   int32_t shift_tokens;     /* tokens dropped per shift (0: half of those after the sinks) */
+  const el_constraint* constraint; /* the output's automaton (el_constraint_load; NULL: none): only the tokens it
+                                      takes are drawn, and the end-of-sequence ids only where the text is complete
+                                      (a complete text that nothing may follow ends with EL_FINISH_STOP) */
 } el_gen_params;
+
+/* A constraint for the output: a byte automaton compiled on the host from a JSON schema or a regular expression
+ * (`edgellm schema SCHEMA.json -o FILE`); one file serves every package. NULL and el_last_error() if the file is
+ * not one. The generations that use it must end before it is freed. */
+el_constraint* el_constraint_load(const char* path);
+void el_constraint_free(el_constraint* a);
 
 /* 0 if `draft` can draft for `target`: the same vocabulary, token for token; else -1 and el_last_error() says
  * where they differ. Front ends call it once when they load a draft package. */

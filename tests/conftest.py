@@ -48,6 +48,7 @@ SLOW_MODULES = {
 }
 SLOW_TESTS = {   # module -> test functions (every parameter)
     "test_android_app.py": ("test_a_draft_package_through_the_bridge",),
+    "test_constraint_automaton.py": ("test_fifty_schemas_through_edgellm_run_parse_and_validate",),
     "test_android_apk.py": ("test_apk_assembles_signs_and_verifies",
                             "test_cmake_builds_the_library_and_exports_every_external"),
     "test_c_runtime.py": ("test_thread_pool_unit",),

@@ -3,6 +3,7 @@
 // goes out as hex of its UTF-8 bytes so that any character survives.
 package ai.edgellm.hosttest
 
+import ai.edgellm.Constraint
 import ai.edgellm.EdgeLLMException
 import ai.edgellm.GenerateParams
 import ai.edgellm.LoadOptions
@@ -62,6 +63,14 @@ fun main(args: Array<String>) {
                     val s1 = ctx.stats()
                     println("SPEC\t${r.tokens.joinToString(",")}\t${s1.specPasses - s0.specPasses}\t" +
                             "${s1.specDrafted - s0.specDrafted}\t${s1.specAccepted - s0.specAccepted}")
+                }
+                "constrained" -> {   // constrained PROMPT MAX AUTOMATON TEMPERATURE SEED: the text an automaton
+                                     // (`edgellm schema`) allowed, and why it ended
+                    Constraint.load(f[3]).closing { c ->
+                        val r = ctx.generate(f[1], GenerateParams(maxNewTokens = f[2].toInt(), temperature = f[4].toFloat(),
+                                                                  seed = f[5].toLong(), constraint = c))
+                        println("CONSTRAINED\t${r.tokens.joinToString(",")}\t${hex(r.text)}\t${r.finishReason}")
+                    }
                 }
                 "budget" -> {   // budget SIZE: the bytes a load with that memory budget reports
                     Model.load(pkg, LoadOptions(threads = 1, memoryBudget = f[1])).closing { m -> println("BUDGET\t${m.memory[4]}") }

@@ -24,7 +24,7 @@
 
 #define USAGE                                                                                                       \
   "usage: edgellm-run PKG (-p TEXT | --ids 1,2,3) [generation options] [--stop STR ...] [--print-ids]\n"        \
-  "                   [--dump-logits FILE] [--prompt-cache FILE] [load options]\n"                             \
+  "                   [--dump-logits FILE] [--prompt-cache FILE] [--constraint FILE] [load options]\n"         \
   "  PKG                  package directory (made by `edgellm compile`)\n"                                      \
   "  -p, --prompt TEXT    prompt text (needs PKG/tokenizer.bin)\n"                                              \
   "  --ids LIST           prompt as token ids, comma- or space-separated\n"                                     \
@@ -33,6 +33,8 @@
   "  --dump-logits FILE   write the logits of every sampling step (vocab float32 rows, raw) to FILE\n"        \
   "  --prompt-cache FILE  a saved context: loaded first (the start of the prompt it holds is not prefilled\n"   \
   "                       again), saved after the run (created when missing; same package and settings)\n"    \
+  "  --constraint FILE    output only what this automaton takes: a JSON schema or a regular expression\n"      \
+  "                       compiled on a host with `edgellm schema SCHEMA.json -o FILE`\n"                       \
   "  --version            print the runtime version\n"                                                          \
   "generation options (sampling options not given come from the package's generation_config.json, else greedy;\n" \
   "the same table as edgellm run and Runtime.generate: runtime/python/options.py):\n"                           \
@@ -178,6 +180,7 @@ static int parse_ids(const char* s, int32_t** out) {
 
 int main(int argc, char** argv) {
   const char *pkg = NULL, *prompt = NULL, *ids_arg = NULL, *dump_path = NULL, *draft_path = NULL, *cache_path = NULL;
+  const char* constraint_path = NULL;
   const char* stops[MAX_STOPS];
   int n_stops = 0, print_ids = 0;
   el_load_options opt;
@@ -214,6 +217,12 @@ int main(int argc, char** argv) {
     } else if (!strcmp(a, "--prompt-cache")) {
       NEED_VALUE if (!*v) return usage_error("%s", "--prompt-cache needs a file name");
       cache_path = v;
+    } else if (!strcmp(a, "--constraint")) {
+      NEED_VALUE size_t len = strlen(v);
+      if (len > 5 && !strcmp(v + len - 5, ".json"))
+        return usage_error("--constraint %s: give the automaton compiled from the schema (edgellm schema SCHEMA.json "
+                           "-o FILE), not the schema", v);
+      constraint_path = v;
     } else if (!strcmp(a, "--speculate") && v && strcmp(v, "off") && strcmp(v, "auto") && strcmp(v, "ngram") &&
                strcmp(v, "recycle")) {
       struct stat st_draft;
@@ -255,6 +264,7 @@ int main(int argc, char** argv) {
   int rc = 1;
   el_model *m = NULL, *dm = NULL;
   el_context *c = NULL, *draft_c = NULL;
+  el_constraint* constraint = NULL;
   int32_t *ids = NULL, *held = NULL; /* held: the ids the context holds (--prompt-cache) */
   FILE* dump = NULL;
   /* ONNX Runtime's libraries: the NPU backend reads EDGELLM_ORT_LIB / EDGELLM_QNN_EP_LIB / EDGELLM_QNN_BACKEND */
@@ -302,6 +312,10 @@ int main(int argc, char** argv) {
              EL_GEN_OPTIONS[k].kind == EL_OPT_U64 ? sizeof(uint64_t) : sizeof(int32_t));
   gp.n_stop_strings = n_stops;
   gp.stop_strings = stops;
+  if (constraint_path && !(gp.constraint = constraint = el_constraint_load(constraint_path))) {
+    fail("--constraint");
+    goto done;
+  }
 
   if (dump_path && !(dump = fopen(dump_path, "wb"))) {
     fprintf(stderr, "edgellm-run: error: cannot write %s: %s\n", dump_path, strerror(errno));
@@ -439,6 +453,7 @@ done:
   el_model_free(m);
   el_context_free(draft_c);
   el_model_free(dm);
+  el_constraint_free(constraint);
   free(ids);
   free(held);
   return rc;

@@ -167,6 +167,7 @@ struct el_model {
   int freed;          /* el_model_free called: free when the last context goes */
 };
 
+#define EL_DFA_MASKS 32 /* constraint masks cached per automaton node (constraint.c) */
 #define EL_MAX_DRAFT 31 /* drafts per verify pass at most (the verify program's tokens - 1 bounds it too) */
 
 /* Bytes of one K (or V) cache row: every KV head's head_dim elements of kv_dtype_bits (32: f32, 16: f16), or, for
@@ -242,6 +243,15 @@ typedef struct {
   float* draft_rows;
   float stage_offered, stage_taken;
   double stage_t_decode, stage_t_verify;
+  /* the generation's constraint automaton (constraint.c; NULL: none), the node it is at (-1: refused), its masks
+   * cached per node (EL_DFA_MASKS slots, by node) and each token's bytes (for the model tok_model) */
+  const el_constraint* dfa;
+  int32_t dfa_node;
+  uint32_t* dfa_masks;
+  int32_t dfa_mask_node[EL_DFA_MASKS];
+  const el_model* tok_model;
+  uint32_t* tok_at;
+  uint8_t* tok_bytes;
 } el_gen;
 
 struct el_context {
@@ -299,6 +309,12 @@ EL_HIDDEN void el_spec_shadow(el_gen* g, int32_t sampled);
 EL_HIDDEN void el_spec_time(double* avg, double seconds);
 /* The draft model's share of the counters (el_stats.spec_*_model): node 0, a pass's drafts; else the one taken. */
 EL_HIDDEN void el_spec_count(el_stats* st, const el_gen* g, int node);
+/* The constraint automaton (constraint.c): set up for a generation (a NULL one: none), the next draw's mask (1: the
+ * text is complete, nothing may follow), the move after a draw, and the check of a pass's drafts. */
+EL_HIDDEN int el_constraint_start(el_gen* g, const el_model* m, const el_constraint* a);
+EL_HIDDEN int el_constraint_mask(el_gen* g, const el_model* m);
+EL_HIDDEN void el_constraint_advance(el_gen* g, int32_t id);
+EL_HIDDEN int el_constraint_drafts(void* user, const int32_t* ids, const int32_t* parents, int n, uint8_t* keep);
 /* sampler.c: the one check of sampling parameters (0 or -1 with el_error set), and a sampler's heap bytes */
 EL_HIDDEN int el_check_sampling(const el_sampler_params* p);
 EL_HIDDEN size_t el_sampler_bytes(const el_sampler* s);

@@ -63,6 +63,9 @@ void el_gen_release(el_gen* g) {
   free(g->draft_rows);
   free(g->rec_next);
   free(g->mask);
+  free(g->dfa_masks);
+  free(g->tok_at);
+  free(g->tok_bytes);
   memset(g, 0, sizeof *g);
 }
 
@@ -139,6 +142,8 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   g->p = *p;
   g->p.stop_ids = stop_ids, g->p.stop_strings = stop_strings;
   g->mask_on = 0, g->draft_filter = NULL, g->filter_user = NULL; /* a constraint is one generation's */
+  if (el_constraint_start(g, m, p->constraint) != 0) goto out;
+  if (p->constraint) g->draft_filter = el_constraint_drafts, g->filter_user = g;
   int max = (int)m->h.max_ctx;
   int cached = p->n_cached;
   int start = p->keep_context ? c->pos - cached : 0; /* where the prompt's first id sits */
@@ -308,7 +313,10 @@ EL_API int el_generate_constrain(el_context* c, const uint32_t* allowed, int n_w
   pthread_mutex_lock(&c->mu);
   el_gen* g = &c->gen;
   int words = (int)((c->m->h.vocab + 31) / 32), rc = 0;
-  if (n_words < words) {
+  if (g->dfa) {
+    rc = el_error("el_generate_constrain: this generation has a constraint automaton (el_gen_params.constraint), "
+                  "which takes no other mask");
+  } else if (n_words < words) {
     rc = el_error("el_generate_constrain: %d mask words; this vocabulary of %u tokens needs %d", n_words,
                   c->m->h.vocab, words);
   } else if (!g->mask && !(g->mask = malloc(sizeof(uint32_t) * (size_t)words))) {
@@ -324,9 +332,13 @@ EL_API int el_generate_constrain(el_context* c, const uint32_t* allowed, int n_w
 EL_API int el_generate_filter_drafts(el_context* c, el_draft_filter filter, void* user) {
   if (!c) return el_error("el_generate_filter_drafts: context is NULL");
   pthread_mutex_lock(&c->mu);
-  c->gen.draft_filter = filter, c->gen.filter_user = user;
+  int rc = 0;
+  if (c->gen.dfa)
+    rc = el_error("el_generate_filter_drafts: this generation's constraint automaton checks its drafts");
+  else
+    c->gen.draft_filter = filter, c->gen.filter_user = user;
   pthread_mutex_unlock(&c->mu);
-  return 0;
+  return rc;
 }
 
 /* The pass's drafts the constraint allows (a parent precedes its children), compacted in place; the count. */
@@ -432,6 +444,16 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
     g->n_decoded++;
     g->pending = 0;
   }
+  if (g->dfa) { /* the automaton's mask; a complete text that nothing may follow ends here */
+    int done = el_constraint_mask(g, m);
+    if (done < 0) goto out;
+    if (done) {
+      g->finish = ev->finish = EL_FINISH_STOP;
+      emit(g, ev, g->text_len);
+      rc = 0;
+      goto out;
+    }
+  }
   if (g->mask_on && apply_mask(g, (int)m->h.vocab) != 0) goto out;
   int32_t t = el_sample(g->sampler, g->logits, (int)m->h.vocab, g->hist, g->n_hist, g->n_prompt);
   if (t < 0) goto out;
@@ -456,6 +478,7 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
   }
   g->hist[g->n_hist++] = t;
   g->n_gen++;
+  el_constraint_advance(g, t);
   int stopped = append_text(g, m, t);
   if (stopped < 0) goto out;
   if (stopped)

@@ -41,7 +41,8 @@ class GenParams(C.Structure):
                 ("keep_context", C.c_int32), ("n_stop_ids", C.c_int32), ("stop_ids", C.POINTER(C.c_int32)),
                 ("n_stop_strings", C.c_int32), ("stop_strings", C.POINTER(C.c_char_p)), ("n_cached", C.c_int32),
                 ("speculate", C.c_int32), ("draft_max", C.c_int32), ("draft", C.c_void_p),
-                ("context_shift", C.c_int32), ("shift_sinks", C.c_int32), ("shift_tokens", C.c_int32)]
+                ("context_shift", C.c_int32), ("shift_sinks", C.c_int32), ("shift_tokens", C.c_int32),
+                ("constraint", C.c_void_p)]
 
 
 class Event(C.Structure):
@@ -107,6 +108,8 @@ _SIGS = {
     "el_chunk": (C.c_int, [P]),
     "el_verify_width": (C.c_int, [P]),
     "el_draft_check": (C.c_int, [P, P]),
+    "el_constraint_load": (P, [C.c_char_p]),
+    "el_constraint_free": (None, [P]),
     "el_model_threads": (C.c_int, [P]),
     "el_bos_id": (C.c_int, [P]),
     "el_eos_ids": (C.c_int, [P, I32P, C.c_int]),

@@ -174,6 +174,22 @@ JNIEXPORT jbyteArray JNICALL FN(tokenText)(JNIEnv* env, jclass cls, jlong h, jin
   return byte_array(env, buf, n);
 }
 
+/* ---- output constraints (an automaton from `edgellm schema`) ---------------------------------------------------- */
+
+JNIEXPORT jlong JNICALL FN(constraintLoad)(JNIEnv* env, jclass cls, jbyteArray path) {
+  (void)cls;
+  char* p = dup_bytes(env, path);
+  el_constraint* a = p ? el_constraint_load(p) : NULL;
+  if (!a) throw_error(env, p ? "constraint" : "constraint: out of memory");
+  free(p);
+  return (jlong)(intptr_t)a;
+}
+
+JNIEXPORT void JNICALL FN(constraintFree)(JNIEnv* env, jclass cls, jlong h) {
+  (void)env, (void)cls;
+  el_constraint_free((el_constraint*)(intptr_t)h);
+}
+
 /* A draft model for `model`: the same vocabulary, token for token (el_draft_check); throws where they differ. */
 JNIEXPORT void JNICALL FN(draftCheck)(JNIEnv* env, jclass cls, jlong model, jlong draft) {
   (void)cls;
@@ -298,11 +314,13 @@ JNIEXPORT jdoubleArray JNICALL FN(statsTimes)(JNIEnv* env, jclass cls, jlong h) 
 
 /* fparams: temperature, top_p, min_p, repetition, presence, frequency penalty (NaN: the package's default);
  * iparams: max_new_tokens, top_k (< 0: default), ignore_eos, keep_context, has_seed, speculate (EL_SPECULATE_*;
- * < 0: default), draft_max (< 0: default); draft: a draft model's context (0: none; draftCheck passed). Returns
+ * < 0: default), draft_max (< 0: default); draft: a draft model's context (0: none; draftCheck passed);
+ * constraint: the output's automaton (constraintLoad; 0: none). Returns
  * [prompt tokens, generated tokens, finish (EL_FINISH_*), prefill s, decode s, ttft s, decode steps]. */
 JNIEXPORT jdoubleArray JNICALL FN(generate)(JNIEnv* env, jclass cls, jlong h, jintArray prompt, jfloatArray fparams,
                                             jintArray iparams, jlong seed, jintArray stop_ids,
-                                            jobjectArray stop_strings, jobject listener, jlong draft) {
+                                            jobjectArray stop_strings, jobject listener, jlong draft,
+                                            jlong constraint) {
   (void)cls;
   jctx* j = (jctx*)(intptr_t)h;
   el_gen_params p;
@@ -326,6 +344,7 @@ JNIEXPORT jdoubleArray JNICALL FN(generate)(JNIEnv* env, jclass cls, jlong h, ji
   if (iv[4]) p.seed = (uint64_t)seed;
   if (iv[5] >= 0) p.speculate = iv[5]; /* el_generate_start checks both */
   if (iv[6] >= 0) p.draft_max = iv[6];
+  p.constraint = (const el_constraint*)(intptr_t)constraint;
   if (draft) { /* a draft model drafts in auto mode unless a mode is given */
     p.draft = ((jctx*)(intptr_t)draft)->c;
     if (iv[5] < 0) p.speculate = EL_SPECULATE_AUTO;

@@ -60,10 +60,13 @@ class Context internal constructor(val model: Model, private val modelHandle: Lo
             NativeBridge.draftCheck(model.live(), draft.model.live())
             checkedDraft = draft
         }
+        val constraint = params.constraint?.live() ?: 0L
         val r = synchronized(running) {
-            if (draft == null) NativeBridge.generate(live(), prompt, f, i, params.seed ?: 0L, params.stopIds, stops, listener, 0L)
+            if (draft == null) NativeBridge.generate(live(), prompt, f, i, params.seed ?: 0L, params.stopIds, stops, listener, 0L,
+                                                     constraint)
             else synchronized(draft.running) {   // the draft's context follows this generation: nothing else may run on it
-                NativeBridge.generate(live(), prompt, f, i, params.seed ?: 0L, params.stopIds, stops, listener, draft.live())
+                NativeBridge.generate(live(), prompt, f, i, params.seed ?: 0L, params.stopIds, stops, listener, draft.live(),
+                                      constraint)
             }
         }
         return GenerateResult(tokens.toIntArray(), out.toString(), r[0].toInt(), FinishReason.of(r[2].toInt()),

@@ -26,7 +26,10 @@ data class GenerateParams(
     val draftMax: Int? = null,            // drafts per verify pass at most (null / 0: the package's verify width - 1)
     // a draft model's context (Model.load(draftPackage).newContext()): a smaller model with the same tokenizer
     // (compared token by token on first use) guesses where no n-gram matches; its context serves this generation
-    val draft: Context? = null
+    val draft: Context? = null,
+    // the output's automaton (Constraint.load: a JSON schema compiled on a host by `edgellm schema`): only what it
+    // takes is drawn, and the text ends where it is complete
+    val constraint: Constraint? = null
 )
 
 enum class FinishReason { NONE, EOS, STOP, LENGTH, CONTEXT, CANCELLED;

@@ -34,8 +34,10 @@ internal object NativeBridge {
     @JvmStatic external fun statsTimes(context: Long): DoubleArray
     @JvmStatic external fun generate(context: Long, prompt: IntArray, fparams: FloatArray, iparams: IntArray, seed: Long,
                                      stopIds: IntArray?, stopStrings: Array<ByteArray>?, listener: TokenListener?,
-                                     draft: Long): DoubleArray
+                                     draft: Long, constraint: Long): DoubleArray
     @JvmStatic external fun draftCheck(model: Long, draft: Long)
+    @JvmStatic external fun constraintLoad(path: ByteArray): Long
+    @JvmStatic external fun constraintFree(constraint: Long)
 }
 
 /** Called on the generating thread for each event: a new token (id >= 0) and the text safe to show with it, or
