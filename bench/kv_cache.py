@@ -35,10 +35,19 @@ def package(model: str, kind: str, work: Path, context: int) -> Path:
     import edgellm
     from real_checkpoints import gguf_file
 
+    sys.path.insert(0, str(HERE))
+    import vs_llamacpp as vs
+
     out = work / f"kv-{model}-{kind}-{context}.edgellm"
-    if not (out / "manifest.json").is_file():
+    stamp = vs.source_stamp(context)   # rebuilt when the sources change (a kernel change must be measured)
+    if not ((out / "bench-stamp").is_file() and (out / "bench-stamp").read_text() == stamp):
+        import shutil
+
+        if out.exists():
+            shutil.rmtree(out)
         edgellm.compile(str(gguf_file(model)), quant="auto", out=out, max_context=context, progress=False,
                         kv_cache=kind)
+        (out / "bench-stamp").write_text(stamp)
     return out
 
 

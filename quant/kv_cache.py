@@ -12,6 +12,29 @@ def q4_block(D: int) -> int:
     return b
 
 
+def rotation_block(D: int) -> int:
+    n = 1
+    while n < 256 and D % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def hadamard(x: np.ndarray) -> np.ndarray:
+    """x f32[..., D] rotated per block of N (rotation_block) by the normalized Sylvester-Hadamard matrix, summed in
+    the kernel's order (kv_q4: y_i = sum over j = 0..N-1 of +-x_j, then times 1/sqrt(N)): bitwise the kernel's rows.
+    Its own inverse."""
+    x = np.asarray(x, np.float32)
+    D = x.shape[-1]
+    N = rotation_block(D)
+    i = np.arange(N)
+    sign = np.where(np.vectorize(lambda v: bin(v).count("1") & 1)(i[:, None] & i[None, :]) == 1, -1, 1).astype(np.float32)
+    xb = x.reshape(*x.shape[:-1], D // N, N)
+    y = np.zeros_like(xb)
+    for j in range(N):
+        y += xb[..., j:j + 1] * sign[:, j]
+    return (y * np.float32(1.0 / np.sqrt(N))).reshape(x.shape)
+
+
 def q8_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x f32[..., D] -> (codes int8[..., D], scales f32[...]) per row of D (one head of one position)."""
     x = np.asarray(x, np.float32)
@@ -42,10 +65,12 @@ def q8_round(x: np.ndarray) -> np.ndarray:
 
 
 def q4_round(x: np.ndarray) -> np.ndarray:
-    """x f32[..., D] as the q4 cache gives it back: code * its block's (f16) scale."""
-    q, s = q4_codes(x)
+    """x f32[..., D] as the q4 cache gives it back: code * its block's (f16) scale, of the rotated head, rotated
+    back (what attention's sums amount to)."""
+    q, s = q4_codes(hadamard(x))
     B = q4_block(x.shape[-1])
-    return (q.reshape(*q.shape[:-1], -1, B).astype(np.float32) * s.astype(np.float32)[..., None]).reshape(q.shape)
+    y = (q.reshape(*q.shape[:-1], -1, B).astype(np.float32) * s.astype(np.float32)[..., None]).reshape(q.shape)
+    return hadamard(y)
 
 
 def cache_rows(kind: str, x: np.ndarray) -> np.ndarray:
@@ -54,7 +79,7 @@ def cache_rows(kind: str, x: np.ndarray) -> np.ndarray:
     if kind == "q8":
         q, s = q8_codes(x)
         return np.concatenate([q.reshape(S, -1), s.view(np.int8).reshape(S, -1)], axis=1)
-    q, s = q4_codes(x)
+    q, s = q4_codes(hadamard(x))
     B = q4_block(D)
     n = (q.reshape(S, H, D // B, 2, B // 2).astype(np.int32) + 8)
     packed = (n[..., 0, :] | (n[..., 1, :] << 4)).astype(np.uint8).view(np.int8)

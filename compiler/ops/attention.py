@@ -32,7 +32,7 @@ import math
 from tvm.script import tirx as T
 
 from ._util import F32, STACK, VIEW_ALIGN, concat_vecs, fast_exp, fast_tanh, hmax, hsum, let_wrap, pow2_divisor, tree_reduce
-from .kv_quant import PER_HEAD_SCALE, ROW_WRITERS, QRows, row_bytes, scale_view
+from .kv_quant import PER_HEAD_SCALE, ROTATED, ROW_WRITERS, QRows, hadamard_term, rotation_block, row_bytes, scale_view
 
 NEG = -3.0e38
 
@@ -134,6 +134,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
     windowed = W > 0  # a Python bool: the parser keeps only the taken branch, W = 0 gives the unwindowed kernel
     # chunk scores times each key's row scale (kv_elem gave the bare codes' sums): a per-head scale (q8)
     scaled_keys = PER_HEAD_SCALE.get(KV, False)
+    # a cache of Hadamard-rotated heads (q4, kv_quant.py): queries rotated alike, the output rotated back
+    rotated, N = ROTATED.get(KV, False), rotation_block(D)
+    norm = 1.0 / math.sqrt(N)
 
     def capped(v):
         """A computed score, soft-capped (the -3e38 of an invisible key is never passed here)."""
@@ -168,10 +171,19 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             nmax: T.let = T.Cast("int32", S) - T_ + t0 + Tq  # keys visible to the block's last query
             n0: T.let = T.Cast("int32", S) - T_  # keys before the batch
             for r in range(R):
-                for dc in T.unroll(ND):
-                    for l in T.vectorized(VD):
-                        qs[r * D + dc * VD + l] = Q[t0 + r % Tq, h0 + r // Tq, dc * VD + l] * T.float32(scale)
-                        acc[r * D + dc * VD + l] = T.float32(0)
+                if rotated:
+                    for d in range(D):
+                        qs[r * D + d] = T.float32(0)
+                        for j in range(N):
+                            qs[r * D + d] = qs[r * D + d] + hadamard_term(Q[t0 + r % Tq, h0 + r // Tq, d // N * N + j],
+                                                                          d % N, j)
+                        qs[r * D + d] = qs[r * D + d] * T.float32(scale * norm)
+                        acc[r * D + d] = T.float32(0)
+                else:
+                    for dc in T.unroll(ND):
+                        for l in T.vectorized(VD):
+                            qs[r * D + dc * VD + l] = Q[t0 + r % Tq, h0 + r // Tq, dc * VD + l] * T.float32(scale)
+                            acc[r * D + dc * VD + l] = T.float32(0)
                 st[r * 4] = T.float32(NEG)
                 st[r * 4 + 3] = T.float32(0)
             if windowed:  # same as below, from the first chunk holding a key the block's first query sees
@@ -278,9 +290,16 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                     acc[r * D + dc * VD + l] = ar[dc * VD + l]
             for r in range(R):
                 st[r * 4 + 3] = T.float32(1) / st[r * 4 + 3]
-                for dc in T.unroll(ND):
-                    for l in T.vectorized(VD):
-                        O[t0 + r % Tq, (h0 + r // Tq) * D + dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 3]
+                if rotated:   # the weighted sum of rotated values, rotated back
+                    for d in range(D):
+                        ar[d] = T.float32(0)
+                        for j in range(N):
+                            ar[d] = ar[d] + hadamard_term(acc[r * D + d // N * N + j], d % N, j)
+                        O[t0 + r % Tq, (h0 + r // Tq) * D + d] = ar[d] * (st[r * 4 + 3] * T.float32(norm))
+                else:
+                    for dc in T.unroll(ND):
+                        for l in T.vectorized(VD):
+                            O[t0 + r % Tq, (h0 + r // Tq) * D + dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 3]
 
     if KV in ROW_WRITERS:   # quantized caches (kv_quant.py): int8 rows of codes, then scales
         RB = row_bytes(KV, KVH, D)
