@@ -20,18 +20,19 @@ def rotation_block(D: int) -> int:
 
 
 def hadamard(x: np.ndarray) -> np.ndarray:
-    """x f32[..., D] rotated per block of N (rotation_block) by the normalized Sylvester-Hadamard matrix, summed in
-    the kernel's order (kv_q4: y_i = sum over j = 0..N-1 of +-x_j, then times 1/sqrt(N)): bitwise the kernel's rows.
-    Its own inverse."""
+    """x f32[..., D] rotated per block of N (rotation_block) by the normalized Sylvester-Hadamard matrix, with the
+    kernel's operations in its order (the fast transform's stages of a + b, a - b, then times 1/sqrt(N)): bitwise
+    the kernel's rows. Its own inverse."""
     x = np.asarray(x, np.float32)
     D = x.shape[-1]
     N = rotation_block(D)
-    i = np.arange(N)
-    sign = np.where(np.vectorize(lambda v: bin(v).count("1") & 1)(i[:, None] & i[None, :]) == 1, -1, 1).astype(np.float32)
-    xb = x.reshape(*x.shape[:-1], D // N, N)
-    y = np.zeros_like(xb)
-    for j in range(N):
-        y += xb[..., j:j + 1] * sign[:, j]
+    y = x.reshape(-1, D).copy()
+    h = 1
+    while h < N:
+        v = y.reshape(y.shape[0], D // (2 * h), 2, h)
+        a, b = v[:, :, 0, :].copy(), v[:, :, 1, :].copy()
+        v[:, :, 0, :], v[:, :, 1, :] = a + b, a - b
+        h *= 2
     return (y * np.float32(1.0 / np.sqrt(N))).reshape(x.shape)
 
 

@@ -257,5 +257,6 @@ def test_a_real_models_perplexity_with_smaller_caches(tmp_path):
 
 
 # cache type -> (perplexity bound over f32's, greedy tokens of 96 before the replies part); measured on this model:
-# f16 +0.57% (58.89 vs 58.56); bench/kv_cache.py on 3,000 tokens: f16 +0.43%, q8 +0.48% / +0.75% (two builds), q4 +13.8%
-REAL_BOUNDS = {"f16": (1e-2, 48), "q8": (1.5e-2, 32), "q4": (0.25, 4)}
+# f16 +0.57% (58.89 vs 58.56); bench/kv_cache.py on 3,000 tokens: f16 +0.43%, q8 +0.48% / +0.75% (two builds), q4 +5.0%
+# (+13.8% before its heads were Hadamard-rotated)
+REAL_BOUNDS = {"f16": (1e-2, 48), "q8": (1.5e-2, 32), "q4": (0.10, 4)}

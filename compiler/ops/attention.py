@@ -32,7 +32,7 @@ import math
 from tvm.script import tirx as T
 
 from ._util import F32, STACK, VIEW_ALIGN, concat_vecs, fast_exp, fast_tanh, hmax, hsum, let_wrap, pow2_divisor, tree_reduce
-from .kv_quant import PER_HEAD_SCALE, ROTATED, ROW_WRITERS, QRows, hadamard_term, rotation_block, row_bytes, scale_view
+from .kv_quant import PER_HEAD_SCALE, ROTATED, ROW_WRITERS, QRows, hadamard_in_place, rotation_block, row_bytes, scale_view
 
 NEG = -3.0e38
 
@@ -135,8 +135,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
     # chunk scores times each key's row scale (kv_elem gave the bare codes' sums): a per-head scale (q8)
     scaled_keys = PER_HEAD_SCALE.get(KV, False)
     # a cache of Hadamard-rotated heads (q4, kv_quant.py): queries rotated alike, the output rotated back
-    rotated, N = ROTATED.get(KV, False), rotation_block(D)
-    norm = 1.0 / math.sqrt(N)
+    rotated, norm = ROTATED.get(KV, False), 1.0 / math.sqrt(rotation_block(D))
+    fwht = hadamard_in_place(D)
 
     def capped(v):
         """A computed score, soft-capped (the -3e38 of an invisible key is never passed here)."""
@@ -173,12 +173,11 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             for r in range(R):
                 if rotated:
                     for d in range(D):
-                        qs[r * D + d] = T.float32(0)
-                        for j in range(N):
-                            qs[r * D + d] = qs[r * D + d] + hadamard_term(Q[t0 + r % Tq, h0 + r // Tq, d // N * N + j],
-                                                                          d % N, j)
-                        qs[r * D + d] = qs[r * D + d] * T.float32(scale * norm)
+                        qs[r * D + d] = Q[t0 + r % Tq, h0 + r // Tq, d]
                         acc[r * D + d] = T.float32(0)
+                    fwht(qs, r * D)
+                    for d in range(D):
+                        qs[r * D + d] = qs[r * D + d] * T.float32(scale * norm)
                 else:
                     for dc in T.unroll(ND):
                         for l in T.vectorized(VD):
@@ -292,9 +291,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                 st[r * 4 + 3] = T.float32(1) / st[r * 4 + 3]
                 if rotated:   # the weighted sum of rotated values, rotated back
                     for d in range(D):
-                        ar[d] = T.float32(0)
-                        for j in range(N):
-                            ar[d] = ar[d] + hadamard_term(acc[r * D + d // N * N + j], d % N, j)
+                        ar[d] = acc[r * D + d]
+                    fwht(ar, 0)
+                    for d in range(D):
                         O[t0 + r % Tq, (h0 + r // Tq) * D + d] = ar[d] * (st[r * 4 + 3] * T.float32(norm))
                 else:
                     for dc in T.unroll(ND):

@@ -9,11 +9,12 @@ lane by lane, and the scales are read through a float view of the same bytes.
   nibble, element i + B/2 in the high one, as llama.cpp's q4_0) and one float16 scale: x = (nibble - 8) * scale,
   scale = f16(max|x| / 7), nibble = floor(x * 7 / max|x| + 0.5) clamped to +-7, plus 8. The x a q4 row holds are
   the head's values rotated: y = H x per block of N = the largest power of two <= 256 dividing D, H the normalized
-  Sylvester-Hadamard matrix (entry (i, j) = (-1)^popcount(i & j) / sqrt(N); y_i summed over j in order). Keys carry
+  Sylvester-Hadamard matrix (entry (i, j) = (-1)^popcount(i & j) / sqrt(N)), by the fast transform's log2 N stages
+  of butterflies (a + b, a - b; pairs h = 1, 2, 4 ... apart), then times 1/sqrt(N). Keys carry
   outlier channels (a few of D with values many times the others', RoPE spreading them over pairs): unrotated, a
   block's scale follows its outlier and the others get a level or two (SmolLM2: +11% perplexity); rotated, every
   element holds a share of each channel. H is orthogonal and symmetric: attention rotates the query the same way
-  (H q . H k = q . k) and its output back (H sum p H v = sum p v), at D * N multiply-adds per head and row.
+  (H q . H k = q . k) and its output back (H sum p H v = sum p v), at D * log2 N additions per head and row.
 """
 from __future__ import annotations
 
@@ -36,9 +37,23 @@ def rotation_block(D: int) -> int:
     return pow2_divisor(D, 256)
 
 
-def hadamard_term(x, i, j):
-    """x times entry (i, j) of the (unnormalized) Sylvester-Hadamard matrix: x or -x, exactly."""
-    return T.if_then_else((T.popcount(i & j) & 1) == 1, -x, x)
+def hadamard_in_place(D: int):
+    """A macro: buf[off : off + D] through the unnormalized Sylvester-Hadamard transform per block of N =
+    rotation_block(D), in place (the fast transform: stage s adds and subtracts the pairs 2^s apart within blocks of
+    2^(s+1); quant/kv_cache.py's hadamard does the same operations in the same order)."""
+    N = rotation_block(D)
+    stages = N.bit_length() - 1
+
+    @T.macro
+    def fwht(buf, off):
+        for s in T.unroll(stages):
+            for p in range(D // 2):
+                lo: T.let = p // T.shift_left(1, s) * T.shift_left(2, s) + p % T.shift_left(1, s)
+                a: T.let = buf[off + lo]
+                b: T.let = buf[off + lo + T.shift_left(1, s)]
+                buf[off + lo] = a + b
+                buf[off + lo + T.shift_left(1, s)] = a - b
+    return fwht
 
 
 def q4_block(D: int) -> int:
@@ -129,8 +144,8 @@ def q4_rows(cpu, R: int, H: int, D: int):
     check_head_dim("q4", D)
     RB, B = row_bytes("q4", H, D), q4_block(D)
     half, NB = B // 2, D // B
-    N = rotation_block(D)
-    rotated, norm = ROTATED["q4"], 1.0 / math.sqrt(N)
+    rotated, norm = ROTATED["q4"], 1.0 / math.sqrt(rotation_block(D))
+    fwht = hadamard_in_place(D)
 
     def code(x, inv):
         """The block's nibble of x: its signed code plus 8 (1..15), as int32."""
@@ -145,15 +160,12 @@ def q4_rows(cpu, R: int, H: int, D: int):
         y = T.alloc_buffer((D,), F32, scope="global", annotations=STACK)   # the head as the row holds it
         for r in range(R):
             for h in range(H):
+                for d in range(D):
+                    y[d] = A[r, h * D + d]
                 if rotated:
+                    fwht(y, 0)
                     for d in range(D):
-                        y[d] = T.float32(0)
-                        for j in range(N):
-                            y[d] = y[d] + hadamard_term(A[r, h * D + d // N * N + j], d % N, j)
                         y[d] = y[d] * T.float32(norm)
-                else:
-                    for d in range(D):
-                        y[d] = A[r, h * D + d]
                 for b in range(NB):
                     m = T.alloc_buffer((1,), F32, scope="global", annotations=STACK)
                     m[0] = T.float32(0)

@@ -147,6 +147,7 @@ int el_constraint_start(el_gen* g, const el_model* m, const el_constraint* a) {
  * Returns 1 where the node accepts and nothing may follow (the constrained text is complete), -1 on error. */
 int el_constraint_mask(el_gen* g, const el_model* m) {
   const el_constraint* a = g->dfa;
+  if (g->dfa_node < 0) return el_error("the output constraint refused the text so far");
   int words = (int)((m->h.vocab + 31) / 32), slot = g->dfa_node % EL_DFA_MASKS;
   uint32_t* cached = g->dfa_masks + (size_t)slot * words;
   if (g->dfa_mask_node[slot] != g->dfa_node) {
