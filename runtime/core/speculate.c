@@ -330,7 +330,10 @@ static int model_draft(el_gen* g, int max, model_guesses* out) {
   int k = 0, n_ng = 0, at = 0; /* a verify pass of the draft's: its ids ng[0..n_ng], the node its context ends on */
   while (guess_at(row, vocab, k, out)) {
     int32_t t = out->tok[k++];
-    if (k == max || el_pos(d) >= (int)d->m->h.max_ctx) break;
+    if (k == max || el_pos(d) >= (int)d->m->h.max_ctx) { /* nothing known after the last guess */
+      for (int a = 0; a < ALT_K; a++) out->alt[k][a] = -1;
+      break;
+    }
     if (at < n_ng && ng[at + 1] == t) { /* the n-gram's next id is the guess: its row came with the pass */
       if (el_verify_take_node(d, at + 1) != 0) goto fail;
       row = g->draft_rows + (size_t)(++at) * vocab;
