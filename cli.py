@@ -90,10 +90,11 @@ def cli():
 @click.option("--verify-tokens", type=click.IntRange(0, 32), default=None, metavar="N",
               help="tokens per pass of the verify program speculative decoding runs (2..32; 0: none) [default: 8; "
                    "bench/verify_cost.py measures what each width costs here]")
-@click.option("--kv-cache", type=click.Choice(["f32", "f16", "q8", "q4"]), default="f32", show_default=True,
+@click.option("--kv-cache", default="f32", show_default=True, metavar="f32|f16|q8|q4|K,V",
               help="the K/V caches' element type: f16 halves what a context's cache takes; q8 (int8 codes, a scale "
-                   "per head and row) takes about 27% of f32 at +0.5-0.8% perplexity, q4 (4-bit codes, a scale per 32) 14% at "
-                   "+14% (SmolLM2) (CPU targets; README \"The KV cache\")")
+                   "per head and row) takes about 27% of f32 at +0.5-0.8% perplexity, q4 (4-bit codes of rotated "
+                   "heads, a scale per 32) 14% at +5% (SmolLM2); K,V gives keys and values their own (q8,q4: keys q8, "
+                   "values q4, 20% of f32; both float or both quantized) (CPU targets; README \"The KV cache\")")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def compile_cmd(model, target, quant, head_quant, gptq, calib, act_order, out, max_context, prefill_chunk, tune,
                 npu_chunk, npu_quant, npu_act, soc, npu_weights, npu_residual, npu_outliers, layout, bundle_neurons,
@@ -704,13 +705,13 @@ def _kv_line(m: dict, c: dict) -> str:
     """The KV cache of one context, and what the sliding-window layers' window caches save."""
     from types import SimpleNamespace
 
-    from .compiler.kv_layout import KV_CACHE_TYPES, kv_cache_bytes
+    from .compiler.kv_layout import kv_bits, kv_cache_bytes
 
     spec = SimpleNamespace(n_kv_heads=c["n_kv_heads"], head_dim=c["head_dim"])
     full = [(m["kv_rows"], 0)] * c["n_layers"]
     layers = [tuple(x) for x in m.get("kv_layers") or full]
     kind = m.get("kv_cache", "f32")
-    bits = KV_CACHE_TYPES[kind][1]
+    bits = kv_bits(kind)
     have, whole = kv_cache_bytes(spec, layers, bits), kv_cache_bytes(spec, full, bits)
     n = sum(rows < m["kv_rows"] for rows, _ in layers)
     return f"KV cache {have / 2**20:.1f} MiB" + (f" ({kind})" if kind != "f32" else "") + (

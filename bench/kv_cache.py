@@ -38,7 +38,7 @@ def package(model: str, kind: str, work: Path, context: int) -> Path:
     sys.path.insert(0, str(HERE))
     import vs_llamacpp as vs
 
-    out = work / f"kv-{model}-{kind}-{context}.edgellm"
+    out = work / f"kv-{model}-{kind.replace(',', '-')}-{context}.edgellm"
     stamp = vs.source_stamp(context)   # rebuilt when the sources change (a kernel change must be measured)
     if not ((out / "bench-stamp").is_file() and (out / "bench-stamp").read_text() == stamp):
         import shutil

@@ -129,8 +129,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     L - D + 1 (1: layer L's own input; 0: no guesses; None: 1), so an expert cache reads them ahead; expert_guesser:
     "fitted" (a per-layer map fitted on calib text, compiler/expert_guess.py) or "router" (layer L's own router);
     expert_guess_width: how many of the most likely experts each guess names (None: top-k). kv_cache: the K/V
-    caches' element type, "f32", "f16" (half the memory), "q8" or "q4" (codes and scales, compiler/ops/kv_quant.py);
-    CPU targets."""
+    caches' element type, "f32", "f16" (half the memory), "q8" or "q4" (codes and scales, compiler/ops/kv_quant.py),
+    or "K,V" for keys and values of two types (both float or both quantized: "q8,q4"); CPU targets."""
     t_start = time.perf_counter()
     for name, v, lo, hi in (("--max-context", max_context, 1, 1 << 24), ("--prefill-chunk", prefill_chunk, 1, 1024),
                             ("--npu-chunk", npu_chunk, 1, 1024)):
@@ -141,14 +141,18 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     tune_mode = resolve_mode(tune, tgt)
     npu = npu_options(tgt, npu_chunk, npu_quant, soc, npu_outliers, npu_weights, npu_residual, npu_act)
     _check_layout(layout, bundle_neurons, ffn_threshold, gptq, npu, tgt)
-    from .kv_layout import KV_CACHE_TYPES
+    from .kv_layout import KV_CACHE_TYPES, kv_cache_name, kv_dtype_bits_field, parse_kv_cache
 
-    if kv_cache not in KV_CACHE_TYPES:
-        raise CompileError(f"--kv-cache {kv_cache!r} is not one of {', '.join(KV_CACHE_TYPES)}")
+    try:
+        k_cache, v_cache = parse_kv_cache(kv_cache)
+    except ValueError as e:
+        raise CompileError(str(e)) from None
+    kv_cache = kv_cache_name(k_cache, v_cache)
     if kv_cache != "f32" and (npu or kernels.name != BACKEND_TVM_CPU):
         raise CompileError(f"--kv-cache {kv_cache}: target {tgt.name} keeps K/V in f32 (its "
                            f"{'NPU graphs' if npu else 'GPU kernels'} read them so); use --kv-cache f32")
-    kv_dtype, kv_bits = KV_CACHE_TYPES[kv_cache]
+    (kv_dtype, k_bits), (v_dtype, v_bits) = KV_CACHE_TYPES[k_cache], KV_CACHE_TYPES[v_cache]
+    kv_bits = min(k_bits, v_bits)
     _check_schemes_and_calib(quant, head_quant, calib, tgt)
     if out is not None:
         check_destination(out)   # fail before any work when the output place is wrong
@@ -265,7 +269,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                                 short_chunk=short, verify_tokens=verify, fuse=fuse, npu_chunk=npu.chunk if npu else None,
                                 bundles=bundles, expert_lookahead=lookahead, matrix_schemes=own,
                                 guessed_layers=guess.weights if guess else (), guess_width=width,
-                                kv_dtype=kv_dtype, **kernels.lower_args())
+                                kv_dtype=kv_dtype, v_dtype=v_dtype, **kernels.lower_args())
     if tuner is not None:
         tuner.guarded("decode knobs", lambda: tuner.decode_prefetch(
             low.kernels, next(p for p in programs if p.name == "decode")), None)
@@ -282,7 +286,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                    spec=spec, max_ctx=max_ctx, chunk=chunk, kv_rows=kv_rows,
                    weight_regions=[(t["offset"], t["nbytes"]) for t in table], weights_bytes=wbytes,
                    kernels=kernel_table, programs=programs, sampling=sampling, kv_layers=kv_table,
-                   kv_dtype_bits=kv_bits)
+                   kv_dtype_bits=kv_dtype_bits_field(k_bits, v_bits))
         _log(progress, f"weights: {wbytes / 2**20:.1f} MiB written")
         t0 = time.perf_counter()
         with Step(f"building {len(low.kernels.names)} kernels with TVM for {tgt.name}", progress):

@@ -34,6 +34,38 @@ KV_CACHE_TYPES = {"f32": ("float32", 32), "f16": ("float16", 16), "q8": ("q8", 8
 QUANTIZED_KV = frozenset(kv for kv, bits in KV_CACHE_TYPES.values() if bits <= 8)   # written by a kv_<kind> kernel
 
 
+def parse_kv_cache(text: str) -> tuple[str, str]:
+    """--kv-cache KIND (keys and values) or K,V (keys K, values V, as llama.cpp's -ctk / -ctv) -> (K, V) names.
+    Keys and values are both float (f32 / f16) or both quantized (q8 / q4): the attention kernel reads the two
+    caches through one kind of view. ValueError (one line) otherwise."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if len(parts) > 2 or any(p not in KV_CACHE_TYPES for p in parts):
+        raise ValueError(f"--kv-cache {text!r}: give one of {', '.join(KV_CACHE_TYPES)}, or keys,values "
+                         "(for example q8,q4)")
+    k, v = parts if len(parts) == 2 else parts * 2
+    if (KV_CACHE_TYPES[k][1] <= 8) != (KV_CACHE_TYPES[v][1] <= 8):
+        raise ValueError(f"--kv-cache {text}: keys and values must be both float (f32, f16) or both quantized "
+                         "(q8, q4)")
+    return k, v
+
+
+def kv_cache_name(k: str, v: str) -> str:
+    """The manifest's kv_cache: "q8" where keys and values share a type, else "q8,q4"."""
+    return k if k == v else f"{k},{v}"
+
+
+def kv_bits(text: str) -> tuple[int, int]:
+    """(K bits, V bits) of a manifest's or the command line's kv_cache."""
+    k, v = parse_kv_cache(text)
+    return KV_CACHE_TYPES[k][1], KV_CACHE_TYPES[v][1]
+
+
+def kv_dtype_bits_field(k_bits: int, v_bits: int) -> int:
+    """plan.bin's kv_dtype_bits: K's bits, and V's in bits 8-15 where they differ (0 there: V as K, so packages from
+    before split caches read unchanged; runtime/contract.h)."""
+    return k_bits if k_bits == v_bits else k_bits | v_bits << 8
+
+
 def kv_row_bytes(n_kv_heads: int, head_dim: int, bits: int = 32) -> int:
     """Bytes of one K (or V) cache row; the runtime's el_kv_row_bytes."""
     if bits in (8, 4):
@@ -43,7 +75,9 @@ def kv_row_bytes(n_kv_heads: int, head_dim: int, bits: int = 32) -> int:
     return n_kv_heads * head_dim * bits // 8
 
 
-def kv_cache_bytes(spec, layers: list[tuple[int, int]], bits: int = 32) -> int:
-    """Bytes of one context's K and V caches (each layer's rounded to 64 bytes, as the runtime maps them)."""
-    row = kv_row_bytes(spec.n_kv_heads, spec.head_dim, bits)
-    return sum(2 * (-(-rows * row // 64) * 64) for rows, _ in layers)
+def kv_cache_bytes(spec, layers: list[tuple[int, int]], bits: int | tuple[int, int] = 32) -> int:
+    """Bytes of one context's K and V caches (each layer's rounded to 64 bytes, as the runtime maps them); bits: one
+    type's for both, or (K bits, V bits)."""
+    kb, vb = bits if isinstance(bits, tuple) else (bits, bits)
+    rk, rv = (kv_row_bytes(spec.n_kv_heads, spec.head_dim, b) for b in (kb, vb))
+    return sum(-(-rows * rk // 64) * 64 + -(-rows * rv // 64) * 64 for rows, _ in layers)

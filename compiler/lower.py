@@ -170,7 +170,7 @@ class Lowering:
 
     def __init__(self, spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, rope_rows: int, quantized=None,
                  fuse: bool = True, bundles=None, make_kernel=None, backend: str = BACKEND_TVM_CPU,
-                 matrix_schemes=None, kv_dtype: str = "float32"):
+                 matrix_schemes=None, kv_dtype: str = "float32", v_dtype: str | None = None):
         if make_kernel is None:
             from .ops import make_kernel
 
@@ -184,7 +184,8 @@ class Lowering:
         self.matrix_schemes = dict(matrix_schemes or {})
         self.quantized = quantized or {}    # name -> parts computed ahead (GPTQ, a file's blocks), for its scheme
         self.rope_rows = rope_rows
-        self.kv_dtype = kv_dtype            # the K/V caches' element type (float32 | float16 | q8 | q4: kv_layout.py)
+        self.kv_dtype = kv_dtype            # the K cache's element type (float32 | float16 | q8 | q4: kv_layout.py)
+        self.v_dtype = v_dtype or kv_dtype  # the V cache's (--kv-cache K,V; as K's by default)
         self.fuse = fuse                    # one kernel per group of linears on one input (fuse_linears)
         self.bundles = bundles              # neuron-bundled FFNs (compiler/bundled_ffn.BundleLayout) or None
         self.experts: dict = {}             # MoE layer's experts prefix -> (first weight, views, gate/up parts)
@@ -323,7 +324,7 @@ class Lowering:
                     p = producer.get(v.id)
                     # a float32 cache only: producers write f32 rows (a float16 cache's rows come through a copy)
                     if (p is not None and consumers[v.id] == 1 and p.op in ("rope", "linear", FUSED)
-                            and self.kv_dtype == "float32"):
+                            and self._cache_dtype(kind) == "float32"):
                         kv_loc[v.id] = (kind, n.params["layer"])   # else _lower_node emits a copy
         # 2. lifetimes
         last_use: dict[int, int] = {}
@@ -418,7 +419,8 @@ class Lowering:
             tree = [self._tree] if self._tree else []
             k = self._kernel("attention", T=T, NH=NH, KVH=KVH, D=D, W=0 if W >= self.rope_rows else W,
                              cap=float(np.float32(s.attn_softcap)), **({"M": True} if tree else {}),
-                             **({"kv": self.kv_dtype} if self.kv_dtype != "float32" else {}))
+                             **({"kv": self.kv_dtype} if self.kv_dtype != "float32" else {}),
+                             **({"vkv": self.v_dtype} if self.v_dtype != self.kv_dtype else {}))
             kv = [self._kv_view(kind, layer, T, PREFIX) for kind in (KCACHE, VCACHE)]
             return [Step(k, [act(n.inputs[0], (T, NH, D)), *kv, *tree, act(n.out)])]
         if op in ("add", "swiglu", "relu2_mul", "gelu_mul"):
@@ -434,11 +436,11 @@ class Lowering:
             for v, kind in zip(n.inputs, (KCACHE, VCACHE)):
                 if act(v).kind == kind:   # produced in place (an f32 cache)
                     continue
-                dst = self._kv_view(kind, n.params["layer"], v.shape[0], AT_POS)
-                if self.kv_dtype in QUANTIZED_KV:   # quantized as the rows are written
-                    k = self._kernel(f"kv_{self.kv_dtype}", R=v.shape[0], H=s.n_kv_heads, D=s.head_dim)
+                dst, dtype = self._kv_view(kind, n.params["layer"], v.shape[0], AT_POS), self._cache_dtype(kind)
+                if dtype in QUANTIZED_KV:   # quantized as the rows are written
+                    k = self._kernel(f"kv_{dtype}", R=v.shape[0], H=s.n_kv_heads, D=s.head_dim)
                 else:                       # copied into the cache rows (f16: rounded)
-                    dt = {"dtype": self.kv_dtype} if self.kv_dtype != "float32" else {}
+                    dt = {"dtype": dtype} if dtype != "float32" else {}
                     k = self._kernel("copy", R=v.shape[0], N=v.shape[1], **dt)
                 steps.append(Step(k, [act(v), dst]))
             return steps
@@ -446,10 +448,13 @@ class Lowering:
 
     def _kv_view(self, kind: int, layer: int, rows: int, flag: int) -> Arg:
         """rows of a layer's K or V cache as the attention and row-writing kernels take them (kv_layout.py)."""
-        KVH, D = self.spec.n_kv_heads, self.spec.head_dim
-        if self.kv_dtype in QUANTIZED_KV:
-            return Arg(kind, layer, "int8", (rows, kv_row_bytes(KVH, D, int(self.kv_dtype[1:]))), flag)
-        return Arg(kind, layer, self.kv_dtype, (rows, KVH, D) if flag == PREFIX else (rows, KVH * D), flag)
+        KVH, D, dtype = self.spec.n_kv_heads, self.spec.head_dim, self._cache_dtype(kind)
+        if dtype in QUANTIZED_KV:
+            return Arg(kind, layer, "int8", (rows, kv_row_bytes(KVH, D, int(dtype[1:]))), flag)
+        return Arg(kind, layer, dtype, (rows, KVH, D) if flag == PREFIX else (rows, KVH * D), flag)
+
+    def _cache_dtype(self, kind: int) -> str:
+        return self.kv_dtype if kind == KCACHE else self.v_dtype
 
 
 PROGRAMS = (  # name, tokens ("chunk", "short" or a count), body, head
@@ -467,7 +472,7 @@ def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: in
                 fuse: bool = True, npu_chunk: int | None = None, bundles=None,
                 expert_lookahead: int = 0, guessed_layers=(), guess_width: int = 0, make_kernel=None,
                 backend: str = BACKEND_TVM_CPU, matrix_schemes=None,
-                kv_dtype: str = "float32") -> tuple[Lowering, list[Program]]:
+                kv_dtype: str = "float32", v_dtype: str | None = None) -> tuple[Lowering, list[Program]]:
     """expert_lookahead: decode predicts each MoE layer's experts from the residual stream this many layers
     earlier (1: at the layer's own input; 0: no predictions), naming guess_width experts (0: top-k); the layers in
     guessed_layers use a fitted guesser (compiler/expert_guess.py). fuse: one kernel per group of linears on one
@@ -478,7 +483,7 @@ def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: in
 
     fam = family(spec)
     low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows, quantized, fuse, bundles, make_kernel, backend,
-                   matrix_schemes, kv_dtype)
+                   matrix_schemes, kv_dtype, v_dtype)
     low.guessed_layers = set(guessed_layers)
     progs = []
     for name, tokens, body, head in PROGRAMS:

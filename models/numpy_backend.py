@@ -57,13 +57,13 @@ class NumpyGraph:
     def softcap(self, x, cap):
         return cap * np.tanh(x / cap)
 
-    kv_round = None   # a function rows -> rows as the package's K/V cache gives them back (quant/kv_cache.py), or None
+    kv_round = None   # (K's, V's) functions rows -> rows as the package's caches give them back (quant/kv_cache.py), or None
 
     def kv_store(self, layer, k, v):
         T, sh = k.shape[0], (self.spec.n_kv_heads, self.spec.head_dim)
         k, v = (x.reshape(T, *sh) for x in (k, v))
         if self.kv_round is not None:
-            k, v = (self.kv_round(x).astype(self.dtype) for x in (k, v))
+            k, v = (f(x).astype(self.dtype) for f, x in zip(self.kv_round, (k, v)))
         self.k[layer] = np.concatenate([self.k[layer][:self.pos], k])
         self.v[layer] = np.concatenate([self.v[layer][:self.pos], v])
 

@@ -54,5 +54,6 @@ class QuantizedModel(NumpyModel):
     def reset(self):
         self.g = QuantizedGraph(self.spec, self._weight, self.scheme, self.head_scheme, self._parts, self.dtype,
                                 self.matrix_schemes)
-        if self.kv_cache != "f32":
-            self.g.kv_round = KV_ROUND[self.kv_cache]
+        if self.kv_cache != "f32":   # "K,V": keys and values each rounded as their own cache stores them
+            k, _, v = self.kv_cache.partition(",")
+            self.g.kv_round = KV_ROUND[k], KV_ROUND[v or k]

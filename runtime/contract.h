@@ -167,7 +167,9 @@ typedef struct {
   uint32_t kv_dtype_bits; /* 32 (f32), 16 (f16), 8 (q8: a row is n_kv_heads * head_dim int8 codes, then one
                            * float32 scale per head; element = code * scale), 4 (q4: per block of B = the largest
                            * power of two <= 32 dividing head_dim, B/2 bytes of nibbles, element i low and
-                           * i + B/2 high, then one float16 scale per block; element = (nibble - 8) * scale) */
+                           * i + B/2 high, then one float16 scale per block; element = (nibble - 8) * scale);
+                           * that is the K cache's, and the V cache's too unless bits 8-15 give V's (--kv-cache
+                           * K,V: both float or both quantized) */
   uint32_t n_weights;
   uint32_t n_kernels;
   uint32_t n_programs;

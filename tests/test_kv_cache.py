@@ -1,4 +1,4 @@
-"""f16 and q8 K/V caches (`edgellm compile --kv-cache f16|q8`, issue 38).
+"""f16, q8 and q4 K/V caches, and keys and values of two types (`edgellm compile --kv-cache f16|q8|q4|K,V`, issue 38).
 
 - The attention kernel reads a float16 cache (each element widened) or a q8 one (int8 codes times the head's scale)
   and gives exactly what the f32 kernel gives on the same values (plain, windowed, token trees); kv_q8 writes the rows
@@ -36,26 +36,32 @@ def _cache(kind, x):
     """(what the kernel of that cache type reads, the f32 values it stands for) for K or V values x f32[S, KVH, D]."""
     from edgellm.quant.kv_cache import KV_ROUND, cache_rows
 
-    if kind == "float16":
-        return x.astype(np.float16), x.astype(np.float16).astype(np.float32)
+    if kind in ("float16", "float32"):
+        return x.astype(kind), x.astype(kind).astype(np.float32)
     return cache_rows(kind, x), KV_ROUND[kind](x)
 
 
-@pytest.mark.parametrize("kind", ["float16", "q8", "q4"])
+@pytest.mark.parametrize("kind", ["float16", "q8", "q4", "q8,q4", "q4,q8", "float32,float16"])
 @pytest.mark.parametrize("T_,S,W,tree", [(1, 37, 0, False), (8, 45, 0, False), (1, 70, 9, False), (8, 80, 9, False),
                                         (4, 40, 0, True)])
 def test_the_attention_kernel_reads_a_float16_or_quantized_cache(T_, S, W, tree, kind):
+    """kind: both caches', or "K,V" (--kv-cache q8,q4: keys and values of their own types)."""
     from edgellm.compiler import ops
 
     cpu, target = ops.host_cpu_info(2), ops.llvm_target(2)
     NH, KVH, D = 4, 2, 16
     r = np.random.default_rng(S)
     q = r.standard_normal((T_, NH, D)).astype(np.float32)
-    (kc, kf), (vc, vf) = (_cache(kind, r.standard_normal((S, KVH, D)).astype(np.float32)) for _ in range(2))
+    kk, _, vk = kind.partition(",")
+    vk = vk or kk
+    (kc, kf), (vc, vf) = (_cache(c, r.standard_normal((S, KVH, D)).astype(np.float32)) for c in (kk, vk))
     outs = {}
     for kv, (k, v) in ((kind, (kc, vc)), ("float32", (kf, vf))):
-        name, f = ops.make_kernel("attention", cpu, T=T_, NH=NH, KVH=KVH, D=D, W=W, kv=kv, M=tree)
-        assert name.endswith({"float16": "_kvf16", "q8": "_kvq8", "q4": "_kvq4"}[kind]) == (kv == kind)
+        types = dict(kv=kk, vkv=vk) if kv == kind else dict(kv=kv)
+        name, f = ops.make_kernel("attention", cpu, T=T_, NH=NH, KVH=KVH, D=D, W=W, M=tree, **types)
+        short = {"float32": "f32", "float16": "f16"}
+        suffix = "" if kk == "float32" else f"_kv{short.get(kk, kk)}"
+        assert name.endswith(suffix + (f"_v{short.get(vk, vk)}" if vk != kk else "")) == (kv == kind), name
         fn = tvm.compile(tvm.IRModule({name: f}), target=target).jit()[name]
         args = [q, k, v] + ([np.array([list(range(T_))] + [[0] * T_ if t == 0 else list(range(t + 1)) + [t] *
                                                            (T_ - t - 1) for t in range(T_)], np.int32)] if tree else [])
@@ -65,10 +71,10 @@ def test_the_attention_kernel_reads_a_float16_or_quantized_cache(T_, S, W, tree,
     # the same K/V values (f16 widened exactly): the f32 kernel's sums exactly; q8 takes each key's scale once, out
     # of its dot product (s * sum(q * code), not sum(q * (code * s))): to rounding; q4 holds the heads rotated and
     # rotates the query and the output (H q . H k = q . k): to rounding
-    if kind == "float16":
+    if "q" not in kind:
         assert np.array_equal(outs[kind], outs["float32"])
     else:
-        assert relerr(outs[kind], outs["float32"]) < {"q8": 1e-6, "q4": 1e-5}[kind]
+        assert relerr(outs[kind], outs["float32"]) < (1e-5 if "q4" in kind else 1e-6)
 
 
 @pytest.mark.parametrize("kind,D", [("q8", 32), ("q4", 64), ("q4", 16), ("q4", 48)])
@@ -133,7 +139,8 @@ def test_an_f16_cache_gives_the_f32_caches_logits_in_half_the_bytes(packages, na
 
 
 Q_CASES = [("LlamaForCausalLM", q, kind) for kind in ("q8", "q4") for q in ("f32", "f16", "q8", "q4g32", "t2")] + [
-    ("Gemma2ForCausalLM", "f32", kind) for kind in ("q8", "q4")] + [("MixtralForCausalLM", "q4g32", "q8")]
+    ("Gemma2ForCausalLM", "f32", kind) for kind in ("q8", "q4", "q8,q4")] + [("MixtralForCausalLM", "q4g32", "q8")] + [
+    ("LlamaForCausalLM", q, "q8,q4") for q in ("f32", "q4g32")] + [("LlamaForCausalLM", "f32", "q4,q8")]
 
 
 @pytest.mark.parametrize("arch,quant,kind", Q_CASES)
@@ -166,11 +173,13 @@ def test_a_quantized_cache_gives_the_numpy_models_logits_with_rounded_kv(arch, q
         assert rt.generate(PROMPT, max_new_tokens=24, ignore_eos=True, temperature=0).token_ids == \
             ref[kind].greedy(PROMPT, 24)
         rows = [r for r, _ in json.loads((pkg / "manifest.json").read_text())["kv_layers"]]
-        row = kv_row_bytes(spec.n_kv_heads, spec.head_dim, int(kind[1:]))
-        assert rt.stats()["kv_bytes"] == sum(2 * (-(-r * row // 64) * 64) for r in rows)
+        kk, _, vk = kind.partition(",")
+        rk, rv = (kv_row_bytes(spec.n_kv_heads, spec.head_dim, int(c[1:])) for c in (kk, vk or kk))
+        assert rt.stats()["kv_bytes"] == sum(-(-r * rk // 64) * 64 + -(-r * rv // 64) * 64 for r in rows)
+        assert json.loads((pkg / "manifest.json").read_text())["kv_cache"] == kind
 
 
-@pytest.mark.parametrize("kind", ["f16", "q8", "q4"])
+@pytest.mark.parametrize("kind", ["f16", "q8", "q4", "q8,q4"])
 def test_speculation_state_and_shift_with_a_smaller_cache(packages, tmp_path, kind):
     with edgellm.Runtime.load(packages["llama", kind], threads=2) as rt:
         copy = PROMPT + PROMPT[:20]
@@ -188,6 +197,16 @@ def test_speculation_state_and_shift_with_a_smaller_cache(packages, tmp_path, ki
         assert np.array_equal(ctx.decode_step(r.token_ids[-1]), other.decode_step(r.token_ids[-1]))
         long = rt.generate(PROMPT, max_new_tokens=2 * CTX, temperature=0, ignore_eos=True, context_shift=True)
         assert long.finish_reason == "length" and rt.context.stats()["context_shifts"] >= 1
+
+
+@pytest.mark.parametrize("kind,says", [("q8,f16", "both float"), ("q3", "give one of"),
+                                       ("q8,q4,q4", "keys,values"), ("", "give one of")])
+def test_a_kv_cache_the_kernels_cannot_read_is_refused_in_one_line(tiny_models, tmp_path, kind, says):
+    from edgellm.errors import CompileError
+
+    with pytest.raises(CompileError, match=says) as e:
+        edgellm.compile(str(tiny_models["llama-gqa"]), quant="f16", out=tmp_path / "p", kv_cache=kind, progress=False)
+    assert "\n" not in str(e.value) and not (tmp_path / "p").exists()
 
 
 def test_targets_that_read_f32_caches_refuse_it(tiny_models, tmp_path):

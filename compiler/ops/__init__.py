@@ -13,7 +13,7 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 | rmsnorm   | R, D, eps                 | x f32[R, D], w f32[D], out f32[R, D]                             |
 | linear    | T, N, K, wdtype, bias     | x f32[T, K], W wdtype[N, K], [b f32[N]], out f32[T, N]           |
 | rope      | T, H, D                   | x f32[T, H, D], cos f32[T, D/2], sin f32[T, D/2], out f32[T, H, D] |
-| attention | T, NH, KVH, D, W, kv      | q f32[T, NH, D], k/v kv[S, KVH, D], out f32[T, NH*D] (S: symbolic int64 "S") |
+| attention | T, NH, KVH, D, W, kv, vkv | q f32[T, NH, D], k kv[S, KVH, D], v vkv (or kv)[S, KVH, D], out f32[T, NH*D] |
 | add       | R, N                      | a, b f32[R, N], out f32[R, N]                                    |
 | swiglu    | T, F                      | g, u f32[T, F], out f32[T, F]                                    |
 | gelu_mul  | T, F                      | g, u f32[T, F], out f32[T, F] (gelu_tanh(g) * u)                 |
@@ -152,7 +152,7 @@ OPS = {
              ("P", "tree", bool, False)],
     "attention": [("T", "t", int, REQUIRED), ("NH", "nh", int, REQUIRED), ("KVH", "kvh", int, REQUIRED),
                   ("D", "d", int, REQUIRED), ("W", "w", int, 0), ("cap", "cap", float, 0.0),
-                  ("M", "tree", bool, False), ("kv", "kv", str, "float32")],
+                  ("M", "tree", bool, False), ("kv", "kv", str, "float32"), ("vkv", "v", str, "")],
     "add": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED), ("dtype", "", str, "float32")],
@@ -227,14 +227,19 @@ def kernel_params(op: str, params: dict) -> dict:
             v = bool(v)
         elif typ is tuple:
             v = check_segs(v, out["N"])
-        elif name in ("wdtype", "kv", "dtype"):
+        elif name in ("wdtype", "kv", "vkv", "dtype"):
             v = str(v)
-            allowed = ("float32", "float16", "q8", "q4") if name == "kv" else ("float32", "float16")
+            allowed = (("float32", "float16", "q8", "q4") + (("",) if name == "vkv" else ())
+                       if name in ("kv", "vkv") else ("float32", "float16"))
             if v not in allowed:
                 raise ValueError(f"{op}: {name} must be one of {', '.join(map(repr, allowed))}, got {v!r}")
         out[name] = v
     if op == "attention" and out["NH"] % out["KVH"]:
         raise ValueError(f"attention: NH={out['NH']} is not a multiple of KVH={out['KVH']}")
+    if op == "attention" and out["vkv"] == out["kv"]:
+        out["vkv"] = ""   # one kernel, one name
+    if op == "attention" and out["vkv"] and (out["kv"] in ("q8", "q4")) != (out["vkv"] in ("q8", "q4")):
+        raise ValueError(f"attention: K cache {out['kv']} and V cache {out['vkv']}: both float or both quantized")
     if op in KERNEL_OPS:
         _check_packed(op, KERNEL_OPS[op].traits, out)
     if op == "ffn_select" and out["F"] % out["G"]:
@@ -262,6 +267,7 @@ def _name(op: str, p: dict) -> str:
                             for name, short, typ, _ in op_spec(op)
                             if not ((op, name) in ZERO_OFF and p[name] == 0) and not (typ is tuple and not p[name])
                             and not ((op, name) in DEFAULT_OFF and p[name] == "float32")
+                            and not (name == "vkv" and not p[name])
                             and not (typ is bool and not p[name] and (op, name) in NAMED_WHEN_ON
                                      or name == "rows" and not p[name])])
 
@@ -279,7 +285,7 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
     if op == "attention":
         return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast, W=p["W"], cap=p["cap"],
-                               M=p["M"], KV=p["kv"])
+                               M=p["M"], KV=p["kv"], VKV=p["vkv"])
     simple_cpu = cpu if fast else CpuInfo(vector_lanes=1, num_threads=1, arch=cpu.arch)
     if op in KERNEL_OPS:
         traits = KERNEL_OPS[op].traits

@@ -103,7 +103,7 @@ def blocking(cpu, T_: int, NH: int, KVH: int):
 
 
 def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int = 0, cap: float = 0.0,
-         M: bool = False, KV: str = F32):
+         M: bool = False, KV: str = F32, VKV: str = ""):
     """simple=True: one row per task, per-key dot products only (fallback).
     W > 0: sliding window, query t attends keys max(0, n_t - W) <= j < n_t; W = 0: full causal attention.
     cap > 0: scores soft-capped to cap * tanh(s / cap) (cap = 0 generates exactly the kernel without it).
@@ -114,7 +114,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
     tree[1 + t, i]), so that its sums round exactly as decode's do: a tree's rows are then bitwise those of decoding
     their paths wherever the kernels of one token are. M = False generates exactly the kernel without it.
     KV: the K/V caches' element type (float32, or float16: each element widened as it is read; the sums stay f32; or
-    q8 / q4: codes and scales, each element dequantized as it is read, kv_quant.py: k/v int8[S, row bytes])."""
+    q8 / q4: codes and scales, each element dequantized as it is read, kv_quant.py: k/v int8[S, row bytes]); VKV: the
+    V cache's where it differs from the K cache's (both float or both quantized; "": KV's)."""
     if NH % KVH != 0:
         raise ValueError(f"NH={NH} not a multiple of KVH={KVH}")
     VL = cpu.vector_lanes
@@ -135,7 +136,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
     # chunk scores times each key's row scale (kv_elem gave the bare codes' sums): a per-head scale (q8)
     scaled_keys = PER_HEAD_SCALE.get(KV, False)
     # a cache of Hadamard-rotated heads (q4, kv_quant.py): queries rotated alike, the output rotated back
-    rotated, norm = ROTATED.get(KV, False), 1.0 / math.sqrt(rotation_block(D))
+    VK = VKV or KV
+    rotated, norm = ROTATED.get(KV, False), 1.0 / math.sqrt(rotation_block(D))   # the queries (K's rows)
+    rotated_v = ROTATED.get(VK, False)   # the output (V's rows)
     fwht = hadamard_in_place(D)
 
     def capped(v):
@@ -289,7 +292,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                     acc[r * D + dc * VD + l] = ar[dc * VD + l]
             for r in range(R):
                 st[r * 4 + 3] = T.float32(1) / st[r * 4 + 3]
-                if rotated:   # the weighted sum of rotated values, rotated back
+                if rotated_v:   # the weighted sum of rotated values, rotated back
                     for d in range(D):
                         ar[d] = acc[r * D + d]
                     fwht(ar, 0)
@@ -301,7 +304,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                             O[t0 + r % Tq, (h0 + r // Tq) * D + dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 3]
 
     if KV in ROW_WRITERS:   # quantized caches (kv_quant.py): int8 rows of codes, then scales
-        RB = row_bytes(KV, KVH, D)
+        RB, RBV = row_bytes(KV, KVH, D), row_bytes(VK, KVH, D)
 
         if M:
             @T.prim_func
@@ -310,12 +313,12 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                 S = T.int64()
                 Q = T.match_buffer(q, (T_, NH, D), F32)
                 Kq = T.match_buffer(k, (S, RB), "int8", align=VIEW_ALIGN)
-                Vq = T.match_buffer(v, (S, RB), "int8", align=VIEW_ALIGN)
+                Vq = T.match_buffer(v, (S, RBV), "int8", align=VIEW_ALIGN)
                 TR = T.match_buffer(tr, (T_ + 1, T_), "int32")
                 O = T.match_buffer(o, (T_, NH * D), F32)
                 Ks = scale_view(KV, Kq, S, KVH, D)
-                Vs = scale_view(KV, Vq, S, KVH, D)
-                body(Q, QRows(KV, Kq, Ks, KVH, D), QRows(KV, Vq, Vs, KVH, D), TR, O, S)
+                Vs = scale_view(VK, Vq, S, KVH, D)
+                body(Q, QRows(KV, Kq, Ks, KVH, D), QRows(VK, Vq, Vs, KVH, D), TR, O, S)
             return attention_tree_q
 
         @T.prim_func
@@ -324,11 +327,11 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             S = T.int64()
             Q = T.match_buffer(q, (T_, NH, D), F32)
             Kq = T.match_buffer(k, (S, RB), "int8", align=VIEW_ALIGN)
-            Vq = T.match_buffer(v, (S, RB), "int8", align=VIEW_ALIGN)
+            Vq = T.match_buffer(v, (S, RBV), "int8", align=VIEW_ALIGN)
             O = T.match_buffer(o, (T_, NH * D), F32)
             Ks = scale_view(KV, Kq, S, KVH, D)
-            Vs = scale_view(KV, Vq, S, KVH, D)
-            body(Q, QRows(KV, Kq, Ks, KVH, D), QRows(KV, Vq, Vs, KVH, D), Q, O, S)
+            Vs = scale_view(VK, Vq, S, KVH, D)
+            body(Q, QRows(KV, Kq, Ks, KVH, D), QRows(VK, Vq, Vs, KVH, D), Q, O, S)
         return attention_q
 
     if M:
@@ -338,7 +341,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             S = T.int64()
             Q = T.match_buffer(q, (T_, NH, D), F32)
             Kc = T.match_buffer(k, (S, KVH, D), KV)
-            Vc = T.match_buffer(v, (S, KVH, D), KV)
+            Vc = T.match_buffer(v, (S, KVH, D), VK)
             TR = T.match_buffer(tr, (T_ + 1, T_), "int32")
             O = T.match_buffer(o, (T_, NH * D), F32)
             body(Q, Kc, Vc, TR, O, S)
@@ -350,7 +353,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
         S = T.int64()
         Q = T.match_buffer(q, (T_, NH, D), F32)
         Kc = T.match_buffer(k, (S, KVH, D), KV)
-        Vc = T.match_buffer(v, (S, KVH, D), KV)
+        Vc = T.match_buffer(v, (S, KVH, D), VK)
         O = T.match_buffer(o, (T_, NH * D), F32)
         body(Q, Kc, Vc, Q, O, S)   # no tree: its argument is never read
     return attention

@@ -42,14 +42,13 @@ static int kv_move(el_context* c, size_t dst, size_t src, size_t n) {
 static int kv_make_room(el_context* c, int pos) {
   el_model* m = c->m;
   const el_plan_header* h = &m->h;
-  size_t per_row = el_kv_row_bytes(h);
   for (uint32_t l = 0; l < h->n_layers; l++) {
     const el_plan_kv_layer* k = &m->kv_layers[l];
     int ctx = (int)(k->rows - (h->kv_rows - h->max_ctx)); /* views start below this row */
     if (k->rows == h->kv_rows || pos - c->kv_base[l] < ctx) continue;
     int keep = (int)k->window - 1, from = pos - keep - c->kv_base[l];
     for (int v = 0; v < 2 && keep > 0; v++) {
-      size_t at = m->kv_offset[2 * (size_t)l + v];
+      size_t at = m->kv_offset[2 * (size_t)l + v], per_row = el_kv_row_bytes(h, v);
       if (kv_move(c, at, at + (size_t)from * per_row, (size_t)keep * per_row) != 0) return -1;
     }
     c->kv_base[l] = pos - keep;
@@ -426,10 +425,9 @@ int el_verify_locked(el_context* c, const int32_t* ids, const int32_t* parents, 
  * window cache holds together), on the host and on backends that keep the cache on their device. */
 static int kv_copy_row(el_context* c, int from, int to) {
   el_model* m = c->m;
-  size_t per_row = el_kv_row_bytes(&m->h);
   for (uint32_t l = 0; l < m->h.n_layers; l++)
     for (int v = 0; v < 2; v++) {
-      size_t at = m->kv_offset[2 * (size_t)l + v];
+      size_t at = m->kv_offset[2 * (size_t)l + v], per_row = el_kv_row_bytes(&m->h, v);
       if (kv_move(c, at + (size_t)(to - c->kv_base[l]) * per_row, at + (size_t)(from - c->kv_base[l]) * per_row,
                   per_row) != 0)
         return -1;

@@ -170,18 +170,26 @@ struct el_model {
 #define EL_DFA_MASKS 32 /* constraint masks cached per automaton node (constraint.c) */
 #define EL_MAX_DRAFT 31 /* drafts per verify pass at most (the verify program's tokens - 1 bounds it too) */
 
-/* Bytes of one K (or V) cache row: every KV head's head_dim elements of kv_dtype_bits (32: f32, 16: f16), or, for
- * the quantized caches, the codes then the scales (contract.h): 8 (q8) one float32 per head, 4 (q4) one float16 per
- * block of the largest power of two <= 32 dividing head_dim. */
-static inline size_t el_kv_row_bytes(const el_plan_header* h) {
+/* The bits of the K (v = 0) or V (v = 1) cache's elements: kv_dtype_bits holds K's, and V's in bits 8-15 where
+ * they differ (0 there: as K's; contract.h). */
+static inline uint32_t el_kv_bits(const el_plan_header* h, int v) {
+  uint32_t k = h->kv_dtype_bits & 0xffu, vb = (h->kv_dtype_bits >> 8) & 0xffu;
+  return v && vb ? vb : k;
+}
+
+/* Bytes of one K (v = 0) or V (v = 1) cache row: every KV head's head_dim elements of its bits (32: f32, 16: f16),
+ * or, for the quantized caches, the codes then the scales (contract.h): 8 (q8) one float32 per head, 4 (q4) one
+ * float16 per block of the largest power of two <= 32 dividing head_dim. */
+static inline size_t el_kv_row_bytes(const el_plan_header* h, int v) {
   size_t elems = (size_t)h->n_kv_heads * h->head_dim;
-  if (h->kv_dtype_bits == 8) return elems + 4u * h->n_kv_heads;
-  if (h->kv_dtype_bits == 4) {
+  uint32_t bits = el_kv_bits(h, v);
+  if (bits == 8) return elems + 4u * h->n_kv_heads;
+  if (bits == 4) {
     uint32_t b = 1;
     while (b < 32 && h->head_dim % (2 * b) == 0) b *= 2;
     return elems / 2 + 2u * (elems / b);
   }
-  return elems * (h->kv_dtype_bits / 8);
+  return elems * (bits / 8);
 }
 
 /* Generation state (generate.c), one per context. */

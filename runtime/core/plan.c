@@ -78,11 +78,17 @@ static int check_header(const el_plan_header* h, size_t file_size) {
   if (h->max_ctx == 0 || h->max_ctx > (1u << 30)) return corrupt("max_ctx %u", h->max_ctx);
   if (h->chunk == 0 || h->chunk > (1u << 20)) return corrupt("chunk %u", h->chunk);
   if (h->kv_rows < h->max_ctx) return corrupt("kv_rows %u < max_ctx %u", h->kv_rows, h->max_ctx);
-  if (h->kv_dtype_bits != 32 && h->kv_dtype_bits != 16 && h->kv_dtype_bits != 8 && h->kv_dtype_bits != 4)
-    return el_error("plan.bin asks for a %u-bit KV cache, this runtime has f32 (32), f16 (16), q8 (8) and q4 (4): "
-                    "recompile the package with this edgellm", h->kv_dtype_bits);
-  if (h->kv_dtype_bits <= 8 && (h->head_dim % 4 || h->n_kv_heads == 0))
-    return corrupt("a quantized KV cache with head_dim %u (scales follow the codes: a multiple of 4)", h->head_dim);
+  for (int v = 0; v < 2; v++) {
+    uint32_t b = el_kv_bits(h, v);
+    if ((b != 32 && b != 16 && b != 8 && b != 4) || h->kv_dtype_bits >> 16)
+      return el_error("plan.bin asks for a KV cache of kv_dtype_bits %#x, this runtime has f32 (32), f16 (16), q8 (8) "
+                      "and q4 (4), V's in bits 8-15: recompile the package with this edgellm", h->kv_dtype_bits);
+    if (b <= 8 && (h->head_dim % 4 || h->n_kv_heads == 0))
+      return corrupt("a quantized KV cache with head_dim %u (scales follow the codes: a multiple of 4)", h->head_dim);
+  }
+  if ((el_kv_bits(h, 0) <= 8) != (el_kv_bits(h, 1) <= 8))
+    return corrupt("a K cache of %u bits and a V cache of %u bits (both float or both quantized)", el_kv_bits(h, 0),
+                   el_kv_bits(h, 1));
   if (h->n_layers > (1u << 16)) return corrupt("n_layers %u", h->n_layers);
   if (h->n_eos < 0 || h->n_eos > EL_MAX_EOS) return corrupt("n_eos %d (at most %d)", h->n_eos, EL_MAX_EOS);
   if (h->bos_id < -1 || h->bos_id >= (int32_t)h->vocab) return corrupt("bos_id %d, vocab %u", h->bos_id, h->vocab);
@@ -205,9 +211,10 @@ static int check_arg(const el_model* m, const arg_site* s, const el_plan_arg* a)
       if (a->flags & (EL_FLAG_EXPERT | EL_FLAG_SLOT)) return corrupt("%s: KV views take no expert or slot flag", where);
       if (a->index >= h->n_layers) return corrupt("%s names layer %u, the model has %u", where, a->index, h->n_layers);
       /* a quantized cache's views are its rows' bytes (int8) */
-      if (a->dtype_code != (h->kv_dtype_bits <= 8 ? EL_DT_INT : EL_DT_FLOAT) ||
-          a->dtype_bits != (h->kv_dtype_bits <= 8 ? 8u : h->kv_dtype_bits))
-        return corrupt("%s views the %u-bit KV cache as dtype %u/%u", where, h->kv_dtype_bits, a->dtype_code,
+      int is_v = a->kind == EL_ARG_VCACHE;
+      uint32_t bits = el_kv_bits(h, is_v);
+      if (a->dtype_code != (bits <= 8 ? EL_DT_INT : EL_DT_FLOAT) || a->dtype_bits != (bits <= 8 ? 8u : bits))
+        return corrupt("%s views the %u-bit %c cache as dtype %u/%u", where, bits, is_v ? 'V' : 'K', a->dtype_code,
                        a->dtype_bits);
       /* a window cache's views move by at most its rows less the room a run needs (its "max_ctx") */
       uint32_t rows = m->kv_layers[a->index].rows;
@@ -218,7 +225,7 @@ static int check_arg(const el_model* m, const arg_site* s, const el_plan_arg* a)
       }
       if ((a->flags & EL_FLAG_PREFIX) && __builtin_mul_overflow(last + (uint64_t)a->shape[0], row, &extent))
         return corrupt("%s: prefix size overflows", where);
-      uint64_t cap = (uint64_t)rows * el_kv_row_bytes(h); /* checked not to overflow at read */
+      uint64_t cap = (uint64_t)rows * el_kv_row_bytes(h, is_v); /* checked not to overflow at read */
       if (!fits(a->offset, extent, cap))
         return corrupt("%s reaches [%llu, +%llu) of a KV cache of %llu bytes (%u rows)", where,
                        (unsigned long long)a->offset, (unsigned long long)extent, (unsigned long long)cap, rows);
@@ -535,7 +542,7 @@ static int read_kv_layers(el_model* m, size_t* at) {
   const el_plan_kv_layer* t = h->version >= 5 ? take(&c, sizeof *t, L) : NULL;
   if (h->version >= 5 && !t) return corrupt("the KV table (%u layers) runs past the end of the file", L);
   *at = c.off;
-  uint64_t per_row = el_kv_row_bytes(h), off = 0;
+  uint64_t k_row = el_kv_row_bytes(h, 0), v_row = el_kv_row_bytes(h, 1), off = 0;
   m->window_caches = 0;
   for (uint32_t l = 0; l < L; l++) {
     el_plan_kv_layer k = t ? t[l] : (el_plan_kv_layer){h->kv_rows, 0};
@@ -549,11 +556,12 @@ static int read_kv_layers(el_model* m, size_t* at) {
       m->window_caches++;
     }
     m->kv_layers[l] = k;
-    uint64_t bytes;
-    if (__builtin_mul_overflow(per_row, (uint64_t)k.rows, &bytes) || bytes > ((uint64_t)1 << 40))
+    uint64_t kb, vb;
+    if (__builtin_mul_overflow(k_row, (uint64_t)k.rows, &kb) || kb > ((uint64_t)1 << 40) ||
+        __builtin_mul_overflow(v_row, (uint64_t)k.rows, &vb) || vb > ((uint64_t)1 << 40))
       return corrupt("KV cache of %u rows x %u heads x %u", k.rows, h->n_kv_heads, h->head_dim);
-    bytes = (bytes + 63) / 64 * 64;
-    m->kv_offset[2 * l] = off, m->kv_offset[2 * l + 1] = off + bytes, off += 2 * bytes;
+    kb = (kb + 63) / 64 * 64, vb = (vb + 63) / 64 * 64;
+    m->kv_offset[2 * l] = off, m->kv_offset[2 * l + 1] = off + kb, off += kb + vb;
   }
   m->kv_offset[2 * (size_t)L] = off;
   return 0;

@@ -35,7 +35,8 @@ typedef struct {
   uint32_t staged_prefill, pos;
 } state_header;
 
-static size_t row_bytes(const el_model* m) { return el_kv_row_bytes(&m->h); }
+/* A K row and a V row (their types may differ: --kv-cache K,V). */
+static size_t row_pair_bytes(const el_model* m) { return el_kv_row_bytes(&m->h, 0) + el_kv_row_bytes(&m->h, 1); }
 
 static void header_of(const el_context* c, int pos, state_header* h) {
   const el_model* m = c->m;
@@ -118,11 +119,11 @@ EL_API int el_context_save(el_context* c, const char* path, int n) {
     ok = put(&s, &b, sizeof b) == 0;
   }
   ok = ok && put(&s, c->ids, sizeof(int32_t) * (size_t)n) == 0;
-  size_t row = row_bytes(m);
+  size_t krow = el_kv_row_bytes(&m->h, 0), vrow = el_kv_row_bytes(&m->h, 1);
   for (uint32_t l = 0; ok && l < m->h.n_layers; l++) {
-    size_t held = n > 0 ? (size_t)(n - c->kv_base[l]) * row : 0;
-    ok = put(&s, c->caches + m->kv_offset[2 * (size_t)l], held) == 0 &&
-         put(&s, c->caches + m->kv_offset[2 * (size_t)l + 1], held) == 0;
+    size_t held = n > 0 ? (size_t)(n - c->kv_base[l]) : 0;
+    ok = put(&s, c->caches + m->kv_offset[2 * (size_t)l], held * krow) == 0 &&
+         put(&s, c->caches + m->kv_offset[2 * (size_t)l + 1], held * vrow) == 0;
   }
   uint8_t d[32];
   el_sha256_final(&s.sum, d);
@@ -202,7 +203,7 @@ EL_API int el_context_load(el_context* c, const char* path) {
     goto out;
   }
   int pos = (int)h.pos;
-  size_t row = row_bytes(m);
+  size_t krow = el_kv_row_bytes(&m->h, 0), vrow = el_kv_row_bytes(&m->h, 1);
   int* base = calloc(m->h.n_layers ? m->h.n_layers : 1, sizeof *base);
   if (!base) {
     el_error("out of memory");
@@ -213,7 +214,7 @@ EL_API int el_context_load(el_context* c, const char* path) {
   for (uint32_t l = 0; !bad && l < m->h.n_layers; l++) {
     uint64_t rows = m->kv_layers[l].rows;
     bad = base[l] < 0 || base[l] > pos || (uint64_t)(pos - base[l]) > rows;
-    if (!bad) need += 2 * (uint64_t)(pos - base[l]) * row;
+    if (!bad) need += (uint64_t)(pos - base[l]) * row_pair_bytes(m);
   }
   if (bad || (uint64_t)st.st_size != need) {
     free(base);
@@ -225,9 +226,9 @@ EL_API int el_context_load(el_context* c, const char* path) {
   /* from here the cache is overwritten: a failure leaves the context empty */
   touched = 1;
   for (uint32_t l = 0; !bad && l < m->h.n_layers; l++) {
-    size_t held = (size_t)(pos - base[l]) * row;
-    bad = get(&s, c->caches + m->kv_offset[2 * (size_t)l], held) != 0 ||
-          get(&s, c->caches + m->kv_offset[2 * (size_t)l + 1], held) != 0;
+    size_t held = (size_t)(pos - base[l]);
+    bad = get(&s, c->caches + m->kv_offset[2 * (size_t)l], held * krow) != 0 ||
+          get(&s, c->caches + m->kv_offset[2 * (size_t)l + 1], held * vrow) != 0;
   }
   uint8_t d[32], want_d[32];
   el_sha256_final(&s.sum, want_d);
