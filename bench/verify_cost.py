@@ -1,15 +1,16 @@
 """The cost curve of speculative decoding's verify pass: time(K tokens) / time(1 token) per scheme (issue 36).
 
-    python bench/verify_cost.py [--schemes q8 q4g32 t2 f16] [--widths 8 16] [--budget 0.35] [--rounds 5]
+    python bench/verify_cost.py [--model 1b|smollm2-135m] [--schemes q8 q4g32 t2 f16] [--widths 8 16] [--budget 0.35]
+                                [--rounds 5]
 
 A pass that verifies K tokens pays off when it costs less than the plain decode steps its accepted tokens replace,
 so this ratio is what speculation's speed rests on. Model: the 1B-shaped Llama of bench/vs_llamacpp.py (random
-ternary-valued weights; only shapes matter here). Per scheme and verify width K, a package compiled with that width
-(EDGELLM_VERIFY_TOKENS=K); per round and package, decode steps and verify passes alternate at the same position
-(the context is rewound after each), in RAM and, with --budget, under a memory budget of that fraction of the
-weights (window store: the pass reads the streamed layers once for all K tokens). Rounds interleave the packages;
-the ratio is the median of per-round ratios (bandwidth on shared hosts drifts within minutes).
-"""
+ternary-valued weights; only shapes matter here), or with --model a real GGUF (its own weights, --quant auto). Per
+scheme and verify width K, a package compiled with that width (EDGELLM_VERIFY_TOKENS=K); per round and package,
+decode steps and verify passes alternate at the same position (the context is rewound after each), in RAM and, with
+--budget, under a memory budget of that fraction of the weights (window store: the pass reads the streamed layers
+once for all K tokens). Rounds interleave the packages; the ratio is the median of per-round ratios (bandwidth on
+shared hosts drifts within minutes)."""
 from __future__ import annotations
 
 import argparse
@@ -78,6 +79,8 @@ def measure(pkg: Path, budget: float | None, threads: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="1b", help="1b (the 1B-shaped Llama) or a real GGUF of tests/real_checkpoints.py "
+                    "(e.g. smollm2-135m: compiled with --quant auto; --schemes is then ignored)")
     ap.add_argument("--schemes", nargs="+", default=["q8", "q4g32", "t2", "f16"])
     ap.add_argument("--widths", nargs="+", type=int, default=[8, 16])
     ap.add_argument("--budget", type=float, default=None, help="also run under this fraction of the weights")
@@ -88,7 +91,13 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     work = Path(a.work)
-    model = make_model(work, "1b", 0, True)
+    if a.model == "1b":
+        model = make_model(work, "1b", 0, True)
+    else:
+        sys.path.insert(0, str(HERE.parent / "tests"))
+        from real_checkpoints import gguf_file
+
+        model, a.schemes = gguf_file(a.model), ["auto"]
     pkgs = {(s, w): compile_package(work, model, s, w, a.tune) for s in a.schemes for w in a.widths}
     settings = [None] + ([a.budget] if a.budget else [])
     rows: dict = {}
@@ -107,7 +116,8 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps({"cpu": _cpu_name(), "rows": out}, indent=1))
         return 0
-    print(f"verify cost on {_cpu_name()}, {a.threads} threads, 1B-shaped Llama, context {CONTEXT}, "
+    print(f"verify cost on {_cpu_name()}, {a.threads} threads, {'1B-shaped Llama' if a.model == '1b' else a.model}, "
+          f"context {CONTEXT}, "
           f"median of {a.rounds} interleaved rounds")
     print("| scheme | memory | K | decode step ms | verify pass ms | time(K) / time(1) |")
     print("|---|---|---|---|---|---|")

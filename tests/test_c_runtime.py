@@ -431,7 +431,7 @@ OOB_CASES = [
     # posadd's output into a K cache: posadd is not a kernel that writes the KV cache
     (tp.arg(tp.ARENA, 0, tp.A, (4, tp.D)), tp.arg(tp.KCACHE, 0, 0, (4, tp.H, tp.DH)), "not one that writes the KV"),
     (tp.arg(tp.VCACHE, 0, 0, (4, tp.H, tp.DH), flags=2), tp.arg(tp.VCACHE, 0, 0, (4, tp.H, tp.DH), (2, 16), 2),
-     "views the 32-bit KV cache"),
+     "views the 32-bit V cache"),
     (tp.arg(tp.ARENA, 0, tp.X, (4, tp.D)), tp.arg(9, 0, tp.X, (4, tp.D)), "unknown kind 9"),
 ]
 

@@ -238,7 +238,7 @@ def kernel_params(op: str, params: dict) -> dict:
         raise ValueError(f"attention: NH={out['NH']} is not a multiple of KVH={out['KVH']}")
     if op == "attention" and out["vkv"] == out["kv"]:
         out["vkv"] = ""   # one kernel, one name
-    if op == "attention" and out["vkv"] and (out["kv"] in ("q8", "q4")) != (out["vkv"] in ("q8", "q4")):
+    if op == "attention" and out["vkv"] and (out["kv"] in _kv_quant.ROW_WRITERS) != (out["vkv"] in _kv_quant.ROW_WRITERS):
         raise ValueError(f"attention: K cache {out['kv']} and V cache {out['vkv']}: both float or both quantized")
     if op in KERNEL_OPS:
         _check_packed(op, KERNEL_OPS[op].traits, out)
