@@ -39,7 +39,8 @@ _BASE = {
                           "query_pre_attn_scalar": 24, "sliding_window": 5, "attn_logit_softcapping": 4.0,
                           "final_logit_softcapping": 60.0},
     "Olmo2ForCausalLM": {"model_type": "olmo2", "attention_bias": False},
-    "SmolLM3ForCausalLM": {"model_type": "smollm3", "no_rope_layer_interval": 2, "pad_token_id": None, "use_sliding_window": False},
+    "SmolLM3ForCausalLM": {"model_type": "smollm3", "no_rope_layer_interval": 2, "pad_token_id": None,
+                           "use_sliding_window": False},
     # every multiplier away from 1, so that each fold is exercised
     "GraniteForCausalLM": {"model_type": "granite", "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
                            "attention_multiplier": 0.1, "logits_scaling": 4.0},

@@ -446,7 +446,8 @@ def test_out_of_bounds_plan(lib, kernels_so, tmp_path, old, new, expect):
 
 def test_bad_kernel_index_and_counts(lib, kernels_so, tmp_path):
     plan = bytearray(tp.plan_bytes())
-    first_step = tp.HEADER.size + tp.L * tp.K.KV_LAYER.size + len(tp.WEIGHT_ORDER) * 16 + len(tp.KERNELS) * tp.KERNEL.size + tp.PROGRAM.size
+    first_step = (tp.HEADER.size + tp.L * tp.K.KV_LAYER.size + len(tp.WEIGHT_ORDER) * 16 + len(tp.KERNELS) * tp.KERNEL.size
+                  + tp.PROGRAM.size)
     plan[first_step + 4:first_step + 8] = struct.pack("<I", len(tp.KERNELS))
     assert f"calls kernel {len(tp.KERNELS)}, the plan has {len(tp.KERNELS)}" in load_error(
         lib, variant(kernels_so, tmp_path, bytes(plan)))

@@ -87,8 +87,8 @@ def test_longrope_switch_matches_transformers_forward(tmp_path):
 
 
 # one scheme per family, between them every scheme family: float, int8, int4 (RTN and GPTQ), ternary
-PACKAGES = [("gemma2", "f32"), ("gemma2", "q4g32"), ("olmo2", "f32"), ("olmo2", "q4g32"), ("smollm3", "q8"), ("granite", "q4g32"), ("phi4-mini", "f32"),
-            ("phi4-mini", "q8"), ("phi3.5-short", "t2")]
+PACKAGES = [("gemma2", "f32"), ("gemma2", "q4g32"), ("olmo2", "f32"), ("olmo2", "q4g32"), ("smollm3", "q8"), ("granite", "q4g32"),
+            ("phi4-mini", "f32"), ("phi4-mini", "q8"), ("phi3.5-short", "t2")]
 
 
 @pytest.mark.parametrize("name,quant", PACKAGES)

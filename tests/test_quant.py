@@ -30,8 +30,8 @@ def rel_rms(a, b):
 #  t2: absmean ternary, s = E|w| = sqrt(2/pi) sigma: E[(w - s clip(round(w/s), -1, 1))^2] = 0.263 sigma^2 by
 #      numerical integration -> 51.3% (it is a 1.58-bit format meant for QAT-trained weights, not for PTQ).
 #  q8g32: the q8 rule per group of 32 (Q8_0): RMS ~ E[max|w| of 32] / 127 / sqrt(12) = 2.35 / 440 = 0.53%.
-ERROR_BOUNDS = {"f32": 0.0, "f16": 3e-4, "q8": 0.010, "q8g32": 0.0065, "q4g32": 0.10, "q4g64": 0.11, "q4g128": 0.12, "q4m32": 0.09, "q6": 0.025,
-                "t2": 0.55}
+ERROR_BOUNDS = {"f32": 0.0, "f16": 3e-4, "q8": 0.010, "q8g32": 0.0065, "q4g32": 0.10, "q4g64": 0.11, "q4g128": 0.12,
+                "q4m32": 0.09, "q6": 0.025, "t2": 0.55}
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMES))

@@ -33,7 +33,7 @@ class AffineBlocks:
     group: int = G
     zero: int | None = None   # symmetric blocks: mins == -zero * scales (the signed code is q - zero)
 
-    def rows(self, index) -> "AffineBlocks":
+    def rows(self, index) -> AffineBlocks:
         """The same rows operation (a slice, or an index array) on every array."""
         return AffineBlocks(self.codes[index], self.scales[index], self.mins[index], self.bits, self.group, self.zero)
 
@@ -102,4 +102,5 @@ def decode_q4_k(raw: np.ndarray) -> AffineBlocks:
     return AffineBlocks(codes.reshape(N, -1), scales, mins)
 
 
-DECODERS = {"Q4_0": decode_q4_0, "Q4_1": decode_q4_1, "Q4_K": decode_q4_k, "Q5_0": decode_q5_0}   # GGUF type name -> raw rows -> AffineBlocks
+# GGUF type name -> raw rows -> AffineBlocks
+DECODERS = {"Q4_0": decode_q4_0, "Q4_1": decode_q4_1, "Q4_K": decode_q4_k, "Q5_0": decode_q5_0}
