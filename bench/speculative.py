@@ -1,7 +1,7 @@
 """Speculative decoding against plain decoding, same package, same prompts, interleaved rounds (issue 36).
 
     python bench/speculative.py [--models demo smollm2-135m] [--rounds 3] [--tokens 128] [--budget 0.35]
-                                [--llamacpp] [--json]
+                                [--verify-tokens 8] [--llamacpp] [--json]
 
 Per model and task: plain decoding, then `speculate="ngram"`, `"recycle"` (each run in a fresh context, so that its
 table holds nothing from earlier rounds) and `"auto"` (and for the demo, its draft package
@@ -63,19 +63,22 @@ TASKS = {  # name -> (chat message, plain-text prompt for a model without a chat
 }
 
 
+VERIFY_TOKENS = 8   # the target packages' verify width (--verify-tokens)
+
+
 def package(model: str, work: Path) -> Path:
     import edgellm
 
-    verify = 8
+    verify, tag = VERIFY_TOKENS, "" if VERIFY_TOKENS == 8 else f"-v{VERIFY_TOKENS}"
     if model in ("demo", "demo-moe", "demo-draft"):
-        out = work / f"spec-{model}-q8.edgellm"
+        out = work / f"spec-{model}-q8{tag if model != 'demo-draft' else ''}.edgellm"
         src = str(HERE.parent / "models" / "demo" / ("demo-llama" if model == "demo" else model))
-        quant, verify = "q8", (0 if model == "demo-draft" else 8)
+        quant, verify = "q8", (0 if model == "demo-draft" else verify)
     else:
         from real_checkpoints import gguf_file
 
         src, quant = str(gguf_file(model)), "auto"
-        out = work / f"spec-{model}-auto.edgellm"
+        out = work / f"spec-{model}-auto{tag}.edgellm"
     import shutil
 
     import vs_llamacpp as vs
@@ -271,6 +274,8 @@ def main(argv=None):
     ap.add_argument("--models", nargs="+", default=["demo", "smollm2-135m"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--verify-tokens", type=int, default=8,
+                    help="the packages' verify width (2..32; bench/verify_cost.py measures what each costs here)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--work", default=os.path.expanduser("~/.cache/edgellm/bench"))
     ap.add_argument("--budget", type=float, default=None,
@@ -280,6 +285,8 @@ def main(argv=None):
                     help="also run llama.cpp's own speculative modes (llama-server --spec-type) on the GGUF models")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    global VERIFY_TOKENS
+    VERIFY_TOKENS = a.verify_tokens
     import vs_llamacpp as vs
 
     work = Path(a.work)
