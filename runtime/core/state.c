@@ -35,9 +35,6 @@ typedef struct {
   uint32_t staged_prefill, pos;
 } state_header;
 
-/* A K row and a V row (their types may differ: --kv-cache K,V). */
-static size_t row_pair_bytes(const el_model* m) { return el_kv_row_bytes(&m->h, 0) + el_kv_row_bytes(&m->h, 1); }
-
 static void header_of(const el_context* c, int pos, state_header* h) {
   const el_model* m = c->m;
   memset(h, 0, sizeof *h);
@@ -214,7 +211,7 @@ EL_API int el_context_load(el_context* c, const char* path) {
   for (uint32_t l = 0; !bad && l < m->h.n_layers; l++) {
     uint64_t rows = m->kv_layers[l].rows;
     bad = base[l] < 0 || base[l] > pos || (uint64_t)(pos - base[l]) > rows;
-    if (!bad) need += (uint64_t)(pos - base[l]) * row_pair_bytes(m);
+    if (!bad) need += (uint64_t)(pos - base[l]) * (krow + vrow); /* K and V rows (--kv-cache K,V: two sizes) */
   }
   if (bad || (uint64_t)st.st_size != need) {
     free(base);
