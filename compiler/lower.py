@@ -17,13 +17,14 @@ from ..runtime.contract import ARG_ARENA as ARENA
 from ..runtime.contract import ARG_KCACHE as KCACHE
 from ..runtime.contract import ARG_VCACHE as VCACHE
 from ..runtime.contract import ARG_WEIGHT as WEIGHT
-from ..runtime.contract import (BACKEND_QNN_ORT, BACKEND_TVM_CPU, KERNEL_WRITES_KV, PROGRAM_SKIPS_FIRST,
-                                PROGRAM_TREE, TENSOR_ALIGN)
+from ..runtime.contract import (BACKEND_QNN_ORT, BACKEND_TVM_CPU, KERNEL_WRITES_KV, PROGRAM_ROWS,
+                                PROGRAM_SKIPS_FIRST, PROGRAM_TREE, ROWS_BYTES, TENSOR_ALIGN)
 from ..runtime.contract import DTYPES as _DT
 from ..runtime.contract import FLAG_AT_POS as AT_POS
 from ..runtime.contract import FLAG_PREFIX as PREFIX
 from ..runtime.contract import TENSOR_ALIGN as ALIGN
 from .kv_layout import QUANTIZED_KV, kv_row_bytes
+from .ops.rows import CNT_SHAPE, ROWS_LIMIT, ROWS_ZERO
 from .program import Arg, Predict, Program, Route, Step  # noqa: F401 (re-exported)
 from .trace import Node, TraceGraph, Val
 
@@ -76,6 +77,11 @@ def fuse_linears(nodes: list, fusable) -> list:
         open_groups[(_fuse_key(n), how)] = g = FusedLinear([n])
         out.append(g)
     return [n.members[0] if isinstance(n, FusedLinear) and len(n.members) == 1 else n for n in out]
+
+
+def _rows(mode: int) -> dict:
+    """The `rows` kernel param of a row-limited linear (ops/rows.py), left out when off."""
+    return {"rows": mode} if mode else {}
 
 
 def fused_name(names: list[str]) -> str:
@@ -191,6 +197,8 @@ class Lowering:
         self.experts: dict = {}             # MoE layer's experts prefix -> (first weight, views, gate/up parts)
         self.pending_predictions: list = [] # (Predict step, experts prefix) until that layer's experts are stored
         self._tree: Arg | None = None       # while lowering a tree program: its tree view (rope, attention take it)
+        self._rows: Arg | None = None       # ... and its count of real rows (the GEMMs take it)
+        self._out_id = -1
         self.guessed_layers: set = set()    # MoE layers whose PREDICT steps use a fitted guesser (expert_guess.py)
 
     @property
@@ -225,23 +233,24 @@ class Lowering:
             return self.head_scheme
         return self.matrix_schemes.get(name, self.scheme)
 
-    def _linear_weight(self, name: str, T: int, bias: bool) -> tuple[int, list[Arg]]:
-        """Kernel and weight arguments of x @ W.T with W stored in the package's scheme (the lm_head in the head's)."""
+    def _linear_weight(self, name: str, T: int, bias: bool, rows: int = 0) -> tuple[int, list[Arg]]:
+        """Kernel and weight arguments of x @ W.T with W stored in the package's scheme (the lm_head in the head's).
+        rows: the row-limited kernel (ops/rows.py; it takes the count as one more argument)."""
         scheme = self.matrix_scheme(name)
         N, K = self._matrix_shape(name, scheme, False)
         args = self._parts(name, scheme, lambda: self._matrix_parts(name, scheme, False))
         op, params = scheme.linear_kernel(T, N, K, bias)
-        return self._kernel(op, **params), args
+        return self._kernel(op, **params, **_rows(rows)), args
 
-    def _ternary_weight(self, name: str, T: int) -> tuple[int, list[Arg]]:
+    def _ternary_weight(self, name: str, T: int, rows: int = 0) -> tuple[int, list[Arg]]:
         """A BitNet BitLinear: the checkpoint's packed ternary codes and weight_scale, repacked losslessly to t2."""
         t2 = self._t2()
         N, K = self._matrix_shape(name, t2, True)
         args = self._parts(name, t2, lambda: self._matrix_parts(name, t2, True))
         op, params = t2.linear_kernel(T, N, K, False)
-        return self._kernel(op, **params), args
+        return self._kernel(op, **params, **_rows(rows)), args
 
-    def _fused_weight(self, n: FusedLinear, T: int) -> tuple[int, list[Arg]]:
+    def _fused_weight(self, n: FusedLinear, T: int, rows: int = 0) -> tuple[int, list[Arg]]:
         """Kernel and weight arguments of a FusedLinear: the members' parts stacked (scheme.concat_parts: for
         per-row / per-group scales the same bytes as quantizing the stacked matrix; t2 keeps one scale per
         matrix), stored once under fused_name."""
@@ -253,7 +262,7 @@ class Lowering:
         args = self._parts(fused_name(names), scheme,
                            lambda: scheme.concat_parts([self._matrix_parts(w, scheme, ternary) for w in names]))
         op, params = scheme.linear_kernel(T, sum(segs), K, n.members[0].params["bias"], segs)
-        return self._kernel(op, **params), args
+        return self._kernel(op, **params, **_rows(rows)), args
 
     def _fused_bias(self, n: FusedLinear) -> Arg:
         names = [m.weights[1] for m in n.members]
@@ -336,8 +345,11 @@ class Lowering:
             last_use[inp.id] = len(nodes)   # the tree after the ids is read by every layer
         arena = _Arena()
         ids_bytes = -(-_nbytes(inp) // TENSOR_ALIGN) * TENSOR_ALIGN   # the tree starts aligned after the ids
-        loc: dict[int, int] = {inp.id: arena.alloc(ids_bytes + 4 * T * (T + 1) if tree else _nbytes(inp))}
+        rows_at = -(-(ids_bytes + 4 * T * (T + 1)) // TENSOR_ALIGN) * TENSOR_ALIGN   # then (PROGRAM_ROWS) the row count
+        loc: dict[int, int] = {inp.id: arena.alloc(rows_at + ROWS_BYTES if tree else _nbytes(inp))}
         self._tree = Arg(ARENA, 0, "int32", (T + 1, T), 0, loc[inp.id] + ids_bytes) if tree else None
+        self._rows = Arg(ARENA, 0, "int32", CNT_SHAPE, 0, loc[inp.id] + rows_at) if tree else None
+        self._out_id = out.id
         steps: list[Step] = []
 
         def act(v: Val, shape=None) -> Arg:
@@ -365,9 +377,9 @@ class Lowering:
 
             resolve_predictions(self)
         self.kernels.note_steps(steps)
-        self._tree = None
+        self._tree = self._rows = None
         return Program(name, T, steps, loc[inp.id], loc[out.id], row_bytes, arena.peak, self.backend,
-                       PROGRAM_TREE if tree else 0)
+                       PROGRAM_TREE | PROGRAM_ROWS if tree else 0)
 
     def _lower_node(self, n: Node, T: int, act) -> list[Step]:
         s, op = self.spec, n.op
@@ -396,17 +408,22 @@ class Lowering:
             R, D = T * h, n.inputs[0].shape[1] // h
             k = self._kernel("rmsnorm", R=R, D=D, eps=float(s.rms_eps))
             return [Step(k, [act(n.inputs[0], (R, D)), self._weight(n.weights[0]), act(n.out, (R, D))])]
+        # the verify program's GEMMs compute its real rows only (PROGRAM_ROWS): zeros past them keep every later
+        # kernel's padding rows finite; the program's own output (the logits) is only read up to them
+        rows = (0 if self._rows is None or op not in ("linear", FUSED, "attention")
+                else ROWS_LIMIT if [o.id for o in _outs(n)] == [self._out_id] else ROWS_ZERO)
+        cnt = [self._rows] if rows else []   # attention: its query blocks likewise (zeros past them)
         if op == FUSED:
-            k, wargs = self._fused_weight(n, T)
+            k, wargs = self._fused_weight(n, T, rows)
             bias = [self._fused_bias(n)] if n.members[0].params["bias"] else []
-            return [Step(k, [act(n.inputs[0]), *wargs, *bias, *[act(o) for o in n.outs]])]
+            return [Step(k, [act(n.inputs[0]), *wargs, *bias, *[act(o) for o in n.outs], *cnt])]
         if op == "linear" and n.params.get("ternary"):
-            k, wargs = self._ternary_weight(n.weights[0], T)
-            return [Step(k, [act(n.inputs[0]), *wargs, act(n.out)])]
+            k, wargs = self._ternary_weight(n.weights[0], T, rows)
+            return [Step(k, [act(n.inputs[0]), *wargs, act(n.out), *cnt])]
         if op == "linear":
-            k, wargs = self._linear_weight(n.weights[0], T, n.params["bias"])
+            k, wargs = self._linear_weight(n.weights[0], T, n.params["bias"], rows)
             bias = [self._weight(n.weights[1])] if n.params["bias"] else []
-            return [Step(k, [act(n.inputs[0]), *wargs, *bias, act(n.out)])]
+            return [Step(k, [act(n.inputs[0]), *wargs, *bias, act(n.out), *cnt])]
         if op == "rope":
             H, D = n.params["heads"], s.head_dim
             tree = [self._tree] if self._tree else []   # rows rotate by their depth (<= their slot): table rows < T
@@ -420,9 +437,10 @@ class Lowering:
             k = self._kernel("attention", T=T, NH=NH, KVH=KVH, D=D, W=0 if W >= self.rope_rows else W,
                              cap=float(np.float32(s.attn_softcap)), **({"M": True} if tree else {}),
                              **({"kv": self.kv_dtype} if self.kv_dtype != "float32" else {}),
-                             **({"vkv": self.v_dtype} if self.v_dtype != self.kv_dtype else {}))
+                             **({"vkv": self.v_dtype} if self.v_dtype != self.kv_dtype else {}),
+                             **({"rows": True} if cnt else {}))
             kv = [self._kv_view(kind, layer, T, PREFIX) for kind in (KCACHE, VCACHE)]
-            return [Step(k, [act(n.inputs[0], (T, NH, D)), *kv, *tree, act(n.out)])]
+            return [Step(k, [act(n.inputs[0], (T, NH, D)), *kv, *tree, act(n.out), *cnt])]
         if op in ("add", "swiglu", "relu2_mul", "gelu_mul"):
             R, N = n.out.shape
             k = self._kernel(op, R=R, N=N) if op == "add" else self._kernel(op, T=R, F=N)

@@ -56,9 +56,10 @@
 #define EL_FILE_RUNNER "bin/edgellm-run"
 
 #define EL_PLAN_MAGIC "EDGEPLAN"
-#define EL_PLAN_VERSION 6     /* the newest plan this runtime reads: 3 adds PREDICT steps, 4 backend names, 5 the
+#define EL_PLAN_VERSION 7     /* the newest plan this runtime reads: 3 adds PREDICT steps, 4 backend names, 5 the
                                  per-layer KV cache table (window caches), 6 EL_PROGRAM_TREE (a runtime that does not
-                                 fill a tree must not run such a program) */
+                                 fill a tree must not run such a program), 7 EL_PROGRAM_ROWS (nor one that does not
+                                 write the row count) */
 #define EL_PLAN_VERSION_MIN 2 /* the oldest it reads (2 and 3 have el_plan_program_v3 records) */
 #define EL_WEIGHT_ALIGN 16384 /* weight regions in weights.bin (Android page size; x86's 4 KiB divides it) */
 #define EL_TENSOR_ALIGN 64    /* every tensor a kernel sees: TVM compiles with this alignment assumption */
@@ -129,10 +130,18 @@ enum {
                                  EL_TENSOR_ALIGN bytes) a token tree, int32 [T + 1][T]: row 0 each row's depth d
                                  (its position is pos + d), row 1 + t row t's ancestors by depth (the batch row at
                                  depth 0..d; the last is t). A chain is depth t, ancestors 0..t */
+  EL_PROGRAM_ROWS = 4,        /* verify, with TREE (version 7): after the tree (from the next multiple of
+                                 EL_TENSOR_ALIGN bytes) int32 count[16], the real rows n at [0]: its GEMMs compute rows
+                                 < n only, so a pass of fewer drafts than the program's rows costs less */
 };
 
 /* bytes from a tree program's input (its ids) to its tree */
 #define EL_TREE_OFFSET(tokens) (((4ull * (tokens) + EL_TENSOR_ALIGN - 1) / EL_TENSOR_ALIGN) * EL_TENSOR_ALIGN)
+/* bytes from a row-limited program's input to its row count, and the count's size */
+#define EL_ROWS_OFFSET(tokens)                                                                                        \
+  (((EL_TREE_OFFSET(tokens) + 4ull * (tokens) * ((tokens) + 1) + EL_TENSOR_ALIGN - 1) / EL_TENSOR_ALIGN) *           \
+   EL_TENSOR_ALIGN)
+#define EL_ROWS_BYTES 64
 
 /* el_plan_kernel.flags / el_kernel_info.flags */
 enum { EL_KERNEL_WRITES_KV = 1 /* its outputs may be KV cache views (RoPE'd K, V projections, copies) */ };

@@ -21,8 +21,9 @@ ROUTING, ROUTING_MAGIC, ROUTING_VERSION = "routing.bin", b"EDGEROUT", 1
 BIN_DIR, RUNNER = "bin", "bin/edgellm-run"
 REQUIRED_FILES = (MANIFEST, PLAN, WEIGHTS)   # + the kernels: kernels.so, or kernels.cl and kernels.cltab (GPU)
 
-PLAN_MAGIC, PLAN_VERSION = b"EDGEPLAN", 6   # 3 added PREDICT steps, 4 backend names (PROGRAM), 5 KV_LAYER,
-                                            # 6 PROGRAM_TREE (an older runtime would not fill the tree)
+PLAN_MAGIC, PLAN_VERSION = b"EDGEPLAN", 7   # 3 added PREDICT steps, 4 backend names (PROGRAM), 5 KV_LAYER,
+                                            # 6 PROGRAM_TREE (an older runtime would not fill the tree),
+                                            # 7 PROGRAM_ROWS (nor the row count: its GEMMs would compute nothing)
 PLAN_VERSION_MIN = 2                    # the oldest the runtime reads (2 and 3: PROGRAM_V3 records)
 WEIGHT_ALIGN = 16 * 1024                # weight regions in weights.bin (Android page size; x86's 4 KiB divides it)
 TENSOR_ALIGN = 64                       # every tensor a kernel sees (TVM's alignment assumption)
@@ -45,6 +46,9 @@ BACKENDS = (BACKEND_TVM_CPU, BACKEND_QNN_ORT, BACKEND_OPENCL)
 BACKEND_NAME_BYTES = 16
 PROGRAM_SKIPS_FIRST = 1                 # program flag: calibrated without the first token; position 0 runs via decode
 PROGRAM_TREE = 2                        # program flag (verify): input ids[T], then (64-aligned) int32 tree[T + 1, T]
+PROGRAM_ROWS = 4                        # (verify, with TREE) then (64-aligned) int32 count[1, 16]: the real rows n at
+                                        # [0, 0]; its GEMMs compute rows < n (rows past them are zeros or undefined)
+ROWS_BYTES = 64                         # the row count's bytes (int32[1, 16])
 # every package file's marker and version (contract.h): tokenizer.bin, kernels.cltab, npu/npu.txt
 TOKENIZER_MAGIC, TOKENIZER_VERSION = b"ELTK", 1
 OPENCL_TABLE_MAGIC, OPENCL_TABLE_VERSION = "edgellm-opencl", 1
@@ -130,6 +134,23 @@ ARG = Layout("el_plan_arg", (("kind", "I"), ("index", "I"), ("dtype_code", "B"),
 def weights_table_at(header: dict) -> int:
     """Byte offset of plan.bin's weight table: after the header and (version 5) the per-layer KV table."""
     return HEADER.size + (header["n_layers"] * KV_LAYER.size if header["version"] >= 5 else 0)
+
+
+def read_programs(plan: bytes) -> list[dict]:
+    """A version >= 4 plan's program records, in order (name and backend as str; at: the record's offset), without
+    their steps."""
+    h = HEADER.unpack(plan)
+    at = weights_table_at(h) + h["n_weights"] * WEIGHT.size + h["n_kernels"] * KERNEL.size
+    out = []
+    for _ in range(h["n_programs"]):
+        p = PROGRAM.unpack(plan, at)
+        off = at + PROGRAM.offsets()["backend"]
+        out.append({**p, "at": at, "name": p["name"].rstrip(b"\0").decode(),
+                    "backend": plan[off:off + BACKEND_NAME_BYTES].rstrip(b"\0").decode()})
+        at += PROGRAM.size
+        for _ in range(p["n_steps"]):
+            at += STEP.size + STEP.unpack(plan, at)["n_args"] * ARG.size
+    return out
 
 
 LAYOUTS = (SAMPLING, HEADER, KV_LAYER, WEIGHT, KERNEL, PROGRAM, PROGRAM_V3, STEP, ARG)

@@ -18,18 +18,7 @@ from edgellm.targets import get_target  # noqa: E402
 
 
 def program_backends(plan: bytes) -> set[str]:
-    h = K.HEADER.unpack(plan)
-    at = K.weights_table_at(h) + h["n_weights"] * K.WEIGHT.size + h["n_kernels"] * K.KERNEL.size
-    names = set()
-    for _ in range(h["n_programs"]):
-        p = K.PROGRAM.unpack(plan, at)
-        off = at + K.PROGRAM.offsets()["backend"]
-        names.add(plan[off:off + K.BACKEND_NAME_BYTES].rstrip(b"\0").decode())
-        at += K.PROGRAM.size
-        for _ in range(p["n_steps"]):
-            s = K.STEP.unpack(plan, at)
-            at += K.STEP.size + s["n_args"] * K.ARG.size
-    return names
+    return {p["backend"] for p in K.read_programs(plan)}
 
 
 def test_targets_name_their_kernel_backend():

@@ -258,6 +258,28 @@ def test_row_limited_linear_kernels_compute_only_their_rows():
             assert np.array_equal(got[:n], full[:n]), (quant, n)
             if n == 1 and quant in ("q8", "t2"):   # token blocks of 8: the rows past the first block are skipped
                 assert (got[8:] == 7.0).all()
+            # ROWS_ZERO (the verify program's): the same rows, and zeros past them, fused outputs too
+            segs = (16, 32)
+            fop, fparams = sc.linear_kernel(T, N, K, False, segs)
+            outs = [np.full((T, s), 7.0, np.float32) for s in segs]
+            wf = [np.repeat(parts[p], 2) if p == "scale" and quant == "t2" else w[i]   # t2: a scale per matrix
+                  for i, p in enumerate(sc.part_order)]
+            _run_outs(fop, {**fparams, "rows": 2}, [x, *wf], outs, cnt)
+            assert np.array_equal(np.concatenate(outs, 1)[:n], full[:n]), (quant, n)
+            assert (np.concatenate(outs, 1)[n:] == 0).all(), (quant, n)
+
+
+def _run_outs(op, params, ins, outs, *extra):
+    import tvm
+
+    from edgellm.compiler.ops import host_cpu_info, llvm_target, make_kernel
+
+    name, f = make_kernel(op, host_cpu_info(), **params)
+    os_ = [tvm.runtime.tensor(o) for o in outs]
+    args = [a if isinstance(a, tvm.runtime.Tensor) else tvm.runtime.tensor(a) for a in ins]
+    tvm.compile(tvm.IRModule({name: f}), target=llvm_target())[name](*args, *os_, *(tvm.runtime.tensor(e) for e in extra))
+    for o, t in zip(outs, os_):
+        o[...] = t.numpy()
 
 
 def _run(op, params, ins, out, *extra):

@@ -448,3 +448,11 @@ def test_attention_and_rope_over_a_token_tree(T, NH, KVH, D, W, prefix, parents)
         assert np.abs(rot - ops.reference("rope", [x, c, s], T=T, H=NH, D=D)).max() > 0.1
     assert ops.make_kernel("attention", CPU, **p)[0].endswith("_tree1")
     assert ops.make_kernel("rope", CPU, T=T, H=NH, D=D)[0] == f"rope_t{T}_h{NH}_d{D}"
+    # the verify program's variant (rows): a pass of n real rows computes those bitwise, and zeros past them
+    _, f = build("attention", CPU, **p, rows=True)
+    for n in sorted({1, 3, T - 1, T}):
+        out = tvm.runtime.tensor(np.full((T, NH * D), np.nan, "float32"))
+        cnt = np.zeros((1, 16), np.int32)
+        cnt[0, 0] = n
+        f(*(tvm.runtime.tensor(np.ascontiguousarray(a)) for a in (q, k, v, tr)), out, tvm.runtime.tensor(cnt))
+        assert np.array_equal(out.numpy()[:n], got[:n]) and (out.numpy()[n:] == 0).all(), n

@@ -142,6 +142,41 @@ def test_own_drafts_through_verify_and_take(packages, scheme):
             ctx.verify(p[:9])
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_pass_computes_only_its_rows(packages, scheme):
+    """The verify program's GEMMs compute a pass's real rows only (PROGRAM_ROWS: a pass of fewer drafts costs less):
+    each row of a pass of n tokens is bitwise the row a full pass gives there (a chain's row sees only its own
+    ancestors), through the zeros the GEMMs leave in the rows past n."""
+    from edgellm.runtime import contract as K
+
+    plan = (packages[scheme] / K.PLAN).read_bytes()
+    assert K.PROGRAM_ROWS | K.PROGRAM_TREE in {p["flags"] for p in K.read_programs(plan) if p["name"] == "verify"}
+    with Runtime.load(packages[scheme]) as rt:
+        ctx = rt.context
+        p = copy_prompt(rt.manifest["model"]["config"]["vocab_size"], 7)
+        ctx.prefill(p[:40])
+        full = ctx.verify(p[40:48])
+        for n in (1, 2, 3, 5, 8):
+            ctx.rewind(40)
+            rows = ctx.verify(p[40:40 + n])
+            assert np.array_equal(rows, full[:n]), (scheme, n)
+
+
+def test_a_row_count_without_a_tree_is_refused(packages, tmp_path):
+    import shutil
+    import struct
+
+    from edgellm.runtime import contract as K
+
+    pkg = shutil.copytree(packages["f32"], tmp_path / "p")
+    plan = bytearray((pkg / K.PLAN).read_bytes())
+    at = next(p["at"] for p in K.read_programs(bytes(plan)) if p["name"] == "verify")
+    struct.pack_into("<I", plan, at + K.PROGRAM.offsets()["flags"], K.PROGRAM_ROWS)
+    (pkg / K.PLAN).write_bytes(bytes(plan))
+    with pytest.raises(EdgeLLMError, match="program verify takes a row count without a token tree"):
+        Runtime.load(pkg)
+
+
 def tree_paths(parents):
     """Each node's path from the root (node 0), as node indices."""
     out = []

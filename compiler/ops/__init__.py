@@ -41,8 +41,9 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 | sigmoid_gate | T, D                   | x f32[T, D], w f32[1, D], y f32[T, D], out f32[T, D]             |
 
 The moe_* ops, zero and sigmoid_gate are the mixture-of-experts layer's (moe.py). Every linear op also takes
-rows (default False; named "_rows1" only when set): one more arg, cnt int32[1, 16], and only rows < cnt[0, 0] of
-the output are computed (the packed tokens of one expert in a prefill chunk; rows.py).
+rows (default 0; named "_rows<mode>" only when set): one more arg, cnt int32[1, 16], and only rows < cnt[0, 0] of
+the output are computed; the others are left undefined (1: the packed tokens of one expert in a prefill chunk) or
+set to zero (2: the verify program's drafts; rows.py).
 The ffn_* ops are the neuron-bundled FFN's (bundled_ffn.py: group selection, gated product, accumulation).
 wdtype is "float32" or "float16" (default "float32"); bias defaults to False. Every linear op also takes segs
 (default (): one matrix): row counts N_0, N_1, ... summing to N when W (and b) stack several matrices computed in
@@ -133,14 +134,14 @@ REQUIRED = object()
 # fused linears (compiler/lower.py): row counts of the stacked matrices, one output each; () = one matrix, left
 # out of the kernel name (e.g. "_s2048x256x256" when fused)
 SEGS = ("segs", "s", tuple, ())
-ROWS = ("rows", "rows", bool, False)   # row-limited variant (rows.py); left out of the name when off
+ROWS = ("rows", "rows", int, 0)   # row-limited variant (rows.py: ROWS_LIMIT, ROWS_ZERO); left out of the name when 0
 # int params that may be 0 (meaning "off"); they are left out of the kernel name when 0, so the names of kernels
 # from before the param existed do not change
 ZERO_OFF = {("attention", "W"), ("attention", "cap")}
 # dtype params left out of the kernel name at their default (float32), likewise
 DEFAULT_OFF = {("attention", "kv"), ("copy", "dtype")}
 # bool params left out of the kernel name when off (so the names of kernels from before them do not change)
-NAMED_WHEN_ON = {("rope", "P"), ("attention", "M"), ("linear", "rows")}
+NAMED_WHEN_ON = {("rope", "P"), ("attention", "M"), ("attention", "rows")}
 OPS = {
     "embed": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED),
               ("wdtype", "", str, "float32")],
@@ -152,7 +153,8 @@ OPS = {
              ("P", "tree", bool, False)],
     "attention": [("T", "t", int, REQUIRED), ("NH", "nh", int, REQUIRED), ("KVH", "kvh", int, REQUIRED),
                   ("D", "d", int, REQUIRED), ("W", "w", int, 0), ("cap", "cap", float, 0.0),
-                  ("M", "tree", bool, False), ("kv", "kv", str, "float32"), ("vkv", "v", str, "")],
+                  ("M", "tree", bool, False), ("kv", "kv", str, "float32"), ("vkv", "v", str, ""),
+                  ("rows", "rows", bool, False)],
     "add": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED), ("dtype", "", str, "float32")],
@@ -213,8 +215,10 @@ def kernel_params(op: str, params: dict) -> dict:
         else:
             v = params[name]
         if typ is int:
-            lo = 0 if (op, name) in ZERO_OFF else 1
-            if isinstance(v, bool) or int(v) != v or int(v) < lo:
+            lo = 0 if (op, name) in ZERO_OFF or name == "rows" else 1
+            if name == "rows" and v is True:
+                v = 1   # the row-limited kernels' first mode, from when rows was a flag
+            if isinstance(v, bool) or int(v) != v or int(v) < lo or (name == "rows" and v > 2):
                 raise ValueError(f"{op}: {name} must be a {'non-negative' if lo == 0 else 'positive'} int, got {v!r}")
             v = int(v)
         elif typ is float:
@@ -273,19 +277,20 @@ def _name(op: str, p: dict) -> str:
 
 
 def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
-    if p.get("rows"):
-        from .rows import limit_rows
+    if p.get("rows") and op != "attention":
+        from .rows import ROWS_ZERO, limit_rows
 
         # float GEMMs: only token blocks (their `t` loop transposes x into zero-padded tiles; skipping rows would leave
         # stale floats in lanes that the last block still multiplies)
-        return limit_rows(_build(op, cpu, {**p, "rows": False}, fast), p["T"], guard_tokens=op != "linear")
+        return limit_rows(_build(op, cpu, {**p, "rows": 0}, fast), p["T"], guard_tokens=op != "linear",
+                          zero_rest=p["rows"] == ROWS_ZERO)
     if op == "linear":
         if fast:
             return _linear.make(cpu, p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
         return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
     if op == "attention":
         return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast, W=p["W"], cap=p["cap"],
-                               M=p["M"], KV=p["kv"], VKV=p["vkv"])
+                               M=p["M"], KV=p["kv"], VKV=p["vkv"], rows=p["rows"])
     simple_cpu = cpu if fast else CpuInfo(vector_lanes=1, num_threads=1, arch=cpu.arch)
     if op in KERNEL_OPS:
         traits = KERNEL_OPS[op].traits

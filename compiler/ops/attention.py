@@ -103,7 +103,7 @@ def blocking(cpu, T_: int, NH: int, KVH: int):
 
 
 def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int = 0, cap: float = 0.0,
-         M: bool = False, KV: str = F32, VKV: str = ""):
+         M: bool = False, KV: str = F32, VKV: str = "", rows: bool = False):
     """simple=True: one row per task, per-key dot products only (fallback).
     W > 0: sliding window, query t attends keys max(0, n_t - W) <= j < n_t; W = 0: full causal attention.
     cap > 0: scores soft-capped to cap * tanh(s / cap) (cap = 0 generates exactly the kernel without it).
@@ -115,7 +115,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
     their paths wherever the kernels of one token are. M = False generates exactly the kernel without it.
     KV: the K/V caches' element type (float32, or float16: each element widened as it is read; the sums stay f32; or
     q8 / q4: codes and scales, each element dequantized as it is read, kv_quant.py: k/v int8[S, row bytes]); VKV: the
-    V cache's where it differs from the K cache's (both float or both quantized; "": KV's)."""
+    V cache's where it differs from the K cache's (both float or both quantized; "": KV's).
+    rows (with M): an extra int32 arg cnt[1, 16] after the output; only the query blocks holding a row < cnt[0, 0]
+    run, and the output rows past it are zeros (the verify program's passes of fewer drafts: rows.limit_tasks)."""
     if NH % KVH != 0:
         raise ValueError(f"NH={NH} not a multiple of KVH={KVH}")
     VL = cpu.vector_lanes
@@ -129,6 +131,13 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
     R = Gb * Tq
     NHB = G // Gb  # head blocks per kv head
     NTB = T_ // Tq  # query blocks
+    if rows and not M:
+        raise ValueError("attention: rows takes a token tree (the verify program's)")
+
+    def limited(func):
+        from .rows import limit_tasks
+        # a task's row r is query t0 + r % Tq of head h0 + r // Tq
+        return limit_tasks(func, T_, func.params[-1], R, lambda task, r: task % NTB * Tq + r % Tq) if rows else func
     ntask = KVH * NHB * NTB
     if W < 0:
         raise ValueError(f"window W={W} must be >= 0")
@@ -319,7 +328,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                 Ks = scale_view(KV, Kq, S, KVH, D)
                 Vs = scale_view(VK, Vq, S, KVH, D)
                 body(Q, QRows(KV, Kq, Ks, KVH, D), QRows(VK, Vq, Vs, KVH, D), TR, O, S)
-            return attention_tree_q
+            return limited(attention_tree_q)
 
         @T.prim_func
         def attention_q(q: T.handle, k: T.handle, v: T.handle, o: T.handle):
@@ -332,7 +341,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             Ks = scale_view(KV, Kq, S, KVH, D)
             Vs = scale_view(VK, Vq, S, KVH, D)
             body(Q, QRows(KV, Kq, Ks, KVH, D), QRows(VK, Vq, Vs, KVH, D), Q, O, S)
-        return attention_q
+        return limited(attention_q)
 
     if M:
         @T.prim_func
@@ -345,7 +354,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             TR = T.match_buffer(tr, (T_ + 1, T_), "int32")
             O = T.match_buffer(o, (T_, NH * D), F32)
             body(Q, Kc, Vc, TR, O, S)
-        return attention_tree
+        return limited(attention_tree)
 
     @T.prim_func
     def attention(q: T.handle, k: T.handle, v: T.handle, o: T.handle):
@@ -356,4 +365,4 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
         Vc = T.match_buffer(v, (S, KVH, D), VK)
         O = T.match_buffer(o, (T_, NH * D), F32)
         body(Q, Kc, Vc, Q, O, S)   # no tree: its argument is never read
-    return attention
+    return limited(attention)

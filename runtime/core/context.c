@@ -401,6 +401,10 @@ int el_verify_locked(el_context* c, const int32_t* ids, const int32_t* parents, 
     for (int r = 0; r <= T; r++)
       memcpy(c->arena + p->in_offset + EL_TREE_OFFSET(T) + sizeof(int32_t) * (size_t)(r * T), tab[r],
              sizeof(int32_t) * (size_t)T);
+  if (p->flags & EL_PROGRAM_ROWS) { /* the GEMMs compute the n real rows only */
+    int32_t cnt[EL_ROWS_BYTES / 4] = {n};
+    memcpy(c->arena + p->in_offset + EL_ROWS_OFFSET(T), cnt, sizeof cnt);
+  }
   uint64_t w0 = c->stats.weight_bytes_read;
   if (run(c, EL_PROG_VERIFY, c->pos) != 0) return -1;
   c->stats.decode_weight_bytes_read += c->stats.weight_bytes_read - w0;

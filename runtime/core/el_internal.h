@@ -224,6 +224,10 @@ typedef struct {
   int32_t* rec_next;
   float src_offered[8], src_taken[8];
   float src_q[8]; /* per source, the draft model's probabilities of the drafts offered, summed (its calibration) */
+  /* the n-gram chain's drafts offered and taken by their place in the chain (a copy runs on once it starts: a
+   * later draft is taken more often than the first), and each pending node's place (-1: off the chain) */
+  float chain_offered[EL_MAX_DRAFT], chain_taken[EL_MAX_DRAFT];
+  int8_t spec_chain_i[EL_MAX_DRAFT + 1];
   int recycling; /* this generation keeps the table (recycle; auto where the verify program takes trees) */
   /* an output constraint's allowed tokens for the next draw (el_generate_constrain): a bit per token */
   uint32_t* mask;
@@ -231,9 +235,11 @@ typedef struct {
   el_draft_filter draft_filter; /* the constraint's check of a pass's drafts (el_generate_filter_drafts) */
   void* filter_user;
   int spec_wait, spec_backoff; /* auto: plain steps left before drafting again, and the next wait after a miss */
-  /* auto: running averages of a plain step's and a verify pass's seconds (kept across generations: they are the
-   * package's and the host's, not the text's) */
-  double spec_t_decode, spec_t_verify;
+  /* auto: running averages of a plain step's seconds and a verify pass's by its tokens (kept across generations:
+   * they are the package's and the host's, not the text's; a program without EL_PROGRAM_ROWS costs the same for
+   * any count, kept at its width); the pending pass's tokens */
+  double spec_t_decode, spec_t_verify[EL_MAX_DRAFT + 2];
+  int spec_m;
   /* the draft model (el_gen_params.draft): the ids its context holds (their prefix shared with hist is valid), and
    * its logits */
   el_context* draft_ctx;
@@ -315,6 +321,7 @@ EL_HIDDEN int el_spec_child(el_gen* g, int32_t sampled);
 /* auto: the sample drawn after drafts that were built but not verified rates their sources as if they had been. */
 EL_HIDDEN void el_spec_shadow(el_gen* g, int32_t sampled);
 EL_HIDDEN void el_spec_time(double* avg, double seconds);
+EL_HIDDEN void el_spec_timed(const el_model* m, el_gen* g, int tokens, double seconds); /* a verify pass's time */
 /* The draft model's share of the counters (el_stats.spec_*_model): node 0, a pass's drafts; else the one taken. */
 EL_HIDDEN void el_spec_count(el_stats* st, const el_gen* g, int node);
 /* The constraint automaton (constraint.c): set up for a generation (a NULL one: none), the next draw's mask (1: the

@@ -204,6 +204,7 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
                                 (p->speculate == EL_SPECULATE_AUTO && el_spec_trees(m)));
   memset(g->src_offered, 0, sizeof g->src_offered), memset(g->src_taken, 0, sizeof g->src_taken);
   memset(g->src_q, 0, sizeof g->src_q);
+  memset(g->chain_offered, 0, sizeof g->chain_offered), memset(g->chain_taken, 0, sizeof g->chain_taken);
   g->stage_offered = g->stage_taken = 0;
   g->draft_passes = g->draft_wait = g->draft_backoff = 0;
   g->finish = EL_FINISH_NONE;
@@ -429,7 +430,7 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
         g->spec_parent[0] = -1;
         if (el_verify_locked(c, ids, g->spec_parent, k + 1, g->spec_logits) != 0) goto out;
         g->spec_t_pass = el_now() - t0; /* drafting included: what a draft model's pass costs */
-        el_spec_time(&g->spec_t_verify, el_now() - t1);
+        el_spec_timed(m, g, k + 1, el_now() - t1);
         g->spec_n = k;
         el_spec_count(&c->stats, g, 0);
         memcpy(g->logits, g->spec_logits, row);

@@ -423,7 +423,7 @@ static int parse_plan(el_model* m, size_t at) {
       if (!memchr(p->name, 0, sizeof p->name)) return corrupt("program %u has no NUL-terminated name", pi);
       if (!memchr(p->backend, 0, sizeof p->backend) || !p->backend[0])
         return corrupt("program %s has no NUL-terminated backend name", p->name);
-      if (p->flags & ~(uint32_t)(EL_PROGRAM_SKIPS_FIRST | EL_PROGRAM_TREE) || p->reserved)
+      if (p->flags & ~(uint32_t)(EL_PROGRAM_SKIPS_FIRST | EL_PROGRAM_TREE | EL_PROGRAM_ROWS) || p->reserved)
         return corrupt("program %s has unknown flags %#x", p->name, p->flags);
     } else {
       const el_plan_program_v3* r = take(&c, sizeof *r, 1);
@@ -515,8 +515,11 @@ static int parse_plan(el_model* m, size_t at) {
                      (unsigned long long)p->in_offset, (unsigned long long)p->out_offset, EL_TENSOR_ALIGN);
     if ((p->flags & EL_PROGRAM_TREE) && (k != EL_PROG_VERIFY || p->tokens > 32))
       return corrupt("program %s takes a token tree: only verify may, with at most 32 tokens", p->name);
+    if ((p->flags & EL_PROGRAM_ROWS) && !(p->flags & EL_PROGRAM_TREE))
+      return corrupt("program %s takes a row count without a token tree", p->name);
     uint64_t in_bytes = k == EL_PROG_HEAD            ? 4ull * h->dim
                         : k == EL_PROG_STAGE_RUN     ? 4ull * h->dim * p->tokens
+                        : p->flags & EL_PROGRAM_ROWS ? EL_ROWS_OFFSET(p->tokens) + EL_ROWS_BYTES
                         : p->flags & EL_PROGRAM_TREE ? EL_TREE_OFFSET(p->tokens) + 4ull * p->tokens * (p->tokens + 1)
                                                      : 4ull * p->tokens;
     if (!fits(p->in_offset, in_bytes, h->arena_bytes))

@@ -17,7 +17,7 @@ enum { NGRAM_MAX = 4, NGRAM_MIN = 2, NGRAM_MIN_AUTO = 3, BACKOFF_MAX = 32 };
 
 static void model_miss(el_gen* g);
 static int pass_cost(const el_gen* g);
-static float pass_ratio(const el_gen* g);
+static float cost_at(const el_model* m, const el_gen* g, int tokens);
 
 /* Prompt lookup: the latest earlier place where the history's last n ids occur (n from NGRAM_MAX down to min_n),
  * and up to max ids that followed them there. Text that quotes its prompt (code edits, extraction, reformatting)
@@ -47,6 +47,15 @@ static const float PRIOR[N_SRC] = {0.6f, 0.5f, 0.2f, 0.5f, 0.15f, 0.07f, 0.04f};
 static float src_rate(const el_gen* g, int src) {
   return (g->src_taken[src] + PRIOR[src] * PRIOR_N) / (g->src_offered[src] + PRIOR_N);
 }
+
+/* The chance the n-gram chain's draft at place i (0: the first) is taken where its parent was: its place's own
+ * measured rate, with the source's overall rate as the prior (a copy that has started tends to run on). */
+static float chain_rate(const el_gen* g, int i) {
+  return (g->chain_taken[i] + src_rate(g, SRC_NGRAM) * PRIOR_N) / (g->chain_offered[i] + PRIOR_N);
+}
+
+/* A chain's draft at place i: the n-gram chain's by its place, another source's by the source. */
+static float place_rate(const el_gen* g, int src, int i) { return src == SRC_NGRAM ? chain_rate(g, i) : src_rate(g, src); }
 
 /* The chance a draft the model gave probability q is taken: q, times the measured ratio of its taken drafts of that
  * source to their summed probabilities (a small model's probabilities are not the target's). */
@@ -112,20 +121,20 @@ typedef struct {
  * samples reach them (the product of their estimated chances along the path), drawn from a chain (continuing the
  * root), the draft model's alternatives to it (branches where it was unsure) and the recycling table. chain_only:
  * each node is the best child of the last (a package whose verify program takes no trees). Returns the drafts, in
- * spec_draft / spec_parent / spec_src / spec_q, and adds the drafts the samples are expected to take (the sum of
- * those chances) to *expect. */
+ * spec_draft / spec_parent / spec_src / spec_q; cum[j] is the drafts the samples are expected to take among the first
+ * j (the sum of those chances): every prefix of the nodes is a tree, the likeliest of its size. */
 typedef struct {
   int32_t tok;
   int parent, src, chain_i; /* chain_i: its index in the chain (-1: off it) */
   float p, q;               /* p: the chance the samples reach it; q: the draft model's probability (-1: none) */
 } tree_cand;
 
-static int tree_draft(el_gen* g, int32_t root, const chain_guide* ch, int max, int chain_only, float* expect) {
+static int tree_draft(el_gen* g, int32_t root, const chain_guide* ch, int max, int chain_only, float* cum) {
   tree_cand fr[(EL_MAX_DRAFT + 1) * (REC_K + ALT_K + 1)];
   int32_t tok[EL_MAX_DRAFT + 1];
   int chain_at[EL_MAX_DRAFT + 1]; /* a node's index in the chain (-1: off it) */
   int n = 1, nf = 0;
-  tok[0] = root, chain_at[0] = -1;
+  tok[0] = root, chain_at[0] = -1, cum[0] = 0;
   float pn[EL_MAX_DRAFT + 1];
   pn[0] = 1;
   g->spec_q[0] = -1;
@@ -137,7 +146,8 @@ static int tree_draft(el_gen* g, int32_t root, const chain_guide* ch, int max, i
     if (chain_only) nf = first = 0;
     if (on_chain && ci < ch->n) {
       float q = ch->q ? ch->q[ci] : -1;
-      fr[nf++] = (tree_cand){ch->tok[ci], u, ch->src, ci, pn[u] * (ch->q ? model_rate(g, ch->src, q) : src_rate(g, ch->src)), q};
+      fr[nf++] = (tree_cand){ch->tok[ci], u, ch->src, ci,
+                             pn[u] * (ch->q ? model_rate(g, ch->src, q) : place_rate(g, ch->src, ci)), q};
     }
     for (int a = 0; on_chain && ch->alt && ci <= ch->n && a < ALT_K && ch->alt[ci][a] >= 0; a++) {
       float q = ch->alt_q[ci][a];
@@ -155,9 +165,9 @@ static int tree_draft(el_gen* g, int32_t root, const chain_guide* ch, int max, i
     for (int i = 1; i < nf; i++)
       if (fr[i].p > fr[b].p) b = i;
     tok[n] = fr[b].tok, pn[n] = fr[b].p, chain_at[n] = fr[b].chain_i;
-    *expect += fr[b].p;
+    cum[n] = cum[n - 1] + fr[b].p;
     g->spec_draft[n - 1] = fr[b].tok, g->spec_parent[n] = fr[b].parent, g->spec_src[n] = (uint8_t)fr[b].src;
-    g->spec_q[n] = fr[b].q;
+    g->spec_q[n] = fr[b].q, g->spec_chain_i[n] = (int8_t)fr[b].chain_i;
     fr[b] = fr[--nf];
     u = n++;
   }
@@ -170,10 +180,12 @@ static int rate_children(el_gen* g, int at, int n, int32_t sampled) {
   int found = 0;
   for (int i = at + 1; i <= n; i++) {
     if (g->spec_parent[i] != at) continue;
-    int src = g->spec_src[i];
+    int src = g->spec_src[i], ci = src == SRC_NGRAM ? g->spec_chain_i[i] : -1, taken = g->spec_draft[i - 1] == sampled;
     if (++g->src_offered[src] > 512) g->src_offered[src] /= 2, g->src_taken[src] /= 2, g->src_q[src] /= 2;
     if (g->spec_q[i] >= 0) g->src_q[src] += g->spec_q[i];
-    if (g->spec_draft[i - 1] == sampled) g->src_taken[src] += 1, found = i;
+    if (taken) g->src_taken[src] += 1, found = i;
+    if (ci >= 0 && ++g->chain_offered[ci] > 512) g->chain_offered[ci] /= 2, g->chain_taken[ci] /= 2;
+    if (ci >= 0) g->chain_taken[ci] += (float)taken;
   }
   return found;
 }
@@ -364,7 +376,8 @@ void el_spec_time(double* avg, double seconds) { *avg = *avg > 0 ? 0.7 * *avg + 
 
 /* Drafts spec_draft[0..k) as a chain from one source. */
 static void chain_of(el_gen* g, int k, int src) {
-  for (int i = 1; i <= k; i++) g->spec_parent[i] = i - 1, g->spec_src[i] = (uint8_t)src, g->spec_q[i] = -1;
+  for (int i = 1; i <= k; i++)
+    g->spec_parent[i] = i - 1, g->spec_src[i] = (uint8_t)src, g->spec_q[i] = -1, g->spec_chain_i[i] = (int8_t)(i - 1);
 }
 
 /* Whether the package's verify program takes drafts as a tree (EL_PROGRAM_TREE). */
@@ -373,22 +386,37 @@ int el_spec_trees(const el_model* m) {
   return v->present && (v->p.flags & EL_PROGRAM_TREE);
 }
 
-/* auto: whether a pass of these drafts pays: the one token it decodes anyway and the drafts the samples are expected
- * to take (the sum of the chances that they reach each node, by the sources' measured rates) against what a pass
- * costs in plain steps, measured (1 until a pass has run: the first one is how it gets measured). */
-static int pays(const el_gen* g, float expect) { return 1 + expect >= pass_ratio(g); }
+/* auto: how many of drafts 1..n a pass carries (0: none pays). A pass of j yields the one token it decodes anyway and
+ * the drafts the samples are expected to take (cum[j]: the chances that they reach each node, by the sources'
+ * measured rates) for what a pass of 1 + j tokens costs in plain steps (cost_at: measured; a program that computes
+ * only a pass's rows costs less for fewer). The count that yields most per step wins where it beats plain steps. */
+static int best_count(const el_model* m, const el_gen* g, int n, const float* cum) {
+  int best = 0;
+  float gain = 1;
+  for (int j = 1; j <= n; j++) {
+    float r = (1 + cum[j]) / cost_at(m, g, j + 1);
+    if (r >= gain) best = j, gain = r;
+  }
+  return best;
+}
 
-/* What a chain of k drafts from one source is expected to have taken. */
-static float chain_expect(const el_gen* g, int k, int src) {
-  float r = src_rate(g, src), p = 1, e = 0;
-  for (int i = 0; i < k; i++) p *= r, e += p;
-  return e;
+/* What the first j of a chain of k drafts from one source are expected to have taken (cum[0..k]). */
+static void chain_expect(const el_gen* g, int k, int src, float* cum) {
+  float p = 1;
+  cum[0] = 0;
+  for (int i = 1; i <= k; i++) p *= place_rate(g, src, i - 1), cum[i] = cum[i - 1] + p;
 }
 
 /* Drafts auto will not verify: kept for the next sample to rate (el_spec_shadow). */
 static int decline(el_gen* g, int n) {
   g->spec_shadow = n;
   return 0;
+}
+
+/* auto: the first of n drafts that pay for a pass (best_count), or none (declined). */
+static int paying(const el_model* m, el_gen* g, int n, const float* cum) {
+  int j = best_count(m, g, n, cum);
+  return j ? j : decline(g, n);
 }
 
 /* How many drafts the next pass carries (0: decode plainly): spec_draft, spec_parent and spec_src. */
@@ -411,7 +439,7 @@ int el_spec_draft(el_context* c, el_gen* g) {
   if (left < max) max = left;
   if (room < max) max = room;
   /* auto: a pass that cannot pay even if every draft is taken is not run (a MoE pass costs several steps) */
-  if (mode == EL_SPECULATE_AUTO && pass_cost(g) - 1 > max) max = 0;
+  if (mode == EL_SPECULATE_AUTO && cost_at(m, g, max + 1) - 1 > max) max = 0;
   if (max <= 0) return 0;
   g->spec_from_model = 0;
   int32_t chain[EL_MAX_DRAFT];
@@ -419,15 +447,16 @@ int el_spec_draft(el_context* c, el_gen* g) {
   int automatic = mode == EL_SPECULATE_AUTO;
   /* recycle, and auto where the model keeps a table: a tree of the n-gram chain (if any) and recycled candidates; in
    * auto, only where the drafts the tree expects to be taken pay for the pass */
+  float cum[EL_MAX_DRAFT + 1];
   if (g->recycling && (k > 0 || mode == EL_SPECULATE_RECYCLE || !g->p.draft || g->draft_off)) {
-    float expect = 0;
     chain_guide ch = {chain, k, SRC_NGRAM, NULL, NULL, NULL};
-    int n = tree_draft(g, g->hist[g->n_hist - 1], &ch, max, !el_spec_trees(m), &expect);
-    return !automatic || pays(g, expect) ? n : decline(g, n);
+    int n = tree_draft(g, g->hist[g->n_hist - 1], &ch, max, !el_spec_trees(m), cum);
+    return automatic ? paying(m, g, n, cum) : n;
   }
   memcpy(g->spec_draft, chain, sizeof(int32_t) * (size_t)k);
   chain_of(g, k, SRC_NGRAM);
-  if (k > 0) return !automatic || pays(g, chain_expect(g, k, SRC_NGRAM)) ? k : decline(g, k);
+  chain_expect(g, k, SRC_NGRAM, cum);
+  if (k > 0) return automatic ? paying(m, g, k, cum) : k;
   if (!g->p.draft || g->draft_off) return 0;
   if (g->draft_wait > 0) { /* the model's guesses did not pay lately: n-grams only for now */
     g->draft_wait--;
@@ -438,25 +467,56 @@ int el_spec_draft(el_context* c, el_gen* g) {
   k = model_draft(g, max, &guess);
   if (g->draft_off) return 0;
   /* its guesses, its alternatives where it was unsure and recycled candidates, best first in the pass's rows */
-  float expect = 0;
   chain_guide ch = {guess.tok, k, SRC_MODEL, guess.q, (const int32_t(*)[ALT_K])guess.alt,
                     (const float(*)[ALT_K])guess.alt_q};
-  int n = tree_draft(g, g->hist[g->n_hist - 1], &ch, max, !el_spec_trees(m), &expect);
-  if (n > 0 && (!automatic || pays(g, expect))) return n;
+  int n = tree_draft(g, g->hist[g->n_hist - 1], &ch, max, !el_spec_trees(m), cum);
+  int j = n > 0 && automatic ? best_count(m, g, n, cum) : n;
+  if (j > 0) return j;
   model_miss(g); /* nothing worth a pass: its drafting was spent for nothing */
   return n ? decline(g, n) : 0;
 }
 
-/* A verify pass's measured time in plain steps (1 until both are measured). */
-static float pass_ratio(const el_gen* g) {
-  return g->spec_t_decode > 0 && g->spec_t_verify > 0 ? (float)(g->spec_t_verify / g->spec_t_decode) : 1.0f;
+/* Verify passes by their tokens ---------------------------------------------------------------------------------
+ * A program that computes only a pass's real rows (EL_PROGRAM_ROWS) costs less for fewer tokens: each count is timed
+ * on its own. Another costs its width whatever it carries. */
+static int cost_slot(const el_model* m, int tokens) {
+  const el_program* v = &m->prog[EL_PROG_VERIFY];
+  return v->p.flags & EL_PROGRAM_ROWS ? tokens : (int)v->p.tokens;
 }
 
-/* What a wasted pass costs, in plain steps (1 until both are measured). Waits are scaled by it, so that passes that
- * do not pay take about the same share of the time whatever a pass costs: a MoE pass, which runs the union of its
+void el_spec_timed(const el_model* m, el_gen* g, int tokens, double seconds) {
+  g->spec_m = cost_slot(m, tokens);
+  el_spec_time(&g->spec_t_verify[g->spec_m], seconds);
+}
+
+static float steps_at(const el_gen* g, int slot) { return (float)(g->spec_t_verify[slot] / g->spec_t_decode); }
+
+/* A pass of `tokens` in plain steps: its own count's running average, else interpolated between the nearest counts
+ * timed around it (below all of them: a pass of one token costs about a step), or extended along the last two past
+ * the largest; never more than a larger count's (rows only add work, and a slow outlier would otherwise keep its
+ * count from ever running again); 1 until a step and a pass are timed (the first pass is how it gets timed). */
+static float cost_at(const el_model* m, const el_gen* g, int tokens) {
+  if (g->spec_t_decode <= 0) return 1;
+  int at = cost_slot(m, tokens), w = el_verify_tokens(m), lo = 1, lo2 = 1, hi = -1;
+  float r_lo = 1, r_lo2 = 1, r = -1, cap = INFINITY;
+  for (int i = 2; i <= w; i++) {
+    if (g->spec_t_verify[i] <= 0) continue;
+    if (i < at) lo2 = lo, r_lo2 = r_lo, lo = i, r_lo = steps_at(g, i);
+    if (i == at) r = steps_at(g, i);
+    if (i > at && hi < 0) hi = i;
+    if (i >= at && steps_at(g, i) < cap) cap = steps_at(g, i);
+  }
+  if (r < 0 && hi > 0) r = r_lo + (steps_at(g, hi) - r_lo) * (float)(at - lo) / (float)(hi - lo);
+  if (r < 0 && lo == 1) return 1; /* none timed */
+  if (r < 0) r = r_lo + (r_lo - r_lo2) * (float)(at - lo) / (float)(lo - lo2);
+  return r < cap ? r : cap;
+}
+
+/* What the last pass cost, in plain steps (1 until both are timed). Waits are scaled by it, so that passes that do
+ * not pay take about the same share of the time whatever a pass costs: a MoE pass, which runs the union of its
  * tokens' experts, costs several steps. */
 static int pass_cost(const el_gen* g) {
-  float r = pass_ratio(g);
+  float r = g->spec_t_decode > 0 && g->spec_t_verify[g->spec_m] > 0 ? steps_at(g, g->spec_m) : 1;
   return r < 2 ? 1 : r > 16 ? 16 : (int)(r + 0.5f);
 }
 
@@ -490,8 +550,9 @@ void el_spec_settle(el_gen* g, int taken) {
     settle_model(g, taken);
     return;
   }
-  int measured = g->spec_t_decode > 0 && g->spec_t_verify > 0;
-  if (taken > 0 && (!measured || (1 + taken) * g->spec_t_decode >= g->spec_t_verify)) {
+  double t_pass = g->spec_t_verify[g->spec_m];
+  int measured = g->spec_t_decode > 0 && t_pass > 0;
+  if (taken > 0 && (!measured || (1 + taken) * g->spec_t_decode >= t_pass)) {
     g->spec_backoff = 0;
     return;
   }
