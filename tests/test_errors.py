@@ -9,6 +9,7 @@ import pytest
 import edgellm
 from edgellm.errors import CompileError, InputError, ModelLoadError, PackageError
 from edgellm.models.synthetic import make_checkpoint
+from edgellm.runtime import contract as K
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +128,7 @@ def test_wrong_manifest_version(pkg, tmp_path):
 def test_wrong_plan_version(pkg, tmp_path):
     p = copy(pkg, tmp_path / "p")
     b = bytearray((p / "plan.bin").read_bytes())
-    b[8] = 7  # version field
+    b[8] = K.PLAN_VERSION + 1  # version field: newer than this runtime reads
     (p / "plan.bin").write_bytes(bytes(b))
     with pytest.raises(PackageError, match="version"):
         edgellm.Runtime.load(p)

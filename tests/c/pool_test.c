@@ -22,15 +22,7 @@ int el_error(const char* fmt, ...) { /* runtime.c's, which this test does not li
   return -1;
 }
 
-#define CHECK(c, ...)                                             \
-  do {                                                            \
-    if (!(c)) {                                                   \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);        \
-      fprintf(stderr, __VA_ARGS__);                               \
-      fputc('\n', stderr);                                        \
-      exit(1);                                                    \
-    }                                                             \
-  } while (0)
+#include "check.h"
 
 static atomic_int hits[64];
 static atomic_int bad;

@@ -23,15 +23,7 @@ int el_verify(el_context* c, const int32_t* ids, int n, float* l) { return (void
 int el_verify_take_node(el_context* c, int node) { return (void)c, (void)node, unreached(); }
 double el_now(void) { return unreached(); }
 
-#define CHECK(c, ...)                                      \
-  do {                                                     \
-    if (!(c)) {                                            \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                        \
-      fputc('\n', stderr);                                 \
-      exit(1);                                             \
-    }                                                      \
-  } while (0)
+#include "check.h"
 #define NEAR(a, b) (fabsf((a) - (b)) < 1e-5f)
 
 static el_model model(int width, uint32_t flags) {
