@@ -143,3 +143,30 @@ def test_agrees_with_llamacpp_on_the_file_as_shipped(name, tmp_path):
     assert r["c_tokens_equal"] and r["hf_tokens_equal"] and r["text_tokens"] > 4 * 512
     assert 0.995 < r["ppl_ratio"] < 1.005, r
     assert r["positions"] == 4 * 255 and r["clear_positions"] >= 800 and r["top1_agree_clear"] >= 0.99, r
+
+
+def test_speculation_gives_plain_tokens_on_the_real_model(tmp_path):
+    """Speculative decoding on a real model (issue 36): its 49k-token vocabulary, tied head and chat template, with
+    the `--quant auto` package of the shipped file: greedy tokens of every draft source equal plain decoding's on a
+    task that copies its prompt and on free text, passes of every size included (rows past a pass's drafts are
+    computed by none of its GEMMs), and a pass's rows equal a full pass's bitwise."""
+    from edgellm.runtime.python.api import Runtime
+
+    pkg = edgellm.compile(str(gguf_file("smollm2-135m")), quant="auto", out=tmp_path / "p", max_context=1024,
+                          tune="off", progress=False, verify_tokens=8)
+    func = "def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"
+    with Runtime.load(pkg) as rt:
+        for msg in (f"Rename area to rect_area and change nothing else:\n\n{func}", CHAT[0]):
+            ids = rt.encode(rt.text.apply_chat_template([{"role": "user", "content": msg}]), add_special_tokens=False)
+            plain = rt.generate(ids, max_new_tokens=64, temperature=0, speculate="off").token_ids
+            for mode in ("ngram", "recycle", "auto"):
+                got = rt.generate(ids, max_new_tokens=64, temperature=0, speculate=mode).token_ids
+                assert got == plain, (mode, msg[:20])
+        ctx = rt.context
+        ids = rt.encode(func)
+        ctx.rewind(0)   # the generations' conversation
+        ctx.prefill(ids[:-8])
+        full = ctx.verify(ids[-8:])
+        for n in (2, 5):
+            ctx.rewind(len(ids) - 8)
+            assert np.array_equal(ctx.verify(ids[-8:][:n]), full[:n]), n
