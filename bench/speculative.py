@@ -3,11 +3,12 @@
     python bench/speculative.py [--models demo smollm2-135m] [--rounds 3] [--tokens 128] [--budget 0.35]
                                 [--verify-tokens 8] [--llamacpp] [--json]
 
-Per model and task: plain decoding, then `speculate="ngram"`, `"recycle"` (each run in a fresh context, so that its
-table holds nothing from earlier rounds) and `"auto"` (and for the demo, its draft package
-models/demo/demo-draft), in interleaved rounds (bandwidth on shared hosts drifts within minutes: only same-run
-ratios mean anything). Columns: draft source, verify passes, drafts taken per pass, tokens per weight pass (tokens /
-(plain decode steps + verify passes)), decode tok/s, and x plain decode (the median of the per-round ratios).
+Per model and task: plain decoding, then `speculate="ngram"`, `"recycle"` and `"auto"` (and for the demo, its draft
+package models/demo/demo-draft), each speculating run in a fresh context (so that no recycling table holds what an
+earlier round of the same prompt computed; what a pass costs the model keeps across its contexts), in interleaved
+rounds (bandwidth on shared hosts drifts within minutes: only same-run ratios mean anything). Columns: draft
+source, verify passes, drafts taken per pass, tokens per weight pass (tokens / (plain decode steps + verify passes)),
+decode tok/s, and x plain decode (the median of the per-round ratios).
 Greedy: every mode must give plain decoding's tokens (checked). --budget: the same under a memory budget of that
 fraction of the weights (window store). --llamacpp: on the GGUF models, llama.cpp's own speculative decoding
 (llama-server --spec-type none / ngram-simple / ngram-map-k / ngram-mod, built from the llama-cpp-python sdist as
@@ -153,9 +154,10 @@ def prompt_ids(rt, task: str) -> list[int]:
 
 
 def one(rt, ids, mode: str, n: int) -> dict:
-    # recycle keeps its table for a context's life: a fresh context per run, so that no round drafts from what an
-    # earlier round of the same prompt computed
-    ctx = rt.new_context() if mode == "recycle" else rt.context
+    # every speculating run in a fresh context: recycling (recycle, auto, a draft package's trees) keeps its table for
+    # a context's life, and a context that ran the same prompt before would draft the reply from its own memory of it.
+    # What a pass costs is the model's (learned by its earlier contexts, as in a server or chat that opens many).
+    ctx = rt.new_context() if mode != "off" else rt.context
     s0 = ctx.stats()
     r = ctx.generate(ids, max_new_tokens=n, temperature=0, ignore_eos=True, speculate=mode)
     s1 = ctx.stats()

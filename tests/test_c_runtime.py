@@ -864,14 +864,15 @@ def test_thread_pool_unit(tmp_path):
 
 
 def test_speculation_cost_model_unit(tmp_path):
-    """speculate.c's cost of a verify pass by its tokens (timed, interpolated, capped) and the draft count auto picks
-    from it (tests/c/spec_cost_test.c)."""
+    """speculate.c's cost of a verify pass by its tokens (timed, interpolated, capped, kept by the model for its next
+    contexts) and the draft count auto picks from it, untimed counts at the least they can cost
+    (tests/c/spec_cost_test.c)."""
     if not CC:
         pytest.skip("no C compiler")
     exe = tmp_path / "spec_cost_test"
     subprocess.run([CC, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", *(f"-I{ROOT / d}" for d in
                     ("runtime", "runtime/core", "offload")), str(ROOT / "tests/c/spec_cost_test.c"), "-o", str(exe),
-                    "-lm"], check=True)
+                    "-lm", "-lpthread"], check=True)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("OK"), r.stderr
 

@@ -131,6 +131,8 @@ typedef struct {
 /* Checks el_load_options.backend_options against the registry and the package's backends and keeps a copy. */
 EL_HIDDEN int el_backend_options_parse(el_model* m, const char* text);
 
+#define EL_MAX_DRAFT 31 /* drafts per verify pass at most (the verify program's tokens - 1 bounds it too) */
+
 struct el_model {
   el_plan_header h;
   uint8_t* plan; /* whole plan.bin; the tables point into it */
@@ -162,13 +164,16 @@ struct el_model {
   int has_digest;
   uint32_t* routing;      /* routing.bin: per weight, calibration selections (NULL: none) */
   int n_threads;
-  pthread_mutex_t mu; /* guards refs / freed */
+  /* speculation (auto): what a verify pass of each token count costs in plain steps, as the contexts measured it
+   * last (0: not yet). A context starts from these, so that the package's costs on this host are learned once per
+   * model, not in every context's first passes (speculate.c). */
+  float spec_steps[EL_MAX_DRAFT + 2];
+  pthread_mutex_t mu; /* guards refs / freed / spec_steps */
   int refs;           /* contexts alive */
   int freed;          /* el_model_free called: free when the last context goes */
 };
 
 #define EL_DFA_MASKS 32 /* constraint masks cached per automaton node (constraint.c) */
-#define EL_MAX_DRAFT 31 /* drafts per verify pass at most (the verify program's tokens - 1 bounds it too) */
 
 /* The bits of the K (v = 0) or V (v = 1) cache's elements: kv_dtype_bits holds K's, and V's in bits 8-15 where
  * they differ (0 there: as K's; contract.h). */
@@ -239,7 +244,7 @@ typedef struct {
    * they are the package's and the host's, not the text's; a program without EL_PROGRAM_ROWS costs the same for
    * any count, kept at its width); the pending pass's tokens */
   double spec_t_decode, spec_t_verify[EL_MAX_DRAFT + 2];
-  int spec_m;
+  int spec_m, spec_seeded; /* seeded: the counts the model had timed are in spec_t_verify */
   /* the draft model (el_gen_params.draft): the ids its context holds (their prefix shared with hist is valid), and
    * its logits */
   el_context* draft_ctx;
@@ -321,7 +326,7 @@ EL_HIDDEN int el_spec_child(el_gen* g, int32_t sampled);
 /* auto: the sample drawn after drafts that were built but not verified rates their sources as if they had been. */
 EL_HIDDEN void el_spec_shadow(el_gen* g, int32_t sampled);
 EL_HIDDEN void el_spec_time(double* avg, double seconds);
-EL_HIDDEN void el_spec_timed(const el_model* m, el_gen* g, int tokens, double seconds); /* a verify pass's time */
+EL_HIDDEN void el_spec_timed(el_model* m, el_gen* g, int tokens, double seconds); /* a verify pass's time */
 /* The draft model's share of the counters (el_stats.spec_*_model): node 0, a pass's drafts; else the one taken. */
 EL_HIDDEN void el_spec_count(el_stats* st, const el_gen* g, int node);
 /* The constraint automaton (constraint.c): set up for a generation (a NULL one: none), the next draw's mask (1: the

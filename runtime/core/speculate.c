@@ -18,6 +18,8 @@ enum { NGRAM_MAX = 4, NGRAM_MIN = 2, NGRAM_MIN_AUTO = 3, BACKOFF_MAX = 32 };
 static void model_miss(el_gen* g);
 static int pass_cost(const el_gen* g);
 static float cost_at(const el_model* m, const el_gen* g, int tokens);
+static float cost_low(const el_model* m, const el_gen* g, int tokens);
+static void seed_costs(el_model* m, el_gen* g);
 
 /* Prompt lookup: the latest earlier place where the history's last n ids occur (n from NGRAM_MAX down to min_n),
  * and up to max ids that followed them there. Text that quotes its prompt (code edits, extraction, reformatting)
@@ -388,13 +390,18 @@ int el_spec_trees(const el_model* m) {
 
 /* auto: how many of drafts 1..n a pass carries (0: none pays). A pass of j yields the one token it decodes anyway and
  * the drafts the samples are expected to take (cum[j]: the chances that they reach each node, by the sources'
- * measured rates) for what a pass of 1 + j tokens costs in plain steps (cost_at: measured; a program that computes
- * only a pass's rows costs less for fewer). The count that yields most per step wins where it beats plain steps. */
+ * measured rates) for what a pass of 1 + j tokens costs in plain steps (a program that computes only a pass's rows
+ * costs less for fewer). The count that yields most per step wins where it beats plain steps. A count not timed yet
+ * competes at the least it can cost (cost_low), so that the first tree it would pay for at that price runs it and
+ * times it: an interpolated guess can be too dear (AVX2 GEMMs take tokens in pairs, so the curve is a staircase) and
+ * would keep the count from ever running. It runs only where its tokens pay at the interpolated cost too, so that
+ * trees whose drafts are mostly refused (free text; a MoE pass of several steps) do not buy timings they cannot use. */
 static int best_count(const el_model* m, const el_gen* g, int n, const float* cum) {
   int best = 0;
   float gain = 1;
   for (int j = 1; j <= n; j++) {
-    float r = (1 + cum[j]) / cost_at(m, g, j + 1);
+    if (1 + cum[j] < cost_at(m, g, j + 1)) continue;
+    float r = (1 + cum[j]) / cost_low(m, g, j + 1);
     if (r >= gain) best = j, gain = r;
   }
   return best;
@@ -421,12 +428,13 @@ static int paying(const el_model* m, el_gen* g, int n, const float* cum) {
 
 /* How many drafts the next pass carries (0: decode plainly): spec_draft, spec_parent and spec_src. */
 int el_spec_draft(el_context* c, el_gen* g) {
-  const el_model* m = c->m;
+  el_model* m = c->m;
   int mode = g->p.speculate, width = el_verify_tokens(m) - 1;
   g->spec_shadow = 0;
   if (mode == EL_SPECULATE_OFF || width < 1) return 0;
   /* auto weighs a pass against a plain step: one runs first where none has been timed in this context */
   if (mode == EL_SPECULATE_AUTO && g->spec_t_decode <= 0) return 0;
+  seed_costs(m, g);
   if (mode == EL_SPECULATE_AUTO && g->spec_wait > 0) {
     g->spec_wait--;
     return 0;
@@ -484,12 +492,27 @@ static int cost_slot(const el_model* m, int tokens) {
   return v->p.flags & EL_PROGRAM_ROWS ? tokens : (int)v->p.tokens;
 }
 
-void el_spec_timed(const el_model* m, el_gen* g, int tokens, double seconds) {
+static float steps_at(const el_gen* g, int slot) { return (float)(g->spec_t_verify[slot] / g->spec_t_decode); }
+
+/* A pass's time into its count's average, and that average in steps into the model's costs, for the next context. */
+void el_spec_timed(el_model* m, el_gen* g, int tokens, double seconds) {
   g->spec_m = cost_slot(m, tokens);
   el_spec_time(&g->spec_t_verify[g->spec_m], seconds);
+  if (g->spec_t_decode <= 0) return;
+  pthread_mutex_lock(&m->mu);
+  m->spec_steps[g->spec_m] = steps_at(g, g->spec_m);
+  pthread_mutex_unlock(&m->mu);
 }
 
-static float steps_at(const el_gen* g, int slot) { return (float)(g->spec_t_verify[slot] / g->spec_t_decode); }
+/* Once a context has timed a plain step: the counts it has not timed itself, at the model's costs. */
+static void seed_costs(el_model* m, el_gen* g) {
+  if (g->spec_seeded || g->spec_t_decode <= 0) return;
+  g->spec_seeded = 1;
+  pthread_mutex_lock(&m->mu);
+  for (int i = 0; i < EL_MAX_DRAFT + 2; i++)
+    if (g->spec_t_verify[i] <= 0 && m->spec_steps[i] > 0) g->spec_t_verify[i] = m->spec_steps[i] * g->spec_t_decode;
+  pthread_mutex_unlock(&m->mu);
+}
 
 /* A pass of `tokens` in plain steps: its own count's running average, else interpolated between the nearest counts
  * timed around it (below all of them: a pass of one token costs about a step), or extended along the last two past
@@ -510,6 +533,18 @@ static float cost_at(const el_model* m, const el_gen* g, int tokens) {
   if (r < 0 && lo == 1) return 1; /* none timed */
   if (r < 0) r = r_lo + (r_lo - r_lo2) * (float)(at - lo) / (float)(lo - lo2);
   return r < cap ? r : cap;
+}
+
+/* The least a pass of `tokens` can cost, in plain steps: its own count's average where timed (as cost_at), else the
+ * dearest count timed below it (rows only add work), or a step. */
+static float cost_low(const el_model* m, const el_gen* g, int tokens) {
+  if (g->spec_t_decode <= 0) return 1;
+  int at = cost_slot(m, tokens);
+  if (g->spec_t_verify[at] > 0) return cost_at(m, g, tokens);
+  float low = 1;
+  for (int i = 2; i < at; i++)
+    if (g->spec_t_verify[i] > 0 && steps_at(g, i) > low) low = steps_at(g, i);
+  return low;
 }
 
 /* What the last pass cost, in plain steps (1 until both are timed). Waits are scaled by it, so that passes that do
