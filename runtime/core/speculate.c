@@ -14,6 +14,9 @@
 /* auto asks for a longer match than ngram: in free text, two-token matches are mostly coincidences, and a refused
  * pass costs what a pass costs */
 enum { NGRAM_MAX = 4, NGRAM_MIN = 2, NGRAM_MIN_AUTO = 3, BACKOFF_MAX = 32 };
+/* A pass that cost at most this share of a step more than its tokens is no miss: a pass that reads its weights once
+ * from storage (under a memory budget) costs about a step with any drafts, and waiting would forgo free drafts. */
+#define PASS_SLACK 0.15
 
 static void model_miss(el_gen* g);
 static int pass_cost(const el_gen* g);
@@ -578,8 +581,8 @@ static void settle_model(el_gen* g, int taken) {
 /* After a pass's drafts are settled (taken: how many of them the samples took): in auto mode, a pass that did not
  * pay waits a number of plain steps before the next draft, doubling while they keep not paying, times what a pass
  * costs in steps (text that does not repeat itself wastes one pass in every BACKOFF_MAX passes' worth of steps). A
- * pass pays when its tokens (the one it decoded and the drafts taken) would have taken plain steps longer than it
- * took, by the measured averages of both (before both are measured: when it took a draft). */
+ * pass pays when its tokens (the one it decoded and the drafts taken) would have taken plain steps at least about as
+ * long as it took (PASS_SLACK), by the measured averages of both (before both are measured: when it took a draft). */
 void el_spec_settle(el_gen* g, int taken) {
   if (g->spec_from_model) {
     settle_model(g, taken);
@@ -587,7 +590,7 @@ void el_spec_settle(el_gen* g, int taken) {
   }
   double t_pass = g->spec_t_verify[g->spec_m];
   int measured = g->spec_t_decode > 0 && t_pass > 0;
-  if (taken > 0 && (!measured || (1 + taken) * g->spec_t_decode >= t_pass)) {
+  if (measured ? (1 + taken + PASS_SLACK) * g->spec_t_decode >= t_pass : taken > 0) {
     g->spec_backoff = 0;
     return;
   }

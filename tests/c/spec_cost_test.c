@@ -107,6 +107,18 @@ int main(void) {
   g.spec_t_verify[2] = 0.03, g.spec_t_verify[9] = 0.08;
   chain_at(cum, 0.8f);
   CHECK(best_count(&rows, &g, 8, cum) == 0, "MoE: %d drafts", best_count(&rows, &g, 8, cum));
+  /* a pass whose drafts were all refused waits before the next draft, unless it cost about a step (its weights read
+   * once from storage under a memory budget: drafts come free there) */
+  static el_gen w;
+  w.p.speculate = EL_SPECULATE_AUTO, w.spec_t_decode = 0.01;
+  el_spec_timed(&rows, &w, 3, 0.0105);
+  el_spec_settle(&w, 0);
+  CHECK(w.spec_wait == 0 && w.spec_backoff == 0, "a pass of 1.05 steps: wait %d", w.spec_wait);
+  el_spec_timed(&rows, &w, 9, 0.03);
+  el_spec_settle(&w, 0);
+  CHECK(w.spec_wait == 3 && w.spec_backoff == 1, "a pass of 3 steps: wait %d", w.spec_wait);
+  el_spec_settle(&w, 2);
+  CHECK(w.spec_backoff == 0, "3 tokens for 3 steps paid");
   for (int j = 1; j <= 8; j++) cum[j] = 0.01f * j; /* drafts nobody takes: no pass */
   CHECK(best_count(&rows, &g, 8, cum) == 0, "a pass that cannot pay ran");
   puts("OK");
