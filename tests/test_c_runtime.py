@@ -886,17 +886,10 @@ def test_version(lib):
 def _with_backend(plan: bytes, name: bytes) -> bytes:
     """Every program of a version 4 plan renamed onto backend `name`."""
     K = tp.K
-    h = K.HEADER.unpack(plan)
-    at = K.weights_table_at(h) + h["n_weights"] * K.WEIGHT.size + h["n_kernels"] * K.KERNEL.size
     out = bytearray(plan)
-    for _ in range(h["n_programs"]):
-        p = K.PROGRAM.unpack(plan, at)
-        out[at + K.PROGRAM.offsets()["backend"]:at + K.PROGRAM.offsets()["backend"] + K.BACKEND_NAME_BYTES] = \
-            name.ljust(K.BACKEND_NAME_BYTES, b"\0")
-        at += K.PROGRAM.size
-        for _ in range(p["n_steps"]):
-            s = K.STEP.unpack(plan, at)
-            at += K.STEP.size + s["n_args"] * K.ARG.size
+    for p in K.read_programs(plan):
+        at = p["at"] + K.PROGRAM.offsets()["backend"]
+        out[at:at + K.BACKEND_NAME_BYTES] = name.ljust(K.BACKEND_NAME_BYTES, b"\0")
     return bytes(out)
 
 
