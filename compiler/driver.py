@@ -141,7 +141,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     tune_mode = resolve_mode(tune, tgt)
     npu = npu_options(tgt, npu_chunk, npu_quant, soc, npu_outliers, npu_weights, npu_residual, npu_act)
     _check_layout(layout, bundle_neurons, ffn_threshold, gptq, npu, tgt)
-    from .kv_layout import KV_CACHE_TYPES, kv_cache_name, kv_dtype_bits_field, parse_kv_cache
+    from .kv_layout import KEY_MEAN, KV_CACHE_TYPES, kv_cache_name, kv_dtype_bits_field, parse_kv_cache
 
     try:
         k_cache, v_cache = parse_kv_cache(kv_cache)
@@ -223,8 +223,18 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                    f"for {tgt.name} with {scheme.name} -> {out}")
 
     rope = {}
+    key_mean = {}
+    if KEY_MEAN.get(kv_dtype, False):   # a q4 K cache holds keys less their mean (quant/key_mean.py)
+        from ..quant.key_mean import CALIB_TOKENS, calibrated_key_means
+
+        _log(progress, f"--kv-cache {kv_cache}: measuring each layer's mean key on {CALIB_TOKENS} tokens of "
+                       f"{calib or 'the built-in sample'}")
+        key_mean = calibrated_key_means(spec, lambda n: np.asarray(ck.get(n), np.float32), model_dir / "tokenizer.json",
+                                        max_ctx, calib)
 
     def raw(name: str) -> np.ndarray:
+        if name in key_mean:
+            return key_mean[name]
         table = rope_table_of(name)
         if table:
             if name not in rope:
@@ -269,7 +279,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                                 short_chunk=short, verify_tokens=verify, fuse=fuse, npu_chunk=npu.chunk if npu else None,
                                 bundles=bundles, expert_lookahead=lookahead, matrix_schemes=own,
                                 guessed_layers=guess.weights if guess else (), guess_width=width,
-                                kv_dtype=kv_dtype, v_dtype=v_dtype, **kernels.lower_args())
+                                kv_dtype=kv_dtype, v_dtype=v_dtype, key_mean=bool(key_mean), **kernels.lower_args())
     if tuner is not None:
         tuner.guarded("decode knobs", lambda: tuner.decode_prefetch(
             low.kernels, next(p for p in programs if p.name == "decode")), None)

@@ -23,7 +23,8 @@ from ..runtime.contract import DTYPES as _DT
 from ..runtime.contract import FLAG_AT_POS as AT_POS
 from ..runtime.contract import FLAG_PREFIX as PREFIX
 from ..runtime.contract import TENSOR_ALIGN as ALIGN
-from .kv_layout import QUANTIZED_KV, kv_row_bytes
+from ..quant.key_mean import key_mean_name
+from .kv_layout import KEY_MEAN, QUANTIZED_KV, kv_row_bytes
 from .ops.rows import CNT_SHAPE, ROWS_LIMIT, ROWS_ZERO
 from .program import Arg, Predict, Program, Route, Step  # noqa: F401 (re-exported)
 from .trace import Node, TraceGraph, Val
@@ -176,7 +177,7 @@ class Lowering:
 
     def __init__(self, spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, rope_rows: int, quantized=None,
                  fuse: bool = True, bundles=None, make_kernel=None, backend: str = BACKEND_TVM_CPU,
-                 matrix_schemes=None, kv_dtype: str = "float32", v_dtype: str | None = None):
+                 matrix_schemes=None, kv_dtype: str = "float32", v_dtype: str | None = None, key_mean: bool = False):
         if make_kernel is None:
             from .ops import make_kernel
 
@@ -192,6 +193,7 @@ class Lowering:
         self.rope_rows = rope_rows
         self.kv_dtype = kv_dtype            # the K cache's element type (float32 | float16 | q8 | q4: kv_layout.py)
         self.v_dtype = v_dtype or kv_dtype  # the V cache's (--kv-cache K,V; as K's by default)
+        self.key_mean = key_mean            # a q4 K cache holds keys less their calibrated mean (quant/key_mean.py)
         self.fuse = fuse                    # one kernel per group of linears on one input (fuse_linears)
         self.bundles = bundles              # neuron-bundled FFNs (compiler/bundled_ffn.BundleLayout) or None
         self.experts: dict = {}             # MoE layer's experts prefix -> (first weight, views, gate/up parts)
@@ -455,6 +457,11 @@ class Lowering:
                 if act(v).kind == kind:   # produced in place (an f32 cache)
                     continue
                 dst, dtype = self._kv_view(kind, n.params["layer"], v.shape[0], AT_POS), self._cache_dtype(kind)
+                if kind == KCACHE and self.key_mean and KEY_MEAN.get(dtype):   # keys less their mean (key_mean.py)
+                    k = self._kernel(f"kv_{dtype}", R=v.shape[0], H=s.n_kv_heads, D=s.head_dim, mean=True)
+                    mu = self._weight(key_mean_name(n.params["layer"]), (1, s.n_kv_heads * s.head_dim))
+                    steps.append(Step(k, [act(v), mu, dst]))
+                    continue
                 if dtype in QUANTIZED_KV:   # quantized as the rows are written
                     k = self._kernel(f"kv_{dtype}", R=v.shape[0], H=s.n_kv_heads, D=s.head_dim)
                 else:                       # copied into the cache rows (f16: rounded)
@@ -490,7 +497,8 @@ def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: in
                 fuse: bool = True, npu_chunk: int | None = None, bundles=None,
                 expert_lookahead: int = 0, guessed_layers=(), guess_width: int = 0, make_kernel=None,
                 backend: str = BACKEND_TVM_CPU, matrix_schemes=None,
-                kv_dtype: str = "float32", v_dtype: str | None = None) -> tuple[Lowering, list[Program]]:
+                kv_dtype: str = "float32", v_dtype: str | None = None,
+                key_mean: bool = False) -> tuple[Lowering, list[Program]]:
     """expert_lookahead: decode predicts each MoE layer's experts from the residual stream this many layers
     earlier (1: at the layer's own input; 0: no predictions), naming guess_width experts (0: top-k); the layers in
     guessed_layers use a fitted guesser (compiler/expert_guess.py). fuse: one kernel per group of linears on one
@@ -501,7 +509,7 @@ def lower_model(spec: ModelSpec, cpu, raw_weight, scheme, head_scheme, chunk: in
 
     fam = family(spec)
     low = Lowering(spec, cpu, raw_weight, scheme, head_scheme, kv_rows, quantized, fuse, bundles, make_kernel, backend,
-                   matrix_schemes, kv_dtype, v_dtype)
+                   matrix_schemes, kv_dtype, v_dtype, key_mean)
     low.guessed_layers = set(guessed_layers)
     progs = []
     for name, tokens, body, head in PROGRAMS:

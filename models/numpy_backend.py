@@ -58,10 +58,13 @@ class NumpyGraph:
         return cap * np.tanh(x / cap)
 
     kv_round = None   # (K's, V's) functions rows -> rows as the package's caches give them back (quant/kv_cache.py), or None
+    key_mean = None   # layer -> mu f32[n_kv_heads * head_dim] the K cache holds keys less (quant/key_mean.py), or None
 
     def kv_store(self, layer, k, v):
         T, sh = k.shape[0], (self.spec.n_kv_heads, self.spec.head_dim)
         k, v = (x.reshape(T, *sh) for x in (k, v))
+        if self.key_mean is not None:   # softmax ignores the constant q . mu this takes off a query's scores
+            k = k - np.asarray(self.key_mean[layer], self.dtype).reshape(sh)
         if self.kv_round is not None:
             k, v = (f(x).astype(self.dtype) for f, x in zip(self.kv_round, (k, v)))
         self.k[layer] = np.concatenate([self.k[layer][:self.pos], k])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+F16_MAX = np.float32(65504)
+
 
 def q4_block(D: int) -> int:
     b = 1
@@ -46,17 +48,19 @@ def q8_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, (amax / np.float32(127)).astype(np.float32)
 
 
-def q4_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x f32[..., D] -> (signed codes int8[..., D] in -7..7, scales f16[..., D / B]) per block of B."""
+def q4_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x f32[..., D] -> (nibbles uint8[..., D] in 0..15, steps f16[..., D / B], minima f16[..., D / B]) per block of
+    B, with the kernel's operations in its order."""
     x = np.asarray(x, np.float32)
     D = x.shape[-1]
     B = q4_block(D)
     xb = x.reshape(*x.shape[:-1], D // B, B)
-    amax = np.abs(xb).max(-1)
+    lo = np.clip(xb.min(-1), -F16_MAX, F16_MAX).astype(np.float16).astype(np.float32)
+    step = ((xb.max(-1) - lo) / np.float32(15)).astype(np.float16).astype(np.float32)
     with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(7) / amax, np.float32(0)).astype(np.float32)
-    q = np.clip(np.floor(xb * inv[..., None] + np.float32(0.5)), -7, 7).astype(np.int8)
-    return q.reshape(x.shape), (amax / np.float32(7)).astype(np.float16)
+        inv = np.where(step > 0, np.float32(1) / step, np.float32(0)).astype(np.float32)
+    q = np.clip(np.floor((xb - lo[..., None]) * inv[..., None] + np.float32(0.5)), 0, 15).astype(np.uint8)
+    return q.reshape(x.shape), step.astype(np.float16), lo.astype(np.float16)
 
 
 def q8_round(x: np.ndarray) -> np.ndarray:
@@ -68,9 +72,10 @@ def q8_round(x: np.ndarray) -> np.ndarray:
 def q4_round(x: np.ndarray) -> np.ndarray:
     """x f32[..., D] as the q4 cache gives it back: code * its block's (f16) scale, of the rotated head, rotated
     back (what attention's sums amount to)."""
-    q, s = q4_codes(hadamard(x))
+    q, d, m = q4_codes(hadamard(x))
     B = q4_block(x.shape[-1])
-    y = (q.reshape(*q.shape[:-1], -1, B).astype(np.float32) * s.astype(np.float32)[..., None]).reshape(q.shape)
+    qb = q.reshape(*q.shape[:-1], -1, B).astype(np.float32)
+    y = (qb * d.astype(np.float32)[..., None] + m.astype(np.float32)[..., None]).reshape(q.shape)
     return hadamard(y)
 
 
@@ -80,11 +85,12 @@ def cache_rows(kind: str, x: np.ndarray) -> np.ndarray:
     if kind == "q8":
         q, s = q8_codes(x)
         return np.concatenate([q.reshape(S, -1), s.view(np.int8).reshape(S, -1)], axis=1)
-    q, s = q4_codes(hadamard(x))
+    q, d, m = q4_codes(hadamard(x))
     B = q4_block(D)
-    n = (q.reshape(S, H, D // B, 2, B // 2).astype(np.int32) + 8)
+    n = q.reshape(S, H, D // B, 2, B // 2).astype(np.int32)
     packed = (n[..., 0, :] | (n[..., 1, :] << 4)).astype(np.uint8).view(np.int8)
-    return np.concatenate([packed.reshape(S, -1), s.view(np.int8).reshape(S, -1)], axis=1)
+    dm = np.stack([d, m], -1)   # per block: its step, then its minimum
+    return np.concatenate([packed.reshape(S, -1), dm.view(np.int8).reshape(S, -1)], axis=1)
 
 
 KV_ROUND = {"f32": lambda x: np.asarray(x, np.float32), "f16": lambda x: np.asarray(x, np.float16).astype(np.float32),

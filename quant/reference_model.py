@@ -45,10 +45,11 @@ class QuantizedModel(NumpyModel):
     matrix_schemes: body matrices stored in another scheme than `scheme` (name -> Scheme)."""
 
     def __init__(self, spec, weight, scheme: Scheme, head_scheme: Scheme, dtype=np.float32, parts=None,
-                 matrix_schemes=None, kv_cache: str = "f32"):
+                 matrix_schemes=None, kv_cache: str = "f32", key_mean=None):
         self.scheme, self.head_scheme, self._parts = scheme, head_scheme, dict(parts or {})
         self.matrix_schemes = dict(matrix_schemes or {})
         self.kv_cache = kv_cache   # the package's --kv-cache: K/V rows are rounded as its cache stores them
+        self.key_mean = key_mean   # layer -> the mean its K cache takes off the keys (quant/key_mean.py), or None
         super().__init__(spec, weight, dtype)
 
     def reset(self):
@@ -57,3 +58,4 @@ class QuantizedModel(NumpyModel):
         if self.kv_cache != "f32":   # "K,V": keys and values each rounded as their own cache stores them
             k, _, v = self.kv_cache.partition(",")
             self.g.kv_round = KV_ROUND[k], KV_ROUND[v or k]
+        self.g.key_mean = self.key_mean

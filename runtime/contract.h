@@ -56,10 +56,10 @@
 #define EL_FILE_RUNNER "bin/edgellm-run"
 
 #define EL_PLAN_MAGIC "EDGEPLAN"
-#define EL_PLAN_VERSION 7     /* the newest plan this runtime reads: 3 adds PREDICT steps, 4 backend names, 5 the
+#define EL_PLAN_VERSION 8     /* the newest plan this runtime reads: 3 adds PREDICT steps, 4 backend names, 5 the
                                  per-layer KV cache table (window caches), 6 EL_PROGRAM_TREE (a runtime that does not
                                  fill a tree must not run such a program), 7 EL_PROGRAM_ROWS (nor one that does not
-                                 write the row count) */
+                                 write the row count), 8 the q4 KV row's per-block minimum (its rows are longer) */
 #define EL_PLAN_VERSION_MIN 2 /* the oldest it reads (2 and 3 have el_plan_program_v3 records) */
 #define EL_WEIGHT_ALIGN 16384 /* weight regions in weights.bin (Android page size; x86's 4 KiB divides it) */
 #define EL_TENSOR_ALIGN 64    /* every tensor a kernel sees: TVM compiles with this alignment assumption */
@@ -176,9 +176,10 @@ typedef struct {
   uint32_t kv_dtype_bits; /* 32 (f32), 16 (f16), 8 (q8: a row is n_kv_heads * head_dim int8 codes, then one
                            * float32 scale per head; element = code * scale), 4 (q4: per block of B = the largest
                            * power of two <= 32 dividing head_dim, B/2 bytes of nibbles, element i low and
-                           * i + B/2 high, then one float16 scale per block; element = (nibble - 8) * scale);
-                           * that is the K cache's, and the V cache's too unless bits 8-15 give V's (--kv-cache
-                           * K,V: both float or both quantized) */
+                           * i + B/2 high, then per block two float16, its step d and minimum m; element =
+                           * nibble * d + m; plans before version 8: one float16 scale per block, element =
+                           * (nibble - 8) * scale); that is the K cache's, and the V cache's too unless
+                           * bits 8-15 give V's (--kv-cache K,V: both float or both quantized) */
   uint32_t n_weights;
   uint32_t n_kernels;
   uint32_t n_programs;

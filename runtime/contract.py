@@ -21,9 +21,10 @@ ROUTING, ROUTING_MAGIC, ROUTING_VERSION = "routing.bin", b"EDGEROUT", 1
 BIN_DIR, RUNNER = "bin", "bin/edgellm-run"
 REQUIRED_FILES = (MANIFEST, PLAN, WEIGHTS)   # + the kernels: kernels.so, or kernels.cl and kernels.cltab (GPU)
 
-PLAN_MAGIC, PLAN_VERSION = b"EDGEPLAN", 7   # 3 added PREDICT steps, 4 backend names (PROGRAM), 5 KV_LAYER,
+PLAN_MAGIC, PLAN_VERSION = b"EDGEPLAN", 8   # 3 added PREDICT steps, 4 backend names (PROGRAM), 5 KV_LAYER,
                                             # 6 PROGRAM_TREE (an older runtime would not fill the tree),
-                                            # 7 PROGRAM_ROWS (nor the row count: its GEMMs would compute nothing)
+                                            # 7 PROGRAM_ROWS (nor the row count: its GEMMs would compute nothing),
+                                            # 8 q4 KV rows with a minimum per block (longer rows)
 PLAN_VERSION_MIN = 2                    # the oldest the runtime reads (2 and 3: PROGRAM_V3 records)
 WEIGHT_ALIGN = 16 * 1024                # weight regions in weights.bin (Android page size; x86's 4 KiB divides it)
 TENSOR_ALIGN = 64                       # every tensor a kernel sees (TVM's alignment assumption)

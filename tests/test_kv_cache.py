@@ -97,6 +97,32 @@ def test_the_row_writers_write_the_numpy_models_rows(kind, D):
     assert np.array_equal(out.numpy(), want)
 
 
+def _key_mean(spec, c, ck):
+    """Each layer's mean key, as the compiler measures it for a q4 K cache (quant/key_mean.py)."""
+    from edgellm.quant.key_mean import calibrated_key_means, key_mean_name
+
+    mu = calibrated_key_means(spec, lambda n: np.asarray(c.get(n), np.float32), ck / "tokenizer.json", CTX)
+    return [mu[key_mean_name(layer)] for layer in range(spec.n_layers)]
+
+
+def test_the_q4_key_writer_takes_the_mean_off_first():
+    """kv_q4 with `mean`: numpy's rows of x - mu, bit for bit (mu a layer's f32[H*D], per head its own)."""
+    from edgellm.compiler import ops
+
+    cpu, target = ops.host_cpu_info(2), ops.llvm_target(2)
+    R, H, D = 5, 2, 64
+    r = np.random.default_rng(8)
+    mu = (3 * r.standard_normal((1, H * D))).astype(np.float32)
+    x = (r.standard_normal((R, H * D)) + mu).astype(np.float32)
+    name, f = ops.make_kernel("kv_q4", cpu, R=R, H=H, D=D, mean=True)
+    assert name.endswith("_mean1")
+    fn = tvm.compile(tvm.IRModule({name: f}), target=target).jit()[name]
+    want, _ = _cache("q4", (x - mu).reshape(R, H, D))
+    out = tvm.runtime.tensor(np.full(want.shape, 99, np.int8))
+    fn(tvm.runtime.tensor(x), tvm.runtime.tensor(mu), out)
+    assert np.array_equal(out.numpy(), want)
+
+
 class _Packages(dict):
     """(model, cache type) -> package, compiled on first use (the fast tier needs only some)."""
 
@@ -159,7 +185,9 @@ def test_a_quantized_cache_gives_the_numpy_models_logits_with_rounded_kv(arch, q
                           progress=False, kv_cache=kind)
     spec, c, _ = load_checkpoint(str(ck))
     head = quant if quant in ("f32", "f16") else "q8"
-    ref = {kv: QuantizedModel(spec, c.get, get_scheme(quant), get_scheme(head), kv_cache=kv) for kv in (kind, "f32")}
+    mu = _key_mean(spec, c, ck) if kind.partition(",")[0] == "q4" else None   # q4 keys: less their mean
+    ref = {kv: QuantizedModel(spec, c.get, get_scheme(quant), get_scheme(head), kv_cache=kv,
+                              key_mean=mu if kv == kind else None) for kv in (kind, "f32")}
     long = PROMPT * 2   # past the window caches' moves (gemma2)
     with edgellm.Runtime.load(pkg, threads=2) as rt:
         got, want = rt.logits(long), ref[kind].logits(long)

@@ -21,7 +21,7 @@ Every kernel is destination-passing: params are the inputs followed by the outpu
 | softcap   | R, N, c                   | a f32[R, N], out f32[R, N] (c * tanh(a / c); out may be a)       |
 | copy      | R, N, dtype               | a f32[R, N], out dtype[R, N] (K/V cache rows: float32 or float16)  |
 | kv_q8     | R, H, D                   | a f32[R, H*D], out int8[R, H*D + 4H] (q8 K/V cache rows: kv_quant.py) |
-| kv_q4     | R, H, D                   | a f32[R, H*D], out int8[R, H*D/2 + 2H*D/B] (q4 K/V cache rows)   |
+| kv_q4     | R, H, D                   | a f32[R, H*D], out int8[R, H*D/2 + 4H*D/B] (q4 K/V cache rows)   |
 | linear_q8 | T, N, K, bias             | x f32[T, K], qweight u8[N, K], scales f32[N], [b], out f32[T, N] |
 | linear_q4 | T, N, K, G, bias          | x f32[T, K], qweight u8[N, K/2], scales f16[N, K/G], [b], out    |
 | linear_q6 | T, N, K, bias             | x f32[T, K], qweight u8[N, 3K/4], scales f16[N, K/32], [b], out |
@@ -141,7 +141,7 @@ ZERO_OFF = {("attention", "W"), ("attention", "cap")}
 # dtype params left out of the kernel name at their default (float32), likewise
 DEFAULT_OFF = {("attention", "kv"), ("copy", "dtype")}
 # bool params left out of the kernel name when off (so the names of kernels from before them do not change)
-NAMED_WHEN_ON = {("rope", "P"), ("attention", "M"), ("attention", "rows")}
+NAMED_WHEN_ON = {("rope", "P"), ("attention", "M"), ("attention", "rows"), ("kv_q4", "mean")}
 OPS = {
     "embed": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED),
               ("wdtype", "", str, "float32")],
@@ -159,7 +159,9 @@ OPS = {
     "swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED), ("dtype", "", str, "float32")],
     "kv_q8": [("R", "r", int, REQUIRED), ("H", "h", int, REQUIRED), ("D", "d", int, REQUIRED)],
-    "kv_q4": [("R", "r", int, REQUIRED), ("H", "h", int, REQUIRED), ("D", "d", int, REQUIRED)],
+    # mean: the K cache's rows hold keys less a calibrated mean (an extra f32[H*D] argument; quant/key_mean.py)
+    "kv_q4": [("R", "r", int, REQUIRED), ("H", "h", int, REQUIRED), ("D", "d", int, REQUIRED),
+              ("mean", "mean", bool, False)],
     "relu2_mul": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "gelu_mul": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "scale": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED), ("c", "c", float, REQUIRED)],
@@ -311,8 +313,10 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         return _ew.swiglu(simple_cpu, p["T"], p["F"])
     if op == "copy":
         return _ew.copy(simple_cpu, p["R"], p["N"], p["dtype"])
-    if op in ("kv_q8", "kv_q4"):
-        return _kv_quant.ROW_WRITERS[op[3:]](simple_cpu, p["R"], p["H"], p["D"])
+    if op == "kv_q8":
+        return _kv_quant.q8_rows(simple_cpu, p["R"], p["H"], p["D"])
+    if op == "kv_q4":
+        return _kv_quant.q4_rows(simple_cpu, p["R"], p["H"], p["D"], p["mean"])
     if op == "relu2_mul":
         return _ew.relu2_mul(simple_cpu, p["T"], p["F"])
     if op == "gelu_mul":

@@ -192,7 +192,7 @@ static inline size_t el_kv_row_bytes(const el_plan_header* h, int v) {
   if (bits == 4) {
     uint32_t b = 1;
     while (b < 32 && h->head_dim % (2 * b) == 0) b *= 2;
-    return elems / 2 + 2u * (elems / b);
+    return elems / 2 + (h->version >= 8 ? 4u : 2u) * (elems / b); /* (step, minimum) per block; one scale before 8 */
   }
   return elems * (bits / 8);
 }
