@@ -222,11 +222,10 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     _log(progress, f"compiling {spec.arch} ({spec.n_layers} layers, dim {spec.hidden_size}, vocab {spec.vocab_size}) "
                    f"for {tgt.name} with {scheme.name} -> {out}")
 
-    rope = {}
-    key_mean = {}
-    if KEY_MEAN.get(kv_dtype, False):   # a q4 K cache holds keys less their mean (quant/key_mean.py)
-        from ..quant.key_mean import CALIB_TOKENS, calibrated_key_means
+    from ..quant.key_mean import CALIB_TOKENS, applies, calibrated_key_means
 
+    rope, key_mean = {}, {}
+    if KEY_MEAN.get(kv_dtype, False) and applies(spec):   # a q4 K cache holds keys less their mean (key_mean.py)
         _log(progress, f"--kv-cache {kv_cache}: measuring each layer's mean key on {CALIB_TOKENS} tokens of "
                        f"{calib or 'the built-in sample'}")
         key_mean = calibrated_key_means(spec, lambda n: np.asarray(ck.get(n), np.float32), model_dir / "tokenizer.json",

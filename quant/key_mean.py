@@ -25,6 +25,12 @@ from ..models.rope import inv_freq
 from ..models.spec import ModelSpec
 
 
+def applies(spec: ModelSpec) -> bool:
+    """Whether softmax ignores the shift: not where scores are soft-capped first (Gemma 2: cap * tanh(s / cap) of
+    a shifted score is no shifted capped score)."""
+    return not spec.attn_softcap
+
+
 def key_mean_name(layer: int) -> str:
     """The package weight holding layer's mu, f32[n_kv_heads * head_dim]."""
     return f"layers.{layer}.kv_key_mean"
