@@ -185,7 +185,8 @@ def main(argv=None):
                     llama[c].append(llamacpp_decode(lbench, gguf_file(a.model), max(a.fills), c))
         ppl = {k: perplexity(rt, text, context=512, max_tokens=3000)["ppl"] for k, rt in rts.items()}
         base_rt = rts[a.kinds[0]]
-        kld = {k: kl_divergence(base_rt, rt, base_rt.text.encode(text)[:3000]) for k, rt in rts.items() if rt is not base_rt}
+        scored = base_rt.text.encode(text)[:3000]   # the perplexity's tokens, encoded once
+        kld = {k: kl_divergence(base_rt, rt, scored) for k, rt in rts.items() if rt is not base_rt}
         lppl = {}
         if a.llamacpp_ppl:   # the same 3,000 tokens as text, windows of 512 as above
             from real_checkpoints import gguf_file

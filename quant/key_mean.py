@@ -21,7 +21,7 @@ import numpy as np
 
 from ..models import family
 from ..models.numpy_backend import NumpyGraph
-from ..models.rope import inv_freq
+from ..models.rope import apply_rope, inv_freq
 from ..models.spec import ModelSpec
 
 
@@ -46,13 +46,6 @@ def _unit_rotation(spec: ModelSpec, layer: int, positions: np.ndarray, n_ctx: in
     return np.cos(ang), np.sin(ang)
 
 
-def _rotate(x: np.ndarray, c: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """x [T, H, D] rotated by (c, s) [T, D/2], HF's pairing (i, i + D/2)."""
-    h = x.shape[-1] // 2
-    c, s = c[:, None, :], s[:, None, :]
-    return np.concatenate([x[..., :h] * c - x[..., h:] * s, x[..., h:] * c + x[..., :h] * s], axis=-1)
-
-
 class _KeyTap(NumpyGraph):
     """The float graph, summing each layer's un-rotated keys past the sequence's first token."""
 
@@ -69,7 +62,7 @@ class _KeyTap(NumpyGraph):
         pos = self.pos + np.arange(T)
         keep = pos >= 1
         c, sn = _unit_rotation(s, layer, pos[keep], self.n_ctx)
-        pre = _rotate(np.asarray(k, np.float64).reshape(T, s.n_kv_heads, s.head_dim)[keep], c, -sn)
+        pre = apply_rope(np.asarray(k, np.float64).reshape(T, s.n_kv_heads, s.head_dim)[keep], c, -sn)
         self.sums[layer] = self.sums.get(layer, 0) + pre.sum(0)
         self.count[layer] = self.count.get(layer, 0) + int(keep.sum())
 
@@ -91,7 +84,7 @@ def key_means(spec: ModelSpec, weight: Callable[[str], np.ndarray], seqs: Sequen
     for layer in range(spec.n_layers):
         pre = sums[layer] / max(count.get(layer, 0), 1)                     # [H, D]
         c, s = _unit_rotation(spec, layer, positions, max_ctx)
-        mu = _rotate(pre[None], c.mean(0, keepdims=True), s.mean(0, keepdims=True))[0]
+        mu = apply_rope(pre[None], c.mean(0, keepdims=True), s.mean(0, keepdims=True))[0]
         out[key_mean_name(layer)] = np.ascontiguousarray(mu.reshape(-1), np.float32)
     return out
 
