@@ -269,6 +269,40 @@ def test_row_limited_linear_kernels_compute_only_their_rows():
             assert (np.concatenate(outs, 1)[n:] == 0).all(), (quant, n)
 
 
+@pytest.mark.parametrize("quant", ["q8", "q8g32", "q4g32", "q4m32", "q6", "t2"])
+def test_verify_shaped_row_limited_kernels_every_count(quant):
+    """The verify program's shape (8 rows, ROWS_ZERO) at every real-row count: the tiered kernels (a 2-, 4-, 6- or
+    8-token tile per range of counts: quant_common.token_tiles) give rows < n bitwise equal to the full kernel's, and
+    zeros past them; the tiers' loops are all turned into guards."""
+    import tvm
+
+    from edgellm.compiler.ops import host_cpu_info, make_kernel
+    from edgellm.compiler.ops.quant_common import token_tiles
+    from edgellm.compiler.ops.rows import ROWS_TIER, ROWS_ZERO
+
+    assert token_tiles("avx2", 8, 8, avx2_tt=8, tiered=True) == [(0, 2, 2), (2, 4, 4), (4, 6, 6), (6, 8, 8)]
+    assert token_tiles("avx2", 32, 8, avx2_tt=4, tiered=True) == [(0, 2, 2), (2, 32, 4)]
+    assert token_tiles("avx2", 8, 8, avx2_tt=8) == [(0, 8, 8)]
+    rng = np.random.default_rng(3)
+    T, N, K = 8, 40, 128
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    sc = get_scheme(quant)
+    parts = sc.quantize(rng.standard_normal((N, K)).astype(np.float32) * 0.05)
+    w = [tvm.runtime.tensor(np.ascontiguousarray(parts[p])) for p in sc.part_order]
+    op, params = sc.linear_kernel(T, N, K, False)
+    _, func = make_kernel(op, host_cpu_info(), **params, rows=ROWS_ZERO)
+    assert ROWS_TIER not in str(func.script())
+    full = np.zeros((T, N), np.float32)
+    _run(op, params, [x, *w], full)
+    for n in range(1, T + 1):
+        got = np.full((T, N), 7.0, np.float32)
+        cnt = np.zeros((1, 16), np.int32)
+        cnt[0, 0] = n
+        _run(op, {**params, "rows": ROWS_ZERO}, [x, *w], got, cnt)
+        assert np.array_equal(got[:n], full[:n]), (quant, n)
+        assert (got[n:] == 0).all(), (quant, n)
+
+
 def _run_outs(op, params, ins, outs, *extra):
     import tvm
 

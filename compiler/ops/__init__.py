@@ -278,13 +278,13 @@ def _name(op: str, p: dict) -> str:
                                      or name == "rows" and not p[name])])
 
 
-def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
+def _build(op: str, cpu: CpuInfo, p: dict, fast: bool, tiered: bool = False):
     if p.get("rows") and op != "attention":
         from .rows import ROWS_ZERO, limit_rows
 
         # float GEMMs: only token blocks (their `t` loop transposes x into zero-padded tiles; skipping rows would leave
         # stale floats in lanes that the last block still multiplies)
-        return limit_rows(_build(op, cpu, {**p, "rows": 0}, fast), p["T"], guard_tokens=op != "linear",
+        return limit_rows(_build(op, cpu, {**p, "rows": 0}, fast, tiered=True), p["T"], guard_tokens=op != "linear",
                           zero_rest=p["rows"] == ROWS_ZERO)
     if op == "linear":
         if fast:
@@ -299,7 +299,8 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool):
         if traits.kind == "embed":
             return _ew.embed_packed(simple_cpu, traits, p["T"], p["V"], p["D"], p.get("G"))
         if fast:
-            return _linear_quant.make(traits, cpu, p["T"], p["N"], p["K"], G=p.get("G"), bias=p["bias"], segs=p["segs"])
+            return _linear_quant.make(traits, cpu, p["T"], p["N"], p["K"], G=p.get("G"), bias=p["bias"], segs=p["segs"],
+                                      tiered=tiered)
         return _linear_quant.make_naive(traits, p["T"], p["N"], p["K"], G=p.get("G"), bias=p["bias"], segs=p["segs"])
     if op == "embed":
         return _ew.embed(simple_cpu, p["T"], p["V"], p["D"], p["wdtype"])

@@ -40,9 +40,12 @@ T == 1 (decode GEMV, memory bound): parallel over panels; each 64-byte chunk loa
   4 (t2: one per bit pair) independent int accumulators per panel, so on VNNI the codes are only masked in
   place (v & 0xF0 = 16 * code) and each accumulator is shifted back exactly once per block (q4) or per row
   (t2): one `and` + one vpdpbusd per 64 bytes of weights (t2 needs K <= 65536 for that; larger K shifts).
-T > 1 (prefill GEMM): inside a panel, Tt tokens at a time (AVX-512: 8): a weight chunk is loaded and unpacked
-once and feeds Tt dot products (register block of Tt int32 + Tt f32 accumulators); ragged token blocks clamp
-their rows and guard the stores. Up to STREAM_TOKENS tokens (speculation's verify pass, prompt tails) the weights
+T > 1 (prefill GEMM): inside a panel, Tt tokens at a time (AVX-512: 8; AVX2: 8 for q4 and group-scaled q8, 4 for
+row-scaled q8 up to 8 tokens, else 2; NEON: 4): a weight chunk is loaded and unpacked once and feeds Tt dot
+products (register block of Tt int32 + Tt f32 accumulators); ragged token blocks clamp their rows and guard the
+stores. Row-limited variants (speculation's verify pass, rows.py) hold one panel code per range of real rows, in
+tiles of 2, 4, 6 and then Tt tokens (quant_common.token_tiles), so a pass of 2 tokens in an 8-token program
+computes 2 rows, not a tile of 8. Up to STREAM_TOKENS tokens (speculation's verify pass, prompt tails) the weights
 still stream from DRAM once per call, so those kernels prefetch as decode does (the 1B q8 verify pass: 1.9 -> 1.55
 decode steps for 8 tokens); what is left is compute: 8 tokens are 8 vpdpbusd per 64 weight bytes, about what
 32 GB/s delivers, so their cost can overlap the stream but not vanish.
@@ -72,22 +75,23 @@ from .segments import split_output
 # The kernel makers by family: a scheme names its ops and their traits (quant/: Scheme.kernel_ops, KernelTraits),
 # the traits name the family whose kernels read that layout; each family's kernels live in their own module
 # (linear_block.py: the q8/q4 chunk layouts and q6, linear_t2.py: t2, linear_naive.py: the reference TIR of all).
-# A new layout: its module and its row here. maker(cpu, traits, T, N, K, G, bias, n_scales) -> prim_func
+# A new layout: its module and its row here. maker(cpu, traits, T, N, K, G, bias, n_scales, tiered) -> prim_func
+# (tiered: the row-limited variant, which may hold one panel code per range of real rows: rows.py ROWS_TIER)
 FAMILIES = {
-    "block": lambda cpu, tr, T_, N, K, G, bias, ns: block_kernel(cpu, tr, T_, N, K, tr.group_of(G), bias),
-    "q6": lambda cpu, tr, T_, N, K, G, bias, ns: q6_kernel(cpu, T_, N, K, bias),
-    "t2": lambda cpu, tr, T_, N, K, G, bias, ns: t2_kernel(cpu, T_, N, K, bias, ns),
-    "t2_lut": lambda cpu, tr, T_, N, K, G, bias, ns: t2_lut_kernel(cpu, T_, N, K, bias, ns),
+    "block": lambda cpu, tr, T_, N, K, G, bias, ns, tiered: block_kernel(cpu, tr, T_, N, K, tr.group_of(G), bias, tiered),
+    "q6": lambda cpu, tr, T_, N, K, G, bias, ns, tiered: q6_kernel(cpu, T_, N, K, bias),
+    "t2": lambda cpu, tr, T_, N, K, G, bias, ns, tiered: t2_kernel(cpu, T_, N, K, bias, ns),
+    "t2_lut": lambda cpu, tr, T_, N, K, G, bias, ns, tiered: t2_lut_kernel(cpu, T_, N, K, bias, ns),
 }
 
 
-def make(traits, cpu, T_: int, N: int, K: int, G: int | None = None, bias: bool = False, segs=()):
+def make(traits, cpu, T_: int, N: int, K: int, G: int | None = None, bias: bool = False, segs=(), tiered=False):
     """traits: the op's KernelTraits. segs (row counts summing to N): the packed W stacks several matrices (q/k/v,
     gate/up) and each one's rows go to its own output, out_s f32[T, N_s] (the last args, in order); a per-matrix
-    scale (t2) is then f32[nseg], one per matrix. () keeps the single output."""
+    scale (t2) is then f32[nseg], one per matrix. () keeps the single output. tiered: for limit_rows (rows.py)."""
     if traits.family not in FAMILIES:
         raise ValueError(f"no CPU kernels for the {traits.family!r} family")
-    func = FAMILIES[traits.family](cpu, traits, T_, N, K, G, bias, max(1, len(segs)))
+    func = FAMILIES[traits.family](cpu, traits, T_, N, K, G, bias, max(1, len(segs)), tiered)
     if not segs:
         return func
     return split_output(func, segs, seg_param=2 if traits.scale == "matrix" else None)

@@ -270,12 +270,26 @@ def stream_prefetch(cpu, T_: int) -> int:
     return cpu.prefetch_bytes if T_ <= STREAM_TOKENS else 0
 
 
-def _tt(path, T_, vnni_tt, mm=False):
+def _tt(path, T_, vnni_tt, mm=False, avx2_tt=2):
     """Tokens per register block of the prefill GEMM (AVX-512 and NEON have 32 vector registers; SMMLA works on
-    token pairs, a ragged last pair repeats the last token)."""
+    token pairs, a ragged last pair repeats the last token; AVX2: avx2_tt, the kernel family's measured best)."""
     if mm:
         return 4 if T_ >= 3 else 2
-    return 1 if T_ == 1 else min(T_, vnni_tt if path == "vnni" else 4 if path == "sdot" else 2)
+    return 1 if T_ == 1 else min(T_, vnni_tt if path == "vnni" else 4 if path == "sdot" else avx2_tt)
+
+
+def token_tiles(path, T_, vnni_tt, mm=False, avx2_tt=2, tiered=False):
+    """[(lo, hi, Tt)]: a panel whose real rows number n (lo < n <= hi) runs in token tiles of Tt. One tile unless
+    `tiered` (a row-limited variant, rows.py): a verify pass of 2 tokens in an 8-token program then runs a 2-token
+    tile instead of 8 rows' work (the tb guard alone cannot skip rows inside one tile), 3-4 tokens a 4-token tile."""
+    Tt = _tt(path, T_, vnni_tt, mm, avx2_tt)
+    if not tiered or Tt <= 2:
+        return [(0, T_, Tt)]
+    sizes = [t for t in TIER_TILES if t < Tt]
+    return [(lo, t, t) for lo, t in zip([0] + sizes, sizes)] + [(sizes[-1], T_, Tt)]
+
+
+TIER_TILES = (2, 4, 6)   # the smaller token tiles of a tiered kernel (passes of up to 2, 4, 6 real rows)
 
 
 def _use_mmla(cpu, path, T_) -> bool:

@@ -18,6 +18,9 @@ from tvm import tirx
 
 CNT_SHAPE = (1, 16)   # one 64-byte row per routed slot (compiler/moe.py); the verify program's: contract.ROWS_BYTES
 ROWS_OFF, ROWS_LIMIT, ROWS_ZERO = 0, 1, 2   # the `rows` kernel param
+# a loop with this annotation [lo, hi] (extent 1) runs only when lo < n <= hi: a kernel's alternative token tilings of
+# a panel, one per range of real rows (quant_common.token_tiles); in an unlimited kernel there is only one
+ROWS_TIER = "edgellm_rows_tier"
 
 
 def limit_rows(func, T_: int, guard_tokens: bool = True, zero_rest: bool = False):
@@ -35,6 +38,13 @@ def limit_rows(func, T_: int, guard_tokens: bool = True, zero_rest: bool = False
             return node
         ext = int(ext.value)
         v = node.loop_var
+        tier = node.annotations.get(ROWS_TIER) if node.annotations else None
+        if tier is not None:
+            lo, hi = (int(b) for b in tier)
+            nn = tirx.Cast(v.ty.dtype, n)
+            cond = tirx.And(tirx.const(lo, v.ty.dtype) < nn, nn <= tirx.const(hi, v.ty.dtype))
+            return tirx.For(v, node.min, node.extent, node.kind, tirx.IfThenElse(cond, node.body, None),
+                            node.thread_binding, {k: a for k, a in node.annotations.items() if k != ROWS_TIER})
         if name == "tb":
             seen_tb.append(ext)
         if name == "tb" and ext > 1:
