@@ -65,6 +65,12 @@ def test_tune_cache_round_trip_and_other_cpu_ignored(tmp_path):
     c.path.write_text(json.dumps(data))
     other = TuneCache(ident, tmp_path)
     assert other.entries == {} and other.ignored == "measured on another CPU"
+    # measured with other kernels (an upgrade changed a kernel's source): ignored too, so the next compile re-measures
+    data["cpu"] = ident
+    data["kernels"] = "0" * 16
+    c.path.write_text(json.dumps(data))
+    stale = TuneCache(ident, tmp_path)
+    assert stale.entries == {} and stale.ignored == "measured with other kernels"
     c.path.write_text("{not json")
     assert TuneCache(ident, tmp_path).ignored.startswith("unreadable")
     # another CPU model gets its own file

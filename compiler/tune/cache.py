@@ -4,7 +4,9 @@ under <cache dir>/tune/. A later compile on the same CPU reads its knobs from he
 An entry holds the timings of one kernel shape under every variant measured together in one interleaved run
 (`variants` -> seconds): only timings taken side by side are compared, so a request for variants an entry lacks
 (a `full` tune after a `quick` one) measures the whole set again and replaces the entry. A file whose recorded
-identity differs from this CPU's (copied from another machine, or a hash collision) is ignored, never used."""
+identity differs from this CPU's (copied from another machine, or a hash collision) is ignored, never used; so is
+one measured with other kernels (the kernels' source digest differs: an upgrade that changed a kernel's schedule
+would otherwise keep choices timed on the old code, e.g. a prefill chunk picked for another token tile)."""
 from __future__ import annotations
 
 import json
@@ -16,6 +18,17 @@ from ...targets.cpu_id import cpu_identity, cpu_key
 from ..cache_dir import cache_root
 
 FORMAT = 1
+
+
+def kernels_stamp() -> str:
+    """A digest of the kernel sources (compiler/ops and the packed layouts they read): what the timings measured."""
+    import hashlib
+
+    here = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted((here / "ops").glob("*.py")) + [here.parent / "quant" / "packing.py"]:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def tune_dir() -> Path:
@@ -42,6 +55,8 @@ class TuneCache:
             self.ignored = "another format"
         elif data.get("cpu") != self.ident:
             self.ignored = "measured on another CPU"
+        elif data.get("kernels") != kernels_stamp():
+            self.ignored = "measured with other kernels"
         elif isinstance(data.get("entries"), dict):
             self.entries = {k: v for k, v in data["entries"].items() if isinstance(v, dict)}
 
@@ -62,7 +77,7 @@ class TuneCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".tune-", dir=self.path.parent)
             with os.fdopen(fd, "w") as fh:
-                json.dump({"format": FORMAT, "cpu": self.ident, "entries": self.entries}, fh, indent=1, sort_keys=True)
+                json.dump({"format": FORMAT, "cpu": self.ident, "kernels": kernels_stamp(), "entries": self.entries}, fh, indent=1, sort_keys=True)
             os.replace(tmp, self.path)
         except OSError:
             try:
