@@ -282,6 +282,7 @@ def test_verify_shaped_row_limited_kernels_every_count(quant):
 
     assert token_tiles("avx2", 8, 8, avx2_tt=8, tiered=True) == [(0, 2, 2), (2, 4, 4), (4, 6, 6), (6, 8, 8)]
     assert token_tiles("avx2", 32, 8, avx2_tt=4, tiered=True) == [(0, 2, 2), (2, 32, 4)]
+    assert token_tiles("avx2", 4, 8, avx2_tt=8, tiered=True) == [(0, 2, 2), (2, 4, 4)]
     assert token_tiles("avx2", 8, 8, avx2_tt=8) == [(0, 8, 8)]
     rng = np.random.default_rng(3)
     T, N, K = 8, 40, 128

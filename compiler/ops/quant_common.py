@@ -281,15 +281,20 @@ def _tt(path, T_, vnni_tt, mm=False, avx2_tt=2):
 def token_tiles(path, T_, vnni_tt, mm=False, avx2_tt=2, tiered=False):
     """[(lo, hi, Tt)]: a panel whose real rows number n (lo < n <= hi) runs in token tiles of Tt. One tile unless
     `tiered` (a row-limited variant, rows.py): a verify pass of 2 tokens in an 8-token program then runs a 2-token
-    tile instead of 8 rows' work (the tb guard alone cannot skip rows inside one tile), 3-4 tokens a 4-token tile."""
+    tile instead of 8 rows' work (the tb guard alone cannot skip rows inside one tile), 3-4 tokens a 4-token tile,
+    5-6 a 6-token tile, as far as these are smaller than the family's own tile Tt; more rows run in blocks of Tt,
+    each only where it holds a real row."""
     Tt = _tt(path, T_, vnni_tt, mm, avx2_tt)
-    if not tiered or Tt <= 2:
-        return [(0, T_, Tt)]
     sizes = [t for t in TIER_TILES if t < Tt]
+    if not tiered or not sizes:
+        return [(0, T_, Tt)]
     return [(lo, t, t) for lo, t in zip([0] + sizes, sizes)] + [(sizes[-1], T_, Tt)]
 
 
-TIER_TILES = (2, 4, 6)   # the smaller token tiles of a tiered kernel (passes of up to 2, 4, 6 real rows)
+# the smaller token tiles of a tiered kernel (passes of up to 2, 4, 6 real rows). Not above the family's tile: a
+# 6-token tile in row-scaled q8's kernel (tile 4) made its other tiles 1.3-1.5x slower (more of LLVM's hoisted
+# values live across all of them), though it ran 6 rows faster than two 4-token blocks
+TIER_TILES = (2, 4, 6)
 
 
 def _use_mmla(cpu, path, T_) -> bool:
