@@ -77,7 +77,8 @@ class TuneCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".tune-", dir=self.path.parent)
             with os.fdopen(fd, "w") as fh:
-                json.dump({"format": FORMAT, "cpu": self.ident, "kernels": kernels_stamp(), "entries": self.entries}, fh, indent=1, sort_keys=True)
+                data = {"format": FORMAT, "cpu": self.ident, "kernels": kernels_stamp(), "entries": self.entries}
+                json.dump(data, fh, indent=1, sort_keys=True)
             os.replace(tmp, self.path)
         except OSError:
             try:
