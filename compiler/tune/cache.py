@@ -9,6 +9,7 @@ one measured with other kernels (the kernels' source digest differs: an upgrade 
 would otherwise keep choices timed on the old code, e.g. a prefill chunk picked for another token tile)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -20,8 +21,10 @@ from ..cache_dir import cache_root
 FORMAT = 1
 
 
+@functools.lru_cache(maxsize=1)
 def kernels_stamp() -> str:
-    """A digest of the kernel sources (compiler/ops and the packed layouts they read): what the timings measured."""
+    """A digest of the kernel sources (compiler/ops and the packed layouts they read): what the timings measured.
+    Read once per process (a compile loads and saves the cache; the sources do not change under it)."""
     import hashlib
 
     here = Path(__file__).resolve().parents[1]
