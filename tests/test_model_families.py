@@ -1,7 +1,8 @@
 """The families beyond Llama/Qwen/Gemma 3 (Gemma 2, OLMo 2, SmolLM3, Granite, Phi-3/3.5/4-mini): the numpy model against
 transformers (logits within 1e-4, 32 greedy tokens identical), their compiled packages against the numpy model of
-their weights, and the config corners each brings (NoPE layers, multipliers, fused projections, partial rotary,
-LongRoPE's short and long factors, soft-capping)."""
+their weights (and their verify passes' token trees against decode steps, speculative decoding against plain), and
+the config corners each brings (NoPE layers, multipliers, fused projections, partial rotary, LongRoPE's short and long
+factors, soft-capping)."""
 import json
 
 import numpy as np
@@ -95,13 +96,44 @@ PACKAGES = [("gemma2", "f32"), ("gemma2", "q4g32"), ("olmo2", "f32"), ("olmo2", 
 def test_package_matches_numpy(name, quant, ckpts, tmp_path):
     spec, ck, _ = load_checkpoint(str(ckpts[name]))
     pkg = edgellm.compile(str(ckpts[name]), quant=quant, out=tmp_path / "p", max_context=96, prefill_chunk=8,
-                          progress=False)
+                          progress=False, verify_tokens=8)
     spec = resolve_longrope(spec, 96)
     ref = (NumpyModel(spec, ck.get) if quant == "f32" else
            QuantizedModel(spec, ck.get, get_scheme(quant), get_scheme("q8")))
     with edgellm.Runtime.load(pkg, threads=2) as rt:
         assert relerr(rt.logits(PROMPT), ref.logits(PROMPT)) < (1e-4 if quant == "f32" else 2e-3)
-        assert rt.generate(PROMPT, max_new_tokens=32, ignore_eos=True).token_ids == ref.greedy(PROMPT, 32)
+        greedy = rt.generate(PROMPT, max_new_tokens=32, ignore_eos=True).token_ids
+        assert greedy == ref.greedy(PROMPT, 32)
+        check_verify_tree(rt, quant)
+        # speculative decoding on the family's own corners (soft-capping, NoPE layers, post-norms, partial rotary)
+        for mode in ("ngram", "recycle", "auto"):
+            got = rt.generate(PROMPT, max_new_tokens=32, ignore_eos=True, temperature=0, speculate=mode).token_ids
+            assert got == greedy, mode
+
+
+TREE = [-1, 0, 0, 1, 1, 2, 3, 6]   # a verify pass's token tree: node i follows node TREE[i]
+
+
+def check_verify_tree(rt, quant):
+    """Each node of a verify pass's tree has the logits of decoding its path (bitwise on the integer schemes, whose
+    GEMMs sum each token alike at every token count; f32's sum in another order)."""
+    ctx, drafts = rt.context, [7, 64, 128, 3, 11, 300, 9, 12]
+    ctx.rewind(0)
+    ctx.prefill(PROMPT)
+    rows = ctx.verify(drafts, parents=TREE)
+    for i in range(len(drafts)):
+        path, j = [], i
+        while j >= 0:
+            path, j = [drafts[j], *path], TREE[j]
+        ctx.rewind(0)
+        ctx.prefill(PROMPT)
+        for t in path:
+            want = ctx.decode_step(t)
+        if quant == "f32":
+            assert relerr(rows[i], want) < 1e-5, i
+        else:
+            assert np.array_equal(rows[i], want), i
+    ctx.rewind(0)
 
 
 def test_longrope_factors_follow_the_package_context(ckpts, tmp_path):
