@@ -51,12 +51,20 @@ def _f32():
     return get_scheme("f32")
 
 
+def router_kernel(f32, T: int, E: int, D: int, bias: bool):
+    """The router's f32 GEMM: at T > 1 each token through decode's GEMV code, so that a verify pass (and prefill)
+    routes each token on logits bitwise those of its decode step: a near-tie of two experts' logits then cannot pick
+    another expert in the pass than decoding would."""
+    op, params = f32.linear_kernel(T, E, D, bias)
+    return op, {**params, "rowwise": T > 1}
+
+
 def lower_route(low, n, T: int, act) -> list:
     name, tb = n.weights[0], n.params["table"]
     E, D = low._raw_shape(name)
     f32 = _f32()
     rargs = low._parts(name, f32, lambda: f32.quantize(np.asarray(low._raw(name), np.float32)))
-    op, params = f32.linear_kernel(T, E, D, False)
+    op, params = router_kernel(f32, T, E, D, False)
     base = act(n.out).offset
     views = [Arg(ARG_ARENA, 0, "int32", (tb.S,), 0, base), Arg(ARG_ARENA, 0, "int32", (tb.S, CNT), 0, base + tb.cnt_at),
              Arg(ARG_ARENA, 0, "int32", (tb.S, tb.TP), 0, base + tb.tok_at),
@@ -80,7 +88,7 @@ def lower_predict(low, n, T: int, act) -> list:
     f32 = _f32()
     rargs = low._parts(mat, f32, lambda: f32.quantize(np.asarray(low._raw(mat), np.float32)))
     bias = [low._weight(bias_name(layer))] if fitted else []
-    op, params = f32.linear_kernel(T, E, D, fitted)
+    op, params = router_kernel(f32, T, E, D, fitted)
     h, logits, base = act(n.temps["h"]), act(n.temps["logits"]), act(n.temps["table"]).offset
     views = [Arg(ARG_ARENA, 0, "int32", (tb.S,), 0, base), Arg(ARG_ARENA, 0, "int32", (tb.S, CNT), 0, base + tb.cnt_at),
              Arg(ARG_ARENA, 0, "int32", (tb.S, tb.TP), 0, base + tb.tok_at),

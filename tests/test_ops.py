@@ -359,6 +359,22 @@ def test_compile_time():
         assert time.perf_counter() - t0 < 2.0, name
 
 
+@pytest.mark.parametrize("N,K,bias", [(8, 64, False), (60, 2048, False), (64, 200, True)])
+def test_rowwise_linear_is_the_decode_gemv_per_token(N, K, bias):
+    """The MoE router's GEMM at T > 1 (rowwise): each token's outputs bitwise the T = 1 GEMV's, so a verify pass
+    routes a draft to the experts its decode step would pick; the plain GEMM sums in another order (K = 2048 and
+    its parallel row blocks included)."""
+    r = rng(5)
+    x, W, b = randn(r, (8, K)), randn(r, (N, K)), randn(r, (N,))
+    args = [x, W, b] if bias else [x, W]
+    got = run("linear", args, (8, N), T=8, N=N, K=K, bias=bias, rowwise=True)
+    for t in range(8):
+        one = run("linear", [x[t:t + 1], *args[1:]], (1, N), T=1, N=N, K=K, bias=bias)
+        assert np.array_equal(got[t], one[0]), t
+    check(got, ops.reference("linear", args, bias=bias))
+    assert build("linear", T=8, N=N, K=K, bias=bias, rowwise=True)[0].endswith("_rowwise1")
+
+
 def test_attention_kv_length_is_symbolic_int64():
     _, func = ops.make_kernel("attention", CPU, T=4, NH=4, KVH=2, D=8)
     S = func.params[1].ty.shape[0]

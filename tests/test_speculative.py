@@ -267,6 +267,21 @@ def test_moe(tmp_path):
         for mode in ("ngram", "recycle"):   # a tree's pass runs the union of its rows' experts
             got, s = run(rt, p, mode, temperature=0)
             assert got.token_ids == plain.token_ids and s["spec_passes"] > 0, mode
+        # each node's row bitwise its decode path's: the router's f32 GEMM too (a rowwise kernel in the pass), so a
+        # near-tie between two experts cannot route a draft elsewhere than its decode step
+        ctx, drafts, parents = rt.context, p[24:32], [-1, 0, 0, 1, 1, 2, 3, 6]
+        ctx.rewind(0)
+        ctx.prefill(p[:24])
+        rows = ctx.verify(drafts, parents=parents)
+        for i in range(8):
+            path, j = [], i
+            while j >= 0:
+                path, j = [drafts[j], *path], parents[j]
+            ctx.rewind(0)
+            ctx.prefill(p[:24])
+            for t in path:
+                want = ctx.decode_step(t)
+            assert np.array_equal(rows[i], want), i
 
 
 def test_front_ends_agree(demo_q8):

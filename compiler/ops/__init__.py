@@ -141,13 +141,14 @@ ZERO_OFF = {("attention", "W"), ("attention", "cap")}
 # dtype params left out of the kernel name at their default (float32), likewise
 DEFAULT_OFF = {("attention", "kv"), ("copy", "dtype")}
 # bool params left out of the kernel name when off (so the names of kernels from before them do not change)
-NAMED_WHEN_ON = {("rope", "P"), ("attention", "M"), ("attention", "rows"), ("kv_q4", "mean")}
+NAMED_WHEN_ON = {("rope", "P"), ("attention", "M"), ("attention", "rows"), ("kv_q4", "mean"), ("linear", "rowwise")}
 OPS = {
     "embed": [("T", "t", int, REQUIRED), ("V", "v", int, REQUIRED), ("D", "d", int, REQUIRED),
               ("wdtype", "", str, "float32")],
     "rmsnorm": [("R", "r", int, REQUIRED), ("D", "d", int, REQUIRED), ("eps", "eps", float, REQUIRED)],
+    # rowwise: each token through the decode GEMV's code (MoE routers: a verify pass picks decode's experts)
     "linear": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-               ("wdtype", "", str, "float32"), ("bias", "b", bool, False), SEGS, ROWS],
+               ("wdtype", "", str, "float32"), ("bias", "b", bool, False), SEGS, ROWS, ("rowwise", "rowwise", bool, False)],
     # P / M: a token tree (the verify program of speculative decoding; an extra int32 tree[2, T] argument)
     "rope": [("T", "t", int, REQUIRED), ("H", "h", int, REQUIRED), ("D", "d", int, REQUIRED),
              ("P", "tree", bool, False)],
@@ -288,7 +289,7 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool, tiered: bool = False):
                           zero_rest=p["rows"] == ROWS_ZERO)
     if op == "linear":
         if fast:
-            return _linear.make(cpu, p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
+            return _linear.make(cpu, p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"], p["rowwise"])
         return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
     if op == "attention":
         return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast, W=p["W"], cap=p["cap"],

@@ -44,11 +44,13 @@ def _store_out(bias: bool):
     return store
 
 
-def gemv(cpu, N: int, K: int, wdtype: str, bias: bool, R: int | None = None):
+def gemv(cpu, N: int, K: int, wdtype: str, bias: bool, R: int | None = None, T_: int = 1):
     """R: weight rows per task, computed together so that each activation vector load serves R rows (default:
     cpu.gemv_rows_for). The down projection's activation row (22 KiB at K=5632) shares L1 with the weight stream;
     one row at a time re-read it from L2 per row and streamed at 18 GB/s where the other GEMVs made 31 (1B f16,
-    Zen 4). Every row keeps its own accumulators, reduced in the same order, so R never changes a result."""
+    Zen 4). Every row keeps its own accumulators, reduced in the same order, so R never changes a result.
+    T_ > 1 (`rowwise`): each token in turn through the same code, so its outputs are bitwise the decode GEMV's
+    (MoE routers in a verify pass: the experts a draft picks must be the ones its decode step would pick)."""
     VL = cpu.vector_lanes
     R = max(1, min(R or cpu.gemv_rows_for(wdtype, K), N))
     U = max(1, min(4 if VL >= 8 else 8, K // VL))  # independent FMA chains (NEON: more, narrower)
@@ -69,44 +71,45 @@ def gemv(cpu, N: int, K: int, wdtype: str, bias: bool, R: int | None = None):
     @T.prim_func
     def linear(x: T.handle, w: T.handle, b: T.handle, o: T.handle):
         T.func_attr({"tirx.noalias": True})
-        X = T.match_buffer(x, (1, K), F32)
+        X = T.match_buffer(x, (T_, K), F32)
         W = T.match_buffer(w, (N, K), wdtype)
         Bs = T.match_buffer(b, B_shape, F32)
-        O = T.match_buffer(o, (1, N), F32, align=VIEW_ALIGN)
+        O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
         Wf = T.decl_buffer((N * K,), wdtype, data=W.data)
         for nb in outer(NB):
             acc = T.alloc_buffer((R * LA,), F32, scope="global", annotations=STACK)
             st = T.alloc_buffer((R,), F32, scope="global", annotations=STACK)
-            for r in T.unroll(R):
-                st[r] = T.float32(0)
-            if Km > 0:
-                for l in T.vectorized(R * L):
-                    acc[l] = T.float32(0)
-                for ko in range(Km // L):
-                    if NPF > 0:
-                        for r in T.unroll(R):
-                            for pi in T.unroll(NPF):
-                                prefetch(Wf, T.min(row(nb, r) * K + ko * L + pf + pi * (64 // PB), N * K - 1))
-                    for r in T.unroll(R):
-                        for u in T.unroll(U):
-                            for l in T.vectorized(VL):
-                                acc[r * LA + u * VL + l] = acc[r * LA + u * VL + l] + X[0, ko * L + u * VL + l] * _w(
-                                    W[row(nb, r), ko * L + u * VL + l], wdtype)
+            for t in range(T_):
                 for r in T.unroll(R):
-                    if U > 1:
-                        for u in T.unroll(U - 1):
-                            for l in T.vectorized(VL):
-                                acc[r * LA + l] = acc[r * LA + l] + acc[r * LA + (u + 1) * VL + l]
-                    st[r] = hsum(acc, VL, r * LA)
-            for r in T.unroll(R):
-                if Km < K:
-                    for k in range(Km, K):
-                        st[r] = st[r] + X[0, k] * _w(W[row(nb, r), k], wdtype)
-                if nb * R + r < N:
-                    if bias:
-                        O[0, nb * R + r] = st[r] + Bs[nb * R + r]
-                    else:
-                        O[0, nb * R + r] = st[r]
+                    st[r] = T.float32(0)
+                if Km > 0:
+                    for l in T.vectorized(R * L):
+                        acc[l] = T.float32(0)
+                    for ko in range(Km // L):
+                        if NPF > 0:
+                            for r in T.unroll(R):
+                                for pi in T.unroll(NPF):
+                                    prefetch(Wf, T.min(row(nb, r) * K + ko * L + pf + pi * (64 // PB), N * K - 1))
+                        for r in T.unroll(R):
+                            for u in T.unroll(U):
+                                for l in T.vectorized(VL):
+                                    acc[r * LA + u * VL + l] = acc[r * LA + u * VL + l] + X[t, ko * L + u * VL + l] * _w(
+                                        W[row(nb, r), ko * L + u * VL + l], wdtype)
+                    for r in T.unroll(R):
+                        if U > 1:
+                            for u in T.unroll(U - 1):
+                                for l in T.vectorized(VL):
+                                    acc[r * LA + l] = acc[r * LA + l] + acc[r * LA + (u + 1) * VL + l]
+                        st[r] = hsum(acc, VL, r * LA)
+                for r in T.unroll(R):
+                    if Km < K:
+                        for k in range(Km, K):
+                            st[r] = st[r] + X[t, k] * _w(W[row(nb, r), k], wdtype)
+                    if nb * R + r < N:
+                        if bias:
+                            O[t, nb * R + r] = st[r] + Bs[nb * R + r]
+                        else:
+                            O[t, nb * R + r] = st[r]
 
     return _drop_bias(linear, bias)
 
@@ -327,11 +330,12 @@ def _rows(y, T_: int, n: int, off: int, name: str):
     return te.compute((T_, n), lambda t, r: y[t, r + off], name=name)
 
 
-def make(cpu, T: int, N: int, K: int, wdtype: str = "float32", bias: bool = False, segs=()):
+def make(cpu, T: int, N: int, K: int, wdtype: str = "float32", bias: bool = False, segs=(), rowwise: bool = False):
     """segs (row counts summing to N): W stacks several matrices (q/k/v, gate/up) and each one's rows go to its
-    own output, out_s f32[T, N_s] (the last args, in order); () keeps the single output."""
-    if T == 1:
-        func = gemv(cpu, N, K, wdtype, bias)
+    own output, out_s f32[T, N_s] (the last args, in order); () keeps the single output. rowwise: every token
+    through the decode GEMV (gemv's T_), bitwise the outputs decode gives."""
+    if T == 1 or rowwise:
+        func = gemv(cpu, N, K, wdtype, bias, T_=T)
     elif use_outer(cpu, T):
         func = gemm_outer(cpu, T, N, K, wdtype, bias, cpu.blocking_for(T))
     else:
