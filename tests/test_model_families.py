@@ -17,6 +17,7 @@ from edgellm.models.rope import resolve_longrope
 from edgellm.models.synthetic import make_checkpoint, make_config
 from edgellm.quant import get_scheme
 from edgellm.quant.reference_model import QuantizedModel
+from verify_tree import decoded_rows
 
 PROMPT = [5, 17, 33, 2, 99, 250, 7, 64, 128, 3, 11, 300]
 SHORT = [1.0, 1.1, 1.3, 1.6, 2.0, 2.5]
@@ -121,14 +122,7 @@ def check_verify_tree(rt, quant):
     ctx.rewind(0)
     ctx.prefill(PROMPT)
     rows = ctx.verify(drafts, parents=TREE)
-    for i in range(len(drafts)):
-        path, j = [], i
-        while j >= 0:
-            path, j = [drafts[j], *path], TREE[j]
-        ctx.rewind(0)
-        ctx.prefill(PROMPT)
-        for t in path:
-            want = ctx.decode_step(t)
+    for i, want in enumerate(decoded_rows(ctx, len(PROMPT), drafts, TREE)):
         if quant == "f32":
             assert relerr(rows[i], want) < 1e-5, i
         else:

@@ -13,6 +13,7 @@ import pytest
 import edgellm
 from edgellm.errors import EdgeLLMError
 from edgellm.runtime.python.api import Runtime
+from verify_tree import decoded_rows
 
 SCHEMES = ("f32", "f16", "q8", "q4g32", "t2")
 
@@ -177,17 +178,6 @@ def test_a_row_count_without_a_tree_is_refused(packages, tmp_path):
         Runtime.load(pkg)
 
 
-def tree_paths(parents):
-    """Each node's path from the root (node 0), as node indices."""
-    out = []
-    for i in range(len(parents)):
-        path = [i]
-        while parents[path[-1]] >= 0:
-            path.append(parents[path[-1]])
-        out.append(path[::-1])
-    return out
-
-
 @pytest.mark.parametrize("scheme", ("f32", "q8"))
 def test_token_tree_rows_and_the_path_taken(packages, scheme):
     """A pass over a token tree (el_verify_tree): each node's row equals decoding its path from the root; taking a
@@ -201,11 +191,7 @@ def test_token_tree_rows_and_the_path_taken(packages, scheme):
         ids = p[40:48]
         ctx.prefill(p[:40])
         rows = ctx.verify(ids, parents)
-        for node, path in enumerate(tree_paths(parents)):
-            ctx.rewind(40)
-            for i in path[:-1]:
-                ctx.decode_step(ids[i])
-            want = ctx.decode_step(ids[path[-1]])
+        for node, want in enumerate(decoded_rows(ctx, 40, ids, parents)):
             assert np.abs(rows[node] - want).max() <= tol * np.abs(want).max(), node
         ctx.rewind(40)
         ctx.verify(ids, parents)
@@ -273,14 +259,7 @@ def test_moe(tmp_path):
         ctx.rewind(0)
         ctx.prefill(p[:24])
         rows = ctx.verify(drafts, parents=parents)
-        for i in range(8):
-            path, j = [], i
-            while j >= 0:
-                path, j = [drafts[j], *path], parents[j]
-            ctx.rewind(0)
-            ctx.prefill(p[:24])
-            for t in path:
-                want = ctx.decode_step(t)
+        for i, want in enumerate(decoded_rows(ctx, 24, drafts, parents)):
             assert np.array_equal(rows[i], want), i
 
 
