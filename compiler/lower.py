@@ -25,6 +25,7 @@ from ..runtime.contract import FLAG_PREFIX as PREFIX
 from ..runtime.contract import TENSOR_ALIGN as ALIGN
 from ..quant.key_mean import key_mean_name
 from .kv_layout import KEY_MEAN, QUANTIZED_KV, kv_row_bytes
+from .ops.attention import split_for
 from .ops.rows import CNT_SHAPE, ROWS_LIMIT, ROWS_ZERO
 from .program import Arg, Predict, Program, Route, Step  # noqa: F401 (re-exported)
 from .trace import Node, TraceGraph, Val
@@ -436,7 +437,11 @@ class Lowering:
             NH, KVH, D, layer = s.n_heads, s.n_kv_heads, s.head_dim, n.params["layer"]
             W = s.window(layer)   # sliding window; one at least as long as the KV cache (rope_rows) never cuts
             tree = [self._tree] if self._tree else []
-            k = self._kernel("attention", T=T, NH=NH, KVH=KVH, D=D, W=0 if W >= self.rope_rows else W,
+            W = 0 if W >= self.rope_rows else W
+            # key segments where decode's head blocks cannot keep the threads busy: every program's kernel the same,
+            # so prefill and verify rows round as decode's (CPU kernels; OpenCL's attention has its own schedule)
+            P = split_for(self.cpu, NH, KVH) if W == 0 and self.backend == BACKEND_TVM_CPU else 0
+            k = self._kernel("attention", T=T, NH=NH, KVH=KVH, D=D, W=W, **({"P": P} if P else {}),
                              cap=float(np.float32(s.attn_softcap)), **({"M": True} if tree else {}),
                              **({"kv": self.kv_dtype} if self.kv_dtype != "float32" else {}),
                              **({"vkv": self.v_dtype} if self.v_dtype != self.kv_dtype else {}),

@@ -414,6 +414,57 @@ def test_aarch64_neon_kernels_build():
     assert "fmla" in asm and "fcvtl" in asm
 
 
+# ------------------------------------------------------------------------------------------- key segments
+@pytest.mark.parametrize("nt,NH,KVH,want", [(2, 9, 3, (3, 2)), (2, 15, 5, (3, 2)), (2, 32, 4, (8, 0)), (2, 14, 2, (7, 0)),
+                                            (2, 4, 1, (2, 0)), (4, 4, 1, (1, 0)), (4, 14, 2, (7, 2)), (8, 9, 3, (3, 8)),
+                                            (2, 32, 32, (1, 0))])
+def test_decode_blocking(nt, NH, KVH, want):
+    """Decode's head blocks are divisors of the GQA group (7 heads of Qwen2.5-0.5B's read each K/V chunk once, not
+    seven times) that spread evenly over the threads; where none does (SmolLM2's 3 kv heads on 2 threads), the
+    largest block and the fewest key segments that even the tasks out."""
+    from edgellm.compiler.ops.attention import decode_blocking
+    assert decode_blocking(nt, NH, KVH) == want
+
+
+KV_KINDS = ["float32", "float16", "q8", "q4"]
+
+
+@pytest.mark.parametrize("NH,KVH,D,P", [(9, 3, 64, 2), (4, 1, 32, 4), (14, 2, 16, 3), (6, 3, 16, 8)])
+@pytest.mark.parametrize("kind", KV_KINDS)
+def test_attention_key_segments(NH, KVH, D, P, kind):
+    """P key segments: decode runs them as tasks and folds them in order; a prefill chunk's and a verify tree's rows
+    close the same segments inside their chunk loops, so each row is bitwise the decode step's at its position (short
+    rows, one segment, included); all within float tolerance of the reference; P = 0 names the kernel as before."""
+    from edgellm.quant.kv_cache import KV_ROUND, cache_rows
+    r = rng(NH * 100 + P)
+    T, parents = 8, [-1, 0, 0, 1, 1, 2, 3, 6]
+    tr = tree_rows(parents)
+    quantized = kind in ("q8", "q4")
+    kv = {} if kind == "float32" else {"kv": kind}
+
+    def cache(x):   # what the kernel reads, and the f32 values it stands for
+        return (cache_rows(kind, x), KV_ROUND[kind](x)) if quantized else (x.astype(kind), x.astype(kind).astype("float32"))
+
+    for prefix in (3, 70, 130, 300):
+        S = prefix + T
+        q = randn(r, (T, NH, D))
+        (k, kf), (v, vf) = cache(randn(r, (S, KVH, D))), cache(randn(r, (S, KVH, D)))
+        got = run("attention", [q, k, v, tr], (T, NH * D), T=T, NH=NH, KVH=KVH, D=D, M=True, P=P, **kv)
+        check(got, ops.reference("attention", [q, kf, vf, tr], T=T, NH=NH, KVH=KVH, D=D, M=True), rtol=2e-5)
+        for t in range(T):
+            path = prefix + np.array(tr[1 + t][:tr[0, t] + 1])
+            kk, vv = (np.concatenate([a[:prefix], a[path]]) for a in (k, v))
+            one = run("attention", [q[t:t + 1], kk, vv], (1, NH * D), T=1, NH=NH, KVH=KVH, D=D, P=P, **kv)
+            assert np.array_equal(one[0], got[t]), (prefix, t)
+        chunk = run("attention", [q, k, v], (T, NH * D), T=T, NH=NH, KVH=KVH, D=D, P=P, **kv)
+        for t in (0, T - 1):
+            one = run("attention", [q[t:t + 1], k[:prefix + t + 1], v[:prefix + t + 1]], (1, NH * D), T=1, NH=NH,
+                      KVH=KVH, D=D, P=P, **kv)
+            assert np.array_equal(one[0], chunk[t]), (prefix, t)
+    assert ops.make_kernel("attention", CPU, T=1, NH=NH, KVH=KVH, D=D, P=P)[0].endswith(f"_split{P}")
+    assert ops.make_kernel("attention", CPU, T=1, NH=NH, KVH=KVH, D=D, P=0)[0] == f"attention_t1_nh{NH}_kvh{KVH}_d{D}"
+
+
 # ------------------------------------------------------------------------------------------- token trees (verify)
 def tree_rows(parents):
     """int32 [T + 1, T] of a token tree (parents[i] < i; node 0 the root): depths, then each node's ancestors by

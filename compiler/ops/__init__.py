@@ -53,7 +53,9 @@ attention's kv: the K/V caches' element type ("float32" default, "float16": wide
 scales, kv_quant.py; --kv-cache);
 attention's W: sliding window (query at position p attends keys p-W+1 .. p), default 0 = full causal attention;
 named "_w<W>" only when W > 0. Its cap: logit soft-capping (cap * tanh(score / cap), Gemma 2), default 0 = none;
-named "_cap<cap>" only when > 0.
+named "_cap<cap>" only when > 0. Its P: key segments of full causal attention (attention.py SEG_MIN_CHUNKS; a
+package's P from attention.split_for, the same in every program so that prefill and verify rows round as decode's),
+default 0 = none; named "_split<P>" only when > 0.
 The packed schemes' ops (linear_q8 ... embed_q6 above) are declared by the schemes, with their traits (quant/:
 Scheme.kernel_ops, KernelTraits); their params, checks (K a multiple of 32 for q8 / q6, of G for q4 with G in
 32/64/128, of 16 for t2), references and kernels come from those traits: linear_quant.py dispatches by the
@@ -137,7 +139,7 @@ SEGS = ("segs", "s", tuple, ())
 ROWS = ("rows", "rows", int, 0)   # row-limited variant (rows.py: ROWS_LIMIT, ROWS_ZERO); left out of the name when 0
 # int params that may be 0 (meaning "off"); they are left out of the kernel name when 0, so the names of kernels
 # from before the param existed do not change
-ZERO_OFF = {("attention", "W"), ("attention", "cap")}
+ZERO_OFF = {("attention", "W"), ("attention", "cap"), ("attention", "P")}
 # dtype params left out of the kernel name at their default (float32), likewise
 DEFAULT_OFF = {("attention", "kv"), ("copy", "dtype")}
 # bool params left out of the kernel name when off (so the names of kernels from before them do not change)
@@ -155,7 +157,7 @@ OPS = {
     "attention": [("T", "t", int, REQUIRED), ("NH", "nh", int, REQUIRED), ("KVH", "kvh", int, REQUIRED),
                   ("D", "d", int, REQUIRED), ("W", "w", int, 0), ("cap", "cap", float, 0.0),
                   ("M", "tree", bool, False), ("kv", "kv", str, "float32"), ("vkv", "v", str, ""),
-                  ("rows", "rows", bool, False)],
+                  ("rows", "rows", bool, False), ("P", "split", int, 0)],
     "add": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED)],
     "swiglu": [("T", "t", int, REQUIRED), ("F", "f", int, REQUIRED)],
     "copy": [("R", "r", int, REQUIRED), ("N", "n", int, REQUIRED), ("dtype", "", str, "float32")],
@@ -243,6 +245,8 @@ def kernel_params(op: str, params: dict) -> dict:
         out[name] = v
     if op == "attention" and out["NH"] % out["KVH"]:
         raise ValueError(f"attention: NH={out['NH']} is not a multiple of KVH={out['KVH']}")
+    if op == "attention" and not out["P"] <= _attention.SPLIT_MAX:
+        raise ValueError(f"attention: P (key segments) must be <= {_attention.SPLIT_MAX}, got {out['P']}")
     if op == "attention" and out["vkv"] == out["kv"]:
         out["vkv"] = ""   # one kernel, one name
     if op == "attention" and out["vkv"] and (out["kv"] in _kv_quant.ROW_WRITERS) != (out["vkv"] in _kv_quant.ROW_WRITERS):
@@ -293,7 +297,7 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool, tiered: bool = False):
         return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
     if op == "attention":
         return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast, W=p["W"], cap=p["cap"],
-                               M=p["M"], KV=p["kv"], VKV=p["vkv"], rows=p["rows"])
+                               M=p["M"], KV=p["kv"], VKV=p["vkv"], rows=p["rows"], P=p["P"])
     simple_cpu = cpu if fast else CpuInfo(vector_lanes=1, num_threads=1, arch=cpu.arch)
     if op in KERNEL_OPS:
         traits = KERNEL_OPS[op].traits

@@ -8,7 +8,9 @@ Soft-capping cap > 0 (Gemma 2): each scaled score s becomes cap * tanh(s / cap) 
 
 Schedule (hand-written TIR):
 - One parallel task per block of R = Gb heads (of one GQA group) x Tq consecutive queries; tasks are
-  ordered kv-head-major, so each thread gets a balanced mix of short and long causal rows.
+  ordered kv-head-major, so each thread gets a balanced mix of short and long causal rows. Decode's head blocks
+  are the largest divisor of the group that spreads evenly over the threads (decode_blocking); where none does,
+  each row's keys run in P segments (below).
 - Online (flash-decoding style) softmax over chunks of C = max(16, VL) keys. For each chunk the task loops over its
   R rows, so the chunk's k/v rows are loaded from memory once and reused from L1 by all rows of the
   block (GQA heads and prefill queries share them).
@@ -22,6 +24,10 @@ Schedule (hand-written TIR):
   at the chunk holding the lowest key the block's first query sees, so a task costs O(W + Tq) keys whatever S
   is; a chunk that a row's window starts inside takes the partial-chunk path, its keys below the window keep
   the score -3e38 and are never loaded.
+- Key segments (P > 0, W = 0): a row that sees n keys splits them into segments of whole chunks, a function of n
+  alone; decode runs each (head block, segment) as a task writing its softmax state (max, sum, weighted values) to a
+  workspace, then one task per head block folds them in order. Prefill and verify rows close the same segments
+  inside their chunk loops and fold alike, so every row keeps decode's rounding.
 - Scratch is constant-size per task (nothing depends on S): stack allocas when < 1 KiB, otherwise one
   TVMBackendAllocWorkspace per task (q/acc rows when R*D >= 256).
 """
@@ -79,10 +85,14 @@ def chunk_scores(pv0, pv1, C, VD):
     return let_wrap(concat_vecs(outs, VD), binds)
 
 
-def blocking(cpu, T_: int, NH: int, KVH: int):
+def blocking(cpu, T_: int, NH: int, KVH: int, P: int = 0):
     """(Gb, Tq): heads and queries per task."""
     G = NH // KVH
     nt = max(1, cpu.num_threads)
+    if T_ == 1:
+        gb, p = decode_blocking(nt, NH, KVH)
+        if not p or P:   # balanced by head blocks, or split into key segments (P)
+            return gb, 1
     Tq = next(c for c in (8, 4, 2, 1) if T_ % c == 0)
     Gb = next(c for c in (8, 4, 2, 1) if G % c == 0)
     # keep enough tasks for the threads: prefill's causal rows have unequal cost, so aim for >= 4 per thread; in
@@ -102,8 +112,36 @@ def blocking(cpu, T_: int, NH: int, KVH: int):
     return Gb, Tq
 
 
+# Key segments (P > 0, full causal attention only): a decode step whose head blocks cannot keep every thread busy
+# (3 kv heads on 2 threads, say) splits each row's keys into up to P segments run as tasks of their own, each with
+# its own online softmax, then folds them in order. Segments are a function of the row's key count n alone:
+# nseg = clamp(n_chunks // SEG_MIN_CHUNKS, 1, P) segments of ceil(n_chunks / nseg) chunks, so a prefill or verify
+# row at that position (run in one task) closes its segments at the same chunks and folds them alike: its sums
+# round as the decode step's do (the verify program's rows stay bitwise decode's).
+SEG_MIN_CHUNKS = 4
+SPLIT_MAX = 8
+
+
+def decode_blocking(nt: int, NH: int, KVH: int) -> tuple[int, int]:
+    """(Gb, P) of a decode step on nt threads: the largest head block (a divisor of the GQA group, <= 8: its rows
+    share each K/V chunk from L1) whose tasks spread evenly over the threads, P = 0; if none does, the largest block
+    and the fewest key segments P that even them out (or SPLIT_MAX)."""
+    G = NH // KVH
+    divs = [d for d in range(min(G, 8), 0, -1) if G % d == 0]
+    for gb in divs:
+        if KVH * (G // gb) % nt == 0:
+            return gb, 0
+    tasks = KVH * (G // divs[0])
+    return divs[0], next((p for p in range(2, SPLIT_MAX + 1) if tasks * p % nt == 0), SPLIT_MAX)
+
+
+def split_for(cpu, NH: int, KVH: int) -> int:
+    """The key segments (P, 0: none) of a package's full-causal attention kernels on this target."""
+    return decode_blocking(max(1, cpu.num_threads), NH, KVH)[1]
+
+
 def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int = 0, cap: float = 0.0,
-         M: bool = False, KV: str = F32, VKV: str = "", rows: bool = False):
+         M: bool = False, KV: str = F32, VKV: str = "", rows: bool = False, P: int = 0):
     """simple=True: one row per task, per-key dot products only (fallback).
     W > 0: sliding window, query t attends keys max(0, n_t - W) <= j < n_t; W = 0: full causal attention.
     cap > 0: scores soft-capped to cap * tanh(s / cap) (cap = 0 generates exactly the kernel without it).
@@ -117,7 +155,10 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
     q8 / q4: codes and scales, each element dequantized as it is read, kv_quant.py: k/v int8[S, row bytes]); VKV: the
     V cache's where it differs from the K cache's (both float or both quantized; "": KV's).
     rows (with M): an extra int32 arg cnt[1, 16] after the output; only the query blocks holding a row < cnt[0, 0]
-    run, and the output rows past it are zeros (the verify program's passes of fewer drafts: rows.limit_tasks)."""
+    run, and the output rows past it are zeros (the verify program's passes of fewer drafts: rows.limit_tasks).
+    P > 0 (full causal attention, W = 0): each row's keys in up to P segments (SEG_MIN_CHUNKS above): a decode kernel
+    runs them as tasks of their own, the others fold them inside their rows' chunk loops (P = 0: exactly the kernel
+    without segments)."""
     if NH % KVH != 0:
         raise ValueError(f"NH={NH} not a multiple of KVH={KVH}")
     VL = cpu.vector_lanes
@@ -126,7 +167,11 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
     VD = pow2_divisor(D, VL)  # lanes of the q.k partial sums
     ND = D // VD
     scale = 1.0 / math.sqrt(D)
-    Gb, Tq = (1, 1) if simple else blocking(cpu, T_, NH, KVH)
+    if not 0 <= P <= SPLIT_MAX:
+        raise ValueError(f"key segments P={P} must be in 0..{SPLIT_MAX}")
+    segmented = P > 0 and W == 0
+    split = segmented and T_ == 1 and not M and not simple   # decode: segments run as tasks (body_split)
+    Gb, Tq = (1, 1) if simple else blocking(cpu, T_, NH, KVH, P if segmented else 0)
     tree = not simple and VD >= 2  # the shuffle tree needs vectors
     R = Gb * Tq
     NHB = G // Gb  # head blocks per kv head
@@ -166,6 +211,121 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
         """The keys row t sees: n_slot (causal by its row) or, in a tree, those up to its depth's position."""
         return n0 + TR[0, t] + 1 if M else n_slot
 
+    def n_chunks(n):
+        return (n + (C - 1)) // C
+
+    def seg_chunks(n):
+        """Chunks per key segment of a row that sees n keys (all of them when it has one segment)."""
+        nseg = T.max(T.min(n_chunks(n) // SEG_MIN_CHUNKS, P), 1)
+        return (n_chunks(n) + nseg - 1) // nseg
+
+    def next_end(TR, t0, r, nmax, n0, c, cps):
+        """The chunk where row r's next key segment starts after chunk c's (a sentinel past its last)."""
+        return T.if_then_else(c + cps < n_chunks(n_seen(TR, t0 + r % Tq, nmax - Tq + 1 + r % Tq, n0)), c + cps,
+                              T.int32(0x7FFFFFFF))
+
+    @T.macro
+    def init_rows(Q, h0, t0, qs, acc, st):
+        """The block's queries, scaled (and rotated for a rotated cache), and fresh softmax states."""
+        for r in range(R):
+            if rotated:
+                for d in range(D):
+                    qs[r * D + d] = Q[t0 + r % Tq, h0 + r // Tq, d]
+                    acc[r * D + d] = T.float32(0)
+                fwht(qs, r * D)
+                for d in range(D):
+                    qs[r * D + d] = qs[r * D + d] * T.float32(scale * norm)
+            else:
+                for dc in T.unroll(ND):
+                    for l in T.vectorized(VD):
+                        qs[r * D + dc * VD + l] = Q[t0 + r % Tq, h0 + r // Tq, dc * VD + l] * T.float32(scale)
+                        acc[r * D + dc * VD + l] = T.float32(0)
+            st[r * 4] = T.float32(NEG)
+            st[r * 4 + 3] = T.float32(0)
+
+    @T.macro
+    def causal_chunk(Kc, Vc, TR, t0, r, c, nv, n0, kh, qs, acc, st, sc, part, ar, pv0, pv1):
+        """Row r's online softmax over chunk c of full causal attention, nv > 0 of its keys visible."""
+        if tree and nv == C:  # full chunk: shuffle-tree scores
+            for jj in range(C // 2):
+                for l in T.vectorized(VD):
+                    pv0[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + jj, n0), kh, l, VD, ND)
+                    pv1[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + C // 2 + jj, n0), kh, l, VD, ND)
+            sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
+            if scaled_keys:
+                for jj in T.vectorized(C):
+                    sc[jj] = row_scaled(Kc, sc[jj], key(TR, t0, r, c * C + jj, n0), kh)
+            if cap > 0:
+                for jj in T.vectorized(C):
+                    sc[jj] = capped(sc[jj])
+        else:  # last, partial chunk: per-key dot products, invisible keys stay -3e38
+            for jj in T.vectorized(C):
+                sc[jj] = T.float32(NEG)
+            for jj in range(nv):
+                for l in T.vectorized(VD):
+                    part[l] = T.float32(0)
+                for dc in T.unroll(ND):
+                    for l in T.vectorized(VD):
+                        part[l] = part[l] + qs[r * D + dc * VD + l] * kv_elem(
+                            Kc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
+                sc[jj] = capped(row_scaled(Kc, hsum(part, VD), key(TR, t0, r, c * C + jj, n0), kh))
+        st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
+        st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
+        for jj in T.vectorized(C):
+            sc[jj] = fast_exp(sc[jj] - st[r * 4 + 1])
+        st[r * 4 + 3] = st[r * 4 + 3] * st[r * 4 + 2] + hsum(sc, C)
+        st[r * 4] = st[r * 4 + 1]
+        for dc in T.unroll(ND):
+            for l in T.vectorized(VD):
+                ar[dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 2]
+        for jj in range(nv):
+            for dc in T.unroll(ND):
+                for l in T.vectorized(VD):
+                    ar[dc * VD + l] = ar[dc * VD + l] + row_scaled(
+                        Vc, sc[jj], key(TR, t0, r, c * C + jj, n0), kh) * kv_elem(
+                        Vc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
+        for dc in T.unroll(ND):
+            for l in T.vectorized(VD):
+                acc[r * D + dc * VD + l] = ar[dc * VD + l]
+
+    @T.macro
+    def fold(r, m, ls, A, aoff, cst, cacc):
+        """Fold a closed key segment's softmax state (max m, sum ls, weighted values A[aoff:aoff + D]) into row r's
+        running one (cst[r * 4]: max, cst[r * 4 + 1]: sum, cacc: values): the same arithmetic wherever a segment
+        closes, in a task of its own (decode) or inside a row's chunk loop (prefill, verify)."""
+        cst[r * 4 + 2] = T.max(cst[r * 4], m)
+        cst[r * 4 + 3] = fast_exp(m - cst[r * 4 + 2])
+        cst[r * 4] = fast_exp(cst[r * 4] - cst[r * 4 + 2])
+        cst[r * 4 + 1] = cst[r * 4 + 1] * cst[r * 4] + ls * cst[r * 4 + 3]
+        for dc in T.unroll(ND):
+            for l in T.vectorized(VD):
+                cacc[r * D + dc * VD + l] = cacc[r * D + dc * VD + l] * cst[r * 4] + A[aoff + dc * VD + l] * cst[r * 4 + 3]
+        cst[r * 4] = cst[r * 4 + 2]
+
+    @T.macro
+    def finish(O, t0, h0, r, A, L, li, ar):
+        """Row r's output: its weighted values A[r * D:] over their sum L[li] (left holding its reciprocal)."""
+        L[li] = T.float32(1) / L[li]
+        if rotated_v:   # the weighted sum of rotated values, rotated back
+            for d in range(D):
+                ar[d] = A[r * D + d]
+            fwht(ar, 0)
+            for d in range(D):
+                O[t0 + r % Tq, (h0 + r // Tq) * D + d] = ar[d] * (L[li] * T.float32(norm))
+        else:
+            for dc in T.unroll(ND):
+                for l in T.vectorized(VD):
+                    O[t0 + r % Tq, (h0 + r // Tq) * D + dc * VD + l] = A[r * D + dc * VD + l] * L[li]
+
+    @T.macro
+    def fresh(r, st, acc):
+        """Row r's softmax state reset for a new key segment."""
+        st[r * 4] = T.float32(NEG)
+        st[r * 4 + 3] = T.float32(0)
+        for dc in T.unroll(ND):
+            for l in T.vectorized(VD):
+                acc[r * D + dc * VD + l] = T.float32(0)
+
     @T.macro
     def body(Q, Kc, Vc, TR, O, S):
         for task in T.parallel(ntask):
@@ -177,26 +337,24 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             ar = T.alloc_buffer((D,), F32, scope="global", annotations=STACK)
             pv0 = T.alloc_buffer((C // 2 * VD,), F32, scope="global", annotations=STACK)
             pv1 = T.alloc_buffer((C // 2 * VD,), F32, scope="global", annotations=STACK)
+            cst = T.alloc_buffer((R * 4 if segmented else 1,), F32, scope="global", annotations=STACK)
+            cacc = T.alloc_buffer((R * D if segmented else 1,), F32, scope="global", annotations=STACK)
+            nb = T.alloc_buffer((R * 2 if segmented else 1,), "int32", scope="global", annotations=STACK)  # next end, step
             kh: T.let = task // (NHB * NTB)
             h0: T.let = kh * G + (task % (NHB * NTB)) // NTB * Gb
             t0: T.let = task % NTB * Tq
             nmax: T.let = T.Cast("int32", S) - T_ + t0 + Tq  # keys visible to the block's last query
             n0: T.let = T.Cast("int32", S) - T_  # keys before the batch
-            for r in range(R):
-                if rotated:
-                    for d in range(D):
-                        qs[r * D + d] = Q[t0 + r % Tq, h0 + r // Tq, d]
-                        acc[r * D + d] = T.float32(0)
-                    fwht(qs, r * D)
-                    for d in range(D):
-                        qs[r * D + d] = qs[r * D + d] * T.float32(scale * norm)
-                else:
+            init_rows(Q, h0, t0, qs, acc, st)
+            if segmented:
+                for r in range(R):
+                    cst[r * 4] = T.float32(NEG)
+                    cst[r * 4 + 1] = T.float32(0)
                     for dc in T.unroll(ND):
                         for l in T.vectorized(VD):
-                            qs[r * D + dc * VD + l] = Q[t0 + r % Tq, h0 + r // Tq, dc * VD + l] * T.float32(scale)
-                            acc[r * D + dc * VD + l] = T.float32(0)
-                st[r * 4] = T.float32(NEG)
-                st[r * 4 + 3] = T.float32(0)
+                            cacc[r * D + dc * VD + l] = T.float32(0)
+                    nb[r * 2 + 1] = seg_chunks(n_seen(TR, t0 + r % Tq, nmax - Tq + 1 + r % Tq, n0))
+                    nb[r * 2] = next_end(TR, t0, r, nmax, n0, 0, nb[r * 2 + 1])
             if windowed:  # same as below, from the first chunk holding a key the block's first query sees
                 # the lowest key any row of the block sees (a tree's rows sit at their depth, >= 0)
                 c_lo: T.let = T.max((n_seen(TR, 0, nmax - Tq + 1, n0) - W) // C, 0)
@@ -253,64 +411,79 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                     acc[r * D + dc * VD + l] = ar[dc * VD + l]
             else:  # full causal attention (W = 0: exactly the kernel without window support)
                 for c in range((nmax + (C - 1)) // C):
+                    if segmented:
+                        for r in range(R):
+                            if c == nb[r * 2]:   # row r's key segment ends: fold it, start the next
+                                fold(r, st[r * 4], st[r * 4 + 3], acc, r * D, cst, cacc)
+                                fresh(r, st, acc)
+                                nb[r * 2] = next_end(TR, t0, r, nmax, n0, c, nb[r * 2 + 1])
                     for r in range(R):
                         # keys of this chunk visible to row r (row r sees keys j < nmax - Tq + 1 + r % Tq)
                         nv: T.let = T.min(C, n_seen(TR, t0 + r % Tq, nmax - Tq + 1 + r % Tq, n0) - c * C)
                         if nv > 0:
-                            if tree and nv == C:  # full chunk: shuffle-tree scores
-                                for jj in range(C // 2):
-                                    for l in T.vectorized(VD):
-                                        pv0[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + jj, n0), kh, l, VD, ND)
-                                        pv1[jj * VD + l] = (
-                                            dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + C // 2 + jj, n0), kh, l, VD, ND))
-                                sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
-                                if scaled_keys:
-                                    for jj in T.vectorized(C):
-                                        sc[jj] = row_scaled(Kc, sc[jj], key(TR, t0, r, c * C + jj, n0), kh)
-                                if cap > 0:
-                                    for jj in T.vectorized(C):
-                                        sc[jj] = capped(sc[jj])
-                            else:  # last, partial chunk: per-key dot products, invisible keys stay -3e38
-                                for jj in T.vectorized(C):
-                                    sc[jj] = T.float32(NEG)
-                                for jj in range(nv):
-                                    for l in T.vectorized(VD):
-                                        part[l] = T.float32(0)
-                                    for dc in T.unroll(ND):
-                                        for l in T.vectorized(VD):
-                                            part[l] = part[l] + qs[r * D + dc * VD + l] * kv_elem(
-                                                Kc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
-                                    sc[jj] = capped(row_scaled(Kc, hsum(part, VD), key(TR, t0, r, c * C + jj, n0), kh))
-                            st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
-                            st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
-                            for jj in T.vectorized(C):
-                                sc[jj] = fast_exp(sc[jj] - st[r * 4 + 1])
-                            st[r * 4 + 3] = st[r * 4 + 3] * st[r * 4 + 2] + hsum(sc, C)
-                            st[r * 4] = st[r * 4 + 1]
-                            for dc in T.unroll(ND):
-                                for l in T.vectorized(VD):
-                                    ar[dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 2]
-                            for jj in range(nv):
-                                for dc in T.unroll(ND):
-                                    for l in T.vectorized(VD):
-                                        ar[dc * VD + l] = ar[dc * VD + l] + row_scaled(
-                                            Vc, sc[jj], key(TR, t0, r, c * C + jj, n0), kh) * kv_elem(
-                                            Vc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
-                            for dc in T.unroll(ND):
-                                for l in T.vectorized(VD):
-                                    acc[r * D + dc * VD + l] = ar[dc * VD + l]
+                            causal_chunk(Kc, Vc, TR, t0, r, c, nv, n0, kh, qs, acc, st, sc, part, ar, pv0, pv1)
             for r in range(R):
-                st[r * 4 + 3] = T.float32(1) / st[r * 4 + 3]
-                if rotated_v:   # the weighted sum of rotated values, rotated back
-                    for d in range(D):
-                        ar[d] = acc[r * D + d]
-                    fwht(ar, 0)
-                    for d in range(D):
-                        O[t0 + r % Tq, (h0 + r // Tq) * D + d] = ar[d] * (st[r * 4 + 3] * T.float32(norm))
+                if segmented:
+                    if nb[r * 2 + 1] < n_chunks(n_seen(TR, t0 + r % Tq, nmax - Tq + 1 + r % Tq, n0)):
+                        # more than one segment: fold the last, the output from all
+                        fold(r, st[r * 4], st[r * 4 + 3], acc, r * D, cst, cacc)
+                        finish(O, t0, h0, r, cacc, cst, r * 4 + 1, ar)
+                    else:
+                        finish(O, t0, h0, r, acc, st, r * 4 + 3, ar)
                 else:
+                    finish(O, t0, h0, r, acc, st, r * 4 + 3, ar)
+
+    @T.macro
+    def body_split(Q, Kc, Vc, O, S):
+        """Decode (T = 1) in key segments: tasks (head block, segment), each its segment's softmax state into wml /
+        wacc, then one task per head block folds them in order (one segment: the task's output directly)."""
+        wml = T.alloc_buffer((KVH * NHB * P * R * 2,), F32, scope="global")
+        wacc = T.alloc_buffer((KVH * NHB * P * R * D,), F32, scope="global")
+        n: T.let = T.Cast("int32", S)
+        cps: T.let = seg_chunks(n)
+        for task in T.parallel(KVH * NHB * P):
+            qs = T.alloc_buffer((R * D,), F32, scope="global", annotations=STACK)
+            acc = T.alloc_buffer((R * D,), F32, scope="global", annotations=STACK)
+            st = T.alloc_buffer((R * 4,), F32, scope="global", annotations=STACK)  # m, m_new, alpha, l
+            sc = T.alloc_buffer((C,), F32, scope="global", annotations=STACK)
+            part = T.alloc_buffer((VD,), F32, scope="global", annotations=STACK)
+            ar = T.alloc_buffer((D,), F32, scope="global", annotations=STACK)
+            pv0 = T.alloc_buffer((C // 2 * VD,), F32, scope="global", annotations=STACK)
+            pv1 = T.alloc_buffer((C // 2 * VD,), F32, scope="global", annotations=STACK)
+            g: T.let = task // P   # head block
+            seg: T.let = task % P
+            kh: T.let = g // NHB
+            h0: T.let = kh * G + g % NHB * Gb
+            if seg * cps < n_chunks(n):
+                init_rows(Q, h0, 0, qs, acc, st)
+                for c in range(seg * cps, T.min(seg * cps + cps, n_chunks(n))):
+                    for r in range(R):
+                        causal_chunk(Kc, Vc, Q, 0, r, c, T.min(C, n - c * C), 0, kh, qs, acc, st, sc, part, ar, pv0, pv1)
+                if cps < n_chunks(n):
+                    for r in range(R):
+                        wml[(task * R + r) * 2] = st[r * 4]
+                        wml[(task * R + r) * 2 + 1] = st[r * 4 + 3]
+                        for dc in T.unroll(ND):
+                            for l in T.vectorized(VD):
+                                wacc[(task * R + r) * D + dc * VD + l] = acc[r * D + dc * VD + l]
+                else:
+                    for r in range(R):
+                        finish(O, 0, h0, r, acc, st, r * 4 + 3, ar)
+        if cps < n_chunks(n):
+            for g in T.parallel(KVH * NHB):
+                cst = T.alloc_buffer((R * 4,), F32, scope="global", annotations=STACK)
+                cacc = T.alloc_buffer((R * D,), F32, scope="global", annotations=STACK)
+                ar = T.alloc_buffer((D,), F32, scope="global", annotations=STACK)
+                for r in range(R):
+                    cst[r * 4] = T.float32(NEG)
+                    cst[r * 4 + 1] = T.float32(0)
                     for dc in T.unroll(ND):
                         for l in T.vectorized(VD):
-                            O[t0 + r % Tq, (h0 + r // Tq) * D + dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 3]
+                            cacc[r * D + dc * VD + l] = T.float32(0)
+                    for seg in range((n_chunks(n) + cps - 1) // cps):
+                        fold(r, wml[((g * P + seg) * R + r) * 2], wml[((g * P + seg) * R + r) * 2 + 1], wacc,
+                             ((g * P + seg) * R + r) * D, cst, cacc)
+                    finish(O, 0, g // NHB * G + g % NHB * Gb, r, cacc, cst, r * 4 + 1, ar)
 
     if KV in ROW_WRITERS:   # quantized caches (kv_quant.py): int8 rows of codes, then scales
         RB, RBV = row_bytes(KV, KVH, D), row_bytes(VK, KVH, D)
@@ -340,7 +513,10 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             O = T.match_buffer(o, (T_, NH * D), F32)
             Ks = scale_view(KV, Kq, S, KVH, D)
             Vs = scale_view(VK, Vq, S, KVH, D)
-            body(Q, QRows(KV, Kq, Ks, KVH, D), QRows(VK, Vq, Vs, KVH, D), Q, O, S)
+            if split:
+                body_split(Q, QRows(KV, Kq, Ks, KVH, D), QRows(VK, Vq, Vs, KVH, D), O, S)
+            else:
+                body(Q, QRows(KV, Kq, Ks, KVH, D), QRows(VK, Vq, Vs, KVH, D), Q, O, S)
         return limited(attention_q)
 
     if M:
@@ -364,5 +540,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
         Kc = T.match_buffer(k, (S, KVH, D), KV)
         Vc = T.match_buffer(v, (S, KVH, D), VK)
         O = T.match_buffer(o, (T_, NH * D), F32)
-        body(Q, Kc, Vc, Q, O, S)   # no tree: its argument is never read
+        if split:
+            body_split(Q, Kc, Vc, O, S)
+        else:
+            body(Q, Kc, Vc, Q, O, S)   # no tree: its argument is never read
     return limited(attention)
