@@ -27,7 +27,7 @@ def relerr(a, b):
     return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
 
 
-@pytest.mark.parametrize("quant", ["q8", "f32"])
+@pytest.mark.parametrize("quant", ["q8", pytest.param("f32", marks=pytest.mark.slow)])
 def test_a_package_with_key_segments(quant, tmp_path):
     import os
 
