@@ -243,10 +243,18 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             st[r * 4] = T.float32(NEG)
             st[r * 4 + 3] = T.float32(0)
 
+    def whole(nv, j0):
+        """Every key of the chunk visible (a window's start, j0 > 0, cuts it only in windowed kernels)."""
+        return T.And(j0 == 0, nv == C) if windowed else nv == C
+
+    def visible(jj, j0):
+        """Key jj of a chunk past the window's start (always, in a kernel without a window: a Python True)."""
+        return jj >= j0 if windowed else True
+
     @T.macro
-    def causal_chunk(Kc, Vc, TR, t0, r, c, nv, n0, kh, qs, acc, st, sc, part, ar, pv0, pv1):
-        """Row r's online softmax over chunk c of full causal attention, nv > 0 of its keys visible."""
-        if tree and nv == C:  # full chunk: shuffle-tree scores
+    def row_chunk(Kc, Vc, TR, t0, r, c, nv, j0, n0, kh, qs, acc, st, sc, part, ar, pv0, pv1):
+        """Row r's online softmax over chunk c: its keys j0 <= jj < nv visible (j0 = 0 without a window)."""
+        if tree and whole(nv, j0):  # full chunk: shuffle-tree scores
             for jj in range(C // 2):
                 for l in T.vectorized(VD):
                     pv0[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + jj, n0), kh, l, VD, ND)
@@ -258,17 +266,18 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             if cap > 0:
                 for jj in T.vectorized(C):
                     sc[jj] = capped(sc[jj])
-        else:  # last, partial chunk: per-key dot products, invisible keys stay -3e38
+        else:  # a chunk cut by the causal end (or the window's start): per-key dot products, invisible keys stay -3e38
             for jj in T.vectorized(C):
                 sc[jj] = T.float32(NEG)
-            for jj in range(nv):
-                for l in T.vectorized(VD):
-                    part[l] = T.float32(0)
-                for dc in T.unroll(ND):
+            for jj in range(nv):  # not range(j0, nv): TVM 0.27 CompactBufferAllocation overflows int32 on it
+                if visible(jj, j0):
                     for l in T.vectorized(VD):
-                        part[l] = part[l] + qs[r * D + dc * VD + l] * kv_elem(
-                            Kc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
-                sc[jj] = capped(row_scaled(Kc, hsum(part, VD), key(TR, t0, r, c * C + jj, n0), kh))
+                        part[l] = T.float32(0)
+                    for dc in T.unroll(ND):
+                        for l in T.vectorized(VD):
+                            part[l] = part[l] + qs[r * D + dc * VD + l] * kv_elem(
+                                Kc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
+                    sc[jj] = capped(row_scaled(Kc, hsum(part, VD), key(TR, t0, r, c * C + jj, n0), kh))
         st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
         st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
         for jj in T.vectorized(C):
@@ -279,11 +288,12 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             for l in T.vectorized(VD):
                 ar[dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 2]
         for jj in range(nv):
-            for dc in T.unroll(ND):
-                for l in T.vectorized(VD):
-                    ar[dc * VD + l] = ar[dc * VD + l] + row_scaled(
-                        Vc, sc[jj], key(TR, t0, r, c * C + jj, n0), kh) * kv_elem(
-                        Vc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
+            if visible(jj, j0):
+                for dc in T.unroll(ND):
+                    for l in T.vectorized(VD):
+                        ar[dc * VD + l] = ar[dc * VD + l] + row_scaled(
+                            Vc, sc[jj], key(TR, t0, r, c * C + jj, n0), kh) * kv_elem(
+                            Vc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
         for dc in T.unroll(ND):
             for l in T.vectorized(VD):
                 acc[r * D + dc * VD + l] = ar[dc * VD + l]
@@ -355,7 +365,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                             cacc[r * D + dc * VD + l] = T.float32(0)
                     nb[r * 2 + 1] = seg_chunks(n_seen(TR, t0 + r % Tq, nmax - Tq + 1 + r % Tq, n0))
                     nb[r * 2] = next_end(TR, t0, r, nmax, n0, 0, nb[r * 2 + 1])
-            if windowed:  # same as below, from the first chunk holding a key the block's first query sees
+            if windowed:  # from the first chunk holding a key the block's first query sees
                 # the lowest key any row of the block sees (a tree's rows sit at their depth, >= 0)
                 c_lo: T.let = T.max((n_seen(TR, 0, nmax - Tq + 1, n0) - W) // C, 0)
                 for c in range(c_lo, (nmax + (C - 1)) // C):
@@ -365,50 +375,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                         nv: T.let = T.min(C, n_r - c * C)
                         j0: T.let = T.max(n_r - W - c * C, 0)
                         if nv > j0:
-                            if tree and j0 == 0 and nv == C:  # full chunk: shuffle-tree scores
-                                for jj in range(C // 2):
-                                    for l in T.vectorized(VD):
-                                        pv0[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + jj, n0), kh, l, VD, ND)
-                                        pv1[jj * VD + l] = (
-                                            dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + C // 2 + jj, n0), kh, l, VD, ND))
-                                sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
-                                if scaled_keys:
-                                    for jj in T.vectorized(C):
-                                        sc[jj] = row_scaled(Kc, sc[jj], key(TR, t0, r, c * C + jj, n0), kh)
-                                if cap > 0:
-                                    for jj in T.vectorized(C):
-                                        sc[jj] = capped(sc[jj])
-                            else:  # chunk cut by the window's start or the causal end: invisible keys stay -3e38
-                                for jj in T.vectorized(C):
-                                    sc[jj] = T.float32(NEG)
-                                for jj in range(nv):  # not range(j0, nv): TVM 0.27 CompactBufferAllocation overflows int32 on it
-                                    if jj >= j0:
-                                        for l in T.vectorized(VD):
-                                            part[l] = T.float32(0)
-                                        for dc in T.unroll(ND):
-                                            for l in T.vectorized(VD):
-                                                part[l] = part[l] + qs[r * D + dc * VD + l] * kv_elem(
-                                                    Kc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
-                                        sc[jj] = capped(row_scaled(Kc, hsum(part, VD), key(TR, t0, r, c * C + jj, n0), kh))
-                            st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
-                            st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
-                            for jj in T.vectorized(C):
-                                sc[jj] = fast_exp(sc[jj] - st[r * 4 + 1])
-                            st[r * 4 + 3] = st[r * 4 + 3] * st[r * 4 + 2] + hsum(sc, C)
-                            st[r * 4] = st[r * 4 + 1]
-                            for dc in T.unroll(ND):
-                                for l in T.vectorized(VD):
-                                    ar[dc * VD + l] = acc[r * D + dc * VD + l] * st[r * 4 + 2]
-                            for jj in range(nv):
-                                if jj >= j0:
-                                    for dc in T.unroll(ND):
-                                        for l in T.vectorized(VD):
-                                            ar[dc * VD + l] = ar[dc * VD + l] + row_scaled(
-                                                Vc, sc[jj], key(TR, t0, r, c * C + jj, n0), kh) * kv_elem(
-                                                Vc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
-                            for dc in T.unroll(ND):
-                                for l in T.vectorized(VD):
-                                    acc[r * D + dc * VD + l] = ar[dc * VD + l]
+                            row_chunk(Kc, Vc, TR, t0, r, c, nv, j0, n0, kh, qs, acc, st, sc, part, ar, pv0, pv1)
             else:  # full causal attention (W = 0: exactly the kernel without window support)
                 for c in range((nmax + (C - 1)) // C):
                     if segmented:
@@ -421,7 +388,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                         # keys of this chunk visible to row r (row r sees keys j < nmax - Tq + 1 + r % Tq)
                         nv: T.let = T.min(C, n_seen(TR, t0 + r % Tq, nmax - Tq + 1 + r % Tq, n0) - c * C)
                         if nv > 0:
-                            causal_chunk(Kc, Vc, TR, t0, r, c, nv, n0, kh, qs, acc, st, sc, part, ar, pv0, pv1)
+                            row_chunk(Kc, Vc, TR, t0, r, c, nv, 0, n0, kh, qs, acc, st, sc, part, ar, pv0, pv1)
             for r in range(R):
                 if segmented:
                     if nb[r * 2 + 1] < n_chunks(n_seen(TR, t0 + r % Tq, nmax - Tq + 1 + r % Tq, n0)):
@@ -458,7 +425,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                 init_rows(Q, h0, 0, qs, acc, st)
                 for c in range(seg * cps, T.min(seg * cps + cps, n_chunks(n))):
                     for r in range(R):
-                        causal_chunk(Kc, Vc, Q, 0, r, c, T.min(C, n - c * C), 0, kh, qs, acc, st, sc, part, ar, pv0, pv1)
+                        row_chunk(Kc, Vc, Q, 0, r, c, T.min(C, n - c * C), 0, 0, kh, qs, acc, st, sc, part, ar, pv0, pv1)
                 if cps < n_chunks(n):
                     for r in range(R):
                         wml[(task * R + r) * 2] = st[r * 4]
