@@ -32,8 +32,8 @@ def cli():
               help="weight scheme: f32, f16, q8, q8g32, q4g32, q4g64, q4g128, t2, or auto (the scheme nearest the "
                    "checkpoint's own storage: a GGUF's block types) [default: f16; t2 for BitNet checkpoints]")
 @click.option("--head-quant", default=None,
-              help="scheme of the embedding table and lm_head: f32, f16, q8, q6, q4g32, q4g64, q4g128 (q6: 6.5 bits, "
-                   "llama.cpp's Q6_K output size) [default: the float scheme, q8 for integer ones]")
+              help="scheme of the embedding table and lm_head: f32, f16, q8, q8g32, q6, q4g32, q4g64, q4g128 (q6: 6.5 "
+                   "bits, llama.cpp's Q6_K output size) [default: the float scheme, q8g32 for integer ones]")
 @click.option("--gptq", is_flag=True, help="GPTQ (second-order error compensation) instead of round-to-nearest, for q4 schemes")
 @click.option("--calib", type=click.Path(), default=None,
               help="calibration text file for --gptq and the MoE expert guesser [default: built-in sample]")

@@ -15,7 +15,7 @@ The head (embedding / lm_head) maps by its own type. A safetensors checkpoint's 
 | F32 / F16, BF16 | f32 / f16 | 32 / 16 | the same |
 | Q4_0 | q4g32 (exact) | 4.5 | Q4_0 -> q4g32 |
 | Q4_1, Q4_K (Q4_K_S), with Q4_0 | q4m32 (Q4_0, Q4_1 exact; Q4_K codes) | 5 | |
-| Q5_0, and the rest but Q8_0 (Q4_K_M: Q4_K + Q6_K; Q5_x, Q6_K, Q3_K, Q2_K) | q6 (Q5_0, Q4_0 exact) | 6.5 | Q6_K, others -> q8 |
+| Q5_0, and the rest but Q8_0 (Q4_K_M: Q4_K + Q6_K; Q5_x, Q6_K, Q3_K, Q2_K) | q6 (Q5_0, Q4_0 exact) | 6.5 | Q6_K, others -> q8g32 |
 | Q8_0 | q8g32 (exact) | 8.5 | Q8_0 -> q8g32 |
 | TQ1_0, TQ2_0 (BitNet) | t2 (the ternary codes and the tensor's scale exactly) | 2 | by its own type |
 """
@@ -33,7 +33,7 @@ HOLDS = {
     "q8g32": {"Q8_0": "exact", "Q4_0": "requantized", "Q5_0": "requantized", **{t: "requantized" for t in K_QUANTS}},
 }
 FLOAT_BODY = {"F32": "f32", "F16": "f16", "BF16": "f16", "TQ1_0": "t2", "TQ2_0": "t2"}
-HEAD = {"F32": "f32", "F16": "f16", "BF16": "f16", "Q8_0": "q8g32", "Q4_0": "q4g32"}   # others: q8 (Gemma 3's
+HEAD = {"F32": "f32", "F16": "f16", "BF16": "f16", "Q8_0": "q8g32", "Q4_0": "q4g32"}   # others: q8g32 (Gemma 3's
 # Q6_K embedding: q6 lost 1.2% top-1 against llama.cpp)
 
 
@@ -74,7 +74,7 @@ def auto_schemes(spec, ck, family, mixed: bool = False, allowed=None) -> tuple[s
             counts[types[name]] += int(np.prod(shape))
     body_type = counts.most_common(1)[0][0] if counts else ck.dtype(head_name)
     head_type = ck.dtype(head_name)
-    head = HEAD.get(head_type, "q8")
+    head = HEAD.get(head_type, "q8g32")
     own: dict[str, str] = {}
     if mixed and not spec.native_quant and counts and all(t in OWN for t in counts):
         by_scheme: Counter = Counter()

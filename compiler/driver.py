@@ -81,7 +81,7 @@ def choose_schemes(spec, quant: str | None, head_quant: str | None, progress: bo
     if not scheme.body:
         raise CompileError(f"--quant {scheme.name} is an embedding / lm_head scheme: pass it as --head-quant {scheme.name} "
                            f"(body schemes: {', '.join(body_schemes())})")
-    if head_quant is None:   # the scheme's default head: float packages keep their float head, integer ones use q8
+    if head_quant is None:   # the scheme's default head: float packages keep their float head, integer ones q8g32
         head_quant = scheme.default_head or scheme.name
     head = get_scheme(head_quant)
     if not head.head:
@@ -122,7 +122,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                   npu_residual: str | None = None, npu_act: str | None = None, swa_full: bool = False,
                   verify_tokens: int | None = None, kv_cache: str = "f32") -> Path:
     """Compile a checkpoint into a package. quant None: f16 (t2 for BitNet checkpoints); head_quant None: the
-    body's float scheme, or q8 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
+    body's float scheme, or q8g32 for integer schemes. gptq: GPTQ instead of round-to-nearest for q4 schemes,
     calibrated on calib (a text file) or the built-in sample. tune: off | quick | full (compiler/tune; None: quick
     for the host target, off for cross targets). fuse: q/k/v and gate/up as one kernel each (off: for A/B runs).
     expert_prefetch_distance (MoE): decode guesses layer L's experts from the residual stream entering layer

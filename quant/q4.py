@@ -75,7 +75,7 @@ def linear_q4_ref(x, qweight, scales, bias=None) -> np.ndarray:
 
 class Q4Scheme(Scheme):
     parts = ("qweight", "scales")
-    default_head = "q8"
+    default_head = "q8g32"
     gptq = True
     stacking = {"qweight": 4, "scales": 1}
     linear_ref = staticmethod(linear_q4_ref)

@@ -96,7 +96,7 @@ class Q4MScheme(Scheme):
     group = G
     k_multiple, k_multiple_why = G, f"the group size {G}"
     head = False              # the head keeps q8 (its default): an embedding gather of this layout is not built
-    default_head = "q8"
+    default_head = "q8g32"
     stacking = {"qweight": 4, "scales": 1, "mins": 1}
     linear_ref = staticmethod(linear_q4m_ref)
     kernel_ops = {"linear_q4m": KernelTraits("linear", "block", LAYOUT, "group", "block", k_multiple=QA, group=G,

@@ -92,7 +92,7 @@ class Q6Scheme(Scheme):
     group = Q6_GROUP
     k_multiple, k_multiple_why = Q6_GROUP, f"the group size {Q6_GROUP}"
     body = True
-    default_head = "q8"
+    default_head = "q8g32"
     stacking = {"qweight": 4, "scales": 1}
     linear_ref = staticmethod(linear_q6_ref)
     kernel_ops = {"linear_q6": KernelTraits("linear", "q6", Q6_LAYOUT, "group", "block", k_multiple=QA, group=Q6_GROUP),

@@ -39,7 +39,7 @@ class Q8Scheme(Scheme):
                    "integer dot products")
     parts = ("qweight", "scales")
     k_multiple, k_multiple_why = QA, "the int8 activation block of 32"
-    default_head = "q8"
+    default_head = "q8g32"
     stacking = {"qweight": 4, "scales": "rows"}
     linear_ref = staticmethod(linear_q8_ref)
     kernel_ops = {"linear_q8": KernelTraits("linear", "block", "q8", "row", "block", k_multiple=QA),

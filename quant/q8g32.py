@@ -50,7 +50,7 @@ class Q8G32Scheme(Scheme):
     parts = ("qweight", "scales")
     k_multiple, k_multiple_why = G, "the group size 32"
     head = True   # a Q8_0 GGUF's embedding / lm_head kept too (embed_q8g32: q8's codes with group scales)
-    default_head = "q8"
+    default_head = "q8g32"
     stacking = {"qweight": 4, "scales": 1}
     linear_ref = staticmethod(linear_q8g32_ref)
     kernel_ops = {"linear_q8g32": KernelTraits("linear", "block", "q8", "group", "block", k_multiple=QA, groups=(G,)),

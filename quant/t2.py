@@ -58,8 +58,8 @@ class T2Scheme(Scheme):
                    "activations per token")
     parts = ("qweight", "scale")
     k_multiple, k_multiple_why = 16, "the packed ternary chunk of 16"
-    head = False              # no embedding kernel; the head of a t2 package defaults to q8
-    default_head = "q8"
+    head = False              # no embedding kernel; the head of a t2 package defaults to q8g32
+    default_head = "q8g32"
     stacking = {"qweight": 4, "scale": "matrix"}   # fused: one scale per matrix, f32[nseg]
     linear_ref = staticmethod(linear_t2_ref)
     kernel_ops = {"linear_t2": KernelTraits("linear", "t2", "t2", "matrix", "token", k_multiple=16),

@@ -216,7 +216,7 @@ def test_q8_0_and_q4_0_blocks_are_kept_bit_for_bit(qtype, scheme, tmp_path):
 
 
 @pytest.mark.parametrize("qtype,want", [("Q4_0", ("q4g32", "q4g32")), ("F16", ("f16", "f16")),
-                                        ("Q5_1", ("q6", "q8")), ("Q4_1", ("q4m32", "q8")), ("Q5_0", ("q6", "q8")),
+                                        ("Q5_1", ("q6", "q8g32")), ("Q4_1", ("q4m32", "q8g32")), ("Q5_0", ("q6", "q8g32")),
                                         ("Q8_0", ("q8g32", "q8g32"))])
 def test_quant_auto_follows_the_block_types(qtype, want, tmp_path):
     """--quant auto: the cheapest scheme holding the file's blocks (exactly where one does; compiler/auto_quant.py: a

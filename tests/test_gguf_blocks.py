@@ -161,10 +161,10 @@ def test_a_files_blocks_compile_kept(arch, qtype, scheme, kept, dims, tmp_path):
         assert np.array_equal(held, values) if t != "Q4_K" else _rel(held, values) < 4e-3, name
     assert bool(own) == (qtype == "Q4_K") and (spec.n_experts or sum(types.values()) == 7 * spec.n_layers)
     pkg = compile_model(str(g), quant="auto", out=tmp_path / "p", progress=False, max_context=96, prefill_chunk=8)
-    ref = QuantizedModel(spec, ck.get, get_scheme(scheme), get_scheme("q8"), parts=stored, matrix_schemes=own)
+    ref = QuantizedModel(spec, ck.get, get_scheme(scheme), get_scheme("q8g32"), parts=stored, matrix_schemes=own)
     with Runtime.load(pkg, threads=2) as rt:
         q = rt.manifest["quant"]
-        assert (q["scheme"], q["head"]) == (scheme, "q8")
+        assert (q["scheme"], q["head"]) == (scheme, "q8g32")
         assert q.get("matrix_schemes", {}) == dict(Counter(s.name for s in own.values()))
         for (t, sch), n in types.items():
             assert q["source_types"][t][sch] == {"tensors": n, "kept": kept if t == qtype else True}, (t, sch)

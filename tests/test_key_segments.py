@@ -46,11 +46,17 @@ def test_a_package_with_key_segments(quant, tmp_path):
     assert f"attention_t1_nh9_kvh3_d32_split{P}" in kernels
     assert any(k.startswith("attention_t8_") and k.endswith(f"_split{P}") for k in kernels)   # the verify program's
     prompt = [int(t) for t in np.random.default_rng(1).integers(3, 900, 300)]   # 300 keys: several segments
-    ref = NumpyModel(spec, ck.get) if quant == "f32" else QuantizedModel(spec, ck.get, get_scheme(quant), get_scheme("q8"))
+    ref = NumpyModel(spec, ck.get) if quant == "f32" else QuantizedModel(spec, ck.get, get_scheme(quant), get_scheme("q8g32"))
     with edgellm.Runtime.load(pkg, threads=2) as rt:
         # q8: over 300 rows one int8 activation lands on the other side of a rounding step (the same with P = 0)
         assert relerr(rt.logits(prompt), ref.logits(prompt)) < (1e-4 if quant == "f32" else 1e-2)
-        assert rt.generate(prompt, max_new_tokens=12, ignore_eos=True).token_ids == ref.greedy(prompt, 12)
+        toks = rt.generate(prompt, max_new_tokens=12, ignore_eos=True).token_ids
+        if quant == "f32":
+            assert toks == ref.greedy(prompt, 12)
+        else:   # random weights have near-ties (a top-2 gap of 3e-4 at this prompt's end): each decoded token is the
+            # oracle's argmax, on the package's own path, up to the logits tolerance
+            for t, row in zip(toks, ref.logits(prompt + toks[:-1])[len(prompt) - 1:]):
+                assert row.max() - row[t] <= 2e-2 * np.abs(row).max(), (t, int(row.argmax()))
         ctx, drafts = rt.context, [7, 64, 128, 3, 11, 300, 9, 12]
         ctx.rewind(0)
         ctx.prefill(prompt)

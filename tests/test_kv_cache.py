@@ -231,7 +231,7 @@ def test_a_quantized_cache_gives_the_numpy_models_logits_with_rounded_kv(arch, q
     pkg = edgellm.compile(str(ck), quant=quant, out=tmp_path / "p", max_context=CTX, prefill_chunk=8, tune="off",
                           progress=False, kv_cache=kind)
     spec, c, _ = load_checkpoint(str(ck))
-    head = quant if quant in ("f32", "f16") else "q8"
+    head = quant if quant in ("f32", "f16") else "q8g32"
     from edgellm.quant.key_mean import applies
 
     mu = _key_mean(spec, c, ck) if kind.partition(",")[0] == "q4" and applies(spec) else None   # q4 keys less their

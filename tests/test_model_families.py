@@ -100,7 +100,7 @@ def test_package_matches_numpy(name, quant, ckpts, tmp_path):
                           progress=False, verify_tokens=8)
     spec = resolve_longrope(spec, 96)
     ref = (NumpyModel(spec, ck.get) if quant == "f32" else
-           QuantizedModel(spec, ck.get, get_scheme(quant), get_scheme("q8")))
+           QuantizedModel(spec, ck.get, get_scheme(quant), get_scheme("q8g32")))
     with edgellm.Runtime.load(pkg, threads=2) as rt:
         assert relerr(rt.logits(PROMPT), ref.logits(PROMPT)) < (1e-4 if quant == "f32" else 2e-3)
         greedy = rt.generate(PROMPT, max_new_tokens=32, ignore_eos=True).token_ids

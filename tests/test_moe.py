@@ -94,7 +94,7 @@ def test_f32_package_matches_numpy(ckpts, packages, name):
                                         ("qwen3-moe", "q4g128"), ("olmoe", "t2")])
 def test_quantized_package_matches_oracle(ckpts, packages, name, quant):
     spec, ck, _ = load_checkpoint(str(ckpts[name]))
-    head = "q8" if get_scheme(quant).default_head == "q8" else quant
+    head = get_scheme(quant).default_head or quant
     ref = QuantizedModel(spec, ck.get, get_scheme(quant), get_scheme(head))
     with edgellm.Runtime.load(packages(name, quant), threads=2) as rt:
         # t2 re-quantizes every projection's input per token: rounding-edge flips compound as in the BitNet oracle
@@ -111,7 +111,7 @@ def test_gptq_package_matches_oracle(ckpts, packages):
     pre = gptq_from_checkpoint(spec, lambda n: np.asarray(ck.get(n), np.float32), scheme, d / "tokenizer.json")
     experts = [n for n in pre if ".experts." in n]
     assert len(experts) == 3 * spec.n_experts * spec.n_layers   # every expert matrix is GPTQ-calibrated
-    ref = QuantizedModel(spec, ck.get, scheme, get_scheme("q8"))
+    ref = QuantizedModel(spec, ck.get, scheme, get_scheme("q8g32"))
     ref._parts.update({(n, scheme.name): p for n, p in pre.items()})
     with edgellm.Runtime.load(packages("mixtral", "q4g32", gptq=True), threads=2) as rt:
         assert relerr(rt.logits(PROMPT), ref.logits(PROMPT)) < TOL

@@ -269,8 +269,7 @@ def test_scheme_rules():
     assert body_schemes() == ["f32", "f16", "q8", "q8g32", "q4g32", "q4g64", "q4g128", "q4m32", "q6", "t2"]
     assert head_schemes() == ["f32", "f16", "q8", "q8g32", "q4g32", "q4g64", "q4g128", "q6"]
     assert {n: s.default_head or n for n, s in SCHEMES.items()} == {
-        "f32": "f32", "f16": "f16", "q8": "q8", "q8g32": "q8", "q4g32": "q8", "q4g64": "q8", "q4g128": "q8", "q4m32": "q8",
-        "q6": "q8", "t2": "q8"}
+        "f32": "f32", "f16": "f16", **{n: "q8g32" for n in ("q8", "q8g32", "q4g32", "q4g64", "q4g128", "q4m32", "q6", "t2")}}
     assert [n for n, s in SCHEMES.items() if s.gptq] == ["q4g32", "q4g64", "q4g128"]
     assert {n: s.embedding for n, s in SCHEMES.items() if s.head} == {
         "f32": "float32", "f16": "float16", "q8": "q8", "q8g32": "q8g32", "q4g32": "q4g32", "q4g64": "q4g64",

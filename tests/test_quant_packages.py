@@ -44,13 +44,13 @@ def compiled(ckpt, tmp_path, quant, **kw):
 def test_package_matches_quantized_oracle(ckpts, tmp_path, model, quant):
     spec, ck, _ = load_checkpoint(str(ckpts[model]))
     pkg = compiled(ckpts[model], tmp_path, quant)
-    ref = QuantizedModel(spec, ck.get, get_scheme(quant), get_scheme("q8"))
+    ref = QuantizedModel(spec, ck.get, get_scheme(quant), get_scheme("q8g32"))
     with edgellm.Runtime.load(pkg, threads=2) as rt:
         assert relerr(rt.logits(PROMPT), ref.logits(PROMPT)) < TOL
         got = rt.generate(PROMPT, max_new_tokens=32, ignore_eos=True).token_ids
     assert got == ref.greedy(PROMPT, 32)
     q = json.loads((pkg / "manifest.json").read_text())["quant"]
-    assert q["scheme"] == quant and q["head"] == "q8"
+    assert q["scheme"] == quant and q["head"] == "q8g32"
     bits = get_scheme(quant).bits_per_weight
     assert bits < q["bits_per_weight"] < 8.5      # the q8 embedding/head of a tiny model weighs in
 
@@ -106,7 +106,7 @@ def test_native_bitnet_demo_matches_numpy(tmp_path):
     man = json.loads((pkg / "manifest.json").read_text())
     assert man["quant"]["scheme"] == "t2" and man["quant"]["method"] == "native"
     ids = Tokenizer.from_file(str(DEMO_DIR / "demo-bitnet" / "tokenizer.json")).encode(HELDOUT.read_text()[:400]).ids[:40]
-    ref = QuantizedModel(spec, ck.get, get_scheme("t2"), get_scheme("q8"))
+    ref = QuantizedModel(spec, ck.get, get_scheme("t2"), get_scheme("q8g32"))
     with edgellm.Runtime.load(pkg, threads=2) as rt:
         # every BitLinear re-quantizes its input per token (6 layers x 7 projections + sub-norms in between), so
         # boundary flips compound more than in the q8/q4 oracle test: 1e-2 of the logit range, argmax everywhere
@@ -152,7 +152,7 @@ def test_post_training_ternary_warns(ckpts, tmp_path, capsys):
     assert main(["compile", str(ckpts["llama"]), "-q", "t2", "-o", str(tmp_path / "t2"), "--max-context", "64"]) == 0
     assert "post-training ternarization" in capsys.readouterr().err
     assert main(["info", str(tmp_path / "t2")]) == 0
-    assert "t2, embedding/head q8" in capsys.readouterr().out
+    assert "t2, embedding/head q8g32" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("quant", ["q8", "q4g32", "t2"])
@@ -161,7 +161,7 @@ def test_avx2_flavour_matches_oracle(ckpts, tmp_path, quant):
     spec, ck, _ = load_checkpoint(str(ckpts["llama"]))
     pkg = edgellm.compile(str(ckpts["llama"]), target="x86-avx2", quant=quant, out=tmp_path / quant, max_context=64,
                           prefill_chunk=8, progress=False)
-    ref = QuantizedModel(spec, ck.get, get_scheme(quant), get_scheme("q8"))
+    ref = QuantizedModel(spec, ck.get, get_scheme(quant), get_scheme("q8g32"))
     with edgellm.Runtime.load(pkg, threads=2) as rt:
         assert relerr(rt.logits(PROMPT), ref.logits(PROMPT)) < TOL
 

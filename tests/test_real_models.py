@@ -63,12 +63,13 @@ def test_f32_package_equals_transformers(real):
 
 
 def test_q8_package_tracks_transformers(real):
-    """q8 (int8 weights, int8 activations per block): the first generated token equal on every prompt, the greedy
-    continuations equal to transformers' f32 ones for 8 tokens on average (measured: SmolLM2 9, 7, 16, 6; Gemma 3
-    270M 9, 9, 32, 10) and the last-token logits within 10% (Gemma: 4-5%)."""
+    """q8 (int8 weights, int8 activations per block; the default q8g32 head): the first generated token equal on
+    every prompt, the greedy continuations equal to transformers' f32 ones for 8 tokens on average (measured: SmolLM2
+    19, 7, 16, 6; Gemma 3 270M 32, 10, 11, 10) and the last-token logits within 7% (measured: SmolLM2 3.1-5.2%, Gemma
+    3.2-4.6%; with a row-scaled q8 head 3.1-6.4% and 4.7-10.5%: an outlier column coarsens a whole row's grid)."""
     name, runs = _runs(real, "q8")
     same = []
     for err, ours, toks in runs:
-        assert err < 0.1 and ours[0] == toks[0], (name, err)
+        assert err < 0.07 and ours[0] == toks[0], (name, err)
         same.append(next((i for i, (a, b) in enumerate(zip(ours, toks)) if a != b), N_NEW))
     assert np.mean(same) >= 8, (name, same)
