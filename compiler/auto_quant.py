@@ -15,7 +15,7 @@ The head (embedding / lm_head) maps by its own type. A safetensors checkpoint's 
 | F32 / F16, BF16 | f32 / f16 | 32 / 16 | the same |
 | Q4_0 | q4g32 (exact) | 4.5 | Q4_0 -> q4g32 |
 | Q4_1, Q4_K (Q4_K_S), with Q4_0 | q4m32 (Q4_0, Q4_1 exact; Q4_K codes) | 5 | |
-| Q5_0, and the rest but Q8_0 (Q4_K_M: Q4_K + Q6_K; Q5_x, Q6_K, Q3_K, Q2_K) | q6 (Q5_0, Q4_0 exact) | 6.5 | Q6_K, others -> q8g32 |
+| Q5_0, and the rest but Q8_0 (Q4_K_M: Q4_K + Q6_K; Q5_x, Q6_K, Q3_K, Q2_K) | q6 (Q5_0, Q4_0 exact) | 6.5 | others -> q8g32 |
 | Q8_0 | q8g32 (exact) | 8.5 | Q8_0 -> q8g32 |
 | TQ1_0, TQ2_0 (BitNet) | t2 (the ternary codes and the tensor's scale exactly) | 2 | by its own type |
 """

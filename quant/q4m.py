@@ -95,7 +95,7 @@ class Q4MScheme(Scheme):
     parts = ("qweight", "scales", "mins")
     group = G
     k_multiple, k_multiple_why = G, f"the group size {G}"
-    head = False              # the head keeps q8 (its default): an embedding gather of this layout is not built
+    head = False              # the head keeps q8g32 (its default): an embedding gather of this layout is not built
     default_head = "q8g32"
     stacking = {"qweight": 4, "scales": 1, "mins": 1}
     linear_ref = staticmethod(linear_q4m_ref)
