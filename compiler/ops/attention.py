@@ -328,19 +328,11 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                     O[t0 + r % Tq, (h0 + r // Tq) * D + dc * VD + l] = A[r * D + dc * VD + l] * L[li]
 
     @T.macro
-    def running(r, cst, cacc):
-        """Row r's running state before its first segment folds in (max -3e38, sum 0, values 0)."""
-        cst[r * 4] = T.float32(NEG)
-        cst[r * 4 + 1] = T.float32(0)
-        for dc in T.unroll(ND):
-            for l in T.vectorized(VD):
-                cacc[r * D + dc * VD + l] = T.float32(0)
-
-    @T.macro
-    def fresh(r, st, acc):
-        """Row r's softmax state reset for a new key segment."""
+    def zero_state(r, st, acc, slot):
+        """Row r's softmax state empty (max -3e38, the sum in st[r * 4 + slot] 0, values 0): slot 1 for the running
+        state before a row's first segment folds in, slot 3 for a new key segment's own state."""
         st[r * 4] = T.float32(NEG)
-        st[r * 4 + 3] = T.float32(0)
+        st[r * 4 + slot] = T.float32(0)
         for dc in T.unroll(ND):
             for l in T.vectorized(VD):
                 acc[r * D + dc * VD + l] = T.float32(0)
@@ -367,7 +359,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             init_rows(Q, h0, t0, qs, acc, st)
             if segmented:
                 for r in range(R):
-                    running(r, cst, cacc)
+                    zero_state(r, cst, cacc, 1)
                     nb[r * 2 + 1] = seg_chunks(n_seen(TR, t0 + r % Tq, nmax - Tq + 1 + r % Tq, n0))
                     nb[r * 2] = next_end(TR, t0, r, nmax, n0, 0, nb[r * 2 + 1])
             if windowed:  # from the first chunk holding a key the block's first query sees
@@ -387,7 +379,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                         for r in range(R):
                             if c == nb[r * 2]:   # row r's key segment ends: fold it, start the next
                                 fold(r, st[r * 4], st[r * 4 + 3], acc, r * D, cst, cacc)
-                                fresh(r, st, acc)
+                                zero_state(r, st, acc, 3)
                                 nb[r * 2] = next_end(TR, t0, r, nmax, n0, c, nb[r * 2 + 1])
                     for r in range(R):
                         # keys of this chunk visible to row r (row r sees keys j < nmax - Tq + 1 + r % Tq)
@@ -447,7 +439,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                 cacc = T.alloc_buffer((R * D,), F32, scope="global", annotations=STACK)
                 ar = T.alloc_buffer((D,), F32, scope="global", annotations=STACK)
                 for r in range(R):
-                    running(r, cst, cacc)
+                    zero_state(r, cst, cacc, 1)
                     for seg in range((n_chunks(n) + cps - 1) // cps):
                         fold(r, wml[((g * P + seg) * R + r) * 2], wml[((g * P + seg) * R + r) * 2 + 1], wacc,
                              ((g * P + seg) * R + r) * D, cst, cacc)
