@@ -21,10 +21,13 @@ from edgellm.runtime.python.api import Runtime  # noqa: E402
 DEMO = Path(__file__).resolve().parents[1] / "models" / "demo" / "demo-llama"
 CHUNK, CTX = 16, 128   # a 40-token prompt runs as three prefill chunks, the last one partial
 PROMPT = [int(t) for t in np.random.default_rng(3).integers(2, 900, 40)]
-# logits: f32 packages differ from the CPU kernels by f32 summation order only; quantized ones also by the rare
-# int8 activation that rounds the other way after such a difference, so they get a looser bound (q8 measured
-# 2.6e-3 against an AVX2-only Zen 3 host's CPU kernels, whose 8-lane sums round differently from AVX-512's)
-TOL = {"f32": 1e-4, "q8": 5e-3, "q4g32": 5e-3, "t2": 5e-3}
+# logits, per position (max |gpu - cpu| / max |cpu|): f32 packages differ from the CPU kernels by f32 summation order
+# only; quantized ones also by the rare int8 activation that rounds the other way after such a difference (one flip
+# moves that position's logits), so their worst position gets a looser bound and their median a tight one. Measured on
+# an AVX2-only Zen 3 host: q8 worst 2.9e-3, q4g32 (q8g32 head, activations quantized per 32) worst 5.4e-3, medians
+# 1.2-1.3e-3. A GPU that quantized differently fails the median: the same q4g32 body with a per-token q8 head instead
+# is 5.3e-3 from it at the median (9.8e-3 worst).
+TOL = {"f32": (1e-4, 1e-4), "q8": (1e-2, 2.5e-3), "q4g32": (1e-2, 2.5e-3), "t2": (1e-2, 2.5e-3)}   # (worst, median)
 CASES = [("demo-llama", "f32"), ("demo-llama", "q8"), ("demo-llama", "q4g32"), ("demo-llama", "t2"),
          ("qwen2", "f32"), ("qwen3", "q4g32"), ("gemma3", "q8"), ("llama-bias", "f32")]   # + Qwen2's biases and tied head,
 # Qwen3's q/k norms, Gemma 3's GeGLU, scaled embedding, post-norms and two RoPE tables, Llama's attention and MLP biases
@@ -70,8 +73,10 @@ def test_same_tokens_and_logits_as_the_cpu(packages, model, quant):
     ids = [i % gpu.manifest["model"]["config"]["vocab_size"] for i in PROMPT]
     lg, lc = gpu.logits(ids), cpu.logits(ids)   # every position: three chunks through prefill_logits
     assert lg.shape == lc.shape == (len(ids), lc.shape[1])
-    err = np.abs(lg - lc).max() / np.abs(lc).max()
-    assert err <= TOL[quant], f"max |gpu - cpu| / max |cpu| = {err:.2e}"
+    err = np.abs(lg - lc).max(axis=1) / np.abs(lc).max()
+    worst, median = TOL[quant]
+    assert err.max() <= worst and np.median(err) <= median, f"|gpu - cpu| / max |cpu|: worst {err.max():.2e}, " \
+        f"median {np.median(err):.2e}"
     g = gpu.generate(ids, max_new_tokens=24, temperature=0, ignore_eos=True, repetition_penalty=1.0)
     c = cpu.generate(ids, max_new_tokens=24, temperature=0, ignore_eos=True, repetition_penalty=1.0)
     assert g.token_ids == c.token_ids and len(g.token_ids) == 24

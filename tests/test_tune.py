@@ -85,7 +85,7 @@ def test_second_compile_on_the_same_cpu_measures_nothing(tune_home, monkeypatch)
     edgellm.compile("demo", quant="q4g32", out=out1, max_context=128, progress=False, tune="quick")
     t1 = _manifest(out1)["tuning"]
     assert t1["mode"] == "quick" and t1["measured_variants"] > 0
-    assert set(t1["prefetch_bytes"]) == {"linear_q4", "linear_q8"}   # the body's GEMVs and the q8 lm_head
+    assert set(t1["prefetch_bytes"]) == {"linear_q4", "linear_q8g32"}   # the body's GEMVs and the q8g32 lm_head
     assert all(v in SPACE["quick"]["prefetch"] for v in t1["prefetch_bytes"].values())
     assert t1["prefill_chunk"] in SPACE["quick"]["chunk"] and _manifest(out1)["prefill_chunk"] == t1["prefill_chunk"]
     # second compile: nothing measured (the timing code is not even reached), the same knobs
