@@ -275,14 +275,14 @@ def test_softcapping_changes_the_model(ckpts):
 
 @pytest.mark.parametrize("name,quant", [("olmo2", "q8"), ("phi4-mini", "q4g32"), ("gemma2", "f32")])
 def test_opencl_matches_the_cpu(name, quant, ckpts, tmp_path):
-    from test_opencl import TOL, needs_device
+    from test_opencl import assert_close, needs_device
 
     if needs_device.args[0]:
         pytest.skip(needs_device.kwargs["reason"])
     cpu_pkg, gpu_pkg = _host_and(ckpts, tmp_path, name, "opencl", quant)
     with edgellm.Runtime.load(gpu_pkg) as gpu, edgellm.Runtime.load(cpu_pkg) as cpu:
         assert gpu.device and gpu.device.startswith("OpenCL")
-        assert relerr(gpu.logits(PROMPT), cpu.logits(PROMPT)) <= TOL[quant]
+        assert_close(gpu.logits(PROMPT), cpu.logits(PROMPT), quant)
         assert (gpu.generate(PROMPT, max_new_tokens=24, ignore_eos=True).token_ids ==
                 cpu.generate(PROMPT, max_new_tokens=24, ignore_eos=True).token_ids)
 

@@ -33,6 +33,14 @@ CASES = [("demo-llama", "f32"), ("demo-llama", "q8"), ("demo-llama", "q4g32"), (
 # Qwen3's q/k norms, Gemma 3's GeGLU, scaled embedding, post-norms and two RoPE tables, Llama's attention and MLP biases
 
 
+def assert_close(gpu_logits, cpu_logits, quant: str) -> None:
+    """TOL[quant] on logits [positions, vocab]: the worst and the median position's max |gpu - cpu| / max |cpu|."""
+    err = np.abs(gpu_logits - cpu_logits).max(axis=1) / np.abs(cpu_logits).max()
+    worst, median = TOL[quant]
+    assert err.max() <= worst and np.median(err) <= median, \
+        f"|gpu - cpu| / max |cpu|: worst {err.max():.2e}, median {np.median(err):.2e}"
+
+
 def _opencl_device() -> bool:
     try:
         import ctypes
@@ -73,10 +81,7 @@ def test_same_tokens_and_logits_as_the_cpu(packages, model, quant):
     ids = [i % gpu.manifest["model"]["config"]["vocab_size"] for i in PROMPT]
     lg, lc = gpu.logits(ids), cpu.logits(ids)   # every position: three chunks through prefill_logits
     assert lg.shape == lc.shape == (len(ids), lc.shape[1])
-    err = np.abs(lg - lc).max(axis=1) / np.abs(lc).max()
-    worst, median = TOL[quant]
-    assert err.max() <= worst and np.median(err) <= median, f"|gpu - cpu| / max |cpu|: worst {err.max():.2e}, " \
-        f"median {np.median(err):.2e}"
+    assert_close(lg, lc, quant)
     g = gpu.generate(ids, max_new_tokens=24, temperature=0, ignore_eos=True, repetition_penalty=1.0)
     c = cpu.generate(ids, max_new_tokens=24, temperature=0, ignore_eos=True, repetition_penalty=1.0)
     assert g.token_ids == c.token_ids and len(g.token_ids) == 24
