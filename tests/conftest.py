@@ -63,6 +63,8 @@ SLOW_TESTS = {   # module -> test functions (every parameter)
                        "test_package_fused_equals_unfused", "test_prequantized_parts_are_stacked",
                        "test_qkv_bias_and_qk_norm_models"),
     "test_gguf.py": ("test_bitnet_gguf_keeps_the_ternary_weights",),
+    "test_gguf_blocks.py": ("test_a_files_blocks_compile_kept",),   # 49-88 s each; the MoE file's case is slow only
+    "test_speculative.py": ("test_draft_package_under_a_budget_and_with_moe",),   # 66 s; test_draft_package_gives_plain_tokens
     "test_window_cache.py": ("test_opencl_window_caches_move_on_the_device",),
     "test_fuzz.py": ("test_bad_rope_table_is_refused_under_asan", "test_mutated_tables_of_other_kinds",
                      "test_truncated_routing_table_is_refused_under_asan"),
@@ -97,6 +99,9 @@ SLOW_TESTS = {   # module -> test functions (every parameter)
     "test_sizes.py": ("test_every_front_end_reads_a_budget_alike",),
 }
 FAST_ANYWAY = {   # a slow function's one parameter that stands for its capability in the fast tier
+    "test_gguf_blocks.py::test_a_files_blocks_compile_kept[LlamaForCausalLM-Q4_1-q4m32-True-dims0]",
+    "test_gguf_blocks.py::test_a_files_blocks_compile_kept[LlamaForCausalLM-Q4_K-q4m32-codes-dims1]",
+    "test_gguf_blocks.py::test_a_files_blocks_compile_kept[LlamaForCausalLM-Q5_0-q6-True-dims2]",
     "test_opencl.py::test_same_tokens_and_logits_as_the_cpu[demo-llama-t2]",
     "test_gguf.py::test_bitnet_gguf_keeps_the_ternary_weights[TQ2_0]",
     "test_context_shift.py::test_a_shifted_context_is_a_fresh_one_holding_the_kept_ids[4-0-gemma2]",
