@@ -5,7 +5,6 @@ of the cheapest scheme that holds a file's types (compiler/auto_quant.py)."""
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +25,6 @@ PROMPT = [5, 17, 33, 2, 99, 250, 7, 64, 128, 3, 11, 300]
 TARGET = ops.llvm_target(2)
 
 
-HOST_AVX512 = " avx512f" in (Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else "")
 
 
 def _rel(a, b) -> float:
@@ -170,9 +168,12 @@ def test_a_files_blocks_compile_kept(arch, qtype, scheme, kept, dims, tmp_path):
             assert q["source_types"][t][sch] == {"tensors": n, "kept": kept if t == qtype else True}, (t, sch)
         got, want = np.asarray(rt.logits(PROMPT)), ref.logits(PROMPT)
         # equal to f32 rounding, but where a 1-ulp difference moves an int8 activation across a rounding edge (one
-        # such flip in the Q4_K case, at position 10 of the prompt whatever the prefill chunk). The AVX2 kernels
-        # (8-lane sums, no AVX-512) sum in yet another order: on a Zen 3 host a flip lands at position 3 of the
-        # Q5_0 file and every later row attends to it (rows ~5e-3), so the median holds on AVX-512 hosts only
+        # such flip in the Q4_K case, at position 10 of the prompt whatever the prefill chunk); every later row
+        # attends to the flipped one (rows ~5e-3). Where it lands depends on both sides' summation order (the
+        # kernels' vector width, numpy's dispatch for the CPU): the Q5_0 file's at position 3 on a Zen 3 (AVX2) and
+        # at 4 on a Sapphire Rapids-class Xeon. A systematic error shows from the first position: the rows before
+        # the first flip are exact
         rows = [_rel(got[i], want[i]) * np.abs(want[i]).max() / np.abs(want).max() for i in range(len(PROMPT))]
-        assert max(rows) < 1e-2 and (np.median(rows) < 1e-5 or not HOST_AVX512), rows
+        first_flip = next((i for i, r in enumerate(rows) if r >= 1e-5), len(rows))
+        assert max(rows) < 1e-2 and first_flip >= 3, rows
         assert rt.generate(PROMPT, max_new_tokens=16, ignore_eos=True).token_ids == ref.greedy(PROMPT, 16)
