@@ -25,8 +25,6 @@ PROMPT = [5, 17, 33, 2, 99, 250, 7, 64, 128, 3, 11, 300]
 TARGET = ops.llvm_target(2)
 
 
-
-
 def _rel(a, b) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
