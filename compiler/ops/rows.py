@@ -33,6 +33,7 @@ def limit_rows(func, T_: int, guard_tokens: bool = True, zero_rest: bool = False
     n = tirx.BufferLoad(cnt, [tirx.const(0, "int32"), tirx.const(0, "int32")])
     seen_tb = []
     stored = []
+    zero_copies = []
 
     def on_for(node, m):
         node = m.default_mutate(node)
@@ -53,6 +54,7 @@ def limit_rows(func, T_: int, guard_tokens: bool = True, zero_rest: bool = False
         if name == "tb" and ext > 1:
             cond = v * tirx.const(T_ // ext, v.ty.dtype) < tirx.Cast(v.ty.dtype, n)
         elif name == "t" and ext == T_ and guard_tokens:
+            zero_copies.append(v)
             return tirx.For(v, node.min, node.extent, node.kind,
                             tirx.IfThenElse(v < tirx.Cast(v.ty.dtype, n), node.body, _stores_of_zero(node.body)),
                             node.thread_binding, node.annotations)
@@ -72,6 +74,8 @@ def limit_rows(func, T_: int, guard_tokens: bool = True, zero_rest: bool = False
         outs = [p for p in func.params if any(p.same_as(b) for b in stored)]
         body = tirx.SeqStmt([body, *(_zero_rows(o, T_, n) for o in outs)])   # after: some kernels store whole tiles
     func = tirx.PrimFunc([*func.params, cnt], body, func.ret_type, func.attrs)
+    if not zero_copies:
+        return func
     # the zero-storing copies of `t` bodies define their buffers and lets a second time: give them their own
     return tirx.transform.ConvertSSA()(tvm.IRModule({"f": func}))["f"]
 
