@@ -468,6 +468,42 @@ def test_attention_key_segments(NH, KVH, D, P, kind):
     assert ops.make_kernel("attention", CPU, T=1, NH=NH, KVH=KVH, D=D, P=0)[0] == f"attention_t1_nh{NH}_kvh{KVH}_d{D}"
 
 
+@pytest.mark.parametrize("kind", ("float32", "float16"))
+def test_decode_attention_prefetches_the_next_chunk(kind):
+    """Decode reads the cache from memory: on targets that prefetch the weight stream its chunk loops prefetch the next
+    chunk's K/V rows (a hint: the same bits without it); prefill and verify kernels (compute-bound, their chunks shared
+    by several rows) do not."""
+    from dataclasses import replace
+    off = replace(CPU, prefetch_bytes=0)
+    r = rng(5)
+    for NH, KVH, P in ((9, 3, 2), (8, 2, 0)):   # key segments as tasks (SmolLM2 on 2 threads), and head blocks
+        S = 300
+        q, k, v = randn(r, (1, NH, 64)), randn(r, (S, KVH, 64)).astype(kind), randn(r, (S, KVH, 64)).astype(kind)
+        p = dict(T=1, NH=NH, KVH=KVH, D=64, P=P, **({} if kind == "float32" else {"kv": kind}))
+        assert "llvm.prefetch" in ops.make_kernel("attention", CPU, **p)[1].script()
+        assert "llvm.prefetch" not in ops.make_kernel("attention", off, **p)[1].script()
+        got = run("attention", [q, k, v], (1, NH * 64), **p)
+        assert np.array_equal(got, run("attention", [q, k, v], (1, NH * 64), cpu=off, **p))
+        check(got, ops.reference("attention", [q, k.astype("float32"), v.astype("float32")], T=1, NH=NH, KVH=KVH, D=64))
+    for p in (dict(T=8, NH=9, KVH=3, D=64, P=2), dict(T=8, NH=9, KVH=3, D=64, P=2, M=True)):
+        assert "llvm.prefetch" not in ops.make_kernel("attention", CPU, **p)[1].script()
+
+
+@pytest.mark.parametrize("op,extra", [("linear_q4", {"G": 32}), ("linear_q8", {}), ("linear_t2", {})])
+def test_quantized_stream_prefetch_locality(op, extra):
+    """The quantized GEMVs and small-batch GEMMs prefetch their weight stream where the target says (Intel hosts: into
+    L2, targets.registry.host_prefetch), for decode and verify widths alike."""
+    import re
+    from dataclasses import replace
+    for T in (1, 8):
+        p = dict(T=T, N=256, K=512, bias=False, **extra)
+        for loc in (3, 2):
+            s = ops.make_kernel(op, replace(CPU, prefetch_locality=loc), **p)[1].script()
+            assert set(re.findall(r'"llvm.prefetch", T.address_of\(.*\), 0, (\d), 1\)', s)) == {str(loc)}, (T, loc)
+    from edgellm.targets.registry import host_is_intel, host_prefetch
+    assert host_prefetch()["prefetch_locality"] == (2 if host_is_intel() else 3)
+
+
 # ------------------------------------------------------------------------------------------- token trees (verify)
 def tree_rows(parents):
     """int32 [T + 1, T] of a token tree (parents[i] < i; node 0 the root): depths, then each node's ancestors by

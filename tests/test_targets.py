@@ -5,21 +5,22 @@ from edgellm.targets import get_target, registry
 
 
 @pytest.mark.parametrize("intel, flags, expect", [
-    (False, ("avx2", "fma", "f16c"), (1024, 1024)),                          # Zen 1-3: the short distances
-    (False, ("avx2", "fma", "f16c", "avx512f", "avx512vnni"), (4096, 8192)),  # Zen 4/5
-    (True, ("avx2", "fma", "f16c"), (4096, 8192)),
-    (True, ("avx2", "fma", "f16c", "avx512f", "avx512vnni"), (4096, 8192)),
+    (False, ("avx2", "fma", "f16c"), (1024, 1024, 3)),                          # Zen 1-3: the short distances
+    (False, ("avx2", "fma", "f16c", "avx512f", "avx512vnni"), (4096, 8192, 3)),  # Zen 4/5
+    (True, ("avx2", "fma", "f16c"), (4096, 8192, 2)),                            # Intel: the stream into L2
+    (True, ("avx2", "fma", "f16c", "avx512f", "avx512vnni"), (4096, 8192, 2)),
 ])
 def test_decode_prefetch_distance_follows_the_cpu(monkeypatch, intel, flags, expect):
     monkeypatch.setattr(registry, "host_is_intel", lambda: intel)
     monkeypatch.setattr(registry, "_host_x86_features", lambda: flags)
-    assert tuple(registry.host_prefetch().values()) == expect
+    pf = registry.host_prefetch()
+    assert (pf["prefetch_bytes"], pf["float_prefetch_bytes"], pf["prefetch_locality"]) == expect
     if registry.platform.machine() in ("x86_64", "AMD64"):
         host = get_target("host")
-        assert (host.prefetch_bytes, host.float_prefetch_bytes) == expect
-    for name, pf in (("x86-avx2", (1024, 1024)), ("x86-avx512", (4096, 8192))):
+        assert (host.prefetch_bytes, host.float_prefetch_bytes, host.prefetch_locality) == expect
+    for name, pf in (("x86-avx2", (1024, 1024, 3)), ("x86-avx512", (4096, 8192, 3))):
         t = get_target(name)
-        assert (t.prefetch_bytes, t.float_prefetch_bytes) == pf
+        assert (t.prefetch_bytes, t.float_prefetch_bytes, t.prefetch_locality) == pf
 
 
 def test_every_host_feature_list_fits_the_plan_header():

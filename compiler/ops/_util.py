@@ -142,8 +142,8 @@ def concat_vecs(vecs, w):
     return vecs[0]
 
 
-def prefetch(buf, idx):
-    """Software prefetch of the cache line holding buf[idx] (read, keep in all cache levels)."""
+def prefetch(buf, idx, locality: int = 3):
+    """Software prefetch of the cache line holding buf[idx] (read; locality 3: into L1, 2: into L2)."""
     from tvm.script import tirx as T
 
-    return T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(buf[idx]), 0, 3, 1))
+    return T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(buf[idx]), 0, locality, 1))

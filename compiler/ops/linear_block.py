@@ -125,7 +125,7 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
                                 acc16[l] = T.int16(0)
                         for c in T.unroll(CPB):
                             if PF > 0:
-                                prefetch(Wsrc, T.min(wbase + (kb * CPB + c) * 64 + PF, wlen - 1))
+                                prefetch(Wsrc, T.min(wbase + (kb * CPB + c) * 64 + PF, wlen - 1), cpu.prefetch_locality)
                             v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + (kb * CPB + c) * 64, 1, 64)]
                             for h in T.unroll(SUB):
                                 u: T.let[T.uint8x64] = operand(v, h)
@@ -299,7 +299,7 @@ def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
                     iacc[l] = 0
                 if PF > 0:
                     for c in T.unroll(Q6_CHUNKS):
-                        prefetch(Wsrc, T.min(wbase + kb * BB + c * 64 + PF, wlen - 1))
+                        prefetch(Wsrc, T.min(wbase + kb * BB + c * 64 + PF, wlen - 1), cpu.prefetch_locality)
                 for c in T.unroll(4):
                     v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + kb * BB + c * 64, 1, 64)]
                     hv: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + kb * BB + (4 + c // 2) * 64, 1, 64)]

@@ -73,7 +73,7 @@ def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool, nscale: int = 1):
                         acc16[l] = T.int16(0)
                     for cc in range(T.min(FL, NCH - f * FL)):
                         if PF > 0:
-                            prefetch(Wsrc, T.min(wbase + (f * FL + cc) * 64 + PF, wlen - 1))
+                            prefetch(Wsrc, T.min(wbase + (f * FL + cc) * 64 + PF, wlen - 1), cpu.prefetch_locality)
                         v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + (f * FL + cc) * 64, 1, 64)]
                         for j in T.unroll(4):
                             u: T.let[T.uint8x64] = operand(v, j)
@@ -90,7 +90,7 @@ def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool, nscale: int = 1):
                                 acc16[T.Ramp(ti * 32, 1, 32)])
             for ch in range(0 if i16 else NCH):
                 if PF > 0:
-                    prefetch(Wsrc, T.min(wbase + ch * 64 + PF, wlen - 1))
+                    prefetch(Wsrc, T.min(wbase + ch * 64 + PF, wlen - 1), cpu.prefetch_locality)
                 v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + ch * 64, 1, 64)]
                 if mm:
                     for m in T.unroll(2):   # bit pairs 2m, 2m+1: k 16ch + 8m .. +7
