@@ -112,6 +112,20 @@ def test_cache_rows_equal_a_run_of_the_accepted_tokens(packages):
     assert np.abs(nxt - want).max() <= 1e-4 * np.abs(want).max()
 
 
+def test_ngram_drafts_run_past_a_repeat_near_the_end(demo_q8):
+    """A reply that repeats itself with a short period matches its last ids a period back, where the history ends
+    after a period's worth of ids: the n-gram drafts come from an earlier match with a full chain after it (the demo
+    model answers "abab..." with one token over and over: the latest match drafted 1 id a pass, 18 passes for 40
+    tokens)."""
+    with Runtime.load(demo_q8) as rt:
+        ids = rt.encode("ab" * 20)
+        plain = rt.generate(ids, max_new_tokens=40, temperature=0, ignore_eos=True)
+        assert len(set(plain.token_ids[8:])) <= 2, plain.text   # the premise: a short period
+        r, s = run(rt, ids, "ngram", n=40, temperature=0)
+        assert r.token_ids == plain.token_ids
+        assert s["spec_drafted"] >= 4 * s["spec_passes"] and s["spec_accepted"] >= 24, s
+
+
 @pytest.mark.parametrize("scheme", ("f32", "q8"))
 def test_own_drafts_through_verify_and_take(packages, scheme):
     """Context.verify / take_drafts (el_verify, el_verify_take: a front end's own drafts): a pass's rows are the

@@ -230,8 +230,10 @@ typedef struct {
   float src_offered[8], src_taken[8];
   float src_q[8]; /* per source, the draft model's probabilities of the drafts offered, summed (its calibration) */
   /* the n-gram chain's drafts offered and taken by their place in the chain (a copy runs on once it starts: a
-   * later draft is taken more often than the first), and each pending node's place (-1: off the chain) */
-  float chain_offered[EL_MAX_DRAFT], chain_taken[EL_MAX_DRAFT];
+   * later draft is taken more often than the first), apart for chains drafted while a copy runs (chain_run: the
+   * last pass took its whole chain) and the others; and each pending node's place (-1: off the chain) */
+  float chain_offered[2][EL_MAX_DRAFT], chain_taken[2][EL_MAX_DRAFT];
+  int chain_run;
   int8_t spec_chain_i[EL_MAX_DRAFT + 1];
   int recycling; /* this generation keeps the table (recycle; auto where the verify program takes trees) */
   /* an output constraint's allowed tokens for the next draw (el_generate_constrain): a bit per token */

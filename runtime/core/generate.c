@@ -205,6 +205,7 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   memset(g->src_offered, 0, sizeof g->src_offered), memset(g->src_taken, 0, sizeof g->src_taken);
   memset(g->src_q, 0, sizeof g->src_q);
   memset(g->chain_offered, 0, sizeof g->chain_offered), memset(g->chain_taken, 0, sizeof g->chain_taken);
+  g->chain_run = 0;
   g->stage_offered = g->stage_taken = 0;
   g->draft_passes = g->draft_wait = g->draft_backoff = 0;
   g->finish = EL_FINISH_NONE;

@@ -26,16 +26,22 @@ static void seed_costs(el_model* m, el_gen* g);
 
 /* Prompt lookup: the latest earlier place where the history's last n ids occur (n from NGRAM_MAX down to min_n),
  * and up to max ids that followed them there. Text that quotes its prompt (code edits, extraction, reformatting)
- * repeats long runs of it. */
+ * repeats long runs of it. A place whose continuation runs into the end of the history (a match a period back in a
+ * reply that repeats itself) yields fewer than max ids: then the latest place that yields most (the demo model answers
+ * "abab..." with one id over and over, which the latest match drafted one id a pass). */
 static int ngram_draft(const int32_t* h, int n_hist, int min_n, int max, int32_t* out) {
   for (int n = NGRAM_MAX; n >= min_n; n--) {
     if (n_hist <= n) continue;
     const int32_t* tail = h + n_hist - n;
-    for (int i = n_hist - n - 1; i >= 0; i--) {
+    int best = -1, len = 0;
+    for (int i = n_hist - n - 1; i >= 0 && len < max; i--) {
       if (h[i] != tail[0] || memcmp(h + i, tail, sizeof(int32_t) * (size_t)n) != 0) continue;
-      int k = 0;
-      while (k < max && i + n + k < n_hist) out[k] = h[i + n + k], k++;
-      return k;
+      int k = n_hist - (i + n) < max ? n_hist - (i + n) : max;
+      if (k > len) best = i, len = k;
+    }
+    if (best >= 0) {
+      memcpy(out, h + best + n, sizeof(int32_t) * (size_t)len);
+      return len;
     }
   }
   return 0;
@@ -54,9 +60,12 @@ static float src_rate(const el_gen* g, int src) {
 }
 
 /* The chance the n-gram chain's draft at place i (0: the first) is taken where its parent was: its place's own
- * measured rate, with the source's overall rate as the prior (a copy that has started tends to run on). */
+ * measured rate while a copy runs (the last pass took its whole chain) or not, with the source's overall rate as the
+ * prior (a copy that has started tends to run on: pure copying takes every draft, and a chain sized by the rates of
+ * chains that start after a miss would stop short of what it takes). */
 static float chain_rate(const el_gen* g, int i) {
-  return (g->chain_taken[i] + src_rate(g, SRC_NGRAM) * PRIOR_N) / (g->chain_offered[i] + PRIOR_N);
+  const int r = g->chain_run;
+  return (g->chain_taken[r][i] + src_rate(g, SRC_NGRAM) * PRIOR_N) / (g->chain_offered[r][i] + PRIOR_N);
 }
 
 /* A chain's draft at place i: the n-gram chain's by its place, another source's by the source. */
@@ -189,8 +198,9 @@ static int rate_children(el_gen* g, int at, int n, int32_t sampled) {
     if (++g->src_offered[src] > 512) g->src_offered[src] /= 2, g->src_taken[src] /= 2, g->src_q[src] /= 2;
     if (g->spec_q[i] >= 0) g->src_q[src] += g->spec_q[i];
     if (taken) g->src_taken[src] += 1, found = i;
-    if (ci >= 0 && ++g->chain_offered[ci] > 512) g->chain_offered[ci] /= 2, g->chain_taken[ci] /= 2;
-    if (ci >= 0) g->chain_taken[ci] += (float)taken;
+    float *off = g->chain_offered[g->chain_run], *tk = g->chain_taken[g->chain_run];
+    if (ci >= 0 && ++off[ci] > 512) off[ci] /= 2, tk[ci] /= 2;
+    if (ci >= 0) tk[ci] += (float)taken;
   }
   return found;
 }
@@ -584,6 +594,9 @@ static void settle_model(el_gen* g, int taken) {
  * pass pays when its tokens (the one it decoded and the drafts taken) would have taken plain steps at least about as
  * long as it took (PASS_SLACK), by the measured averages of both (before both are measured: when it took a draft). */
 void el_spec_settle(el_gen* g, int taken) {
+  int chain = 0; /* the pass's n-gram chain drafts: a copy runs on where the samples took the last of them */
+  for (int i = 1; i <= g->spec_n; i++) chain += g->spec_src[i] == SRC_NGRAM && g->spec_chain_i[i] >= 0;
+  g->chain_run = chain > 0 && g->spec_at > 0 && g->spec_chain_i[g->spec_at] == chain - 1;
   if (g->spec_from_model) {
     settle_model(g, taken);
     return;
