@@ -1,7 +1,7 @@
 """Speculative decoding against plain decoding, same package, same prompts, interleaved rounds (issue 36).
 
     python bench/speculative.py [--models demo smollm2-135m] [--rounds 3] [--tokens 128] [--budget 0.35]
-                                [--verify-tokens 8] [--llamacpp] [--json]
+                                [--verify-tokens 8] [--until-eos] [--llamacpp] [--json]
 
 Per model and task: plain decoding, then `speculate="ngram"`, `"recycle"` and `"auto"` (and for the demo, its draft
 package models/demo/demo-draft), each speculating run in a fresh context (so that no recycling table holds what an
@@ -65,6 +65,7 @@ TASKS = {  # name -> (chat message, plain-text prompt for a model without a chat
 
 
 VERIFY_TOKENS = 8   # the target packages' verify width (--verify-tokens)
+IGNORE_EOS = True   # --until-eos: each reply ends where the model ends it (else --tokens tokens, past its end)
 
 
 def package(model: str, work: Path) -> Path:
@@ -131,7 +132,7 @@ class LlamaServer:
     def complete(self, ids: list[int], n: int) -> dict:
         import urllib.request
 
-        body = json.dumps({"prompt": ids, "n_predict": n, "temperature": 0, "ignore_eos": True, "cache_prompt": False,
+        body = json.dumps({"prompt": ids, "n_predict": n, "temperature": 0, "ignore_eos": IGNORE_EOS, "cache_prompt": False,
                            "return_tokens": True}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
                                      headers={"Content-Type": "application/json"})
@@ -159,7 +160,7 @@ def one(rt, ids, mode: str, n: int) -> dict:
     # What a pass costs is the model's (learned by its earlier contexts, as in a server or chat that opens many).
     ctx = rt.new_context() if mode != "off" else rt.context
     s0 = ctx.stats()
-    r = ctx.generate(ids, max_new_tokens=n, temperature=0, ignore_eos=True, speculate=mode)
+    r = ctx.generate(ids, max_new_tokens=n, temperature=0, ignore_eos=IGNORE_EOS, speculate=mode)
     s1 = ctx.stats()
     if ctx is not rt.context:
         ctx.close()
@@ -223,7 +224,7 @@ def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, bu
                     assert all(r["ids"] == plain for r in rs), f"{model}/{task}/{m}: tokens differ from plain decoding"
                     rows.append({"model": model, "memory": memory, "task": task, "engine": "edgellm",
                                  "source": "demo-draft package" if m in drafts else m,
-                                 "prompt_tokens": len(ids),
+                                 "prompt_tokens": len(ids), "tokens": len(plain),
                                  "passes": rs[0]["passes"], "taken_per_pass": rs[0]["taken_per_pass"],
                                  "tokens_per_weight_pass": rs[0]["tokens_per_weight_pass"],
                                  "tok_s": statistics.median(r["tok_s"] for r in rs),
@@ -232,7 +233,8 @@ def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, bu
                 for t, rs in lruns.items():
                     same = sum(a == b for a, b in zip(rs[0]["ids"], plain)) / max(1, len(plain))
                     rows.append({"model": model, "memory": memory, "task": task, "source": f"llama.cpp {t}",
-                                 "engine": "llama.cpp", "prompt_tokens": len(ids), "passes": None,
+                                 "engine": "llama.cpp", "prompt_tokens": len(ids), "tokens": len(rs[0]["ids"]),
+                                 "passes": None,
                                  "taken_per_pass": None, "drafted": rs[0]["drafted"], "accepted": rs[0]["accepted"],
                                  "tokens_per_weight_pass": None, "same_tokens": same,
                                  "tok_s": statistics.median(r["tok_s"] for r in rs),
@@ -259,14 +261,14 @@ def versus(rows: list[dict]) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| model | memory | task | draft source | verify passes | drafts taken per pass | tokens per weight pass | "
-           "decode tok/s | x plain |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| model | memory | task | tokens | draft source | verify passes | drafts taken per pass | tokens per weight "
+           "pass | decode tok/s | x plain |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["engine"] == "llama.cpp":   # its server reports drafts, not passes
             mid = f"- | {r['accepted']}/{r['drafted']} taken | -"
         else:
             mid = f"{r['passes']} | {r['taken_per_pass']:.2f} | {r['tokens_per_weight_pass']:.2f}"
-        out.append(f"| {r['model']} | {r['memory']} | {r['task']} | {r['source']} | {mid} | {r['tok_s']:.1f} | "
+        out.append(f"| {r['model']} | {r['memory']} | {r['task']} | {r['tokens']} | {r['source']} | {mid} | {r['tok_s']:.1f} | "
                    f"{r['x_plain']:.2f} |")
     return "\n".join(out)
 
@@ -285,10 +287,13 @@ def main(argv=None):
                          "raised to the package's minimum where it is below (the memory column says the share)")
     ap.add_argument("--llamacpp", action="store_true",
                     help="also run llama.cpp's own speculative modes (llama-server --spec-type) on the GGUF models")
+    ap.add_argument("--until-eos", action="store_true",
+                    help="end each reply at the model's end-of-turn token (at most --tokens), as a user sees it; by "
+                         "default every run decodes --tokens tokens, the end of the reply and what follows it")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    global VERIFY_TOKENS
-    VERIFY_TOKENS = a.verify_tokens
+    global VERIFY_TOKENS, IGNORE_EOS
+    VERIFY_TOKENS, IGNORE_EOS = a.verify_tokens, not a.until_eos
     import vs_llamacpp as vs
 
     work = Path(a.work)
@@ -300,7 +305,8 @@ def main(argv=None):
         rows += measure(m, work, a.rounds, a.tokens, a.threads, None, llama)
         if a.budget:
             rows += measure(m, work, a.rounds, a.tokens, a.threads, a.budget, None)
-    out = vs.report(f"greedy, {a.tokens} tokens, median of {a.rounds} interleaved rounds", table(rows), rows, a.json)
+    length = f"replies to their end (at most {a.tokens} tokens)" if a.until_eos else f"{a.tokens} tokens"
+    out = vs.report(f"greedy, {length}, median of {a.rounds} interleaved rounds", table(rows), rows, a.json)
     if llama is not None and not a.json:
         print("\nedgellm's best mode against llama.cpp's best --spec-type, same model file, prompt ids and run:\n")
         print(versus(rows))
