@@ -37,7 +37,9 @@ import math
 
 from tvm.script import tirx as T
 
-from ._util import F32, STACK, VIEW_ALIGN, concat_vecs, fast_exp, fast_tanh, hmax, hsum, let_wrap, pow2_divisor, tree_reduce
+from ._util import (
+    F32, STACK, VIEW_ALIGN, concat_vecs, fast_exp, fast_tanh, hmax, hsum, let_wrap, pow2_divisor, prefetch, tree_reduce,
+)
 from .kv_quant import PER_HEAD_SCALE, ROTATED, ROW_WRITERS, QRows, hadamard_in_place, rotation_block, row_bytes, scale_view
 
 NEG = -3.0e38
@@ -214,10 +216,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
         if pf_lines > 0:
             for jj in range(C):
                 for ln in T.unroll(pf_lines):
-                    T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(
-                        Kc[T.min((c + PF_CHUNKS) * C + jj, n - 1), kh, ln * (64 // eb)]), 0, 3, 1))
-                    T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(
-                        Vc[T.min((c + PF_CHUNKS) * C + jj, n - 1), kh, ln * (64 // eb)]), 0, 3, 1))
+                    prefetch(Kc, (T.min((c + PF_CHUNKS) * C + jj, n - 1), kh, ln * (64 // eb)))
+                    prefetch(Vc, (T.min((c + PF_CHUNKS) * C + jj, n - 1), kh, ln * (64 // eb)))
 
     def key(TR, t0, r, v, n0, direct=False):
         """The cache row of key v of the sequence of block row r (query t0 + r % Tq; M: past the prefix, its
@@ -448,9 +448,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                                 fold(r, st[r * 4], st[r * 4 + 3], acc, r * D, cst, cacc)
                                 zero_state(r, st, acc, 3)
                                 nb[r * 2] = next_end(TR, t0, r, nmax, n0, c, nb[r * 2 + 1])
+                    prefetch_chunk(Kc, Vc, c, kh, nmax)
                     # a chunk every row of the block sees whole (of the keys before a tree's batch, whose rows are
                     # read in order; below the block's first query otherwise): its rows in phases
-                    prefetch_chunk(Kc, Vc, c, kh, nmax)
                     if tree and c * C + C <= (n0 if M else nmax - Tq + 1):
                         block_chunk_prefix(Kc, Vc, TR, t0, c, n0, kh, qs, acc, st, scb, ar, pv0, pv1)
                     else:
