@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import CompileError
 from ..models import load_checkpoint
+from ..models.chat_families import INFERRED_KEY
 from ..models.rope import cos_sin, resolve_longrope
 from ..models.rope import table_of as rope_table_of
 from ..quant import SCHEMES, body_schemes, get_scheme, head_schemes
@@ -310,6 +311,7 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
             shutil.copyfile(model_dir / f, tmp / f)
         maybe_write_tokenizer_bin(tmp, lambda msg: _log(progress, msg))   # for edgellm-run (C tokenizer)
         write_chat_format(tmp)   # the chat template as strings, for the Android app
+        _report_inferred_chat_format(tmp, progress)
         if "tokenizer.json" not in tok_files:
             _log(progress, "warning: no tokenizer.json in the checkpoint: the package accepts token ids only")
         npu_section = None
@@ -370,6 +372,16 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
                    f"{len(low.kernels.names)} kernels)\npackage digest {digest} (check it with "
                    f"`edgellm run {out} --digest {digest}` or Runtime.load(..., digest=...))")
     return out
+
+
+def _report_inferred_chat_format(pkg: Path, progress: bool) -> None:
+    try:
+        family = json.loads((pkg / "tokenizer_config.json").read_text()).get(INFERRED_KEY)
+    except (OSError, ValueError, AttributeError):
+        return
+    if family:
+        _log(progress, f"chat template: none in the checkpoint; chats use the {family} format its vocabulary's turn "
+                       "markers name")
 
 
 def _check_layout(layout: str, bundle_neurons, ffn_threshold, gptq: bool, npu, tgt) -> None:

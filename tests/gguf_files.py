@@ -85,7 +85,9 @@ def quantize_q4_k(a: np.ndarray) -> np.ndarray:
     return blocks.reshape(*lead, K // 256 * 144)
 
 
-def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") -> Path:
+def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2", control: dict | None = None) -> Path:
+    """control: {token id: name} tokens renamed to control tokens (a family's turn markers; merges that made them are
+    dropped)."""
     import gguf
     from gguf import GGMLQuantizationType as T
 
@@ -141,7 +143,7 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") 
             w.add_rope_scaling_attn_factors(np.sqrt(1 + np.log(scale) / np.log(orig)) if scale > 1 else 1.0)
             w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
             w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32))
-    _tokenizer(w, hf_dir, pre)
+    _tokenizer(w, hf_dir, pre, control or {})
     rs = cfg.get("rope_scaling") or {}
     if arch == "llama" and rs.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", _llama3_factors(cfg, rs))
@@ -204,7 +206,7 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", pre: str = "gpt-2") 
     return out
 
 
-def _tokenizer(w, hf_dir: Path, pre: str) -> None:
+def _tokenizer(w, hf_dir: Path, pre: str, control: dict) -> None:
     """A byte-level tokenizer.json as llama.cpp's _set_vocab_gpt2 writes it."""
     tj = json.loads((hf_dir / "tokenizer.json").read_text())
     tc = json.loads((hf_dir / "tokenizer_config.json").read_text())
@@ -216,6 +218,10 @@ def _tokenizer(w, hf_dir: Path, pre: str) -> None:
     special = {a["id"] for a in tj["added_tokens"] if a.get("special")}
     types = [3 if i in special else 1 for i in range(n)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    gone = {tokens[i] for i in control}
+    merges = [m for m in merges if m.replace(" ", "") not in gone]
+    for i, name in control.items():
+        tokens[i], types[i] = name, 3
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)

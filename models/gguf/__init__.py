@@ -16,7 +16,7 @@ from pathlib import Path
 from ...errors import ModelLoadError
 from .file import GGUFFile, looks_like_gguf
 
-FORMAT = 1           # bump when the sidecar's contents change
+FORMAT = 2           # bump when the sidecar's contents change
 SOURCE = "gguf.json"
 
 

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...errors import ModelLoadError
+from ..chat_families import TURN_ENDS
 from .file import GGUFFile
+from .tokenizer import control_ids
 
 # llama.cpp's per-layer tensor names -> the Hugging Face names of the Llama layout
 LAYER = {
@@ -274,6 +276,7 @@ def config(f: GGUFFile, arch: GGUFArch) -> dict:
     bos, eos = f.get("tokenizer.ggml.bos_token_id", None), f.get("tokenizer.ggml.eos_token_id", None)
     ends = [e for e in (eos, f.get("tokenizer.ggml.eot_token_id", None), f.get("tokenizer.ggml.eom_token_id", None))
             if isinstance(e, int)]
+    ends += control_ids(f, TURN_ENDS)   # turn ends the file does not name (Gemma's <end_of_turn>), as llama.cpp finds them
     if bos is not None:
         cfg["bos_token_id"] = bos
     if ends:

@@ -8,6 +8,7 @@ added tokens, user-defined ones plain added tokens, as llama.cpp matches both wh
 from __future__ import annotations
 
 from ...errors import ModelLoadError, short_repr
+from ..chat_families import INFERRED_KEY, detect
 from ..tokenizer_patterns import LLAMA3_PATTERN, O200K_PATTERN, QWEN2_PATTERN
 from .file import GGUFFile
 
@@ -167,4 +168,17 @@ def build(f: GGUFFile) -> tuple[str, dict]:
     tmpl = f.get("tokenizer.chat_template", None)
     if isinstance(tmpl, str) and tmpl:
         cfg["chat_template"] = tmpl
+    else:   # none in the file: its family's format, recognised by the vocabulary's turn markers
+        family = detect(t for t, ty in zip(tokens, types) if ty == CONTROL)
+        if family is not None:
+            cfg["chat_template"] = family.template
+            cfg[INFERRED_KEY] = family.name
     return tok.to_str(), cfg
+
+
+def control_ids(f: GGUFFile, names) -> list[int]:
+    """Ids of the file's control tokens spelled as one of names."""
+    tokens, types = f.get("tokenizer.ggml.tokens", None), f.get("tokenizer.ggml.token_type", None)
+    if not isinstance(tokens, list) or not isinstance(types, list) or len(types) != len(tokens):
+        return []
+    return [i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == CONTROL and t in names]

@@ -77,6 +77,13 @@ class TextCodec:
             raise PackageError("tokenizer_config.json: chat_template is not a string: recompile the package")
         return tmpl
 
+    def _bos_prefix(self) -> str:
+        bos = self.token_str("bos_token")
+        if not bos or self.tok is None:
+            return ""
+        ids = self.tok.encode("", add_special_tokens=True).ids
+        return bos if ids[:1] == [self.tok.token_to_id(bos)] else ""
+
     def template_takes_tools(self) -> bool:
         """Whether the chat template reads `tools` (or SmolLM3's `xml_tools`): without that it has no tool support."""
         return bool(self._template_vars(self.template_source(tools=True)) & {"tools", "xml_tools"})
@@ -91,8 +98,10 @@ class TextCodec:
         files or the OS. tools: OpenAI function tools, for templates that take them."""
         tmpl = self.template_source(tools=bool(tools))
         if not tmpl:
-            # no template: a plain transcript that still works for base models
-            return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + ("assistant:" if add_generation_prompt else "")
+            # no template: a plain transcript that still works for base models, after the BOS the tokenizer would put
+            # first (chats are encoded without special tokens, as templates write them)
+            return self._bos_prefix() + "".join(f"{m['role']}: {m['content']}\n" for m in messages) + (
+                "assistant:" if add_generation_prompt else "")
         import jinja2
 
         def raise_exception(msg):
