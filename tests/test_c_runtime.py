@@ -746,6 +746,24 @@ def test_sampler_greedy_and_ties(lib):
     assert sample(lib, s, [0.1, 3.0, -1, 3.0, 2.9]) == 1  # ties -> lowest id
     assert sample(lib, s, [-5.0, -2.0, -3.0]) == 1
     assert sample(lib, s, [float("nan"), 1.0, 0.5]) == 1
+    # vocabularies of blocks (the scan skips 16-logit blocks with vector compares): numpy's first maximum, ties and
+    # NaN anywhere, a maximum in the ragged tail, all -inf
+    rng = np.random.default_rng(5)
+    for n in (16, 17, 49152, 49159, 262144):
+        for trial in range(6):
+            lg = rng.standard_normal(n).astype(np.float32)
+            if trial == 1:
+                lg[rng.integers(0, n, 3)] = lg.max() + 1   # a three-way tie
+            if trial == 2:
+                lg[rng.integers(0, n, 50)] = np.nan
+            if trial == 3:
+                lg[-1] = 100
+            if trial == 4:
+                lg[:] = -np.inf
+            if trial == 5:
+                lg = np.sort(lg)   # rising: every block beats the last
+            want = 0 if trial == 4 else int(np.nanargmax(lg))
+            assert sample(lib, s, lg) == want, (n, trial)
     lib.el_sampler_free(s)
 
 

@@ -189,6 +189,30 @@ static const float* penalize(el_sampler* s, const float* logits, int vocab, cons
   return w;
 }
 
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef int32_t i32x4 __attribute__((vector_size(16)));
+
+/* The index of the first maximum (NaN compares false and never wins; all -inf or NaN: 0). Blocks of 16 that hold
+ * nothing above the best so far are skipped with vector compares (GCC/Clang vectors: SSE on x86, NEON on ARM): the
+ * scalar scan took 48 us of a 2.2 ms decode step at a 49k vocabulary, and every token of a verify pass pays it. */
+static int32_t first_max(const float* l, int n) {
+  int32_t best = 0;
+  float bv = -INFINITY;
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    f32x4 a, b, c, d, t = {bv, bv, bv, bv};
+    memcpy(&a, l + i, sizeof a), memcpy(&b, l + i + 4, sizeof b);
+    memcpy(&c, l + i + 8, sizeof c), memcpy(&d, l + i + 12, sizeof d);
+    i32x4 gt = (a > t) | (b > t) | (c > t) | (d > t);
+    if (!(gt[0] | gt[1] | gt[2] | gt[3])) continue;
+    for (int j = i; j < i + 16; j++)
+      if (l[j] > bv) bv = l[j], best = j;
+  }
+  for (; i < n; i++)
+    if (l[i] > bv) bv = l[i], best = i;
+  return best;
+}
+
 EL_API int32_t el_sample(el_sampler* s, const float* logits, int vocab, const int32_t* history, int n_history,
                          int n_prompt) {
   if (!s || !logits || vocab <= 0) return el_error("el_sample: sampler or logits is NULL, or vocab <= 0");
@@ -197,13 +221,7 @@ EL_API int32_t el_sample(el_sampler* s, const float* logits, int vocab, const in
   const el_sampler_params* p = &s->p;
   const float* lg = penalize(s, logits, vocab, history, n_history, n_prompt);
 
-  if (!(p->temperature > 0)) { /* greedy: the first maximum; NaN compares false and never wins */
-    int best = 0;
-    float bv = -INFINITY;
-    for (int i = 0; i < vocab; i++)
-      if (lg[i] > bv) bv = lg[i], best = i;
-    return best;
-  }
+  if (!(p->temperature > 0)) return first_max(lg, vocab); /* greedy */
 
   cand* c = s->c;
   int n = 0;
