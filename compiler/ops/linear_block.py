@@ -42,7 +42,11 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
     PF = stream_prefetch(cpu, T_)   # decode and verify stream the weights once: prefetch ahead of the loads
     S_shape, S_dt = ((N, KG), "float16") if group else ((N,), F32)
     B_shape = (N,) if bias else (1,)
-    act = _act_blocks(cpu, g, corr_mul)
+    # the offset correction (codes stored + offset) taken out of the int sums from the start: the activation pass
+    # stores it negated and each token's accumulator starts there, a broadcast load instead of a vector subtract per
+    # token and block in the epilogue (the same integers: the same bits)
+    pre_offset = not minimum and corr_mul != 0 and not mm and not i16
+    act = _act_blocks(cpu, g, -corr_mul if pre_offset else corr_mul, scaled_sum=minimum)
     tail_copy = _tail_copy(g)
     par = (N * K >= PARALLEL_MIN_ELEMS) if T_ == 1 else (T_ * N * K >= 4 * PARALLEL_MIN_ELEMS)
     outer = _outer(par)
@@ -90,10 +94,12 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
             return T.float32(1)
 
         def block_result(iacc, ti, l, Ssrc, Msrc, sbase, kb, c, d):
-            """The f32 sum of a block: (isum - offset * sum xq) * s * dx, or with a minimum isum * s * dx + sum xq * m * dx."""
-            if minimum:
-                return T.Cast(F32, block_isum(iacc, ti, l)) * (scale_vec(Ssrc, sbase, kb, l) * d) + T.Cast(F32, c) * (
-                    T.Cast(F32, Msrc[sbase + (kb // BPG) * NR + l]) * d)
+            """The f32 sum of a block: (isum - offset * sum xq) * s * dx, or with a minimum isum * s * dx (+ minimum_term).
+            Where the int sums started at -offset * sum xq (pre_offset), isum already holds the difference."""
+            if minimum:   # the block's sum times dx (c) joins separately: minimum_term
+                return T.Cast(F32, block_isum(iacc, ti, l)) * (scale_vec(Ssrc, sbase, kb, l) * d)
+            if pre_offset:
+                return T.Cast(F32, block_isum(iacc, ti, l)) * (scale_vec(Ssrc, sbase, kb, l) * d)
             return T.Cast(F32, block_isum(iacc, ti, l) - c) * (scale_vec(Ssrc, sbase, kb, l) * d)
 
         @T.macro
@@ -105,8 +111,16 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
                 for l in T.vectorized(Tt * 16):
                     facc[l] = T.float32(0)
                 for kb in range(KB):
-                    for l in T.vectorized(Tt * NA * 16):
-                        iacc[l] = 0
+                    if pre_offset:   # each token's first accumulator starts at minus its block's offset term
+                        for ti in T.unroll(Tt):
+                            for l in T.vectorized(16):
+                                iacc[ti * NA * 16 + l] = cr[trow(tb, ti) * KB + kb]
+                            for a in T.unroll(NA - 1):
+                                for l in T.vectorized(16):
+                                    iacc[(ti * NA + 1 + a) * 16 + l] = 0
+                    else:
+                        for l in T.vectorized(Tt * NA * 16):
+                            iacc[l] = 0
                     if mm:
                         for m in T.unroll(NPAIR):   # operands 2m, 2m+1 (chunk c = i // SUB, sub h = i % SUB): k 8m..8m+7
                             ua: T.let[T.uint8x64] = operand(Wsrc[T.Ramp(wbase + (kb * CPB + (2 * m) // SUB) * 64, 1, 64)],
@@ -145,6 +159,10 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
                         for l in T.vectorized(16):
                             facc[ti * 16 + l] = facc[ti * 16 + l] + block_result(
                                 iacc, ti, l, Ssrc, Msrc, sbase, kb, cr[trow(tb, ti) * KB + kb], dx[trow(tb, ti) * KB + kb])
+                        if minimum:   # + m * (sum xq * dx): two FMAs a token, the scaled sum broadcast from memory
+                            for l in T.vectorized(16):
+                                facc[ti * 16 + l] = facc[ti * 16 + l] + T.Cast(
+                                    F32, Msrc[sbase + (kb // BPG) * NR + l]) * cr[trow(tb, ti) * KB + kb]
                 for ti in T.unroll(Tt):
                     if full:
                         if tb * Tt + ti < T_:
@@ -212,7 +230,7 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
     def body(X, Wf, Sf, Mf, Bs, O):
         xq = T.alloc_buffer((T_ * K,), "int8", scope="global")
         dx = T.alloc_buffer((T_ * KB,), F32, scope="global")
-        cr = T.alloc_buffer((T_ * KB,), I32, scope="global")
+        cr = T.alloc_buffer((T_ * KB,), F32 if minimum else I32, scope="global")
         act(X, xq, dx, cr)
         for nb in outer(NBf):
             panels(Wf, nb * NR * BPR, N * BPR, Sf, Mf, nb * NR * KG, X, Sf, Bs, O, xq, dx, cr, nb, True)

@@ -173,8 +173,9 @@ class _Geo:
         self.KG = K // G if G else 1
 
 
-def _act_blocks(cpu, g: _Geo, corr_mul: int):
-    """Macro: x f32[T, K] -> xq int8 [T*K], dx f32 [T*KB], cr int32 [T*KB] (= corr_mul * block sum of xq)."""
+def _act_blocks(cpu, g: _Geo, corr_mul: int, scaled_sum: bool = False):
+    """Macro: x f32[T, K] -> xq int8 [T*K], dx f32 [T*KB], cr int32 [T*KB] (= corr_mul * block sum of xq; scaled_sum:
+    cr f32, the block sum times dx, what a minimum multiplies)."""
     VL = min(cpu.vector_lanes, QA)
     T_, K, KB = g.T, g.K, g.KB
     outer = _outer(T_ * K >= PARALLEL_MIN_ELEMS)
@@ -200,7 +201,10 @@ def _act_blocks(cpu, g: _Geo, corr_mul: int):
                 for j in range(1, QA // VL):
                     for l in T.vectorized(VL):
                         si[l] = si[l] + T.Cast(I32, xq[t * K + kb * QA + j * VL + l])
-                cr[t * KB + kb] = hsum(si, VL) * corr_mul
+                if scaled_sum:
+                    cr[t * KB + kb] = T.Cast(F32, hsum(si, VL)) * dx[t * KB + kb]
+                else:
+                    cr[t * KB + kb] = hsum(si, VL) * corr_mul
 
     return act
 
