@@ -290,7 +290,7 @@ def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
     NTB = (T_ + Tt - 1) // Tt
     rag_t = T_ % Tt != 0
     B_shape = (N,) if bias else (1,)
-    act = _act_blocks(cpu, g, g.off)
+    act = _act_blocks(cpu, g, -g.off)   # negated: each token's int sums start there (as block_kernel's pre_offset)
     tail_copy = _tail_copy(g)
     outer = _outer((N * K >= PARALLEL_MIN_ELEMS) if T_ == 1 else (T_ * N * K >= 4 * PARALLEL_MIN_ELEMS))
 
@@ -313,8 +313,12 @@ def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
             for l in T.vectorized(Tt * 16):
                 facc[l] = T.float32(0)
             for kb in range(KB):
-                for l in T.vectorized(Tt * NA * 16):
-                    iacc[l] = 0
+                for ti in T.unroll(Tt):
+                    for l in T.vectorized(16):
+                        iacc[ti * NA * 16 + l] = cr[trow(tb, ti) * KB + kb]
+                    for a in T.unroll(NA - 1):
+                        for l in T.vectorized(16):
+                            iacc[(ti * NA + 1 + a) * 16 + l] = 0
                 if PF > 0:
                     for c in T.unroll(Q6_CHUNKS):
                         prefetch(Wsrc, T.min(wbase + kb * BB + c * 64 + PF, wlen - 1), cpu.prefetch_locality)
@@ -329,8 +333,7 @@ def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
                                 trow(tb, ti) * K + kb * QA + 8 * c + 4 * h)
                 for ti in T.unroll(Tt):
                     for l in T.vectorized(16):
-                        facc[ti * 16 + l] = facc[ti * 16 + l] + T.Cast(
-                            F32, isum(iacc, ti, l) - cr[trow(tb, ti) * KB + kb]) * (
+                        facc[ti * 16 + l] = facc[ti * 16 + l] + T.Cast(F32, isum(iacc, ti, l)) * (
                             T.Cast(F32, Ssrc[sbase + kb * NR + l]) * dx[trow(tb, ti) * KB + kb])
             for ti in T.unroll(Tt):
                 if tb * Tt + ti < T_:
