@@ -94,11 +94,9 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
             return T.float32(1)
 
         def block_result(iacc, ti, l, Ssrc, Msrc, sbase, kb, c, d):
-            """The f32 sum of a block: (isum - offset * sum xq) * s * dx, or with a minimum isum * s * dx (+ minimum_term).
-            Where the int sums started at -offset * sum xq (pre_offset), isum already holds the difference."""
-            if minimum:   # the block's sum times dx (c) joins separately: minimum_term
-                return T.Cast(F32, block_isum(iacc, ti, l)) * (scale_vec(Ssrc, sbase, kb, l) * d)
-            if pre_offset:
+            """The f32 sum of a block: (isum - offset * sum xq) * s * dx; isum * s * dx where the int sums started at
+            -offset * sum xq (pre_offset) or the codes have a minimum (m * sum xq * dx is added after it)."""
+            if minimum or pre_offset:
                 return T.Cast(F32, block_isum(iacc, ti, l)) * (scale_vec(Ssrc, sbase, kb, l) * d)
             return T.Cast(F32, block_isum(iacc, ti, l) - c) * (scale_vec(Ssrc, sbase, kb, l) * d)
 
