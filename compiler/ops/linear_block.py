@@ -8,8 +8,8 @@ from ...quant.packing import NR, Q6_CHUNKS, Q6_GROUP, QA
 from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, prefetch
 from .quant_common import (
     I32, PREMUL_UNPACK, U8, _Geo, _act_blocks, _drop_bias, _outer, _tail_copy, _tt, _u8, _use_mmla, dot4,
-    dot4_sdot, dot4_signed_avx2, flush16, i16_capacity, madd16_avx2, mmla8, mmla_tokens, path_for, stream_prefetch,
-    token_tiles,
+    dot4_sdot, dot4_signed_avx2, flush16, i16_capacity, madd16_avx2, mmla8, mmla_tokens, offset_start, path_for,
+    stream_prefetch, token_tiles,
 )
 from .rows import ROWS_TIER
 
@@ -62,6 +62,8 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
         def trow(tb, ti):
             return T.min(tb * Tt + ti, T_ - 1) if rag_t else tb * Tt + ti
 
+        start_sums = offset_start(Tt, NA, KB, trow)
+
         # GEMV on VNNI: each nibble has its own accumulator, so the high nibble needs no shift: (v & 0xF0) gives
         # 16 * code and the accumulator is shifted back (exactly) once per block; saves a shift per operand
         premul = PREMUL_UNPACK and path == "vnni" and NA == SUB and SUB > 1
@@ -109,13 +111,8 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
                 for l in T.vectorized(Tt * 16):
                     facc[l] = T.float32(0)
                 for kb in range(KB):
-                    if pre_offset:   # each token's first accumulator starts at minus its block's offset term
-                        for ti in T.unroll(Tt):
-                            for l in T.vectorized(16):
-                                iacc[ti * NA * 16 + l] = cr[trow(tb, ti) * KB + kb]
-                            for a in T.unroll(NA - 1):
-                                for l in T.vectorized(16):
-                                    iacc[(ti * NA + 1 + a) * 16 + l] = 0
+                    if pre_offset:
+                        start_sums(iacc, cr, tb, kb)
                     else:
                         for l in T.vectorized(Tt * NA * 16):
                             iacc[l] = 0
@@ -295,6 +292,8 @@ def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
     def trow(tb, ti):
         return T.min(tb * Tt + ti, T_ - 1) if rag_t else tb * Tt + ti
 
+    start_sums = offset_start(Tt, NA, KB, trow)
+
     def isum(iacc, ti, l):
         return iacc[ti * 16 + l] if NA == 1 else iacc[l] + iacc[16 + l]
 
@@ -311,12 +310,7 @@ def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
             for l in T.vectorized(Tt * 16):
                 facc[l] = T.float32(0)
             for kb in range(KB):
-                for ti in T.unroll(Tt):
-                    for l in T.vectorized(16):
-                        iacc[ti * NA * 16 + l] = cr[trow(tb, ti) * KB + kb]
-                    for a in T.unroll(NA - 1):
-                        for l in T.vectorized(16):
-                            iacc[(ti * NA + 1 + a) * 16 + l] = 0
+                start_sums(iacc, cr, tb, kb)
                 if PF > 0:
                     for c in T.unroll(Q6_CHUNKS):
                         prefetch(Wsrc, T.min(wbase + kb * BB + c * 64 + PF, wlen - 1), cpu.prefetch_locality)

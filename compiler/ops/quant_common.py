@@ -209,6 +209,22 @@ def _act_blocks(cpu, g: _Geo, corr_mul: int, scaled_sum: bool = False):
     return act
 
 
+def offset_start(Tt: int, NA: int, KB: int, trow):
+    """Macro start(iacc, cr, tb, kb): block kb's int sums of token tile tb start at the activation pass's negated offset
+    term (cr: -offset * sum xq; a token's first accumulator of NA) and 0, so that the epilogue needs no subtract per
+    token and block (the same integers as subtracting after: the same bits). trow(tb, ti): a tile row's token."""
+    @T.macro
+    def start(iacc, cr, tb, kb):
+        for ti in T.unroll(Tt):
+            for l in T.vectorized(16):
+                iacc[ti * NA * 16 + l] = cr[trow(tb, ti) * KB + kb]
+            for a in T.unroll(NA - 1):
+                for l in T.vectorized(16):
+                    iacc[(ti * NA + 1 + a) * 16 + l] = 0
+
+    return start
+
+
 def _act_token(cpu, g: _Geo, corr_mul: int):
     """Macro: x f32[T, K] -> xq int8 [T*K], dx f32 [T], cr int32 [T] (= corr_mul * sum of xq), per token."""
     VL = cpu.vector_lanes
