@@ -247,6 +247,7 @@ typedef struct {
    * any count, kept at its width); the pending pass's tokens */
   double spec_t_decode, spec_t_verify[EL_MAX_DRAFT + 2];
   int spec_m, spec_seeded; /* seeded: the counts the model had timed are in spec_t_verify */
+  uint8_t spec_own[EL_MAX_DRAFT + 2]; /* the counts timed in this context (the others' times are seeded) */
   /* the draft model (el_gen_params.draft): the ids its context holds (their prefix shared with hist is valid), and
    * its logits */
   el_context* draft_ctx;

@@ -511,6 +511,7 @@ static float steps_at(const el_gen* g, int slot) { return (float)(g->spec_t_veri
 void el_spec_timed(el_model* m, el_gen* g, int tokens, double seconds) {
   g->spec_m = cost_slot(m, tokens);
   el_spec_time(&g->spec_t_verify[g->spec_m], seconds);
+  g->spec_own[g->spec_m] = 1;
   if (g->spec_t_decode <= 0) return;
   pthread_mutex_lock(&m->mu);
   m->spec_steps[g->spec_m] = steps_at(g, g->spec_m);
@@ -548,15 +549,19 @@ static float cost_at(const el_model* m, const el_gen* g, int tokens) {
   return r < cap ? r : cap;
 }
 
-/* The least a pass of `tokens` can cost, in plain steps: its own count's average where timed (as cost_at), else the
- * dearest count timed below it (rows only add work), or a step. */
+/* The least a pass of `tokens` can cost, in plain steps: its own count's average where this context timed it (as
+ * cost_at), else the dearest count it timed below it (rows only add work), or a step. A count whose time was only
+ * seeded from other contexts competes at that bound too: their passes ran at other context lengths (a pass's share of
+ * attention grows with the context) and other tree shapes, and a seeded price that is too dear would keep the count
+ * from ever running here (JSON after the code edit, SmolLM2: passes of 6 at a seeded 2.3 steps for 8, which cost 1.9
+ * in that context). best_count still runs it only where its tokens pay at the seeded price too. */
 static float cost_low(const el_model* m, const el_gen* g, int tokens) {
   if (g->spec_t_decode <= 0) return 1;
   int at = cost_slot(m, tokens);
-  if (g->spec_t_verify[at] > 0) return cost_at(m, g, tokens);
+  if (g->spec_own[at]) return cost_at(m, g, tokens);
   float low = 1;
   for (int i = 2; i < at; i++)
-    if (g->spec_t_verify[i] > 0 && steps_at(g, i) > low) low = steps_at(g, i);
+    if (g->spec_own[i] && steps_at(g, i) > low) low = steps_at(g, i);
   return low;
 }
 

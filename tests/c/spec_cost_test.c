@@ -86,7 +86,7 @@ int main(void) {
    * tokens for 2.47 steps) beat 3 (4 for 1.87) and 7 (8 for 3.10); taken at 0.5: one */
   static const float AVX2[10] = {0, 1.26f, 1.31f, 1.89f, 1.87f, 2.36f, 2.47f, 3.05f, 3.10f, 3.6f};
   memset(g.spec_t_verify, 0, sizeof g.spec_t_verify);
-  for (int i = 1; i <= 9; i++) g.spec_t_verify[i] = AVX2[i] * g.spec_t_decode;
+  for (int i = 1; i <= 9; i++) g.spec_t_verify[i] = AVX2[i] * g.spec_t_decode, g.spec_own[i] = 1;
   float cum[9] = {0};
   chain_at(cum, 0.92f);
   CHECK(best_count(&rows, &g, 8, cum) == 5, "timed, p 0.92: %d drafts", best_count(&rows, &g, 8, cum));
@@ -95,7 +95,9 @@ int main(void) {
   /* only 2, 3 and 8 tokens timed (as a run on that host had them): the counts between look dear on the line from 3
    * to 8 (4 tokens: 2.3 steps), but at the least they can cost (3's), the 0.92 chain runs one of them to time it */
   memset(g.spec_t_verify, 0, sizeof g.spec_t_verify);
+  memset(g.spec_own, 0, sizeof g.spec_own);
   g.spec_t_verify[2] = 0.011, g.spec_t_verify[3] = 0.0196, g.spec_t_verify[8] = 0.0371;
+  g.spec_own[2] = g.spec_own[3] = g.spec_own[8] = 1;
   chain_at(cum, 0.92f);
   int got = best_count(&rows, &g, 8, cum);
   CHECK(got >= 3 && got <= 6, "p 0.92 with 4..7 untimed: %d drafts", got);
@@ -104,9 +106,30 @@ int main(void) {
   CHECK(best_count(&rows, &g, 8, cum) == 1, "free text: %d drafts", best_count(&rows, &g, 8, cum));
   /* nor does a MoE pass (2 tokens: 3 steps, 9: 8): on the line between them no untimed count pays for 0.8 chains */
   memset(g.spec_t_verify, 0, sizeof g.spec_t_verify);
+  memset(g.spec_own, 0, sizeof g.spec_own);
   g.spec_t_verify[2] = 0.03, g.spec_t_verify[9] = 0.08;
+  g.spec_own[2] = g.spec_own[9] = 1;
   chain_at(cum, 0.8f);
   CHECK(best_count(&rows, &g, 8, cum) == 0, "MoE: %d drafts", best_count(&rows, &g, 8, cum));
+  /* counts whose times were only seeded from other contexts (longer ones, other trees) compete at the least they can
+   * cost here too: a running copy (drafts taken at 0.99) in an 8-wide program whose 7- and 8-token prices were seeded
+   * dear (2.1, 2.3 steps) runs 8 tokens once to time them here (SmolLM2's JSON after its code edit kept to passes of 6
+   * before); timed here at 1.9 (and 7 at its 2.1) it keeps them. A seeded price still bars a pass it cannot pay for:
+   * at free text's rates the 8-token pass does not run. */
+  el_model w8 = model(8, EL_PROGRAM_TREE | EL_PROGRAM_ROWS);
+  static const float SEEDED[9] = {0, 1, 1.27f, 1.32f, 1.49f, 1.49f, 1.49f, 2.10f, 2.31f};
+  memset(g.spec_t_verify, 0, sizeof g.spec_t_verify);
+  memset(g.spec_own, 0, sizeof g.spec_own);
+  for (int i = 2; i <= 8; i++) g.spec_t_verify[i] = SEEDED[i] * g.spec_t_decode, g.spec_own[i] = i <= 6;
+  chain_at(cum, 0.99f);
+  CHECK(best_count(&w8, &g, 7, cum) == 7, "seeded dear: %d drafts", best_count(&w8, &g, 7, cum));
+  g.spec_t_verify[8] = 0.019, g.spec_own[8] = g.spec_own[7] = 1;
+  CHECK(best_count(&w8, &g, 7, cum) == 7, "timed here: %d drafts", best_count(&w8, &g, 7, cum));
+  g.spec_t_verify[8] = 0.0231, g.spec_own[8] = 1;
+  CHECK(best_count(&w8, &g, 7, cum) == 5, "timed dear here too: %d drafts", best_count(&w8, &g, 7, cum));
+  for (int j = 1; j <= 7; j++) cum[j] = 0.45f + 0.08f * (j - 1);
+  g.spec_own[8] = 0;
+  CHECK(best_count(&w8, &g, 7, cum) < 7, "free text, seeded: %d drafts", best_count(&w8, &g, 7, cum));
   /* a pass whose drafts were all refused waits before the next draft, unless it cost about a step (its weights read
    * once from storage under a memory budget: drafts come free there) */
   static el_gen w;
