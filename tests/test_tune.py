@@ -135,6 +135,38 @@ def test_a_failed_measurement_keeps_the_defaults(tune_home, monkeypatch):
         assert np.isfinite(rt.prefill([1, 2, 3])).all()
 
 
+def test_time_variants_ranks_by_per_round_ratios(monkeypatch):
+    """The host's speed moves 2x between rounds (uniform 1-2 here) and each call has 2% noise of its own: b costs
+    1.05x a and c 1.1x. Medians of raw times take each variant's median from a different round and rank b first
+    for this seed (3% of seeds do so, the paired ratios none of 2000); time_variants, which takes each round's times
+    relative to the round's mean, ranks a first, with the ratios within the noise. A fake clock: each call advances
+    it by its variant's cost in that round."""
+    import edgellm.compiler.tune.measure as measure
+
+    rng = np.random.default_rng(60)
+    rounds = 7
+    speed = rng.uniform(1, 2, rounds)
+    noise = rng.lognormal(0, 0.02, (3, rounds))
+    cost = {"a": 1.0, "b": 1.05, "c": 1.1}
+    raw = {v: np.median(c * speed * noise[i]) for i, (v, c) in enumerate(cost.items())}
+    assert min(raw, key=raw.get) == "b"        # the seed is one that misleads raw medians
+    clock, calls = [0.0], dict.fromkeys(cost, 0)
+
+    def fn(name, i):
+        def call(*_):
+            r = calls[name] - 1              # call 0 warms up, then one call per round (one argument set)
+            calls[name] += 1
+            clock[0] += 1e-3 * (cost[name] * speed[r] * noise[i, r] if r >= 0 else 1)
+        return call
+
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+    mod = {v: fn(v, i) for i, v in enumerate(cost)}
+    t = measure.time_variants(mod, {v: v for v in cost}, {v: [[]] for v in cost}, rounds)
+    assert min(t, key=t.get) == "a"
+    assert t["b"] / t["a"] == pytest.approx(1.05, abs=0.03) and t["c"] / t["a"] == pytest.approx(1.1, abs=0.03)
+    assert 1e-3 < t["a"] < 2.2e-3
+
+
 def test_tune_modes_and_targets():
     host = get_target("host")
     assert resolve_mode(None, host) in ("quick", "off")   # off when $EDGELLM_TUNE says so (the test session does)

@@ -48,7 +48,9 @@ def gemv(cpu, N: int, K: int, wdtype: str, bias: bool, R: int | None = None, T_:
     """R: weight rows per task, computed together so that each activation vector load serves R rows (default:
     cpu.gemv_rows_for). The down projection's activation row (22 KiB at K=5632) shares L1 with the weight stream;
     one row at a time re-read it from L2 per row and streamed at 18 GB/s where the other GEMVs made 31 (1B f16,
-    Zen 4). Every row keeps its own accumulators, reduced in the same order, so R never changes a result.
+    Zen 4); 6-8 rows per task stream it at 25 there (the row's misses to L2 no longer crowd out the weight
+    stream's), while at K=2048 (rows 4 KiB apart) every R > 1 is 1.4-2x slower: compiler/tune measures R per K.
+    Every row keeps its own accumulators, reduced in the same order, so R never changes a result.
     T_ > 1 (`rowwise`): each token in turn through the same code, so its outputs are bitwise the decode GEMV's
     (MoE routers in a verify pass: the experts a draft picks must be the ones its decode step would pick)."""
     VL = cpu.vector_lanes
