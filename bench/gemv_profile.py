@@ -15,6 +15,7 @@ norms and launches.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -34,16 +35,19 @@ def profile(pkg: Path, threads: int, gen_len: int) -> tuple[float, float, list[t
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "EDGELLM_PROFILE": "1"}, timeout=3600)
     if r.returncode != 0:
         raise SystemExit(f"{pkg.name}: " + (r.stderr.strip().splitlines() or ["edgellm bench failed"])[-1])
-    import json
-
     res = json.loads(r.stdout)
-    block = r.stderr.split("edgellm profile: decode,", 1)[1].split("edgellm profile:")[0].splitlines()[2:]
+    return res["decode_tok_s"], res["weights_read_per_token"] / 1e6, decode_profile(r.stderr)
+
+
+def decode_profile(stderr: str) -> list[tuple[str, float, float, int]]:
+    """[(kernel, ms per token, weight GB/s, steps)] of the decode program's table in EDGELLM_PROFILE output."""
+    block = stderr.split("edgellm profile: decode,", 1)[1].split("edgellm profile:")[0].splitlines()[2:]
     rows = []
     for ln in block:
         parts = ln.split()
         if len(parts) == 5 and re.fullmatch(r"[\d.]+", parts[1]):
             rows.append((parts[4], float(parts[1]), float(parts[3]), int(parts[2])))
-    return res["decode_tok_s"], res["weights_read_per_token"] / 1e6, rows
+    return rows
 
 
 def shape(kernel: str) -> str:
@@ -55,7 +59,6 @@ def shape(kernel: str) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", choices=sorted(vs.SIZES), default="1b")
-    ap.add_argument("--ternary", action="store_true", default=True)
     ap.add_argument("--schemes", default="f16,q8,q4g32,t2")
     ap.add_argument("--tune", default="quick")
     ap.add_argument("--package", nargs="+", default=None, help="profile these packages instead")
@@ -69,7 +72,7 @@ def main(argv=None) -> None:
     if a.package:
         pkgs = {Path(p).name: Path(p) for p in a.package}
     else:
-        model = vs.make_model(work, a.size, 0, a.ternary)
+        model = vs.make_model(work, a.size, 0, True)   # the --ternary model vs_llamacpp.py benches
         pkgs = {}
         for s in a.schemes.split(","):
             p, why, _ = vs.compile_package(work, model, s, 2048, a.tune)

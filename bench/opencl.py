@@ -17,6 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemv_profile import decode_profile  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("EDGELLM_BENCH_CACHE", Path.home() / ".cache" / "edgellm" / "bench")) / "opencl"
 READ_KERNEL = """
@@ -72,12 +75,7 @@ def profile(pkg: Path, device: str | None, gen_len: int) -> tuple[float, list[tu
     if r.returncode != 0:
         raise SystemExit(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "edgellm bench failed")
     tok_s = float(re.search(r"decode ([\d.]+) tok/s", r.stdout).group(1))
-    block = r.stderr.split("edgellm profile: decode,", 1)[1].split("edgellm profile:")[0].splitlines()[2:]
-    rows = []
-    for ln in block:
-        parts = ln.split()
-        if len(parts) == 5:
-            rows.append((parts[4], float(parts[1]), float(parts[3])))
+    rows = [(k, ms, gbs) for k, ms, gbs, _ in decode_profile(r.stderr)]
     return tok_s, rows
 
 
