@@ -44,7 +44,9 @@ class Target:
     float_prefill_chunk: int | None = None   # for f32/f16 packages, when it differs from prefill_chunk
     prefetch_bytes: int = 0       # decode GEMV software-prefetch distance (0: hardware prefetch only)
     float_prefetch_bytes: int | None = None   # for the f32/f16 GEMV, when it differs from prefetch_bytes
-    prefetch_locality: int = 3    # where the quantized GEMMs' prefetches put the stream: 3 L1, 2 L2 (host_prefetch)
+    prefetch_locality: int = 3    # where the quantized GEMVs' prefetches put the stream: 3 L1, 2 L2 (host_prefetch)
+    batch_prefetch_locality: int = 3   # the same for the small-batch GEMMs of verify passes
+    kv_prefetch_locality: int = 3      # decode attention's K/V rows
     page_size: int = 4096
     quants: tuple[str, ...] = field(default_factory=lambda: _body_schemes())   # --quant values it accepts
     notes: dict = field(default_factory=dict)
@@ -110,12 +112,17 @@ def x86_prefetch(small: bool) -> dict:
 
 
 def host_prefetch() -> dict:
-    """x86_prefetch for this machine's CPU: the short distances for AMD cores without AVX-512. On Intel the quantized
-    GEMMs prefetch into L2 (prefetcht1) rather than L1: a Sapphire Rapids-class Xeon at 2 threads, weights from DRAM,
-    interleaved: the 1B's q4g32 GEMVs 12% faster (29.4 -> 33.5 GB/s), its 8-token q8 / q4g32 GEMMs 13% / 6% (L1's
-    fill buffers cap the lines in flight while the dot products run), q8 GEMVs the same. Unmeasured on AMD: L1 there."""
+    """x86_prefetch for this machine's CPU: the short distances for AMD cores without AVX-512; and where each kind of
+    kernel's prefetches put their lines (3: L1, 2: L2), measured at 2 threads, data from DRAM, interleaved. Intel (a
+    Sapphire Rapids-class Xeon): the quantized GEMVs and small-batch GEMMs into L2 (the 1B's q4g32 GEMVs 29.4 -> 33.5
+    GB/s, its 8-token q8 / q4g32 GEMMs 13% / 6% faster: L1's fill buffers cap the lines in flight while the dot products
+    run), decode attention's K/V into L1 (L2 measured slower). AMD (a Zen 4, family 25 model 17): the GEMVs into L1 (L2
+    3-5% slower: q4g32, q8, t2), the 8-token GEMMs into L2 (the 1B's q4g32 5632-k GEMM 367 -> 336 us, q8 458 -> 402
+    us), decode attention's K/V into L2 (SmolLM2's shape at 260 keys: 0.74x the time of L1, which ran 0.93x of none).
+    Zen 1-3 take Zen 4's (unmeasured there)."""
     intel = host_is_intel()
-    return {**x86_prefetch(not intel and "avx512f" not in _host_x86_features()), "prefetch_locality": 2 if intel else 3}
+    return {**x86_prefetch(not intel and "avx512f" not in _host_x86_features()), "prefetch_locality": 2 if intel else 3,
+            "batch_prefetch_locality": 2, "kv_prefetch_locality": 3 if intel else 2}
 
 
 def host_is_intel() -> bool:

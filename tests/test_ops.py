@@ -7,6 +7,7 @@ same f16-rounded weights, so the bound is as tight).
 from __future__ import annotations
 
 import functools
+import re
 import time
 
 import numpy as np
@@ -482,6 +483,9 @@ def test_decode_attention_prefetches_the_next_chunk(kind):
         p = dict(T=1, NH=NH, KVH=KVH, D=64, P=P, **({} if kind == "float32" else {"kv": kind}))
         assert "llvm.prefetch" in ops.make_kernel("attention", CPU, **p)[1].script()
         assert "llvm.prefetch" not in ops.make_kernel("attention", off, **p)[1].script()
+        for loc in (3, 2):   # into the cache level the target names (AMD hosts: L2)
+            s = ops.make_kernel("attention", replace(CPU, kv_prefetch_locality=loc), **p)[1].script()
+            assert set(re.findall(r'"llvm.prefetch", T.address_of\(.*\), 0, (\d), 1\)', s)) == {str(loc)}, loc
         got = run("attention", [q, k, v], (1, NH * 64), **p)
         assert np.array_equal(got, run("attention", [q, k, v], (1, NH * 64), cpu=off, **p))
         check(got, ops.reference("attention", [q, k.astype("float32"), v.astype("float32")], T=1, NH=NH, KVH=KVH, D=64))
@@ -491,17 +495,20 @@ def test_decode_attention_prefetches_the_next_chunk(kind):
 
 @pytest.mark.parametrize("op,extra", [("linear_q4", {"G": 32}), ("linear_q8", {}), ("linear_t2", {})])
 def test_quantized_stream_prefetch_locality(op, extra):
-    """The quantized GEMVs and small-batch GEMMs prefetch their weight stream where the target says (Intel hosts: into
-    L2, targets.registry.host_prefetch), for decode and verify widths alike."""
-    import re
+    """The quantized GEMVs and small-batch GEMMs prefetch their weight stream where the target says, each kind its own
+    level (targets.registry.host_prefetch: Intel hosts both into L2; AMD the GEMVs into L1, the GEMMs into L2)."""
     from dataclasses import replace
     for T in (1, 8):
         p = dict(T=T, N=256, K=512, bias=False, **extra)
         for loc in (3, 2):
-            s = ops.make_kernel(op, replace(CPU, prefetch_locality=loc), **p)[1].script()
-            assert set(re.findall(r'"llvm.prefetch", T.address_of\(.*\), 0, (\d), 1\)', s)) == {str(loc)}, (T, loc)
+            cpu = replace(CPU, prefetch_locality=loc, batch_prefetch_locality=5 - loc)
+            s = ops.make_kernel(op, cpu, **p)[1].script()
+            want = loc if T == 1 else 5 - loc
+            assert set(re.findall(r'"llvm.prefetch", T.address_of\(.*\), 0, (\d), 1\)', s)) == {str(want)}, (T, loc)
     from edgellm.targets.registry import host_is_intel, host_prefetch
-    assert host_prefetch()["prefetch_locality"] == (2 if host_is_intel() else 3)
+    pf = host_prefetch()
+    assert (pf["prefetch_locality"], pf["batch_prefetch_locality"], pf["kv_prefetch_locality"]) == \
+        ((2, 2, 3) if host_is_intel() else (3, 2, 2))
 
 
 # ------------------------------------------------------------------------------------------- token trees (verify)

@@ -97,6 +97,8 @@ class CpuInfo:
     prefetch_bytes: int = 0  # decode GEMVs prefetch this far ahead in the weight stream (0: hardware only)
     float_prefetch_bytes: int | None = None  # the f32/f16 GEMV's distance, when it differs from prefetch_bytes
     prefetch_locality: int = 3  # the quantized stream's prefetches: 3 into L1, 2 into L2 (targets.registry.host_prefetch)
+    batch_prefetch_locality: int = 3  # the same for the small-batch GEMMs (verify passes: 2..32 tokens)
+    kv_prefetch_locality: int = 3  # decode attention's K/V rows (float caches)
     # measured per-host distances (compiler/tune): ((prefetch class, bytes), ...), overriding the two above for the
     # decode GEMVs of that class ("linear_f16", "linear_q4", ...: see prefetch_class)
     tuned_prefetch: tuple[tuple[str, int], ...] = ()

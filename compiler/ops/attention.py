@@ -123,7 +123,8 @@ def blocking(cpu, T_: int, NH: int, KVH: int, P: int = 0):
 SEG_MIN_CHUNKS = 4
 # decode reads the cache from memory (the weight stream evicts it between layers): its chunk loops prefetch the K/V rows
 # of the chunk after the one they compute (SmolLM2 on a Sapphire Rapids-class Xeon, 900 keys: attention 1.77 -> 1.41 ms
-# a step; 2 or 4 chunks ahead, or into L2 only, measured slower)
+# a step; 2 or 4 chunks ahead, or into L2 only, measured slower), into the cache level the target names
+# (cpu.kv_prefetch_locality: L1 on Intel, L2 on AMD, targets.registry.host_prefetch)
 PF_CHUNKS = 1
 SPLIT_MAX = 8
 
@@ -216,8 +217,8 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
         if pf_lines > 0:
             for jj in range(C):
                 for ln in T.unroll(pf_lines):
-                    prefetch(Kc, (T.min((c + PF_CHUNKS) * C + jj, n - 1), kh, ln * (64 // eb)))
-                    prefetch(Vc, (T.min((c + PF_CHUNKS) * C + jj, n - 1), kh, ln * (64 // eb)))
+                    prefetch(Kc, (T.min((c + PF_CHUNKS) * C + jj, n - 1), kh, ln * (64 // eb)), cpu.kv_prefetch_locality)
+                    prefetch(Vc, (T.min((c + PF_CHUNKS) * C + jj, n - 1), kh, ln * (64 // eb)), cpu.kv_prefetch_locality)
 
     def key(TR, t0, r, v, n0, direct=False):
         """The cache row of key v of the sequence of block row r (query t0 + r % Tq; M: past the prefix, its

@@ -9,7 +9,7 @@ from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, prefetch
 from .quant_common import (
     I32, PREMUL_UNPACK, U8, _Geo, _act_blocks, _drop_bias, _outer, _tail_copy, _tt, _u8, _use_mmla, dot4,
     dot4_sdot, dot4_signed_avx2, flush16, i16_capacity, madd16_avx2, mmla8, mmla_tokens, offset_start, path_for,
-    stream_prefetch, token_tiles,
+    stream_locality, stream_prefetch, token_tiles,
 )
 from .rows import ROWS_TIER
 
@@ -40,6 +40,7 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
     # tokens 1.76 / 2.44 / 3.19 -> 1.67 / 2.27 / 2.84 decode steps, a 96-token prefill 191 -> 177 ms
     avx2_tt = 8 if (i16 or group) else (4 if T_ <= 8 else 2)
     PF = stream_prefetch(cpu, T_)   # decode and verify stream the weights once: prefetch ahead of the loads
+    PL = stream_locality(cpu, T_)
     S_shape, S_dt = ((N, KG), "float16") if group else ((N,), F32)
     B_shape = (N,) if bias else (1,)
     # the offset correction (codes stored + offset) taken out of the int sums from the start: the activation pass
@@ -134,7 +135,7 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
                                 acc16[l] = T.int16(0)
                         for c in T.unroll(CPB):
                             if PF > 0:
-                                prefetch(Wsrc, T.min(wbase + (kb * CPB + c) * 64 + PF, wlen - 1), cpu.prefetch_locality)
+                                prefetch(Wsrc, T.min(wbase + (kb * CPB + c) * 64 + PF, wlen - 1), PL)
                             v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + (kb * CPB + c) * 64, 1, 64)]
                             for h in T.unroll(SUB):
                                 u: T.let[T.uint8x64] = operand(v, h)
@@ -281,7 +282,7 @@ def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
     BB = Q6_CHUNKS * 64                      # panel bytes per block
     Tt = _tt(path, T_, 8)
     NA = 2 if Tt == 1 else 1
-    PF = stream_prefetch(cpu, T_)
+    PF, PL = stream_prefetch(cpu, T_), stream_locality(cpu, T_)
     NTB = (T_ + Tt - 1) // Tt
     rag_t = T_ % Tt != 0
     B_shape = (N,) if bias else (1,)
@@ -313,7 +314,7 @@ def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
                 start_sums(iacc, cr, tb, kb)
                 if PF > 0:
                     for c in T.unroll(Q6_CHUNKS):
-                        prefetch(Wsrc, T.min(wbase + kb * BB + c * 64 + PF, wlen - 1), cpu.prefetch_locality)
+                        prefetch(Wsrc, T.min(wbase + kb * BB + c * 64 + PF, wlen - 1), PL)
                 for c in T.unroll(4):
                     v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + kb * BB + c * 64, 1, 64)]
                     hv: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + kb * BB + (4 + c // 2) * 64, 1, 64)]

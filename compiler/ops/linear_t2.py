@@ -8,7 +8,7 @@ from ...quant.packing import NR
 from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, concat_vecs, prefetch
 from .quant_common import (
     I32, PREMUL_UNPACK, U8, _Geo, _act_token, _drop_bias, _outer, _tail_copy, _tt, _u8, _use_mmla, dot4, flush16,
-    i16_capacity, lookup16, lookup16_neon, madd16_avx2, mmla8, mmla_tokens, path_for, stream_prefetch,
+    i16_capacity, lookup16, lookup16_neon, madd16_avx2, mmla8, mmla_tokens, path_for, stream_locality, stream_prefetch,
 )
 
 
@@ -29,6 +29,7 @@ def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool, nscale: int = 1):
     NF = (NCH + FL - 1) // FL
     NA = 4 if Tt == 1 and not i16 else 1
     PF = stream_prefetch(cpu, T_)   # decode and verify stream the weights once: prefetch ahead of the loads
+    PL = stream_locality(cpu, T_)
     NTB = (T_ + Tt - 1) // Tt
     rag_t = T_ % Tt != 0
     B_shape = (N,) if bias else (1,)
@@ -73,7 +74,7 @@ def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool, nscale: int = 1):
                         acc16[l] = T.int16(0)
                     for cc in range(T.min(FL, NCH - f * FL)):
                         if PF > 0:
-                            prefetch(Wsrc, T.min(wbase + (f * FL + cc) * 64 + PF, wlen - 1), cpu.prefetch_locality)
+                            prefetch(Wsrc, T.min(wbase + (f * FL + cc) * 64 + PF, wlen - 1), PL)
                         v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + (f * FL + cc) * 64, 1, 64)]
                         for j in T.unroll(4):
                             u: T.let[T.uint8x64] = operand(v, j)
@@ -90,7 +91,7 @@ def t2_kernel(cpu, T_: int, N: int, K: int, bias: bool, nscale: int = 1):
                                 acc16[T.Ramp(ti * 32, 1, 32)])
             for ch in range(0 if i16 else NCH):
                 if PF > 0:
-                    prefetch(Wsrc, T.min(wbase + ch * 64 + PF, wlen - 1), cpu.prefetch_locality)
+                    prefetch(Wsrc, T.min(wbase + ch * 64 + PF, wlen - 1), PL)
                 v: T.let[T.uint8x64] = Wsrc[T.Ramp(wbase + ch * 64, 1, 64)]
                 if mm:
                     for m in T.unroll(2):   # bit pairs 2m, 2m+1: k 16ch + 8m .. +7

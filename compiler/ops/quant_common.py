@@ -290,6 +290,12 @@ def stream_prefetch(cpu, T_: int) -> int:
     return cpu.prefetch_bytes if T_ <= STREAM_TOKENS else 0
 
 
+def stream_locality(cpu, T_: int) -> int:
+    """Where a T_-token quantized linear's prefetches put the weight stream: the GEMV's and the small-batch GEMM's
+    places differ by host (targets.registry.host_prefetch)."""
+    return cpu.prefetch_locality if T_ == 1 else cpu.batch_prefetch_locality
+
+
 def _tt(path, T_, vnni_tt, mm=False, avx2_tt=2):
     """Tokens per register block of the prefill GEMM (AVX-512 and NEON have 32 vector registers; SMMLA works on
     token pairs, a ragged last pair repeats the last token; AVX2: avx2_tt, the kernel family's measured best)."""
