@@ -471,9 +471,9 @@ def test_attention_key_segments(NH, KVH, D, P, kind):
 
 @pytest.mark.parametrize("kind", ("float32", "float16"))
 def test_decode_attention_prefetches_the_next_chunk(kind):
-    """Decode reads the cache from memory: on targets that prefetch the weight stream its chunk loops prefetch the next
-    chunk's K/V rows (a hint: the same bits without it); prefill and verify kernels (compute-bound, their chunks shared
-    by several rows) do not."""
+    """Decode and a verify pass's tree read the cache from memory: on targets that prefetch the weight stream their
+    chunk loops prefetch the next chunk's K/V rows (a hint: the same bits without it); prefill kernels (compute-bound,
+    each chunk shared by up to a chunk of rows) do not."""
     from dataclasses import replace
     off = replace(CPU, prefetch_bytes=0)
     r = rng(5)
@@ -489,8 +489,13 @@ def test_decode_attention_prefetches_the_next_chunk(kind):
         got = run("attention", [q, k, v], (1, NH * 64), **p)
         assert np.array_equal(got, run("attention", [q, k, v], (1, NH * 64), cpu=off, **p))
         check(got, ops.reference("attention", [q, k.astype("float32"), v.astype("float32")], T=1, NH=NH, KVH=KVH, D=64))
-    for p in (dict(T=8, NH=9, KVH=3, D=64, P=2), dict(T=8, NH=9, KVH=3, D=64, P=2, M=True)):
-        assert "llvm.prefetch" not in ops.make_kernel("attention", CPU, **p)[1].script()
+    assert "llvm.prefetch" not in ops.make_kernel("attention", CPU, T=8, NH=9, KVH=3, D=64, P=2)[1].script()
+    p = dict(T=8, NH=9, KVH=3, D=64, P=2, M=True, **({} if kind == "float32" else {"kv": kind}))
+    assert "llvm.prefetch" in ops.make_kernel("attention", CPU, **p)[1].script()
+    tr = tree_rows([-1, 0, 0, 1, 1, 2, 3, 6])
+    q, k, v = randn(r, (8, 9, 64)), randn(r, (300, 3, 64)).astype(kind), randn(r, (300, 3, 64)).astype(kind)
+    got = run("attention", [q, k, v, tr], (8, 9 * 64), **p)
+    assert np.array_equal(got, run("attention", [q, k, v, tr], (8, 9 * 64), cpu=off, **p))
 
 
 @pytest.mark.parametrize("op,extra", [("linear_q4", {"G": 32}), ("linear_q8", {}), ("linear_t2", {})])

@@ -206,9 +206,10 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
         """A computed score, soft-capped (the -3e38 of an invisible key is never passed here)."""
         return T.float32(cap) * fast_tanh(v * T.float32(1.0 / cap)) if cap > 0 else v
 
-    # decode prefetches the K/V rows PF_CHUNKS chunks ahead (float caches, on targets that prefetch the weight stream)
+    # decode and a verify pass's tree prefetch the K/V rows PF_CHUNKS chunks ahead (float caches, on targets that
+    # prefetch the weight stream): both read the cache from memory once, a tree's rows sharing each chunk
     eb = 2 if KV == "float16" else 4
-    pf_lines = max(1, D * eb // 64) if (T_ == 1 and not M and cpu.prefetch_bytes > 0 and KV in (F32, "float16")
+    pf_lines = max(1, D * eb // 64) if ((T_ == 1 or M) and cpu.prefetch_bytes > 0 and KV in (F32, "float16")
                                         and VKV in ("", KV)) else 0
 
     @T.macro
