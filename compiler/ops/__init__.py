@@ -99,7 +99,7 @@ class CpuInfo:
     prefetch_locality: int = 3  # the quantized stream's prefetches: 3 into L1, 2 into L2 (targets.registry.host_prefetch)
     batch_prefetch_locality: int = 3  # the same for the small-batch GEMMs (verify passes: 2..32 tokens)
     kv_prefetch_locality: int = 3  # decode attention's K/V rows (float caches)
-    # measured per-host distances (compiler/tune): ((prefetch class, bytes), ...), overriding the two above for the
+    # measured per-host distances (compiler/tune): ((prefetch class, bytes), ...), overriding the two distances for the
     # decode GEMVs of that class ("linear_f16", "linear_q4", ...: see prefetch_class)
     tuned_prefetch: tuple[tuple[str, int], ...] = ()
     # measured register blocking of the x86 float prefill GEMM (linear.gemm_outer) per chunk length:
