@@ -204,7 +204,8 @@ def compile_model(model, target: str = "host", quant: str | None = None, out=Non
     cpu = CpuInfo(vector_lanes=tgt.vector_lanes, num_threads=max(1, int(tgt.tvm.get("num-cores", 2))), arch=tgt.arch,
                   features=tuple(tgt.features), prefetch_bytes=tgt.prefetch_bytes,
                   float_prefetch_bytes=tgt.float_prefetch_bytes, prefetch_locality=tgt.prefetch_locality,
-                  batch_prefetch_locality=tgt.batch_prefetch_locality, kv_prefetch_locality=tgt.kv_prefetch_locality)
+                  batch_prefetch_locality=tgt.batch_prefetch_locality, kv_prefetch_locality=tgt.kv_prefetch_locality,
+                  float_slice_bytes=tgt.float_slice_bytes)
     tuner = Tuner(tune_mode, tgt, cpu, progress) if tune_mode != "off" else None
     if tuner is not None:
         prefill_chunk, cpu = tuner.guarded("prefill knobs", lambda: tuner.prefill(spec, scheme, head_scheme,

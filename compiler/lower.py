@@ -26,6 +26,7 @@ from ..runtime.contract import TENSOR_ALIGN as ALIGN
 from ..quant.key_mean import key_mean_name
 from .kv_layout import KEY_MEAN, QUANTIZED_KV, kv_row_bytes
 from .ops.attention import split_for
+from .ops.kslice import to_sliced
 from .ops.rows import CNT_SHAPE, ROWS_LIMIT, ROWS_ZERO
 from .program import Arg, Predict, Program, Route, Step  # noqa: F401 (re-exported)
 from .trace import Node, TraceGraph, Val
@@ -79,6 +80,11 @@ def fuse_linears(nodes: list, fusable) -> list:
         open_groups[(_fuse_key(n), how)] = g = FusedLinear([n])
         out.append(g)
     return [n.members[0] if isinstance(n, FusedLinear) and len(n.members) == 1 else n for n in out]
+
+
+def _sliced(parts: dict, ks: int) -> dict:
+    """A float matrix's parts with W in the K-sliced byte order (ops/kslice.py) when ks."""
+    return {**parts, "w": to_sliced(parts["w"], ks)} if ks else parts
 
 
 def _rows(mode: int) -> dict:
@@ -241,9 +247,18 @@ class Lowering:
         rows: the row-limited kernel (ops/rows.py; it takes the count as one more argument)."""
         scheme = self.matrix_scheme(name)
         N, K = self._matrix_shape(name, scheme, False)
-        args = self._parts(name, scheme, lambda: self._matrix_parts(name, scheme, False))
+        ks = self._kslice(name, scheme, K)
+        args = self._parts(name, scheme, lambda: _sliced(self._matrix_parts(name, scheme, False), ks))
         op, params = scheme.linear_kernel(T, N, K, bias)
-        return self._kernel(op, **params, **_rows(rows)), args
+        return self._kernel(op, **params, **_rows(rows), **({"KS": ks} if ks else {})), args
+
+    def _kslice(self, name: str, scheme, K: int) -> int:
+        """The K-slice width a float body matrix is stored in (ops/kslice.py; the CPU kernels' target choice), 0 for
+        row-major: the head (a tied one is also the embedding table, read by rows), packed schemes, other backends."""
+        if (self.backend != BACKEND_TVM_CPU or not scheme.float_math or scheme.part_order != ("w",)
+                or name in (self.spec.lm_head_name, "lm_head.weight")):
+            return 0
+        return self.cpu.float_kslice(K)
 
     def _ternary_weight(self, name: str, T: int, rows: int = 0) -> tuple[int, list[Arg]]:
         """A BitNet BitLinear: the checkpoint's packed ternary codes and weight_scale, repacked losslessly to t2."""
@@ -262,10 +277,11 @@ class Lowering:
         scheme = self._t2() if ternary else self.matrix_scheme(names[0])   # fuse_linears: the members share it
         shapes = [self._matrix_shape(w, scheme, ternary) for w in names]
         segs, K = tuple(N for N, _ in shapes), shapes[0][1]
-        args = self._parts(fused_name(names), scheme,
-                           lambda: scheme.concat_parts([self._matrix_parts(w, scheme, ternary) for w in names]))
+        ks = 0 if ternary else self._kslice(names[0], scheme, K)
+        args = self._parts(fused_name(names), scheme, lambda: _sliced(
+            scheme.concat_parts([self._matrix_parts(w, scheme, ternary) for w in names]), ks))
         op, params = scheme.linear_kernel(T, sum(segs), K, n.members[0].params["bias"], segs)
-        return self._kernel(op, **params, **_rows(rows)), args
+        return self._kernel(op, **params, **_rows(rows), **({"KS": ks} if ks else {})), args
 
     def _fused_bias(self, n: FusedLinear) -> Arg:
         names = [m.weights[1] for m in n.members]

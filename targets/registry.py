@@ -47,6 +47,7 @@ class Target:
     prefetch_locality: int = 3    # where the quantized GEMVs' prefetches put the stream: 3 L1, 2 L2 (host_prefetch)
     batch_prefetch_locality: int = 3   # the same for the small-batch GEMMs of verify passes
     kv_prefetch_locality: int = 3      # decode attention's K/V rows
+    float_slice_bytes: int = 0         # float body matrices with longer f32 activation rows are stored K-sliced
     page_size: int = 4096
     quants: tuple[str, ...] = field(default_factory=lambda: _body_schemes())   # --quant values it accepts
     notes: dict = field(default_factory=dict)
@@ -119,10 +120,15 @@ def host_prefetch() -> dict:
     run), decode attention's K/V into L1 (L2 measured slower). AMD (a Zen 4, family 25 model 17): the GEMVs into L1 (L2
     3-5% slower: q4g32, q8, t2), the 8-token GEMMs into L2 (the 1B's q4g32 5632-k GEMM 367 -> 336 us, q8 458 -> 402
     us), decode attention's K/V into L2 (SmolLM2's shape at 260 keys: 0.74x the time of L1, which ran 0.93x of none).
-    Zen 1-3 take Zen 4's (unmeasured there)."""
+    Zen 1-3 take Zen 4's (unmeasured there).
+    float_slice_bytes (compiler/ops/kslice.py): on AMD (32 KiB L1) a float GEMV whose f32 activation row is over 12 KiB
+    reads its weights K-sliced, one slice's activations staying in L1: the 1B's f16 down projection (K = 5632, 22 KiB)
+    streamed 22-25 GB/s against 16-18 for its best row-major kernel (Zen 4, 2 threads, 30 interleaved rounds), 92-94%
+    of the same bytes at K = 2048. Intel keeps row-major (unmeasured; a Sapphire Rapids core has a 48 KiB L1)."""
     intel = host_is_intel()
     return {**x86_prefetch(not intel and "avx512f" not in _host_x86_features()), "prefetch_locality": 2 if intel else 3,
-            "batch_prefetch_locality": 2, "kv_prefetch_locality": 3 if intel else 2}
+            "batch_prefetch_locality": 2, "kv_prefetch_locality": 3 if intel else 2,
+            "float_slice_bytes": 0 if intel else 12 << 10}
 
 
 def host_is_intel() -> bool:

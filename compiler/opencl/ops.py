@@ -343,6 +343,8 @@ def _build(op: str, p: dict):
     if op == "rmsnorm":
         return rmsnorm(p["R"], p["D"], p["eps"])
     if op == "linear":
+        if p["KS"]:   # the CPU's K-sliced layout (compiler/ops/kslice.py): OpenCL packages store weights row-major
+            raise UnsupportedOp("linear with a K-sliced weight (KS)")
         return linear(p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
     if op == "rope":
         return rope(p["T"], p["H"], p["D"])

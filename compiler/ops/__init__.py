@@ -77,6 +77,8 @@ from . import linear_quant as _linear_quant
 from . import moe as _moe
 from ...quant.scheme import KERNEL_OPS
 from ._util import kernel_name
+from .kslice import check as check_kslice
+from .kslice import slice_width
 from .reference import reference
 from .segments import check_segs
 
@@ -108,6 +110,13 @@ class CpuInfo:
 
     # measured rows per task of the f32/f16 decode GEMV (linear.gemv) per reduction length: ((K, R), ...)
     tuned_gemv_rows: tuple[tuple[int, int], ...] = ()
+    # float body matrices whose f32 activation row is longer than this many bytes are stored K-sliced (kslice.py) in
+    # slices of at most this; 0: never (targets.registry.host_prefetch)
+    float_slice_bytes: int = 0
+
+    def float_kslice(self, K: int) -> int:
+        """The K-slice width a float body matrix of reduction length K is stored in on this target (0: row-major)."""
+        return slice_width(K, self.float_slice_bytes // 4)
 
     def gemv_rows_for(self, wdtype: str, K: int) -> int:
         return next((r for k, r in self.tuned_gemv_rows if k == K), 1)
@@ -142,7 +151,7 @@ SEGS = ("segs", "s", tuple, ())
 ROWS = ("rows", "rows", int, 0)   # row-limited variant (rows.py: ROWS_LIMIT, ROWS_ZERO); left out of the name when 0
 # int params that may be 0 (meaning "off"); they are left out of the kernel name when 0, so the names of kernels
 # from before the param existed do not change
-ZERO_OFF = {("attention", "W"), ("attention", "cap"), ("attention", "P")}
+ZERO_OFF = {("attention", "W"), ("attention", "cap"), ("attention", "P"), ("linear", "KS")}
 # dtype params left out of the kernel name at their default (float32), likewise
 DEFAULT_OFF = {("attention", "kv"), ("copy", "dtype")}
 # bool params left out of the kernel name when off (so the names of kernels from before them do not change)
@@ -153,7 +162,8 @@ OPS = {
     "rmsnorm": [("R", "r", int, REQUIRED), ("D", "d", int, REQUIRED), ("eps", "eps", float, REQUIRED)],
     # rowwise: each token through the decode GEMV's code (MoE routers: a verify pass picks decode's experts)
     "linear": [("T", "t", int, REQUIRED), ("N", "n", int, REQUIRED), ("K", "k", int, REQUIRED),
-               ("wdtype", "", str, "float32"), ("bias", "b", bool, False), SEGS, ROWS, ("rowwise", "rowwise", bool, False)],
+               ("wdtype", "", str, "float32"), ("bias", "b", bool, False), SEGS, ROWS, ("rowwise", "rowwise", bool, False),
+               ("KS", "ks", int, 0)],   # KS: W stored K-sliced, KS columns a slice (kslice.py); 0: row-major
     # P / M: a token tree (the verify program of speculative decoding; an extra int32 tree[2, T] argument)
     "rope": [("T", "t", int, REQUIRED), ("H", "h", int, REQUIRED), ("D", "d", int, REQUIRED),
              ("P", "tree", bool, False)],
@@ -258,6 +268,8 @@ def kernel_params(op: str, params: dict) -> dict:
         _check_packed(op, KERNEL_OPS[op].traits, out)
     if op == "ffn_select" and out["F"] % out["G"]:
         raise ValueError(f"ffn_select: F={out['F']} is not a multiple of the group size G={out['G']}")
+    if op == "linear":
+        check_kslice(out["K"], out["KS"])
     if op == "rope" and out["D"] % 2:
         raise ValueError(f"rope: D={out['D']} must be even")
     return out
@@ -296,8 +308,8 @@ def _build(op: str, cpu: CpuInfo, p: dict, fast: bool, tiered: bool = False):
                           zero_rest=p["rows"] == ROWS_ZERO)
     if op == "linear":
         if fast:
-            return _linear.make(cpu, p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"], p["rowwise"])
-        return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"])
+            return _linear.make(cpu, p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"], p["rowwise"], p["KS"])
+        return _linear.naive(p["T"], p["N"], p["K"], p["wdtype"], p["bias"], p["segs"], p["KS"])
     if op == "attention":
         return _attention.make(cpu, p["T"], p["NH"], p["KVH"], p["D"], simple=not fast, W=p["W"], cap=p["cap"],
                                M=p["M"], KV=p["kv"], VKV=p["vkv"], rows=p["rows"], P=p["P"])

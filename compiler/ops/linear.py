@@ -25,11 +25,18 @@ from tvm import te, tirx
 from tvm.script import tirx as T
 
 from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, concat_vecs, hsum, let_wrap, prefetch, tree_reduce
+from .kslice import check as check_kslice
+from .kslice import flat_index
 from .segments import offsets, split_output
 
 
 def _w(v, wdtype):
     return v if wdtype == F32 else v.astype(F32)
+
+
+def _wload(W, Wf, n, kv, lane, N: int, KS: int, VL: int):
+    """W[n, kv*VL + lane], from the K-sliced layout when KS (kslice.py)."""
+    return Wf[flat_index(n, kv, lane, N, KS, VL)] if KS else W[n, kv * VL + lane]
 
 
 def _store_out(bias: bool):
@@ -44,7 +51,7 @@ def _store_out(bias: bool):
     return store
 
 
-def gemv(cpu, N: int, K: int, wdtype: str, bias: bool, R: int | None = None, T_: int = 1):
+def gemv(cpu, N: int, K: int, wdtype: str, bias: bool, R: int | None = None, T_: int = 1, KS: int = 0):
     """R: weight rows per task, computed together so that each activation vector load serves R rows (default:
     cpu.gemv_rows_for). The down projection's activation row (22 KiB at K=5632) shares L1 with the weight stream;
     one row at a time re-read it from L2 per row and streamed at 18 GB/s where the other GEMVs made 31 (1B f16,
@@ -52,7 +59,10 @@ def gemv(cpu, N: int, K: int, wdtype: str, bias: bool, R: int | None = None, T_:
     stream's), while at K=2048 (rows 4 KiB apart) every R > 1 is 1.4-2x slower: compiler/tune measures R per K.
     Every row keeps its own accumulators, reduced in the same order, so R never changes a result.
     T_ > 1 (`rowwise`): each token in turn through the same code, so its outputs are bitwise the decode GEMV's
-    (MoE routers in a verify pass: the experts a draft picks must be the ones its decode step would pick)."""
+    (MoE routers in a verify pass: the experts a draft picks must be the ones its decode step would pick).
+    KS: W is stored K-sliced (kslice.py): gemv_sliced, R unused."""
+    if KS:
+        return gemv_sliced(cpu, N, K, wdtype, bias, KS, T_)
     VL = cpu.vector_lanes
     R = max(1, min(R or cpu.gemv_rows_for(wdtype, K), N))
     U = max(1, min(4 if VL >= 8 else 8, K // VL))  # independent FMA chains (NEON: more, narrower)
@@ -115,6 +125,68 @@ def gemv(cpu, N: int, K: int, wdtype: str, bias: bool, R: int | None = None, T_:
 
     return _drop_bias(linear, bias)
 
+SLICED_ROWS = 256   # weight rows per task of gemv_sliced (64 KiB of accumulators; 64 rows streamed 4-6% slower)
+
+
+def gemv_sliced(cpu, N: int, K: int, wdtype: str, bias: bool, KS: int, T_: int = 1):
+    """The decode GEMV over a K-sliced W (kslice.py): per task a block of RB rows, slice after slice, each row's U
+    accumulator vectors carried between slices in a scratch row: the FMA chain over k of gemv's R = 1 kernel, so the
+    outputs are bitwise gemv's. One activation slice (KS*4 bytes) stays in L1 for the whole block, and the block's
+    slice is one contiguous run of RB*KS weights. No software prefetch (on the Zen 4 where this was measured, the
+    hardware streamer alone was best for every float GEMV)."""
+    VL = cpu.vector_lanes
+    U = max(1, min(4 if VL >= 8 else 8, KS // VL))
+    L = U * VL
+    if KS % L:
+        raise ValueError(f"linear: K slice {KS} is not a multiple of the GEMV step {L}")
+    NS, SC = K // KS, KS // L
+    RB = min(SLICED_ROWS, -(-N // max(1, cpu.num_threads)))
+    NB = (N + RB - 1) // RB
+    B_shape = (N,) if bias else (1,)
+    outer = T.parallel if N * K >= PARALLEL_MIN_ELEMS else T.serial
+
+    def row(nb, r):   # a ragged last block recomputes row N-1 and does not store it
+        return T.min(nb * RB + r, N - 1) if N % RB else nb * RB + r
+
+    @T.prim_func
+    def linear(x: T.handle, w: T.handle, b: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        X = T.match_buffer(x, (T_, K), F32)
+        W = T.match_buffer(w, (N, K), wdtype)
+        Bs = T.match_buffer(b, B_shape, F32)
+        O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
+        Wf = T.decl_buffer((N * K,), wdtype, data=W.data)
+        for nb in outer(NB):
+            accs = T.alloc_buffer((RB * L,), F32, scope="global")
+            acc = T.alloc_buffer((L,), F32, scope="global", annotations=STACK)
+            for t in range(T_):
+                for r in range(RB):
+                    for l in T.vectorized(L):
+                        accs[r * L + l] = T.float32(0)
+                for s in range(NS):
+                    for r in range(RB):
+                        for l in T.vectorized(L):
+                            acc[l] = accs[r * L + l]
+                        for kc in range(SC):
+                            for u in T.unroll(U):
+                                for l in T.vectorized(VL):
+                                    acc[u * VL + l] = acc[u * VL + l] + X[t, s * KS + kc * L + u * VL + l] * _w(
+                                        Wf[s * (N * KS) + row(nb, r) * KS + kc * L + u * VL + l], wdtype)
+                        for l in T.vectorized(L):
+                            accs[r * L + l] = acc[l]
+                for r in range(RB):
+                    if nb * RB + r < N:
+                        if U > 1:
+                            for u in T.unroll(U - 1):
+                                for l in T.vectorized(VL):
+                                    accs[r * L + l] = accs[r * L + l] + accs[r * L + (u + 1) * VL + l]
+                        if bias:
+                            O[t, nb * RB + r] = hsum(accs, VL, r * L) + Bs[nb * RB + r]
+                        else:
+                            O[t, nb * RB + r] = hsum(accs, VL, r * L)
+
+    return _drop_bias(linear, bias)
+
 
 def gemm_blocking(cpu, T_: int, N: int):
     nreg = 32 if (cpu.vector_lanes >= 16 or cpu.arch == "aarch64") else 16
@@ -124,7 +196,7 @@ def gemm_blocking(cpu, T_: int, N: int):
     return Tt, Nn
 
 
-def gemm(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=None):
+def gemm(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=None, KS: int = 0):
     VL = cpu.vector_lanes
     Tt, Nn = blocking or gemm_blocking(cpu, T_, N)
     TN = Tt * Nn
@@ -156,6 +228,7 @@ def gemm(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=None):
         W = T.match_buffer(w, (N, K), wdtype)
         Bs = T.match_buffer(b, B_shape, F32)
         O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
+        Wf = T.decl_buffer((N * K,), wdtype, data=W.data)
         for nb in outer(NNB):
             acc = T.alloc_buffer((TN * VL,), F32, scope="global", annotations=STACK)
             res = T.alloc_buffer((TN,), F32, scope="global", annotations=STACK)
@@ -168,7 +241,7 @@ def gemm(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=None):
                         for ni in T.unroll(Nn):
                             for l in T.vectorized(VL):
                                 acc[(ti * Nn + ni) * VL + l] = acc[(ti * Nn + ni) * VL + l] + X[
-                                    trow(tb, ti), ko * VL + l] * _w(W[nrow(nb, ni), ko * VL + l], wdtype)
+                                    trow(tb, ti), ko * VL + l] * _w(_wload(W, Wf, nrow(nb, ni), ko, l, N, KS, VL), wdtype)
                 if use_tree:
                     res[T.Ramp(0, 1, TN)] = finish(acc)
                 else:
@@ -199,7 +272,7 @@ def outer_blocking(cpu, T_: int | None = None) -> tuple[int, int]:
     return (Nn, 1) if T_ is not None and T_ <= cpu.vector_lanes else (Nn, NV)
 
 
-def gemm_outer(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=None):
+def gemm_outer(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=None, KS: int = 0):
     """Prefill GEMM as register-blocked outer products (BLIS-style, tokens in the vector lanes).
 
     The activations are transposed once per call into token tiles xt[tile][k][TV] (TV = NV*VL tokens; pad
@@ -227,8 +300,8 @@ def gemm_outer(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=N
     rag_n = N % Nn != 0
     pack = wdtype != F32
     KV = K // VL
-    KS = K + 16  # row stride of the f32 panel: not a multiple of 4 KiB, so the Nn rows do not alias in L1 sets
-    WP = Nn * KS if pack else 1
+    PS = K + 16  # row stride of the f32 panel: not a multiple of 4 KiB, so the Nn rows do not alias in L1 sets
+    WP = Nn * PS if pack else 1
     B_shape = (N,) if bias else (1,)
     outer = T.parallel if T_ * N * K >= 4 * PARALLEL_MIN_ELEMS else T.serial
     KC = 64  # k rows per transpose task
@@ -238,18 +311,23 @@ def gemm_outer(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=N
     def nrow(nb, ni):
         return T.min(nb * Nn + ni, N - 1) if rag_n else nb * Nn + ni
 
-    def wval(W, wf, nb, ni, k):
-        return wf[ni * KS + k] if pack else W[nrow(nb, ni), k]
+    NSL, PER = (K // KS, KS // VL) if KS else (1, KV)
+
+    def _wslice(W, Wf, n, ks, kvi, lane):   # W[n, (ks*PER + kvi)*VL + lane]
+        return Wf[ks * (N * KS) + n * KS + kvi * VL + lane] if KS else W[n, kvi * VL + lane]
+
+    def wval(W, Wf, wf, nb, ni, k):
+        return wf[ni * PS + k] if pack else _wload(W, Wf, nrow(nb, ni), k // VL, k % VL, N, KS, VL)
 
     store = _store_out(bias)
 
     @T.macro
-    def fma_step(W, wf, xt, acc, nb, tb, k):
+    def fma_step(W, Wf, wf, xt, acc, nb, tb, k):
         for ni in T.unroll(Nn):
             for v in T.unroll(NV):
                 for l in T.vectorized(VL):
                     acc[(ni * NV + v) * VL + l] = acc[(ni * NV + v) * VL + l] + wval(
-                        W, wf, nb, ni, k) * xt[(tb * K + k) * TV + v * VL + l]
+                        W, Wf, wf, nb, ni, k) * xt[(tb * K + k) * TV + v * VL + l]
 
     @T.prim_func
     def linear(x: T.handle, w: T.handle, b: T.handle, o: T.handle):
@@ -258,6 +336,7 @@ def gemm_outer(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=N
         W = T.match_buffer(w, (N, K), wdtype)
         Bs = T.match_buffer(b, B_shape, F32)
         O = T.match_buffer(o, (T_, N), F32, align=VIEW_ALIGN)
+        Wf = T.decl_buffer((N * K,), wdtype, data=W.data)
         xt = T.alloc_buffer((K * TP,), F32, scope="global")
         for kc in tpar(NKC):
             for t in range(TP):
@@ -272,20 +351,22 @@ def gemm_outer(cpu, T_: int, N: int, K: int, wdtype: str, bias: bool, blocking=N
                 for i in T.unroll(Nn * NV):
                     for l in T.vectorized(VL):
                         acc[i * VL + l] = T.float32(0)
-                for kv in range(KV):
-                    if pack:
-                        if tb == 0:   # the first tile widens the panel, VL k at a time just before it uses them
-                            for ni in T.unroll(Nn):
-                                for l in T.vectorized(VL):
-                                    wf[ni * KS + kv * VL + l] = W[nrow(nb, ni), kv * VL + l].astype(F32)
-                    for ki in range(VL):
-                        fma_step(W, wf, xt, acc, nb, tb, kv * VL + ki)
+                for ks in range(NSL):   # K slices (one unless W is stored K-sliced): no division in the addresses
+                    for kvi in range(PER):
+                        if pack:
+                            if tb == 0:   # the first tile widens the panel, VL k at a time just before it uses them
+                                for ni in T.unroll(Nn):
+                                    for l in T.vectorized(VL):
+                                        wf[ni * PS + (ks * PER + kvi) * VL + l] = _wslice(
+                                            W, Wf, nrow(nb, ni), ks, kvi, l).astype(F32)
+                        for ki in range(VL):
+                            fma_step(W, Wf, wf, xt, acc, nb, tb, (ks * PER + kvi) * VL + ki)
                 for k in range(KV * VL, K):
                     if pack:
                         if tb == 0:
                             for ni in range(Nn):
-                                wf[ni * KS + k] = W[nrow(nb, ni), k].astype(F32)
-                    fma_step(W, wf, xt, acc, nb, tb, k)
+                                wf[ni * PS + k] = W[nrow(nb, ni), k].astype(F32)
+                    fma_step(W, Wf, wf, xt, acc, nb, tb, k)
                 for j in T.unroll(TV):   # token-major: each row's Nn outputs are stored together
                     for ni in T.unroll(Nn):
                         if tb * TV + j < T_:
@@ -308,13 +389,20 @@ def _drop_bias(func, bias: bool):
     return tirx.PrimFunc(params, func.body, func.ret_type, func.attrs)
 
 
-def naive(T_: int, N: int, K: int, wdtype: str, bias: bool, segs=()):
+def naive(T_: int, N: int, K: int, wdtype: str, bias: bool, segs=(), KS: int = 0):
     """Unscheduled TE definition: always builds (serial loops); fallback for shapes a schedule rejects.
-    segs: one output per segment of rows (see make)."""
+    segs: one output per segment of rows (see make); KS: W stored K-sliced (kslice.py)."""
     x = te.placeholder((T_, K), F32, "x")
     W = te.placeholder((N, K), wdtype, "W")
     k = te.reduce_axis((0, K), "k")
-    y = te.compute((T_, N), lambda t, n: te.sum(x[t, k] * _w(W[n, k], wdtype), axis=k), name="y")
+
+    def wat(n, k):
+        if not KS:
+            return W[n, k]
+        f = (k // KS) * (N * KS) + n * KS + k % KS
+        return W[f // K, f % K]
+
+    y = te.compute((T_, N), lambda t, n: te.sum(x[t, k] * _w(wat(n, k), wdtype), axis=k), name="y")
     args = [x, W]
     if bias:
         b = te.placeholder((N,), F32, "b")
@@ -332,16 +420,19 @@ def _rows(y, T_: int, n: int, off: int, name: str):
     return te.compute((T_, n), lambda t, r: y[t, r + off], name=name)
 
 
-def make(cpu, T: int, N: int, K: int, wdtype: str = "float32", bias: bool = False, segs=(), rowwise: bool = False):
+def make(cpu, T: int, N: int, K: int, wdtype: str = "float32", bias: bool = False, segs=(), rowwise: bool = False,
+         KS: int = 0):
     """segs (row counts summing to N): W stacks several matrices (q/k/v, gate/up) and each one's rows go to its
     own output, out_s f32[T, N_s] (the last args, in order); () keeps the single output. rowwise: every token
-    through the decode GEMV (gemv's T_), bitwise the outputs decode gives."""
+    through the decode GEMV (gemv's T_), bitwise the outputs decode gives. KS: W (the whole stack) is stored
+    K-sliced, KS columns a slice (kslice.py)."""
+    check_kslice(K, KS)
     if T == 1 or rowwise:
-        func = gemv(cpu, N, K, wdtype, bias, T_=T)
+        func = gemv(cpu, N, K, wdtype, bias, T_=T, KS=KS)
     elif use_outer(cpu, T):
-        func = gemm_outer(cpu, T, N, K, wdtype, bias, cpu.blocking_for(T))
+        func = gemm_outer(cpu, T, N, K, wdtype, bias, cpu.blocking_for(T), KS=KS)
     else:
-        func = gemm(cpu, T, N, K, wdtype, bias)
+        func = gemm(cpu, T, N, K, wdtype, bias, KS=KS)
     return split_output(func, segs) if segs else func
 
 

@@ -55,7 +55,9 @@ def reference(op: str, args, **p):
         eps = float(p["eps"])
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
     if op == "linear":
-        x, W = _f64(a[0]), _f64(a[1])
+        from .kslice import from_sliced
+
+        x, W = _f64(a[0]), _f64(from_sliced(np.asarray(a[1]), int(p.get("KS", 0))))
         y = x @ W.T
         if p.get("bias", False):
             y = y + _f64(a[2])

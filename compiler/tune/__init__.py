@@ -255,7 +255,9 @@ class Tuner:
                      for d in self.space["prefetch"]}
             self.result.prefetch[cls] = self._choose(f"prefetch {cls}", costs)
         tuned = replace(self.cpu, tuned_prefetch=tuple(sorted(self.result.prefetch.items())))
-        float_names = [n for c in ("linear_f16", "linear_f32") for n in by_class.get(c, [])]
+        # a K-sliced GEMV has no rows per task to choose (linear.gemv_sliced)
+        float_names = [n for c in ("linear_f16", "linear_f32") for n in by_class.get(c, [])
+                       if not kernels.made[n][1].get("KS")]
         if float_names:
             tuned = self._gemv_rows(kernels, float_names, uses, tuned)
         for names in by_class.values():
