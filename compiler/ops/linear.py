@@ -34,6 +34,11 @@ def _w(v, wdtype):
     return v if wdtype == F32 else v.astype(F32)
 
 
+def _task_row(nb, r, R: int, N: int):
+    """The r-th weight row of GEMV task nb (R rows a task): a ragged last task recomputes row N-1 and does not store it."""
+    return T.min(nb * R + r, N - 1) if N % R else nb * R + r
+
+
 def _wload(W, Wf, n, kv, lane, N: int, KS: int, VL: int):
     """W[n, kv*VL + lane], from the K-sliced layout when KS (kslice.py)."""
     return Wf[flat_index(n, kv, lane, N, KS, VL)] if KS else W[n, kv * VL + lane]
@@ -77,8 +82,8 @@ def gemv(cpu, N: int, K: int, wdtype: str, bias: bool, R: int | None = None, T_:
     NB = (N + R - 1) // R
     outer = T.parallel if N * K >= PARALLEL_MIN_ELEMS else T.serial
 
-    def row(nb, r):   # the r-th row of task nb (a ragged last task recomputes row N-1 and does not store it)
-        return T.min(nb * R + r, N - 1) if N % R else nb * R + r
+    def row(nb, r):
+        return _task_row(nb, r, R, N)
 
     @T.prim_func
     def linear(x: T.handle, w: T.handle, b: T.handle, o: T.handle):
@@ -145,8 +150,8 @@ def gemv_sliced(cpu, N: int, K: int, wdtype: str, bias: bool, KS: int, T_: int =
     B_shape = (N,) if bias else (1,)
     outer = T.parallel if N * K >= PARALLEL_MIN_ELEMS else T.serial
 
-    def row(nb, r):   # a ragged last block recomputes row N-1 and does not store it
-        return T.min(nb * RB + r, N - 1) if N % RB else nb * RB + r
+    def row(nb, r):
+        return _task_row(nb, r, RB, N)
 
     @T.prim_func
     def linear(x: T.handle, w: T.handle, b: T.handle, o: T.handle):
