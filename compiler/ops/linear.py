@@ -130,7 +130,7 @@ def gemv(cpu, N: int, K: int, wdtype: str, bias: bool, R: int | None = None, T_:
 
     return _drop_bias(linear, bias)
 
-SLICED_ROWS = 256   # weight rows per task of gemv_sliced (64 KiB of accumulators; 64 rows streamed 4-6% slower)
+SLICED_ROWS = 256   # weight rows per task of gemv_sliced (64 KiB of accumulators; 64 rows streamed 6-11% slower)
 
 
 def gemv_sliced(cpu, N: int, K: int, wdtype: str, bias: bool, KS: int, T_: int = 1):
