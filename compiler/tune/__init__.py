@@ -237,7 +237,8 @@ class Tuner:
         by_class: dict[str, list[str]] = {}
         for name in uses:
             op, params = kernels.made.get(name, (None, {}))
-            cls = prefetch_class(op, params) if op else None
+            # a K-sliced GEMV issues no prefetches (linear.gemv_sliced): timing it at each distance would be wasted
+            cls = prefetch_class(op, params) if op and not params.get("KS") else None
             if cls:
                 by_class.setdefault(cls, []).append(name)
         def maker(cls, name):
@@ -255,9 +256,7 @@ class Tuner:
                      for d in self.space["prefetch"]}
             self.result.prefetch[cls] = self._choose(f"prefetch {cls}", costs)
         tuned = replace(self.cpu, tuned_prefetch=tuple(sorted(self.result.prefetch.items())))
-        # a K-sliced GEMV has no rows per task to choose (linear.gemv_sliced)
-        float_names = [n for c in ("linear_f16", "linear_f32") for n in by_class.get(c, [])
-                       if not kernels.made[n][1].get("KS")]
+        float_names = [n for c in ("linear_f16", "linear_f32") for n in by_class.get(c, [])]   # none K-sliced
         if float_names:
             tuned = self._gemv_rows(kernels, float_names, uses, tuned)
         for names in by_class.values():
