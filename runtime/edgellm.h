@@ -132,6 +132,9 @@ int el_model_prefill_backend(const el_model* m, char* note, int cap);
 /* The GPU a package's OpenCL programs run on (name, memory, whether the program came from the binary cache);
  * returns the length, or 0 for packages that run on the CPU. */
 int el_model_device(const el_model* m, char* out, int cap);
+/* Empties the n-gram pool the model's contexts share for speculative decoding (the ids that followed each 3-id
+ * n-gram they read or wrote): later drafts come from each context's own history again. */
+void el_model_forget_drafts(el_model* m);
 
 /* Text through the package's tokenizer.bin (-1 without one). el_encode is snprintf-like: returns how many ids
  * the text gives, writing at most cap; add_special < 0: the tokenizer's default (HF add_special_tokens=True). */

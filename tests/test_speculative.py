@@ -54,6 +54,35 @@ def test_greedy_tokens_are_plain_decodings(scheme, packages):
                     assert s["spec_passes"] > 0 and 0 < s["spec_accepted"] < s["spec_drafted"], s
 
 
+def test_the_ngram_pool_drafts_a_repeated_request_in_a_fresh_context(packages):
+    """The model's contexts share an n-gram pool (runtime/core/ngram_pool.c): a fresh context given a prompt another
+    context answered drafts that answer from the pool where its own history has no match; the tokens stay plain
+    decoding's; forget_drafts empties the pool, and another load of the package has its own."""
+    def fresh(rt, mode):
+        ctx = rt.new_context()
+        r = ctx.generate(p, max_new_tokens=48, temperature=0, ignore_eos=True, speculate=mode)
+        s = ctx.stats()
+        ctx.close()
+        return r.token_ids, tuple(s[k] for k in ("spec_passes", "spec_drafted", "spec_accepted"))
+
+    with Runtime.load(packages["q8"]) as rt, Runtime.load(packages["q8"]) as other:
+        vocab = rt.manifest["model"]["config"]["vocab_size"]
+        p = [int(x) for x in np.random.default_rng(5).integers(3, vocab, 40)]   # no copy in it
+        plain, counts = fresh(rt, "off")
+        assert counts == (0, 0, 0)
+        first = fresh(rt, "ngram")   # off added nothing to the pool
+        again = fresh(rt, "ngram")
+        elsewhere = fresh(other, "ngram")
+        rt.forget_drafts()
+        forgot = fresh(rt, "ngram")
+        assert first[0] == again[0] == elsewhere[0] == forgot[0] == plain
+        assert again[1][2] >= first[1][2] + 30, (first, again)   # most of the 48 tokens came in passes
+        assert elsewhere[1] == forgot[1] == first[1], (first, elsewhere, forgot)
+        for mode in ("recycle", "auto"):   # they draft from it too (auto: where a pass pays, not on this toy)
+            got = fresh(rt, mode)
+            assert got[0] == plain and (mode == "auto" or got[1][2] >= 24), (mode, got)
+
+
 CODE = "def read_config(path):\n    with open(path) as f:\n        return json.load(f)\n\ndef read_config(path):\n"
 
 

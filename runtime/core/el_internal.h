@@ -168,7 +168,8 @@ struct el_model {
    * last (0: not yet). A context starts from these, so that the package's costs on this host are learned once per
    * model, not in every context's first passes (speculate.c). */
   float spec_steps[EL_MAX_DRAFT + 2];
-  pthread_mutex_t mu; /* guards refs / freed / spec_steps */
+  struct el_ngram_pool* pool; /* the n-gram pool the contexts share (ngram_pool.c; NULL until one speculates) */
+  pthread_mutex_t mu; /* guards refs / freed / spec_steps / making the pool */
   int refs;           /* contexts alive */
   int freed;          /* el_model_free called: free when the last context goes */
 };
@@ -236,6 +237,7 @@ typedef struct {
   int chain_run;
   int8_t spec_chain_i[EL_MAX_DRAFT + 1];
   int recycling; /* this generation keeps the table (recycle; auto where the verify program takes trees) */
+  int pooling;   /* this generation adds its n-grams to the model's pool (it speculates) */
   /* an output constraint's allowed tokens for the next draw (el_generate_constrain): a bit per token */
   uint32_t* mask;
   int mask_on;
@@ -329,6 +331,12 @@ EL_HIDDEN int el_spec_child(el_gen* g, int32_t sampled);
 /* auto: the sample drawn after drafts that were built but not verified rates their sources as if they had been. */
 EL_HIDDEN void el_spec_shadow(el_gen* g, int32_t sampled);
 EL_HIDDEN void el_spec_time(double* avg, double seconds);
+/* The n-gram pool across contexts (ngram_pool.c): add history h[0..n)'s 3-id keys with the ids after them (all:
+ * every one; else the one its last id completed); draft up to max ids after its last 3 (0: none); free it. */
+typedef struct el_ngram_pool el_ngram_pool;
+EL_HIDDEN void el_pool_add(el_model* m, const int32_t* h, int n, int all);
+EL_HIDDEN int el_pool_draft(el_model* m, const int32_t* h, int n, int max, int32_t* out);
+EL_HIDDEN void el_pool_free(el_model* m);
 EL_HIDDEN void el_spec_timed(el_model* m, el_gen* g, int tokens, double seconds); /* a verify pass's time */
 /* The draft model's share of the counters (el_stats.spec_*_model): node 0, a pass's drafts; else the one taken. */
 EL_HIDDEN void el_spec_count(el_stats* st, const el_gen* g, int node);

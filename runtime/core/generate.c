@@ -202,6 +202,8 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   g->mask_on = 0;
   g->recycling = width >= 2 && (p->speculate == EL_SPECULATE_RECYCLE ||
                                 (p->speculate == EL_SPECULATE_AUTO && el_spec_trees(m)));
+  g->pooling = width >= 2 && p->speculate != EL_SPECULATE_OFF; /* it adds to the model's n-gram pool */
+  if (g->pooling) el_pool_add(m, g->hist, n, 1);
   memset(g->src_offered, 0, sizeof g->src_offered), memset(g->src_taken, 0, sizeof g->src_taken);
   memset(g->src_q, 0, sizeof g->src_q);
   memset(g->chain_offered, 0, sizeof g->chain_offered), memset(g->chain_taken, 0, sizeof g->chain_taken);
@@ -480,6 +482,7 @@ EL_API int el_generate_next(el_context* c, el_event* ev) {
   }
   g->hist[g->n_hist++] = t;
   g->n_gen++;
+  if (g->pooling) el_pool_add(m, g->hist, g->n_hist, 0);
   el_constraint_advance(g, t);
   int stopped = append_text(g, m, t);
   if (stopped < 0) goto out;

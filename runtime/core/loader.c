@@ -36,6 +36,7 @@ static void model_destroy(el_model* m) {
   if (m->tok) el_tok_free(m->tok);
   free(m->backend_opts_text);
   free(m->plan), free(m->routing), free(m->kv_layers), free(m->kv_offset);
+  el_pool_free(m);
   pthread_mutex_destroy(&m->mu);
   free(m);
 }

@@ -50,9 +50,10 @@ static int ngram_draft(const int32_t* h, int n_hist, int min_n, int max, int32_t
 /* Where a draft came from: its own acceptance rate ranks it when a tree is built (el_gen.src_*). The draft model's
  * guesses (SRC_MODEL) and its second and third choices where it was unsure (SRC_BRANCH) are ranked by its own
  * probabilities instead, scaled by how often its drafts of that kind were taken against how often it expected. */
-enum { SRC_NGRAM = 0, SRC_MODEL = 1, SRC_BRANCH = 2, SRC_RANK0 = 3, REC_K = 4, N_SRC = SRC_RANK0 + REC_K };
+/* SRC_POOL: the n-gram pool's (ngram_pool.c), what followed the same 3 ids in another context, or earlier here. */
+enum { SRC_NGRAM = 0, SRC_MODEL = 1, SRC_BRANCH = 2, SRC_POOL = 3, SRC_RANK0 = 4, REC_K = 4, N_SRC = SRC_RANK0 + REC_K };
 /* what each source's drafts are taken at before any is measured, as if seen PRIOR_N times */
-static const float PRIOR[N_SRC] = {0.6f, 0.5f, 0.2f, 0.5f, 0.15f, 0.07f, 0.04f};
+static const float PRIOR[N_SRC] = {0.6f, 0.5f, 0.2f, 0.4f, 0.5f, 0.15f, 0.07f, 0.04f};
 #define PRIOR_N 4.0f
 
 static float src_rate(const el_gen* g, int src) {
@@ -488,18 +489,20 @@ int el_spec_draft(el_context* c, el_gen* g) {
   g->spec_from_model = 0;
   int32_t chain[EL_MAX_DRAFT];
   int k = ngram_draft(g->hist, g->n_hist, mode == EL_SPECULATE_AUTO ? NGRAM_MIN_AUTO : NGRAM_MIN, max, chain);
+  int src = SRC_NGRAM; /* the history's own match first, else the pool's */
+  if (k == 0 && (k = el_pool_draft(m, g->hist, g->n_hist, max, chain)) > 0) src = SRC_POOL;
   int automatic = mode == EL_SPECULATE_AUTO;
   /* recycle, and auto where the model keeps a table: a tree of the n-gram chain (if any) and recycled candidates; in
    * auto, only where the drafts the tree expects to be taken pay for the pass */
   float cum[EL_MAX_DRAFT + 1];
   if (g->recycling && (k > 0 || mode == EL_SPECULATE_RECYCLE || !g->p.draft || g->draft_off)) {
-    chain_guide ch = {chain, k, SRC_NGRAM, NULL, NULL, NULL};
+    chain_guide ch = {chain, k, src, NULL, NULL, NULL};
     int n = tree_draft(g, g->hist[g->n_hist - 1], &ch, max, !el_spec_trees(m), cum);
     return automatic ? paying(m, g, n, cum) : n;
   }
   memcpy(g->spec_draft, chain, sizeof(int32_t) * (size_t)k);
-  chain_of(g, k, SRC_NGRAM);
-  chain_expect(g, k, SRC_NGRAM, cum);
+  chain_of(g, k, src);
+  chain_expect(g, k, src, cum);
   if (k > 0) return automatic ? paying(m, g, k, cum) : k;
   if (!g->p.draft || g->draft_off) return 0;
   if (g->draft_wait > 0) { /* the model's guesses did not pay lately: n-grams only for now */

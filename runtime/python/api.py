@@ -931,6 +931,14 @@ class Runtime(_Closes):
             raise InputError(L.last_error())
         return list(out[:n])
 
+    def forget_drafts(self) -> None:
+        """Empties the n-gram pool this model's contexts share for speculative decoding (what followed each 3-token
+        n-gram they read or wrote, runtime/core/ngram_pool.c): drafts then come from each context's own history
+        again (a benchmark that repeats its prompts in fresh contexts calls this between runs). Tokens never
+        depend on the pool, only the passes that produce them."""
+        if self._model is not None:
+            self._lib.el_model_forget_drafts(self._model)
+
     def draft_runtime(self, path: str, threads: int | None = None) -> Runtime:
         """The draft package at path, loaded once (speculate=PATH) and checked to share this package's tokenizer
         token by token (el_draft_check); this package must have a verify program."""

@@ -116,6 +116,7 @@ _SIGS = {
     "el_has_tokenizer": (C.c_int, [P]),
     "el_model_prefill_backend": (C.c_int, [P, C.c_char_p, C.c_int]),
     "el_model_device": (C.c_int, [P, C.c_char_p, C.c_int]),
+    "el_model_forget_drafts": (None, [P]),
     "el_model_memory": (C.c_int, [P, C.POINTER(MemoryPlan)]),
     "el_model_weights_pinned": (C.c_int, [P, C.POINTER(C.c_uint8), C.c_int]),
     "el_encode": (C.c_int, [P, C.c_char_p, C.c_int, C.c_int, I32P, C.c_int]),

@@ -22,6 +22,7 @@ int el_prefill(el_context* c, const int32_t* ids, int n, float* l, int all) { re
 int el_verify(el_context* c, const int32_t* ids, int n, float* l) { return (void)c, (void)ids, (void)n, (void)l, unreached(); }
 int el_verify_take_node(el_context* c, int node) { return (void)c, (void)node, unreached(); }
 double el_now(void) { return unreached(); }
+int el_pool_draft(el_model* m, const int32_t* h, int n, int max, int32_t* out) { return (void)m, (void)h, (void)n, (void)max, (void)out, unreached(); }
 
 #include "check.h"
 #define NEAR(a, b) (fabsf((a) - (b)) < 1e-5f)
