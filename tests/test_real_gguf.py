@@ -165,23 +165,39 @@ def test_agrees_with_llamacpp_on_the_file_as_shipped(name, tmp_path):
     assert r["positions"] == 4 * 255 and r["clear_positions"] >= 800 and r["top1_agree_clear"] >= 0.99, r
 
 
-def test_speculation_gives_plain_tokens_on_the_real_model(tmp_path):
-    """Speculative decoding on a real model (issue 36): its 49k-token vocabulary, tied head and chat template, with
-    the `--quant auto` package of the shipped file: greedy tokens of every draft source equal plain decoding's on a
-    task that copies its prompt and on free text, passes of every size included (rows past a pass's drafts are
-    computed by none of its GEMMs), and a pass's rows equal a full pass's bitwise."""
+LIGHTHOUSE = ("The lighthouse stood at the northern tip of the island, a white tower with a red lantern room that "
+              "sailors could see from twenty miles out. Its keeper, a retired engineer named Tomas, kept a logbook of "
+              "every ship that passed, the weather at dawn and dusk, and the small repairs the old machinery needed. ")
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_speculation_gives_plain_tokens_on_the_real_model(name, tmp_path):
+    """Speculative decoding on real models (issue 36): SmolLM2's 49k-token vocabulary, tied head and chat template;
+    Gemma 3's 262k vocabulary, head_dim 256 and 512-token sliding windows (the long copy prompt's passes run past
+    the window, whose rows must see its keys as a decode step would). With the `--quant auto` package of the shipped
+    file, greedy tokens of every draft source equal plain decoding's on tasks that copy their prompt and on free
+    text, passes of every size included (rows past a pass's drafts are computed by none of its GEMMs), and a pass's
+    rows equal a full pass's bitwise."""
     from edgellm.runtime.python.api import Runtime
 
-    pkg = edgellm.compile(str(gguf_file("smollm2-135m")), quant="auto", out=tmp_path / "p", max_context=1024,
+    pkg = edgellm.compile(str(gguf_file(name)), quant="auto", out=tmp_path / "p", max_context=1024,
                           tune="off", progress=False, verify_tokens=8)
     func = "def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"
+    copy_long = f"Repeat the following text exactly, word for word:\n\n{LIGHTHOUSE * 9}"
     with Runtime.load(pkg) as rt:
-        for msg in (f"Rename area to rect_area and change nothing else:\n\n{func}", CHAT[0]):
+        for msg in (f"Rename area to rect_area and change nothing else:\n\n{func}", CHAT[0], copy_long):
             ids = rt.encode(rt.text.apply_chat_template([{"role": "user", "content": msg}]), add_special_tokens=False)
-            plain = rt.generate(ids, max_new_tokens=64, temperature=0, speculate="off").token_ids
+            if msg is copy_long:
+                assert len(ids) > 512, len(ids)   # every pass past the first sliding window
+            plain = rt.generate(ids, max_new_tokens=64, temperature=0, speculate="off", ignore_eos=True).token_ids
             for mode in ("ngram", "recycle", "auto"):
-                got = rt.generate(ids, max_new_tokens=64, temperature=0, speculate=mode).token_ids
+                ctx = rt.new_context()
+                got = ctx.generate(ids, max_new_tokens=64, temperature=0, speculate=mode, ignore_eos=True).token_ids
+                passes = ctx.stats()["spec_passes"]
+                ctx.close()
                 assert got == plain, (mode, msg[:20])
+                if mode == "recycle" or (mode == "ngram" and msg != CHAT[0]):   # (auto runs passes where they pay)
+                    assert passes > 0, (mode, msg[:20])
         ctx = rt.context
         ids = rt.encode(func)
         ctx.rewind(0)   # the generations' conversation
