@@ -184,19 +184,20 @@ def test_speculation_gives_plain_tokens_on_the_real_model(name, tmp_path):
                           tune="off", progress=False, verify_tokens=8)
     func = "def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"
     copy_long = f"Repeat the following text exactly, word for word:\n\n{LIGHTHOUSE * 9}"
+    tasks = [(f"Rename area to rect_area and change nothing else:\n\n{func}", True), (CHAT[0], False),
+             (copy_long, True)]   # (prompt, whether the reply copies it)
     with Runtime.load(pkg) as rt:
-        for msg in (f"Rename area to rect_area and change nothing else:\n\n{func}", CHAT[0], copy_long):
+        for msg, copies in tasks:
             ids = rt.encode(rt.text.apply_chat_template([{"role": "user", "content": msg}]), add_special_tokens=False)
             if msg is copy_long:
                 assert len(ids) > 512, len(ids)   # every pass past the first sliding window
             plain = rt.generate(ids, max_new_tokens=64, temperature=0, speculate="off", ignore_eos=True).token_ids
             for mode in ("ngram", "recycle", "auto"):
-                ctx = rt.new_context()
-                got = ctx.generate(ids, max_new_tokens=64, temperature=0, speculate=mode, ignore_eos=True).token_ids
-                passes = ctx.stats()["spec_passes"]
-                ctx.close()
+                with rt.new_context() as ctx:
+                    got = ctx.generate(ids, max_new_tokens=64, temperature=0, speculate=mode, ignore_eos=True).token_ids
+                    passes = ctx.stats()["spec_passes"]
                 assert got == plain, (mode, msg[:20])
-                if mode == "recycle" or (mode == "ngram" and msg != CHAT[0]):   # (auto runs passes where they pay)
+                if mode == "recycle" or (mode == "ngram" and copies):   # (auto runs passes only where they pay)
                     assert passes > 0, (mode, msg[:20])
         ctx = rt.context
         ids = rt.encode(func)
