@@ -1,16 +1,22 @@
-"""Build the package's kernel library: all PrimFuncs in one TVM module -> object file -> kernels.so, linked with
-runtime/kernel_shim.c and the kernel table (compiler/kernel_table.py) so that it needs nothing from TVM at run time.
+"""Build the package's kernel library: every PrimFunc compiled by TVM to its own object file, the objects linked into
+kernels.so with runtime/kernel_shim.c and the kernel table (compiler/kernel_table.py) so that it needs nothing from TVM
+at run time.
 
-Targets with a static edgellm-run (android-cpu) compile the module as a TVM "system lib" instead: the same
-object is linked statically into bin/edgellm-run (it registers its kernels at start-up) and, through the shim's
-system-lib adapter, into kernels.so (for programs that dlopen it, e.g. an app built with the NDK).
+Targets with a static edgellm-run (android-cpu) compile the kernels as a TVM "system lib" instead: the objects are
+joined into one relocatable kernels.o that is linked statically into bin/edgellm-run (it registers its kernels at
+start-up) and, through the shim's system-lib adapter, into kernels.so (for programs that dlopen it, e.g. an app
+built with the NDK).
 
-TVM's code generation runs in a forked child: LLVM reports some failures (a full disk while writing the object,
-say) by printing "LLVM ERROR" and exiting the process, which must not take the compiler and its clean-up with it.
+One object per kernel, because kernels repeat: a package's attention, norm and rope kernels are the same whatever its
+weights' scheme, and a model compiled again with other options changes a few of its kernels. The kernels are
+compiled in forked children, EDGELLM_BUILD_JOBS of them at once (default: the CPUs this process may use), so a
+compile uses every core. A child isolates TVM's code generation too: LLVM reports some failures (a full disk while
+writing the object, say) by printing "LLVM ERROR" and exiting the process, which must not take the compiler and its
+clean-up with it.
 
-With EDGELLM_KERNEL_CACHE=DIR, built libraries are kept in DIR under a hash of everything that goes into them (the
-module's TVMScript, the target, the C compiler, the kernel table, the shim's source, the TVM and edgellm versions) and
-copied from there when the same kernels are built again (the test session and benchmark recompiles use it)."""
+With EDGELLM_KERNEL_CACHE=DIR, each kernel's object is kept in DIR under a hash of everything that goes into it (its
+TVMScript, the target, system lib or not, the TVM and edgellm versions) and copied from there when the same kernel
+is built again (the test session and benchmark recompiles use it)."""
 from __future__ import annotations
 
 import faulthandler
@@ -38,100 +44,141 @@ def uses_barrier(obj: Path) -> bool:
     return b"TVMBackendParallelBarrier" in obj.read_bytes()
 
 
-def _codegen_in_child(mod, target: Target, obj: Path) -> None:
-    """tvm.compile + write the object file in a forked child; its failure (exception, LLVM abort, signal) becomes a
-    one-line CompileError here, and an interrupt kills it."""
+def _fork_codegen(jobs: list[tuple[object, Path]], tvm_target, err) -> int:
+    """Forks a child that compiles each (IRModule, object path) of jobs; returns its pid. The child reports a
+    failure (exception, LLVM abort) on err, as one line, and its exit status."""
     import tvm
 
-    tvm_target = target.tvm_target()
-    with tempfile.TemporaryFile() as err:
-        sys.stdout.flush(), sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # child: never return into the caller's stack
-            code = 1
-            try:
-                os.dup2(err.fileno(), 2)
-                faulthandler.disable()   # an abort here is reported by the parent, not dumped by the child
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                ex = tvm.compile(mod, target=tvm_target)
-                ex.mod.write_to_file(str(obj))
-                code = 0
-            except BaseException as e:  # noqa: BLE001 - reported to the parent through stderr
-                msg = str(e).strip().splitlines()
-                os.write(2, f"{type(e).__name__}: {msg[0] if msg else ''}\n".encode())
-            finally:
-                os._exit(code)
+    sys.stdout.flush(), sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # child: never return into the caller's stack
+        code = 1
         try:
-            _, status = os.waitpid(pid, 0)
-        except BaseException:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise
-        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT:
+            os.dup2(err.fileno(), 2)
+            faulthandler.disable()   # an abort here is reported by the parent, not dumped by the child
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            for mod, obj in jobs:
+                tvm.compile(mod, target=tvm_target).mod.write_to_file(str(obj))
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - reported to the parent through stderr
+            msg = str(e).strip().splitlines()
+            os.write(2, f"{type(e).__name__}: {msg[0] if msg else ''}\n".encode())
+        finally:
+            os._exit(code)
+    return pid
+
+
+def build_jobs() -> int:
+    """How many code generators run at once: EDGELLM_BUILD_JOBS, else the CPUs this process may run on."""
+    v = os.environ.get("EDGELLM_BUILD_JOBS", "").strip()
+    if v:
+        if not v.isdigit() or int(v) < 1:
+            raise CompileError(f"EDGELLM_BUILD_JOBS={v!r}: give a whole number of processes, 1 or more")
+        return int(v)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _codegen_in_children(jobs: list[tuple[object, Path]], target: Target) -> None:
+    """tvm.compile + write each (IRModule, object path) of jobs, in up to build_jobs() forked children (the jobs dealt
+    round-robin, so that each child gets big and small kernels alike); a child's failure (exception, LLVM abort,
+    signal) becomes a one-line CompileError here, and an interrupt kills them all."""
+    if not jobs:
+        return
+    n = min(build_jobs(), len(jobs))
+    tvm_target = target.tvm_target()
+    errs = [tempfile.TemporaryFile() for _ in range(n)]
+    pids: list[int] = []
+    try:
+        for i in range(n):
+            pids.append(_fork_codegen(jobs[i::n], tvm_target, errs[i]))
+        statuses = []
+        for pid in pids:
+            statuses.append(os.waitpid(pid, 0)[1])
+            pids = [p for p in pids if p != pid]
+    except BaseException:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+        for e in errs:
+            e.close()
+        raise
+    try:
+        if any(os.WIFSIGNALED(st) and os.WTERMSIG(st) == signal.SIGINT for st in statuses):
             raise KeyboardInterrupt
-        if status != 0 or not obj.is_file():
+        for st, err in zip(statuses, errs):
+            if st == 0:
+                continue
             err.seek(0)
             lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
-            died = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
+            died = f"signal {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else f"exit {os.WEXITSTATUS(st)}"
             why = next((ln for ln in reversed(lines) if "LLVM ERROR" in ln or "Error" in ln),
                        lines[-1] if lines else f"the code generator died ({died})")
             raise CompileError(f"TVM failed to compile the kernels for {target.name}: {why.strip()[:300]}")
+        missing = [obj for _, obj in jobs if not obj.is_file()]
+        if missing:
+            raise CompileError(f"TVM failed to compile the kernels for {target.name}: no object for {missing[0].stem}")
+    finally:
+        for e in errs:
+            e.close()
 
 
-def _cache_dir(mod, target: Target, keep_object: bool, table) -> Path | None:
-    """Where EDGELLM_KERNEL_CACHE keeps these kernels (None: no cache)."""
-    root = os.environ.get("EDGELLM_KERNEL_CACHE")
-    if not root:
-        return None
+def _kernel_key(mod, target: Target, keep_object: bool) -> str:
+    """The hash a kernel's object is cached under: everything that goes into it."""
     import tvm
 
     from .. import __version__
 
     h = hashlib.sha256()
-    for part in (mod.script(), json.dumps(target.tvm_dict(), sort_keys=True), target.cc, str(keep_object),
-                 json.dumps(table), tvm.__version__, __version__):
+    for part in (mod.script(), json.dumps(target.tvm_dict(), sort_keys=True), str(keep_object), tvm.__version__,
+                 __version__):
         h.update(part.encode())
         h.update(b"\0")
-    h.update(SHIM.read_bytes())
-    return Path(root) / h.hexdigest()[:40]
+    return h.hexdigest()[:40]
 
 
-def _cached_files(out_so: Path, keep_object: bool) -> list[Path]:
-    return [out_so, out_so.with_name(KERNELS_OBJECT), out_so.with_name(TABLE_SOURCE)] if keep_object else [out_so]
+def _cache_root() -> Path | None:
+    root = os.environ.get("EDGELLM_KERNEL_CACHE")
+    return Path(root) if root else None
 
 
-def _from_cache(cache: Path | None, out_so: Path, keep_object: bool) -> bool:
-    if cache is None or not cache.is_dir():
+def _from_cache(cache: Path | None, key: str, obj: Path) -> bool:
+    if cache is None:
         return False
     try:
-        for f in _cached_files(out_so, keep_object):
-            shutil.copyfile(cache / f.name, f)
+        shutil.copyfile(cache / f"{key}.o", obj)
         return True
-    except OSError:   # a partial or removed entry: build instead
-        for f in _cached_files(out_so, keep_object):
-            f.unlink(missing_ok=True)
+    except OSError:   # not there, or removed meanwhile: build it
+        obj.unlink(missing_ok=True)
         return False
 
 
-def _to_cache(cache: Path | None, out_so: Path, keep_object: bool) -> None:
+def _to_cache(cache: Path | None, key: str, obj: Path) -> None:
     if cache is None:
         return
-    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    tmp = cache / f"{key}.o.{os.getpid()}.tmp"
     try:
-        tmp.mkdir(parents=True, exist_ok=True)
-        for f in _cached_files(out_so, keep_object):
-            shutil.copyfile(f, tmp / f.name)
-        tmp.rename(cache)   # atomic; another process may have stored the same entry first
+        cache.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(obj, tmp)
+        tmp.rename(cache / f"{key}.o")   # atomic; another process may have stored the same entry first
     except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.unlink(missing_ok=True)
+
+
+def _run_cc(cmd: list[str], what: str, target: Target) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise CompileError(f"{what} with {target.cc} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
 
 
 def build_kernels(funcs: dict, target: Target, out_so: Path, keep_object: bool = False,
                   table: list[tuple[str, int, int, int]] | None = None) -> Path | None:
     """Writes kernels.so with its kernel table (`table`: (name, n_args, flags, writes) per kernel, as plan.bin has
-    it; None: read off the functions, no KV-writer flags); with keep_object (static-binary targets) the module is
-    compiled as a system lib and its object file, and the table's source, are kept beside out_so and the object
-    returned, for build_edgellm_run to link."""
+    it; None: read off the functions, no KV-writer flags); with keep_object (static-binary targets) the kernels are
+    compiled as a system lib and their object (kernels.o) and the table's source are kept beside out_so and the
+    object returned, for build_edgellm_run to link."""
     import tvm
 
     from .kernel_table import written_args
@@ -139,23 +186,34 @@ def build_kernels(funcs: dict, target: Target, out_so: Path, keep_object: bool =
     check_toolchain(target)
     if table is None:
         table = [(name, len(f.params), 0, written_args(f, name)) for name, f in funcs.items()]
-    mod = tvm.IRModule(funcs)
-    if keep_object:
-        mod = mod.with_attr("system_lib_prefix", "")
-    cache = _cache_dir(mod, target, keep_object, table)
-    if _from_cache(cache, out_so, keep_object):
-        return out_so.with_name(KERNELS_OBJECT) if keep_object else None
-    obj = out_so.with_name(KERNELS_OBJECT) if keep_object else out_so.with_suffix(".o")
-    table_c = write_kernel_table(table, out_so.with_name(TABLE_SOURCE))
-    _codegen_in_child(mod, target, obj)
-    adapter = ["-DEDGELLM_SYSLIB_ADAPTER"] + (["-DEDGELLM_SHIM_BARRIER"] if uses_barrier(obj) else []) if keep_object else []
-    cmd = [*target.cc_cmd, "-shared", "-fPIC", "-O2", *adapter, str(obj), str(SHIM), str(table_c), "-o", str(out_so),
-           "-lm", "-Wl,-Bsymbolic"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if not keep_object:
-        obj.unlink(missing_ok=True)
-        table_c.unlink(missing_ok=True)
-    if r.returncode != 0:
-        raise CompileError(f"linking kernels.so with {target.cc} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-    _to_cache(cache, out_so, keep_object)
-    return obj if keep_object else None
+    out_so = Path(out_so)
+    cache = _cache_root()
+    with tempfile.TemporaryDirectory(prefix=".kernels-", dir=out_so.parent) as work:
+        objs, jobs, keys = [], [], {}
+        for i, (name, f) in enumerate(funcs.items()):
+            mod = tvm.IRModule({name: f})
+            if keep_object:
+                mod = mod.with_attr("system_lib_prefix", "")
+            obj = Path(work) / f"k{i}.o"
+            objs.append(obj)
+            key = _kernel_key(mod, target, keep_object) if cache is not None else ""
+            if not _from_cache(cache, key, obj):
+                jobs.append((mod, obj))
+                keys[obj] = key
+        _codegen_in_children(jobs, target)
+        for _, obj in jobs:
+            _to_cache(cache, keys[obj], obj)
+        table_c = write_kernel_table(table, out_so.with_name(TABLE_SOURCE))
+        if keep_object:   # one relocatable object for the static runner (its barrier use read off it)
+            kobj = out_so.with_name(KERNELS_OBJECT)
+            _run_cc([*target.cc_cmd, "-r", "-nostdlib", *map(str, objs), "-o", str(kobj)], "joining the kernels", target)
+            objs = [kobj]
+        adapter = (["-DEDGELLM_SYSLIB_ADAPTER"] + (["-DEDGELLM_SHIM_BARRIER"] if uses_barrier(objs[0]) else [])
+                   if keep_object else [])
+        try:
+            _run_cc([*target.cc_cmd, "-shared", "-fPIC", "-O2", *adapter, *map(str, objs), str(SHIM), str(table_c),
+                     "-o", str(out_so), "-lm", "-Wl,-Bsymbolic"], "linking kernels.so", target)
+        finally:
+            if not keep_object:
+                table_c.unlink(missing_ok=True)
+    return objs[0] if keep_object else None

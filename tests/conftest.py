@@ -126,8 +126,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def kernel_cache(tmp_path_factory):
-    """Packages with identical kernels (the same model and scheme compiled by several test modules) link their
-    kernels.so once per session (compiler/kernels_build.py); tests of the build's failure paths turn it off."""
+    """Each kernel is compiled once per session (compiler/kernels_build.py caches its object file by hash): packages
+    of the same model in several schemes, or compiled by several test modules, share it; tests of the build's
+    failure paths turn it off."""
     old = os.environ.get("EDGELLM_KERNEL_CACHE")
     if os.environ.get("PYTEST_XDIST_WORKER"):   # pytest -n: the workers share one cache (entries land by rename)
         root = tmp_path_factory.getbasetemp().parent / "kernel-cache"

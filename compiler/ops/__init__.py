@@ -80,6 +80,7 @@ from ._util import kernel_name
 from .kslice import check as check_kslice
 from .kslice import slice_width
 from .reference import reference
+from .script_frames import frames_without_source
 from .segments import check_segs
 
 __all__ = ["OPS", "CpuInfo", "prefetch_class", "host_cpu_info", "kernel_params", "llvm_target",
@@ -380,12 +381,13 @@ def make_kernel(op: str, cpu: CpuInfo, **params):
 def _make_cached(op: str, cpu: CpuInfo, items: tuple):
     p = dict(items)
     name = _name(op, p)
-    try:
-        func = _build(op, cpu, p, fast=True)
-    except Exception as e:  # noqa: BLE001 - any schedule failure must fall back to the plain kernel
-        log.warning("edgellm.ops: schedule for %s failed (%s: %s); using the plain kernel", name,
-                    type(e).__name__, e)
-        func = _build(op, cpu, p, fast=False)
+    with frames_without_source():
+        try:
+            func = _build(op, cpu, p, fast=True)
+        except Exception as e:  # noqa: BLE001 - any schedule failure must fall back to the plain kernel
+            log.warning("edgellm.ops: schedule for %s failed (%s: %s); using the plain kernel", name,
+                        type(e).__name__, e)
+            func = _build(op, cpu, p, fast=False)
     return name, func.with_attr("global_symbol", name)
 
 
