@@ -37,6 +37,7 @@ from .kernel_table import write_kernel_table
 SHIM = Path(__file__).resolve().parent.parent / "runtime" / "kernel_shim.c"
 KERNELS_OBJECT = "kernels.o"   # the system-lib object a static edgellm-run links (not part of the package)
 TABLE_SOURCE = "kernel_table.c"
+MAX_DEFAULT_JOBS = 8
 
 
 def uses_barrier(obj: Path) -> bool:
@@ -69,13 +70,15 @@ def _fork_codegen(jobs: list[tuple[object, Path]], tvm_target, err) -> int:
 
 
 def build_jobs() -> int:
-    """How many code generators run at once: EDGELLM_BUILD_JOBS, else the CPUs this process may run on."""
+    """How many code generators run at once: EDGELLM_BUILD_JOBS, else the CPUs this process may run on, at most
+    MAX_DEFAULT_JOBS (each child holds LLVM and its share of the kernels: a few hundred MB for a big model's)."""
     v = os.environ.get("EDGELLM_BUILD_JOBS", "").strip()
     if v:
         if not v.isdigit() or int(v) < 1:
             raise CompileError(f"EDGELLM_BUILD_JOBS={v!r}: give a whole number of processes, 1 or more")
         return int(v)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(cpus, MAX_DEFAULT_JOBS)
 
 
 def _codegen_in_children(jobs: list[tuple[object, Path]], target: Target) -> None:

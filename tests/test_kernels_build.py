@@ -76,6 +76,10 @@ def test_static_targets_get_one_kernels_object(tmp_path, monkeypatch):
 
 
 def test_bad_job_count_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("EDGELLM_BUILD_JOBS", raising=False)
+    assert 1 <= kb.build_jobs() <= kb.MAX_DEFAULT_JOBS
+    monkeypatch.setenv("EDGELLM_BUILD_JOBS", "12")
+    assert kb.build_jobs() == 12
     monkeypatch.setenv("EDGELLM_BUILD_JOBS", "two")
     monkeypatch.delenv("EDGELLM_KERNEL_CACHE", raising=False)
     with pytest.raises(CompileError, match="EDGELLM_BUILD_JOBS='two'"):
