@@ -19,6 +19,7 @@ TVMScript, the target, system lib or not, the TVM and edgellm versions) and copi
 is built again (the test session and benchmark recompiles use it)."""
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import hashlib
 import json
@@ -89,26 +90,21 @@ def _codegen_in_children(jobs: list[tuple[object, Path]], target: Target) -> Non
         return
     n = min(build_jobs(), len(jobs))
     tvm_target = target.tvm_target()
-    errs = [tempfile.TemporaryFile() for _ in range(n)]
-    pids: list[int] = []
-    try:
-        for i in range(n):
-            pids.append(_fork_codegen(jobs[i::n], tvm_target, errs[i]))
-        statuses = []
-        for pid in pids:
-            statuses.append(os.waitpid(pid, 0)[1])
-            pids = [p for p in pids if p != pid]
-    except BaseException:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
-        for e in errs:
-            e.close()
-        raise
-    try:
+    with contextlib.ExitStack() as stack:
+        errs = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(n)]
+        pids, statuses = [], []
+        try:
+            for i in range(n):
+                pids.append(_fork_codegen(jobs[i::n], tvm_target, errs[i]))
+            while pids:
+                statuses.append(os.waitpid(pids[0], 0)[1])
+                pids.pop(0)
+        except BaseException:
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+            raise
         if any(os.WIFSIGNALED(st) and os.WTERMSIG(st) == signal.SIGINT for st in statuses):
             raise KeyboardInterrupt
         for st, err in zip(statuses, errs):
@@ -120,12 +116,9 @@ def _codegen_in_children(jobs: list[tuple[object, Path]], target: Target) -> Non
             why = next((ln for ln in reversed(lines) if "LLVM ERROR" in ln or "Error" in ln),
                        lines[-1] if lines else f"the code generator died ({died})")
             raise CompileError(f"TVM failed to compile the kernels for {target.name}: {why.strip()[:300]}")
-        missing = [obj for _, obj in jobs if not obj.is_file()]
-        if missing:
-            raise CompileError(f"TVM failed to compile the kernels for {target.name}: no object for {missing[0].stem}")
-    finally:
-        for e in errs:
-            e.close()
+    missing = [obj for _, obj in jobs if not obj.is_file()]
+    if missing:
+        raise CompileError(f"TVM failed to compile the kernels for {target.name}: no object for {missing[0].stem}")
 
 
 def _kernel_key(mod, target: Target, keep_object: bool) -> str:
@@ -192,7 +185,7 @@ def build_kernels(funcs: dict, target: Target, out_so: Path, keep_object: bool =
     out_so = Path(out_so)
     cache = _cache_root()
     with tempfile.TemporaryDirectory(prefix=".kernels-", dir=out_so.parent) as work:
-        objs, jobs, keys = [], [], {}
+        objs, missing = [], []   # missing: (module, object, cache key) of the kernels to compile
         for i, (name, f) in enumerate(funcs.items()):
             mod = tvm.IRModule({name: f})
             if keep_object:
@@ -201,11 +194,10 @@ def build_kernels(funcs: dict, target: Target, out_so: Path, keep_object: bool =
             objs.append(obj)
             key = _kernel_key(mod, target, keep_object) if cache is not None else ""
             if not _from_cache(cache, key, obj):
-                jobs.append((mod, obj))
-                keys[obj] = key
-        _codegen_in_children(jobs, target)
-        for _, obj in jobs:
-            _to_cache(cache, keys[obj], obj)
+                missing.append((mod, obj, key))
+        _codegen_in_children([(mod, obj) for mod, obj, _ in missing], target)
+        for _, obj, key in missing:
+            _to_cache(cache, key, obj)
         table_c = write_kernel_table(table, out_so.with_name(TABLE_SOURCE))
         if keep_object:   # one relocatable object for the static runner (its barrier use read off it)
             kobj = out_so.with_name(KERNELS_OBJECT)
