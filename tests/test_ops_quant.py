@@ -255,3 +255,36 @@ def test_relu2_mul():
     r = np.random.default_rng(1)
     g, u = (r.standard_normal((7, 37)) * 3).astype(np.float32), r.standard_normal((7, 37)).astype(np.float32)
     check(call(build("relu2_mul", T=7, F=37)[1], [g, u], 7, 37), ops.reference("relu2_mul", [g, u]))
+
+
+@pytest.mark.parametrize("scheme_name", ["q4g32", "q4m32", "q8g32", "q8"])
+def test_avx2_half_tiles_are_bitwise_the_full_tiles(scheme_name, monkeypatch):
+    """AVX2 GEMM tiles run the 16-row panel as two 8-row halves (linear_block.SPLIT_HALVES): the same integer sums and
+    the same f32 epilogue per output, so the same bits as the 16-row tiles, and each token's row the bits of the
+    decode GEMV (speculation's verify rows must be decode's rows). Ragged panels (N = 37), a bias, tiles of 2..8."""
+    from edgellm.compiler.ops import linear_block
+
+    cpu = ops.CpuInfo(vector_lanes=8, num_threads=2)   # the AVX2 kernels, on any x86 host
+    scheme = get_scheme(scheme_name)
+    r = np.random.default_rng(5)
+    N, K = 37, 256
+    w = (r.standard_normal((N, K)) * 0.05).astype(np.float32)
+    parts = scheme.quantize(w)
+    bias = r.standard_normal(N).astype(np.float32)
+
+    def run(T, x, split):
+        monkeypatch.setattr(linear_block, "SPLIT_HALVES", split)
+        op, p = scheme.linear_kernel(T, N, K, bias=True)
+        ops._make_cached.cache_clear()   # the kernel cache keys on (op, cpu, params), not on the switch
+        name, func = ops.make_kernel(op, cpu, **p)
+        f = tvm.compile(tvm.IRModule({name: func}), target=TARGET).jit()[name]
+        return call(f, [x] + [parts[k] for k in scheme.part_order] + [bias], T, N)
+
+    x = r.standard_normal((8, K)).astype(np.float32)
+    x[:, ::13] *= 30.0
+    decode = np.concatenate([run(1, x[t:t + 1], True) for t in range(8)])
+    for T in (2, 3, 6, 8):
+        half, full = run(T, x[:T], True), run(T, x[:T], False)
+        np.testing.assert_array_equal(half, full)
+        np.testing.assert_array_equal(half, decode[:T])
+    ops._make_cached.cache_clear()

@@ -72,6 +72,12 @@ def madd16_avx2(acc16, w, xq, off):
     return acc16 + T.Shuffle(parts, list(range(32)))
 
 
+def madd16_half_avx2(acc16h, w32, xq, off):
+    """madd16_avx2 on one 8-row half: acc16h (int16x16) + vpmaddubsw of the half's u8 codes w32 (uint8x32)."""
+    xb = T.reinterpret("int8x32", T.Broadcast(_xword(xq, off), 8))
+    return acc16h + T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", T.reinterpret("int8x32", w32), xb)
+
+
 def flush16(acc16):
     """int16x32 of madd16_avx2 -> int32x16 row sums (vpmaddwd with ones adds each row's two pair sums)."""
     parts = [T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", h, T.Broadcast(T.int16(1), 16))
@@ -124,6 +130,15 @@ def dot4_signed_avx2(acc, w, xq, off):
         p = T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", ax, sw)
         parts.append(T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", p, T.Broadcast(T.int16(1), 16)))
     return acc + T.Shuffle(parts, list(range(16)))
+
+
+def dot4_signed_half_avx2(acc8, w32, xq, off):
+    """dot4_signed_avx2 on one 8-row half: acc8 (int32x8) + the int8x32 signed codes w32 times xq[off:off+4]."""
+    xb = T.reinterpret("int8x32", T.Broadcast(_xword(xq, off), 8))
+    ax = T.call_llvm_pure_intrin("int8x32", "llvm.x86.avx2.psign.b", xb, xb)
+    sw = T.call_llvm_pure_intrin("int8x32", "llvm.x86.avx2.psign.b", w32, xb)
+    p = T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", ax, sw)
+    return acc8 + T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", p, T.Broadcast(T.int16(1), 16))
 
 
 def lookup16(path, tab, base, idx):
