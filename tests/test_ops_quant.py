@@ -257,7 +257,7 @@ def test_relu2_mul():
     check(call(build("relu2_mul", T=7, F=37)[1], [g, u], 7, 37), ops.reference("relu2_mul", [g, u]))
 
 
-@pytest.mark.parametrize("scheme_name", ["q4g32", "q4m32", "q8g32", "q8"])
+@pytest.mark.parametrize("scheme_name", ["q4g32", "q4m32", "q8g32", "q8", "q6"])
 def test_avx2_half_tiles_are_bitwise_the_full_tiles(scheme_name, monkeypatch):
     """AVX2 GEMM tiles run the 16-row panel as two 8-row halves (linear_block.SPLIT_HALVES): the same integer sums and
     the same f32 epilogue per output, so the same bits as the 16-row tiles, and each token's row the bits of the

@@ -8,8 +8,8 @@ from ...quant.packing import NR, Q6_CHUNKS, Q6_GROUP, QA
 from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, prefetch
 from .quant_common import (
     I32, PREMUL_UNPACK, U8, _Geo, _act_blocks, _drop_bias, _outer, _tail_copy, _tt, _u8, _use_mmla, dot4,
-    dot4_sdot, dot4_signed_avx2, dot4_signed_half_avx2, flush16, i16_capacity, madd16_avx2, madd16_half_avx2, mmla8,
-    mmla_tokens, offset_start, path_for, stream_locality, stream_prefetch, token_tiles,
+    dot4_sdot, dot4_signed_avx2, dot4_signed_half_avx2, dot8_pair_half_avx2, flush16, i16_capacity, madd16_avx2,
+    madd16_half_avx2, mmla8, mmla_tokens, offset_start, path_for, stream_locality, stream_prefetch, token_tiles,
 )
 from .rows import ROWS_TIER
 
@@ -365,14 +365,16 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
 def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
     """linear_q6 (the embedding / lm_head scheme of --head-quant q6). Per panel and 32-k block: 6 chunks, 4 of low
     nibbles (unpacked as q4's) and 2 of high bit pairs (as t2's); operand = low | high << 4 (u8 codes 0..63, so
-    vpmaddubsw pairs stay below 2^15), dot products as q4's, one f16 scale per block. No SMMLA / int16 variants:
-    the head runs one token at a time."""
+    vpmaddubsw pairs stay below 2^15), dot products as q4's, one f16 scale per block. No SMMLA variant. q6 is also
+    the body scheme of Q4_K_M / Q5_x GGUF files (compiler/auto_quant.py), so prefill and verify passes run it too."""
     path = path_for(cpu)
     g = _Geo("q4", T_, N, K, Q6_GROUP)
     g.bits, g.off, g.BPR, g.NCH = 6, 32, K * 6 // 8, K // QA * Q6_CHUNKS
     BPR, NBf, R, KB = g.BPR, g.NBf, g.R, g.KB
     BB = Q6_CHUNKS * 64                      # panel bytes per block
-    Tt = _tt(path, T_, 8)
+    # AVX2: tiles of 8 tokens as two 8-row halves (panel_split) unpack each operand once per 8 tokens, not per 2
+    split = SPLIT_HALVES and path == "avx2" and T_ > 1
+    Tt = _tt(path, T_, 8, avx2_tt=8 if split else 2)
     NA = 2 if Tt == 1 else 1
     PF, PL = stream_prefetch(cpu, T_), stream_locality(cpu, T_)
     NTB = (T_ + Tt - 1) // Tt
@@ -428,6 +430,57 @@ def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
                     else:
                         for l in range(R):
                             O[tb * Tt + ti, nb * NR + l] = facc[ti * 16 + l] + (Bs[nb * NR + l] if bias else T.float32(0))
+
+    def operand32(v, hv, h, j):
+        lo = (v >> T.Broadcast(T.Cast(U8, 4 * h), 32)) & T.Broadcast(T.uint8(15), 32)
+        hi = ((hv >> T.Broadcast(T.Cast(U8, 2 * j), 32)) & T.Broadcast(T.uint8(3), 32)) << T.Broadcast(T.uint8(4), 32)
+        return lo | hi
+
+    # the 16-row panel as two 8-row halves (block_kernel's panel_split): a chunk's two operands (k 8c..8c+7) add up in
+    # int16 (2 * 2 * 63 * 127 < 2^15) and widen once; the same integer sums and f32 epilogue per output: the same bits
+    @T.macro
+    def panel_split(Wsrc, wbase, wlen, Ssrc, sbase, Bs, O, xq, dx, cr, nb, full):
+        facc = T.alloc_buffer((Tt * 8,), F32, scope="global", annotations=STACK)
+        isum8 = T.alloc_buffer((Tt * 8,), I32, scope="global", annotations=STACK)
+        for tb in range(NTB):
+            for hf in range(2):
+                for ti in T.unroll(Tt):
+                    for l in T.vectorized(8):
+                        facc[ti * 8 + l] = T.float32(0)
+                for kb in range(KB):
+                    for ti in T.unroll(Tt):
+                        for l in T.vectorized(8):
+                            isum8[ti * 8 + l] = cr[trow(tb, ti) * KB + kb]
+                    if PF > 0:
+                        if hf == 0:
+                            for c in T.unroll(Q6_CHUNKS):
+                                prefetch(Wsrc, T.min(wbase + kb * BB + c * 64 + PF, wlen - 1), PL)
+                    for c in range(4):   # a loop, as block_kernel's (unrolled, LLVM spills)
+                        v: T.let[T.uint8x32] = Wsrc[T.Ramp(wbase + kb * BB + c * 64 + hf * 32, 1, 32)]
+                        hv: T.let[T.uint8x32] = Wsrc[T.Ramp(wbase + kb * BB + (4 + c // 2) * 64 + hf * 32, 1, 32)]
+                        u0: T.let[T.uint8x32] = operand32(v, hv, 0, 2 * (c % 2))
+                        u1: T.let[T.uint8x32] = operand32(v, hv, 1, 2 * (c % 2) + 1)
+                        for ti in T.unroll(Tt):
+                            isum8[T.Ramp(ti * 8, 1, 8)] = dot8_pair_half_avx2(
+                                isum8[T.Ramp(ti * 8, 1, 8)], u0, u1, xq, trow(tb, ti) * K + kb * QA + 8 * c)
+                    for ti in T.unroll(Tt):
+                        for l in T.vectorized(8):
+                            facc[ti * 8 + l] = facc[ti * 8 + l] + T.Cast(F32, isum8[ti * 8 + l]) * (
+                                T.Cast(F32, Ssrc[sbase + kb * NR + hf * 8 + l]) * dx[trow(tb, ti) * KB + kb])
+                for ti in T.unroll(Tt):
+                    if tb * Tt + ti < T_:
+                        if full:
+                            for l in T.vectorized(8):
+                                O[tb * Tt + ti, nb * NR + hf * 8 + l] = facc[ti * 8 + l] + (
+                                    Bs[nb * NR + hf * 8 + l] if bias else T.float32(0))
+                        else:
+                            for l in range(8):
+                                if hf * 8 + l < R:
+                                    O[tb * Tt + ti, nb * NR + hf * 8 + l] = facc[ti * 8 + l] + (
+                                        Bs[nb * NR + hf * 8 + l] if bias else T.float32(0))
+
+    if split:
+        panel = panel_split   # noqa: F811
 
     @T.macro
     def tail_scales(Sf, Ss):

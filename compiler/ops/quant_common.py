@@ -72,6 +72,15 @@ def madd16_avx2(acc16, w, xq, off):
     return acc16 + T.Shuffle(parts, list(range(32)))
 
 
+def dot8_pair_half_avx2(acc8, u0, u1, xq, off):
+    """One 8-row half, 8 k: acc8 (int32x8) + the u8 codes u0 (k off..off+3) and u1 (off+4..off+7) times xq; the two
+    vpmaddubsw results add in int16 (callers' codes keep 4 products per lane under 2^15) and widen once."""
+    p = [T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", T.reinterpret("int8x32", u),
+                                 T.reinterpret("int8x32", T.Broadcast(_xword(xq, off + 4 * i), 8)))
+         for i, u in enumerate((u0, u1))]
+    return acc8 + T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", p[0] + p[1], T.Broadcast(T.int16(1), 16))
+
+
 def madd16_half_avx2(acc16h, w32, xq, off):
     """madd16_avx2 on one 8-row half: acc16h (int16x16) + vpmaddubsw of the half's u8 codes w32 (uint8x32)."""
     xb = T.reinterpret("int8x32", T.Broadcast(_xword(xq, off), 8))
