@@ -479,8 +479,7 @@ def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
                                     O[tb * Tt + ti, nb * NR + hf * 8 + l] = facc[ti * 8 + l] + (
                                         Bs[nb * NR + hf * 8 + l] if bias else T.float32(0))
 
-    if split:
-        panel = panel_split   # noqa: F811
+    tile_panel = panel_split if split else panel
 
     @T.macro
     def tail_scales(Sf, Ss):
@@ -506,13 +505,13 @@ def q6_kernel(cpu, T_: int, N: int, K: int, bias: bool):
         cr = T.alloc_buffer((T_ * KB,), I32, scope="global")
         act(X, xq, dx, cr)
         for nb in outer(NBf):
-            panel(Wf, nb * NR * BPR, N * BPR, Sf, nb * NR * KB, Bs, O, xq, dx, cr, nb, True)
+            tile_panel(Wf, nb * NR * BPR, N * BPR, Sf, nb * NR * KB, Bs, O, xq, dx, cr, nb, True)
         if R > 0:
             Ws = T.alloc_buffer((WS_len,), U8, scope="global")
             Ss = T.alloc_buffer((SS_len,), "float16", scope="global")
             tail_copy(Wf, Ws)
             tail_scales(Sf, Ss)
-            panel(Ws, 0, WS_len, Ss, 0, Bs, O, xq, dx, cr, NBf, False)
+            tile_panel(Ws, 0, WS_len, Ss, 0, Bs, O, xq, dx, cr, NBf, False)
 
     return _drop_bias(linear_q6, bias, 3)
 
