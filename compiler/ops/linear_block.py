@@ -9,7 +9,7 @@ from ._util import F32, PARALLEL_MIN_ELEMS, STACK, VIEW_ALIGN, prefetch
 from .quant_common import (
     I32, PREMUL_UNPACK, U8, _Geo, _act_blocks, _drop_bias, _outer, _tail_copy, _tt, _u8, _use_mmla, dot4,
     dot4_sdot, dot4_signed_avx2, dot4_signed_half_avx2, dot8_pair_half_avx2, flush16, i16_capacity, madd16_avx2,
-    madd16_half_avx2, mmla8, mmla_tokens, offset_start, path_for, stream_locality, stream_prefetch, token_tiles,
+    madd16_half_avx2, mmla8, mmla_tokens, offset_start, path_for, stream_locality, stream_prefetch, token_tiles, widen16,
 )
 from .rows import ROWS_TIER
 
@@ -93,6 +93,10 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
                 return v
             return (v >> T.Broadcast(T.Cast(U8, h * bits), 32)) & T.Broadcast(T.Cast(U8, (1 << bits) - 1), 32)
 
+        def xoff(tb, ti, kb, c, h):
+            """Where the 4 activations of operand (chunk c, sub h) of block kb start, for tile row ti."""
+            return trow(tb, ti) * K + kb * QA + c * g.kpc + h * 4
+
         def block_isum(iacc, ti, l):
             if NA == 1:
                 return iacc[ti * 16 + l]
@@ -158,11 +162,11 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
                                     if i16:
                                         acc16[T.Ramp(ti * 32, 1, 32)] = madd16_avx2(
                                             acc16[T.Ramp(ti * 32, 1, 32)], u, xq,
-                                            trow(tb, ti) * K + kb * QA + c * g.kpc + h * 4)
+                                            xoff(tb, ti, kb, c, h))
                                     else:
                                         iacc[T.Ramp((ti * NA + (c * SUB + h) % NA) * 16, 1, 16)] = dot(
                                             iacc[T.Ramp((ti * NA + (c * SUB + h) % NA) * 16, 1, 16)], u, xq,
-                                            trow(tb, ti) * K + kb * QA + c * g.kpc + h * 4)
+                                            xoff(tb, ti, kb, c, h))
                         if i16:
                             for ti in T.unroll(Tt):
                                 iacc[T.Ramp(ti * 16, 1, 16)] = flush16(acc16[T.Ramp(ti * 32, 1, 32)])
@@ -247,16 +251,14 @@ def block_kernel(cpu, traits, T_: int, N: int, K: int, G: int | None, bias: bool
                                     if i16:
                                         acc16[T.Ramp(ti * 16, 1, 16)] = madd16_half_avx2(
                                             acc16[T.Ramp(ti * 16, 1, 16)], u, xq,
-                                            trow(tb, ti) * K + kb * QA + c * g.kpc + h * 4)
+                                            xoff(tb, ti, kb, c, h))
                                     else:
                                         isum8[T.Ramp(ti * 8, 1, 8)] = dot4_signed_half_avx2(
                                             isum8[T.Ramp(ti * 8, 1, 8)], T.reinterpret("int8x32", u), xq,
-                                            trow(tb, ti) * K + kb * QA + c * g.kpc + h * 4)
+                                            xoff(tb, ti, kb, c, h))
                         for ti in T.unroll(Tt):
                             if i16:
-                                isum8[T.Ramp(ti * 8, 1, 8)] = T.call_llvm_pure_intrin(
-                                    "int32x8", "llvm.x86.avx2.pmadd.wd", acc16[T.Ramp(ti * 16, 1, 16)],
-                                    T.Broadcast(T.int16(1), 16))
+                                isum8[T.Ramp(ti * 8, 1, 8)] = widen16(acc16[T.Ramp(ti * 16, 1, 16)])
                             for l in T.vectorized(8):
                                 facc[ti * 8 + l] = facc[ti * 8 + l] + half_result(
                                     isum8[ti * 8 + l], Ssrc, sbase, kb, hf * 8 + l, cr[trow(tb, ti) * KB + kb],

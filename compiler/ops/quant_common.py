@@ -43,6 +43,16 @@ def _halves(v, n, lanes):
     return [T.Shuffle([v], list(range(i * lanes, (i + 1) * lanes))) for i in range(n)]
 
 
+def _xb32(xq, off):
+    """AVX2: xq[off:off+4] broadcast to every 4-byte lane of an int8x32."""
+    return T.reinterpret("int8x32", T.Broadcast(_xword(xq, off), 8))
+
+
+def widen16(p):
+    """AVX2: int16x16 -> int32x8, each lane the sum of a pair (vpmaddwd with ones)."""
+    return T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", p, T.Broadcast(T.int16(1), 16))
+
+
 def dot4(path, acc, w, xq, off):
     """acc (int32x16) + per row r: sum_{b<4} w[4r+b] (u8) * xq[off+b] (s8)."""
     if path == "vnni":
@@ -50,11 +60,11 @@ def dot4(path, acc, w, xq, off):
         return T.call_llvm_pure_intrin("int32x16", "llvm.x86.avx512.vpdpbusd.512", acc,
                                        T.reinterpret("int8x64", w), T.reinterpret("int8x64", xb))
     if path == "avx2":
-        xb = T.reinterpret("int8x32", T.Broadcast(_xword(xq, off), 8))
+        xb = _xb32(xq, off)
         parts = []
         for h in _halves(w, 2, 32):
             p = T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", T.reinterpret("int8x32", h), xb)
-            parts.append(T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", p, T.Broadcast(T.int16(1), 16)))
+            parts.append(widen16(p))
         return acc + T.Shuffle(parts, list(range(16)))
     if path == "sdot":
         return dot4_sdot(acc, T.reinterpret("int8x64", w), xq, off)
@@ -66,7 +76,7 @@ def dot4(path, acc, w, xq, off):
 def madd16_avx2(acc16, w, xq, off):
     """AVX2 with int16 accumulation: acc16 (int16x32: per 8-row half, two k-pair sums per row) + vpmaddubsw of the
     u8 codes w with xq[off:off+4]; widening to int32 (flush16) is paid once per many operands, not per operand."""
-    xb = T.reinterpret("int8x32", T.Broadcast(_xword(xq, off), 8))
+    xb = _xb32(xq, off)
     parts = [T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", T.reinterpret("int8x32", h), xb)
              for h in _halves(w, 2, 32)]
     return acc16 + T.Shuffle(parts, list(range(32)))
@@ -76,21 +86,20 @@ def dot8_pair_half_avx2(acc8, u0, u1, xq, off):
     """One 8-row half, 8 k: acc8 (int32x8) + the u8 codes u0 (k off..off+3) and u1 (off+4..off+7) times xq; the two
     vpmaddubsw results add in int16 (callers' codes keep 4 products per lane under 2^15) and widen once."""
     p = [T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", T.reinterpret("int8x32", u),
-                                 T.reinterpret("int8x32", T.Broadcast(_xword(xq, off + 4 * i), 8)))
+                                 _xb32(xq, off + 4 * i))
          for i, u in enumerate((u0, u1))]
-    return acc8 + T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", p[0] + p[1], T.Broadcast(T.int16(1), 16))
+    return acc8 + widen16(p[0] + p[1])
 
 
 def madd16_half_avx2(acc16h, w32, xq, off):
     """madd16_avx2 on one 8-row half: acc16h (int16x16) + vpmaddubsw of the half's u8 codes w32 (uint8x32)."""
-    xb = T.reinterpret("int8x32", T.Broadcast(_xword(xq, off), 8))
+    xb = _xb32(xq, off)
     return acc16h + T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", T.reinterpret("int8x32", w32), xb)
 
 
 def flush16(acc16):
     """int16x32 of madd16_avx2 -> int32x16 row sums (vpmaddwd with ones adds each row's two pair sums)."""
-    parts = [T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", h, T.Broadcast(T.int16(1), 16))
-             for h in _halves(acc16, 2, 16)]
+    parts = [widen16(h) for h in _halves(acc16, 2, 16)]
     return T.Shuffle(parts, list(range(16)))
 
 
@@ -131,23 +140,23 @@ def mmla_tokens(acc):
 
 def dot4_signed_avx2(acc, w, xq, off):
     """AVX2 q8: w int8x64 signed codes; pmaddubsw(|x|, sign(w, x)) never saturates (|x|, |w| <= 127)."""
-    xb = T.reinterpret("int8x32", T.Broadcast(_xword(xq, off), 8))
+    xb = _xb32(xq, off)
     ax = T.call_llvm_pure_intrin("int8x32", "llvm.x86.avx2.psign.b", xb, xb)  # |x| (x = -128 never occurs)
     parts = []
     for h in _halves(w, 2, 32):
         sw = T.call_llvm_pure_intrin("int8x32", "llvm.x86.avx2.psign.b", h, xb)
         p = T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", ax, sw)
-        parts.append(T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", p, T.Broadcast(T.int16(1), 16)))
+        parts.append(widen16(p))
     return acc + T.Shuffle(parts, list(range(16)))
 
 
 def dot4_signed_half_avx2(acc8, w32, xq, off):
     """dot4_signed_avx2 on one 8-row half: acc8 (int32x8) + the int8x32 signed codes w32 times xq[off:off+4]."""
-    xb = T.reinterpret("int8x32", T.Broadcast(_xword(xq, off), 8))
+    xb = _xb32(xq, off)
     ax = T.call_llvm_pure_intrin("int8x32", "llvm.x86.avx2.psign.b", xb, xb)
     sw = T.call_llvm_pure_intrin("int8x32", "llvm.x86.avx2.psign.b", w32, xb)
     p = T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", ax, sw)
-    return acc8 + T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", p, T.Broadcast(T.int16(1), 16))
+    return acc8 + widen16(p)
 
 
 def lookup16(path, tab, base, idx):
