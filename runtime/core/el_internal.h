@@ -230,10 +230,10 @@ typedef struct {
   int32_t* rec_next;
   float src_offered[8], src_taken[8];
   float src_q[8]; /* per source, the draft model's probabilities of the drafts offered, summed (its calibration) */
-  /* the n-gram chain's drafts offered and taken by their place in the chain (a copy runs on once it starts: a
-   * later draft is taken more often than the first), apart for chains drafted while a copy runs (chain_run: the
-   * last pass took its whole chain) and the others; and each pending node's place (-1: off the chain) */
-  float chain_offered[2][EL_MAX_DRAFT], chain_taken[2][EL_MAX_DRAFT];
+  /* the n-gram chain's drafts offered and taken: its first draft's and the later ones' (a copy runs on once it
+   * starts: a later draft is taken more often than the first), apart for chains drafted while a copy runs
+   * (chain_run: the last pass took its whole chain) and the others; and each pending node's place (-1: off it) */
+  float chain_offered[2][2], chain_taken[2][2];
   int chain_run;
   int8_t spec_chain_i[EL_MAX_DRAFT + 1];
   int recycling; /* this generation keeps the table (recycle; auto where the verify program takes trees) */

@@ -60,13 +60,16 @@ static float src_rate(const el_gen* g, int src) {
   return (g->src_taken[src] + PRIOR[src] * PRIOR_N) / (g->src_offered[src] + PRIOR_N);
 }
 
-/* The chance the n-gram chain's draft at place i (0: the first) is taken where its parent was: its place's own
- * measured rate while a copy runs (the last pass took its whole chain) or not, with the source's overall rate as the
- * prior (a copy that has started tends to run on: pure copying takes every draft, and a chain sized by the rates of
- * chains that start after a miss would stop short of what it takes). */
+/* The chance the n-gram chain's draft at place i (0: the first) is taken where its parent was: the first draft after
+ * a match at its own rate, the later ones at one shared rate (a copy that has started runs on at about the same odds
+ * per token, so the places pool their counts: a rate per place took a dozen passes to learn, and sized chains short
+ * while the copy ran: SmolLM2 editing a function ran passes of 5, 4, 3, 2, 3, 3 drafts that were all taken), each
+ * apart while a copy runs (the last pass took its whole chain) or not, with the source's overall rate as the prior. */
+#define PRIOR_RUN 0.9f
 static float chain_rate(const el_gen* g, int i) {
-  const int r = g->chain_run;
-  return (g->chain_taken[r][i] + src_rate(g, SRC_NGRAM) * PRIOR_N) / (g->chain_offered[r][i] + PRIOR_N);
+  const int r = g->chain_run, at = i > 0;
+  float prior = r ? PRIOR_RUN : src_rate(g, SRC_NGRAM);
+  return (g->chain_taken[r][at] + prior * PRIOR_N) / (g->chain_offered[r][at] + PRIOR_N);
 }
 
 /* A chain's draft at place i: the n-gram chain's by its place, another source's by the source. */
@@ -217,8 +220,9 @@ static int rate_children(el_gen* g, int at, int n, int32_t sampled) {
     if (g->spec_q[i] >= 0) g->src_q[src] += g->spec_q[i];
     if (taken) g->src_taken[src] += 1, found = i;
     float *off = g->chain_offered[g->chain_run], *tk = g->chain_taken[g->chain_run];
-    if (ci >= 0 && ++off[ci] > 512) off[ci] /= 2, tk[ci] /= 2;
-    if (ci >= 0) tk[ci] += (float)taken;
+    int at = ci > 0; /* chain_rate's: the first draft, or a later one */
+    if (ci >= 0 && ++off[at] > 512) off[at] /= 2, tk[at] /= 2;
+    if (ci >= 0) tk[at] += (float)taken;
   }
   return found;
 }
@@ -575,20 +579,24 @@ static float cost_at(const el_model* m, const el_gen* g, int tokens) {
   return r < cap ? r : cap;
 }
 
-/* The least a pass of `tokens` can cost, in plain steps: its own count's average where this context timed it (as
- * cost_at), else the dearest count it timed below it (rows only add work), or a step. A count whose time was only
- * seeded from other contexts competes at that bound too: their passes ran at other context lengths (a pass's share of
- * attention grows with the context) and other tree shapes, and a seeded price that is too dear would keep the count
- * from ever running here (JSON after the code edit, SmolLM2: passes of 6 at a seeded 2.3 steps for 8, which cost 1.9
- * in that context). best_count still runs it only where its tokens pay at the seeded price too. */
+/* The least a pass of `tokens` is taken to cost, in plain steps, to choose a count this context has not timed: its
+ * price (cost_at: interpolated between the counts timed around it, or seeded from the model's other contexts) less
+ * EXPLORE_SLACK, and no less than the dearest count this context timed below it (rows only add work). A seeded price
+ * can be too dear here (other contexts' passes ran at other context lengths: a pass's share of attention grows with
+ * the context; JSON after the code edit, SmolLM2: passes of 6 at a seeded 2.3 steps for 8, which cost 1.9 in that
+ * context), and a count priced too dear never runs to be timed; but priced at the bound alone (a step, where nothing
+ * below is timed) every untimed count looked cheapest in turn, and a copy's passes ran 5, 4, 3 and 2 drafts, all
+ * taken, before the full ones. best_count still runs it only where its tokens pay at its price too. */
+#define EXPLORE_SLACK 0.15f
 static float cost_low(const el_model* m, const el_gen* g, int tokens) {
   if (g->spec_t_decode <= 0) return 1;
   int at = cost_slot(m, tokens);
-  if (g->spec_own[at]) return cost_at(m, g, tokens);
+  float price = cost_at(m, g, tokens);
+  if (g->spec_own[at]) return price;
   float low = 1;
   for (int i = 2; i < at; i++)
     if (g->spec_own[i] && steps_at(g, i) > low) low = steps_at(g, i);
-  return low;
+  return (1 - EXPLORE_SLACK) * price > low ? (1 - EXPLORE_SLACK) * price : low;
 }
 
 /* What the last pass cost, in plain steps (1 until both are timed). Waits are scaled by it, so that passes that do
