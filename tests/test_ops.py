@@ -516,6 +516,41 @@ def test_quantized_stream_prefetch_locality(op, extra):
         ((2, 2, 3) if host_is_intel() else (3, 2, 2))
 
 
+def test_vector_reductions_are_the_scalar_trees_bitwise():
+    """vhsum / vhmax (attention's softmax sums and maxima as vector shuffles) combine the pairs _tree combines, level by
+    level: the same bits as hsum / hmax, and as a float32 pairwise tree in numpy (values spread over 12 decades, so
+    any other association rounds differently); n not a power of two falls back to the scalar tree."""
+    from tvm.script import tirx as T
+
+    from edgellm.compiler.ops._util import hmax, hsum, vhmax, vhsum
+
+    def pairwise(v, op):
+        v = list(v)
+        while len(v) > 1:
+            v = [op(v[i], v[i + 1]) for i in range(0, len(v) - 1, 2)] + ([v[-1]] if len(v) % 2 else [])
+        return v[0]
+
+    for n in (16, 8, 6):
+        @T.prim_func
+        def red(a: T.Buffer((n,), "float32"), o: T.Buffer((4,), "float32")):
+            T.func_attr({"global_symbol": "red", "tir.noalias": True})
+            o[0] = hsum(a, n)
+            o[1] = vhsum(a, n)
+            o[2] = hmax(a, n)
+            o[3] = vhmax(a, n)
+
+        f = tvm.compile(tvm.IRModule({"red": red}), target=TARGET).jit()["red"]
+        r = rng(n)
+        for _ in range(20):
+            a = (r.standard_normal(n) * 10.0 ** r.integers(-6, 6, n)).astype(np.float32)
+            out = tvm.runtime.tensor(np.zeros(4, np.float32))
+            f(tvm.runtime.tensor(a), out)
+            got = out.numpy()
+            want = pairwise([np.float32(x) for x in a], lambda x, y: np.float32(x + y))
+            assert got[0].tobytes() == got[1].tobytes() == np.float32(want).tobytes(), (n, got, want)
+            assert got[2] == got[3] == a.max()
+
+
 # ------------------------------------------------------------------------------------------- token trees (verify)
 def tree_rows(parents):
     """int32 [T + 1, T] of a token tree (parents[i] < i; node 0 the root): depths, then each node's ancestors by

@@ -99,6 +99,31 @@ def hmax(buf, n, off=0):
     return _tree([buf[off + i] for i in range(n)], lambda a, b: tirx.max(a, b))
 
 
+def _vtree(buf, n, off, op):
+    """_tree's reduction of buf[off:off + n] (n a power of two) as vector shuffles: each level combines the even lanes
+    with the odd ones, the pairs _tree combines, so the result is bitwise its (LLVM lowered _tree's scalar loads of a
+    vector just stored into ~20 dependent scalar instructions for 16 lanes)."""
+    if n & (n - 1) or n < 2:
+        return _tree([buf[off + i] for i in range(n)], op)
+    v, binds = buf[tirx.Ramp(off, 1, n)], []
+    while n > 1:
+        var = tirx.Var(f"vt{len(binds)}", f"float32x{n}")
+        binds.append((var, v))
+        v = op(tirx.Shuffle([var], list(range(0, n, 2))), tirx.Shuffle([var], list(range(1, n, 2))))
+        n //= 2
+    return let_wrap(v, binds)
+
+
+def vhsum(buf, n, off=0):
+    """hsum, bitwise, as vector shuffles (n a power of two)."""
+    return _vtree(buf, n, off, lambda a, b: a + b)
+
+
+def vhmax(buf, n, off=0):
+    """hmax, bitwise, as vector shuffles (n a power of two)."""
+    return _vtree(buf, n, off, lambda a, b: tirx.max(a, b))
+
+
 def tree_reduce(vecs, W):
     """Transpose-reduce: vecs[i] is a W-lane vector of partial sums for item i (len(vecs) a multiple of
     W, W a power of two); returns len(vecs)//W vectors of W lanes whose lane k holds the full sum of

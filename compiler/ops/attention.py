@@ -38,7 +38,7 @@ import math
 from tvm.script import tirx as T
 
 from ._util import (
-    F32, STACK, VIEW_ALIGN, concat_vecs, fast_exp, fast_tanh, hmax, hsum, let_wrap, pow2_divisor, prefetch, tree_reduce,
+    F32, STACK, VIEW_ALIGN, concat_vecs, fast_exp, fast_tanh, hmax, hsum, let_wrap, vhmax, vhsum, pow2_divisor, prefetch, tree_reduce,
 )
 from .kv_quant import PER_HEAD_SCALE, ROTATED, ROW_WRITERS, QRows, hadamard_in_place, rotation_block, row_bytes, scale_view
 
@@ -84,6 +84,13 @@ def chunk_scores(pv0, pv1, C, VD):
     h = C // 2
     vecs = [pv0[T.Ramp(jj * VD, 1, VD)] for jj in range(h)] + [pv1[T.Ramp(jj * VD, 1, VD)] for jj in range(h)]
     outs, binds = tree_reduce(vecs, VD)
+    return let_wrap(concat_vecs(outs, VD), binds)
+
+
+def half_scores(pv, C, VD):
+    """The C/2-lane vector of full sums of half a chunk's keys' partial-sum vectors: chunk_scores' lanes of that half,
+    the same shuffles and adds (its tree pairs no vector of one half with one of the other where VD divides C/2)."""
+    outs, binds = tree_reduce([pv[T.Ramp(jj * VD, 1, VD)] for jj in range(C // 2)], VD)
     return let_wrap(concat_vecs(outs, VD), binds)
 
 
@@ -273,15 +280,37 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
         """Key jj of a chunk past the window's start (always, in a kernel without a window: a Python True)."""
         return jj >= j0 if windowed else True
 
+    # a chunk's scores half by half where the halves' shuffle trees are apart (VD divides C/2: AVX2, NEON): 8 partial
+    # sums live at a time instead of 16, which with the query's vectors spilled accumulators on AVX2 (a verify pass's
+    # tree attention, SmolLM2: 1.3x faster); the same sums, so the same bits
+    halves = (C // 2) % VD == 0
+
+    @T.macro
+    def qk_scores(Kc, TR, t0, r, c, n0, kh, qs, pv0, pv1, dst, doff, direct):
+        """Row r's scores of the C keys of chunk c, into dst[doff:doff + C] (direct: key's)."""
+        if halves:
+            for jj in range(C // 2):
+                for l in T.vectorized(VD):
+                    pv0[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + jj, n0, direct), kh, l, VD, ND)
+            dst[T.Ramp(doff, 1, C // 2)] = half_scores(pv0, C, VD)
+            for jj in range(C // 2):
+                for l in T.vectorized(VD):
+                    pv1[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + C // 2 + jj, n0, direct), kh, l,
+                                                VD, ND)
+            dst[T.Ramp(doff + C // 2, 1, C // 2)] = half_scores(pv1, C, VD)
+        else:
+            for jj in range(C // 2):
+                for l in T.vectorized(VD):
+                    pv0[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + jj, n0, direct), kh, l, VD, ND)
+                    pv1[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + C // 2 + jj, n0, direct), kh, l,
+                                                VD, ND)
+            dst[T.Ramp(doff, 1, C)] = chunk_scores(pv0, pv1, C, VD)
+
     @T.macro
     def row_chunk(Kc, Vc, TR, t0, r, c, nv, j0, n0, kh, qs, acc, st, sc, part, ar, pv0, pv1):
         """Row r's online softmax over chunk c: its keys j0 <= jj < nv visible (j0 = 0 without a window)."""
         if tree and whole(nv, j0):  # full chunk: shuffle-tree scores
-            for jj in range(C // 2):
-                for l in T.vectorized(VD):
-                    pv0[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + jj, n0), kh, l, VD, ND)
-                    pv1[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + C // 2 + jj, n0), kh, l, VD, ND)
-            sc[T.Ramp(0, 1, C)] = chunk_scores(pv0, pv1, C, VD)
+            qk_scores(Kc, TR, t0, r, c, n0, kh, qs, pv0, pv1, sc, 0, False)
             if scaled_keys:
                 for jj in T.vectorized(C):
                     sc[jj] = row_scaled(Kc, sc[jj], key(TR, t0, r, c * C + jj, n0), kh)
@@ -300,11 +329,11 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                             part[l] = part[l] + qs[r * D + dc * VD + l] * kv_elem(
                                 Kc, key(TR, t0, r, c * C + jj, n0), kh, dc * VD + l)
                     sc[jj] = capped(row_scaled(Kc, hsum(part, VD), key(TR, t0, r, c * C + jj, n0), kh))
-        st[r * 4 + 1] = T.max(st[r * 4], hmax(sc, C))
+        st[r * 4 + 1] = T.max(st[r * 4], vhmax(sc, C))
         st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
         for jj in T.vectorized(C):
             sc[jj] = fast_exp(sc[jj] - st[r * 4 + 1])
-        st[r * 4 + 3] = st[r * 4 + 3] * st[r * 4 + 2] + hsum(sc, C)
+        st[r * 4 + 3] = st[r * 4 + 3] * st[r * 4 + 2] + vhsum(sc, C)
         st[r * 4] = st[r * 4 + 1]
         for dc in T.unroll(ND):
             for l in T.vectorized(VD):
@@ -328,12 +357,7 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
         @T.macro
         def block_chunk(Kc, Vc, TR, t0, c, n0, kh, qs, acc, st, scb, ar, pv0, pv1):
             for r in range(R):
-                for jj in range(C // 2):
-                    for l in T.vectorized(VD):
-                        pv0[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + jj, n0, direct), kh, l, VD, ND)
-                        pv1[jj * VD + l] = dot_part(Kc, qs, r * D, key(TR, t0, r, c * C + C // 2 + jj, n0, direct), kh,
-                                                    l, VD, ND)
-                scb[T.Ramp(r * C, 1, C)] = chunk_scores(pv0, pv1, C, VD)
+                qk_scores(Kc, TR, t0, r, c, n0, kh, qs, pv0, pv1, scb, r * C, direct)
                 if scaled_keys:
                     for jj in T.vectorized(C):
                         scb[r * C + jj] = row_scaled(Kc, scb[r * C + jj], key(TR, t0, r, c * C + jj, n0, direct), kh)
@@ -341,11 +365,11 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                     for jj in T.vectorized(C):
                         scb[r * C + jj] = capped(scb[r * C + jj])
             for r in range(R):
-                st[r * 4 + 1] = T.max(st[r * 4], hmax(scb, C, r * C))
+                st[r * 4 + 1] = T.max(st[r * 4], vhmax(scb, C, r * C))
                 st[r * 4 + 2] = fast_exp(st[r * 4] - st[r * 4 + 1])
                 for jj in T.vectorized(C):
                     scb[r * C + jj] = fast_exp(scb[r * C + jj] - st[r * 4 + 1])
-                st[r * 4 + 3] = st[r * 4 + 3] * st[r * 4 + 2] + hsum(scb, C, r * C)
+                st[r * 4 + 3] = st[r * 4 + 3] * st[r * 4 + 2] + vhsum(scb, C, r * C)
                 st[r * 4] = st[r * 4 + 1]
             for r in range(R):
                 for dc in T.unroll(ND):
