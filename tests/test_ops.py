@@ -530,7 +530,7 @@ def test_vector_reductions_are_the_scalar_trees_bitwise():
             v = [op(v[i], v[i + 1]) for i in range(0, len(v) - 1, 2)] + ([v[-1]] if len(v) % 2 else [])
         return v[0]
 
-    for n in (16, 8, 6):
+    def kernel(n):
         @T.prim_func
         def red(a: T.Buffer((n,), "float32"), o: T.Buffer((4,), "float32")):
             T.func_attr({"global_symbol": "red", "tir.noalias": True})
@@ -538,7 +538,10 @@ def test_vector_reductions_are_the_scalar_trees_bitwise():
             o[1] = vhsum(a, n)
             o[2] = hmax(a, n)
             o[3] = vhmax(a, n)
+        return red
 
+    for n in (16, 8, 6):
+        red = kernel(n)
         f = tvm.compile(tvm.IRModule({"red": red}), target=TARGET).jit()["red"]
         r = rng(n)
         for _ in range(20):

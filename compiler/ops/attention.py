@@ -38,7 +38,8 @@ import math
 from tvm.script import tirx as T
 
 from ._util import (
-    F32, STACK, VIEW_ALIGN, concat_vecs, fast_exp, fast_tanh, hmax, hsum, let_wrap, vhmax, vhsum, pow2_divisor, prefetch, tree_reduce,
+    F32, STACK, VIEW_ALIGN, concat_vecs, fast_exp, fast_tanh, hsum, let_wrap, pow2_divisor, prefetch, tree_reduce, vhmax,
+    vhsum,
 )
 from .kv_quant import PER_HEAD_SCALE, ROTATED, ROW_WRITERS, QRows, hadamard_in_place, rotation_block, row_bytes, scale_view
 
