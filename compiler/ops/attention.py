@@ -497,15 +497,22 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
                 else:
                     finish(O, t0, h0, r, acc, st, r * 4 + 3, ar)
 
+    # decode's tasks: one per key segment, each running every head block over its segment in turn, where the segments
+    # alone spread evenly over the threads; else one per (head block, segment). A segment's rows of all kv heads lie
+    # together in the cache (rows [S, KVH, D]), and one core reads them all: SmolLM2's decode steps 6% faster at 900
+    # keys (3 kv heads on 2 threads: 2 tasks, not 6). Each row's chunks and folds are the same: the same bits.
+    BY_SEGMENT = P > 0 and P % max(1, cpu.num_threads) == 0
+
     @T.macro
     def body_split(Q, Kc, Vc, O, S):
-        """Decode (T = 1) in key segments: tasks (head block, segment), each its segment's softmax state into wml /
-        wacc, then one task per head block folds them in order (one segment: the task's output directly)."""
+        """Decode (T = 1) in key segments: each (head block, segment) its segment's softmax state into wml / wacc (in
+        tasks by segment, or by both: BY_SEGMENT), then one task per head block folds them in order (one segment: the
+        output directly)."""
         wml = T.alloc_buffer((KVH * NHB * P * R * 2,), F32, scope="global")
         wacc = T.alloc_buffer((KVH * NHB * P * R * D,), F32, scope="global")
         n: T.let = T.Cast("int32", S)
         cps: T.let = seg_chunks(n)
-        for task in T.parallel(KVH * NHB * P):
+        for sp in T.parallel(P if BY_SEGMENT else KVH * NHB * P):
             qs = T.alloc_buffer((R * D,), F32, scope="global", annotations=STACK)
             acc = T.alloc_buffer((R * D,), F32, scope="global", annotations=STACK)
             st = T.alloc_buffer((R * 4,), F32, scope="global", annotations=STACK)  # m, m_new, alpha, l
@@ -515,30 +522,32 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             pv0 = T.alloc_buffer((C // 2 * VD,), F32, scope="global", annotations=STACK)
             pv1 = T.alloc_buffer((C // 2 * VD,), F32, scope="global", annotations=STACK)
             scb = T.alloc_buffer((R * C if tree else 1,), F32, scope="global", annotations=STACK)
-            g: T.let = task // P   # head block
-            seg: T.let = task % P
-            kh: T.let = g // NHB
-            h0: T.let = kh * G + g % NHB * Gb
-            if seg * cps < n_chunks(n):
-                init_rows(Q, h0, 0, qs, acc, st)
-                for c in range(seg * cps, T.min(seg * cps + cps, n_chunks(n))):
-                    prefetch_chunk(Kc, Vc, c, kh, n)
-                    if tree and c * C + C <= n:
-                        block_chunk(Kc, Vc, Q, 0, c, 0, kh, qs, acc, st, scb, ar, pv0, pv1)
+            for gi in range(KVH * NHB if BY_SEGMENT else 1):
+                task: T.let = gi * P + sp if BY_SEGMENT else sp
+                g: T.let = task // P   # head block
+                seg: T.let = task % P
+                kh: T.let = g // NHB
+                h0: T.let = kh * G + g % NHB * Gb
+                if seg * cps < n_chunks(n):
+                    init_rows(Q, h0, 0, qs, acc, st)
+                    for c in range(seg * cps, T.min(seg * cps + cps, n_chunks(n))):
+                        prefetch_chunk(Kc, Vc, c, kh, n)
+                        if tree and c * C + C <= n:
+                            block_chunk(Kc, Vc, Q, 0, c, 0, kh, qs, acc, st, scb, ar, pv0, pv1)
+                        else:
+                            for r in range(R):
+                                row_chunk(Kc, Vc, Q, 0, r, c, T.min(C, n - c * C), 0, 0, kh, qs, acc, st, sc, part, ar, pv0,
+                                          pv1)
+                    if cps < n_chunks(n):
+                        for r in range(R):
+                            wml[(task * R + r) * 2] = st[r * 4]
+                            wml[(task * R + r) * 2 + 1] = st[r * 4 + 3]
+                            for dc in T.unroll(ND):
+                                for l in T.vectorized(VD):
+                                    wacc[(task * R + r) * D + dc * VD + l] = acc[r * D + dc * VD + l]
                     else:
                         for r in range(R):
-                            row_chunk(Kc, Vc, Q, 0, r, c, T.min(C, n - c * C), 0, 0, kh, qs, acc, st, sc, part, ar, pv0,
-                                      pv1)
-                if cps < n_chunks(n):
-                    for r in range(R):
-                        wml[(task * R + r) * 2] = st[r * 4]
-                        wml[(task * R + r) * 2 + 1] = st[r * 4 + 3]
-                        for dc in T.unroll(ND):
-                            for l in T.vectorized(VD):
-                                wacc[(task * R + r) * D + dc * VD + l] = acc[r * D + dc * VD + l]
-                else:
-                    for r in range(R):
-                        finish(O, 0, h0, r, acc, st, r * 4 + 3, ar)
+                            finish(O, 0, h0, r, acc, st, r * 4 + 3, ar)
         if cps < n_chunks(n):
             for g in T.parallel(KVH * NHB):
                 cst = T.alloc_buffer((R * 4,), F32, scope="global", annotations=STACK)
