@@ -16,7 +16,8 @@ Schedule (hand-written TIR):
   block (GQA heads and prefill queries share them).
 - Per row and full chunk: C partial-sum vectors of q.k (VD lanes over D), reduced together by one
   transpose-reduce shuffle tree into a C-lane score vector (~2 shuffles per key instead of a full
-  horizontal sum each). The row's last, partial chunk uses per-key dot products; invisible keys keep
+  horizontal sum each; half a chunk at a time where the halves' trees are apart). The row's last, partial chunk
+  uses per-key dot products; invisible keys keep
   the score -3e38 (exp -> exactly 0) and are never loaded.
 - Then running max m, rescale alpha = exp(m_old - m_new), p = exp(s - m_new) vectorized over the chunk
   (polynomial exp, no libm), acc += p * v[j] with the row's D-lane accumulator held in a stack buffer.
