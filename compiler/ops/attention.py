@@ -501,7 +501,9 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
     # decode's tasks: one per key segment, each running every head block over its segment in turn, where the segments
     # alone spread evenly over the threads; else one per (head block, segment). A segment's rows of all kv heads lie
     # together in the cache (rows [S, KVH, D]), and one core reads them all: SmolLM2's decode steps 6% faster at 900
-    # keys (3 kv heads on 2 threads: 2 tasks, not 6). Each row's chunks and folds are the same: the same bits.
+    # keys (3 kv heads on 2 threads: 2 tasks, not 6). Keys too few for P segments spread their head blocks instead
+    # (one segment on one thread made steps at 100 keys 4% slower). Each row's chunks and folds are the same: the
+    # same bits.
     BY_SEGMENT = P > 0 and P % max(1, cpu.num_threads) == 0
 
     @T.macro
@@ -524,12 +526,17 @@ def make(cpu, T_: int, NH: int, KVH: int, D: int, simple: bool = False, W: int =
             pv1 = T.alloc_buffer((C // 2 * VD,), F32, scope="global", annotations=STACK)
             scb = T.alloc_buffer((R * C if tree else 1,), F32, scope="global", annotations=STACK)
             for gi in range(KVH * NHB if BY_SEGMENT else 1):
-                task: T.let = gi * P + sp if BY_SEGMENT else sp
-                g: T.let = task // P   # head block
-                seg: T.let = task % P
+                # BY_SEGMENT: worker sp takes the (head block, segment) pairs k = gi * P + sp, numbered head block
+                # major over the row's nseg segments: its own segment of every head block where nseg = P, every P-th
+                # head block's where the keys make fewer segments (a short context's one segment stays spread)
+                k: T.let = gi * P + sp
+                nseg: T.let = (n_chunks(n) + cps - 1) // cps if BY_SEGMENT else P
+                g: T.let = k // nseg   # head block
+                seg: T.let = k % nseg
+                task: T.let = g * P + seg   # its softmax state's slot in wml / wacc
                 kh: T.let = g // NHB
                 h0: T.let = kh * G + g % NHB * Gb
-                if seg * cps < n_chunks(n):
+                if k < KVH * NHB * nseg and seg * cps < n_chunks(n):
                     init_rows(Q, h0, 0, qs, acc, st)
                     for c in range(seg * cps, T.min(seg * cps + cps, n_chunks(n))):
                         prefetch_chunk(Kc, Vc, c, kh, n)

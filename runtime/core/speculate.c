@@ -64,7 +64,7 @@ static float src_rate(const el_gen* g, int src) {
  * a match at its own rate, the later ones at one shared rate (a copy that has started runs on at about the same odds
  * per token, so the places pool their counts: a rate per place took a dozen passes to learn, and sized chains short
  * while the copy ran: SmolLM2 editing a function ran passes of 5, 4, 3, 2, 3, 3 drafts that were all taken), each
- * apart while a copy runs (the last pass took its whole chain) or not, with the source's overall rate as the prior. */
+ * apart while a copy runs (the last pass took its whole chain; prior PRIOR_RUN) or not (prior: the source's rate). */
 #define PRIOR_RUN 0.9f
 static float chain_rate(const el_gen* g, int i) {
   const int r = g->chain_run, at = i > 0;
