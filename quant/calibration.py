@@ -22,6 +22,7 @@ quantized before it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import os
@@ -59,6 +60,13 @@ def builtin_calibration_docs() -> list[tuple[str, str]]:
     """(name, text) of the demo training split that may be used for calibration: not a held-out document by
     name (models/demo/results.json and split_corpus) nor by content (a text contained in heldout.txt), in a
     deterministic diverse order (SHA-256 of the name), alternating Python source and English reference text."""
+    return list(_builtin_calibration_docs())
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_calibration_docs() -> tuple[tuple[str, str], ...]:
+    # read once per process: walking and reading the standard library takes ~2 s, and a compile can calibrate
+    # several times (KV-cache key means, expert guessers, GPTQ, the NPU's ranges)
     import json
 
     from ..models.demo import DEMO_DIR, HELDOUT
@@ -78,7 +86,7 @@ def builtin_calibration_docs() -> list[tuple[str, str]]:
     out = []
     for i in range(max(len(code), len(text))):
         out += [lst[i] for lst in (code, text) if i < len(lst)]
-    return out
+    return tuple(out)
 
 
 def calibration_ids(tokenizer_json_path, calib_file=None, n_tokens: int = DEFAULT_TOKENS,

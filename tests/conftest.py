@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +18,8 @@ os.environ.setdefault("EDGELLM_TUNE", "off")
 os.environ.setdefault("EDGELLM_VERIFY_TOKENS", "0")
 
 from edgellm.models.synthetic import make_checkpoint
+
+PRELOAD_VAR = "EDGELLM_TESTS_LD_PRELOAD_WAS"   # pytest_configure: the LD_PRELOAD the workers' children get back
 
 # name -> (architecture, config overrides). Together they cover: GQA, MHA, tied embeddings, head_dim 8 and 64,
 # a vocab that is not a multiple of 64, qkv bias (Qwen2), q/k norm (Qwen3), llama3 rope scaling.
@@ -115,6 +122,38 @@ FAST_ANYWAY = {   # a slow function's one parameter that stands for its capabili
 }
 
 
+def pytest_configure(config):
+    """The controller of a `pytest -n` run (before its workers start) builds tests/c/exact_pow2.c and has the workers
+    start with it preloaded: the HTP emulator's pow(2, k) calls then take half the NPU tests' time, with the same bits.
+    Each worker drops it from its environment again, so that the programs the tests start (aarch64 ones under qemu
+    among them, whose loader would complain of an x86 library) see the environment as it was. A run without workers,
+    or without a C compiler, just runs slower."""
+    if hasattr(config, "workerinput"):
+        if PRELOAD_VAR in os.environ:
+            was = os.environ.pop(PRELOAD_VAR)
+            if was:
+                os.environ["LD_PRELOAD"] = was
+            else:
+                os.environ.pop("LD_PRELOAD", None)
+        return
+    if sys.platform != "linux" or not config.getoption("numprocesses", None):
+        return
+    src = Path(__file__).parent / "c" / "exact_pow2.c"
+    out = Path(tempfile.mkdtemp(prefix="edgellm-tests-")) / "exact_pow2.so"
+    r = subprocess.run(["gcc", "-O2", "-shared", "-fPIC", str(src), "-o", str(out), "-ldl"], capture_output=True)
+    if r.returncode == 0:
+        was = os.environ.get("LD_PRELOAD", "")
+        os.environ[PRELOAD_VAR] = was
+        os.environ["LD_PRELOAD"] = ":".join(filter(None, [str(out), was]))
+    config._edgellm_preload = out
+
+
+def pytest_unconfigure(config):
+    out = getattr(config, "_edgellm_preload", None)
+    if out is not None:
+        shutil.rmtree(out.parent, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         mod = item.path.name
@@ -154,8 +193,6 @@ def tiny_models(tmp_path_factory):
 def demo_q8(tmp_path_factory):
     """The demo model compiled for this CPU in q8, once per session, for the front-end tests (JNI, serve, chat) that
     only read it."""
-    from pathlib import Path
-
     from edgellm.compiler.driver import compile_model
 
     demo = Path(__file__).resolve().parents[1] / "models" / "demo" / "demo-llama"

@@ -6,7 +6,9 @@ import pytest
 
 from edgellm.compiler import kernels_build as kb
 from edgellm.compiler import ops
+from edgellm.compiler.ops import script_sources
 from edgellm.compiler.ops.script_frames import frames_without_source
+from edgellm.compiler.ops.script_sources import sources_parsed_once
 from edgellm.errors import CompileError
 from edgellm.targets import get_target
 
@@ -93,16 +95,26 @@ def test_bad_job_count_is_one_line(tmp_path, monkeypatch):
     ("rmsnorm", {"R": 2, "D": 64, "eps": 1e-6}),
 ])
 def test_frames_without_source_build_the_same_kernels(op, p):
-    """TVMScript parsed under frames_without_source gives the PrimFunc it gives with inspect's own frames."""
+    """TVMScript parsed under frames_without_source gives the PrimFunc it gives with inspect's own frames, and under
+    sources_parsed_once too, the first time (documents made) and the second (documents reused)."""
     import inspect
+
+    from tvm.script.parser.core.diagnostics import Source
 
     cpu = ops.host_cpu_info()
     params = ops.kernel_params(op, p)
     k = cpu.for_kernel(op, params)
-    stack = inspect.stack
+    stack, as_ast = inspect.stack, Source.as_ast
     plain = ops._build(op, k, params, fast=True).script()
     with frames_without_source():
         assert inspect.stack is not stack
         fast = ops._build(op, k, params, fast=True).script()
     assert inspect.stack is stack
     assert fast == plain
+    script_sources._docs.clear()
+    for _ in range(2):
+        with frames_without_source(), sources_parsed_once():
+            assert Source.as_ast is not as_ast
+            assert ops._build(op, k, params, fast=True).script() == plain
+        assert Source.as_ast is as_ast
+    assert script_sources._docs   # the second build read documents made by the first

@@ -81,6 +81,7 @@ from .kslice import check as check_kslice
 from .kslice import slice_width
 from .reference import reference
 from .script_frames import frames_without_source
+from .script_sources import sources_parsed_once
 from .segments import check_segs
 
 __all__ = ["OPS", "CpuInfo", "prefetch_class", "host_cpu_info", "kernel_params", "llvm_target",
@@ -377,11 +378,12 @@ def make_kernel(op: str, cpu: CpuInfo, **params):
     return _make_cached(op, cpu.for_kernel(op, p), tuple(sorted(p.items())))
 
 
-@functools.lru_cache(maxsize=512)
+# a worker of the test session meets ~1500 kernels (0.05-0.5 MB each); at 512 it parsed some of them again
+@functools.lru_cache(maxsize=2048)
 def _make_cached(op: str, cpu: CpuInfo, items: tuple):
     p = dict(items)
     name = _name(op, p)
-    with frames_without_source():
+    with frames_without_source(), sources_parsed_once():
         try:
             func = _build(op, cpu, p, fast=True)
         except Exception as e:  # noqa: BLE001 - any schedule failure must fall back to the plain kernel
