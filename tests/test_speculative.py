@@ -410,7 +410,7 @@ def test_draft_package_seeded_sampling_and_reuse(demo_q8, draft):
         assert b.token_ids == c.token_ids and b.cached_tokens > 0
 
 
-def test_draft_package_under_a_budget_and_with_moe(demo_q8, draft, tmp_path):
+def test_draft_package_under_a_budget_and_with_moe(demo_q8, draft, tmp_path, monkeypatch):
     from test_window import budget_for
 
     with Runtime.load(demo_q8) as rt:
@@ -420,8 +420,10 @@ def test_draft_package_under_a_budget_and_with_moe(demo_q8, draft, tmp_path):
                       speculate=str(draft)) as rt:
         r, s = run(rt, ids, None, n=40, temperature=0)
         assert r.token_ids == plain and drafted_by_the_model(rt, draft) > 0
-        # where passes pay (a step reads the streamed weights, a pass reads them once for all its rows): the draft's
-        # guesses, and its second and third choices where it is unsure (branches of the tree), are taken
+        # every draft verified (EDGELLM_SPEC_UNGATED: whether a pass pays is this host's timing, and a host whose
+        # passes cost more steps rightly runs the draft less): its guesses, and its second and third choices where it
+        # is unsure (branches of the tree), are taken
+        monkeypatch.setenv("EDGELLM_SPEC_UNGATED", "1")
         model = {k: 0 for k in s}
         for text in TEXTS:
             p = rt.encode(text)
@@ -433,6 +435,7 @@ def test_draft_package_under_a_budget_and_with_moe(demo_q8, draft, tmp_path):
         assert model["spec_accepted"] > model["spec_accepted_model"], model   # n-grams and recycled ones too
         staged = rt.context._draft_ctx[str(Path(draft).resolve())].stats()
         assert staged["spec_passes"] > 0, staged   # the draft ran its own pass over an n-gram of its guesses
+        monkeypatch.delenv("EDGELLM_SPEC_UNGATED")
     moe = edgellm.compile(str(DEMO / "demo-moe"), quant="q8", out=tmp_path / "moe", tune="off", progress=False,
                           verify_tokens=8)
     with Runtime.load(moe, speculate=str(draft)) as rt:   # demo-moe shares demo-llama's tokenizer

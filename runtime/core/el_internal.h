@@ -34,6 +34,7 @@
 EL_HIDDEN int el_error(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 EL_HIDDEN double el_now(void);
 EL_HIDDEN int el_profiling(void); /* EDGELLM_PROFILE set: time every step */
+EL_HIDDEN int el_env_flag(const char* name); /* an environment switch: set, not empty, not "0" */
 
 /* A plan step, resolved at load. Steps are immutable after load (contexts share them); what a run patches (data
  * pointers, prefix lengths) lives on the runner's stack. */
@@ -244,6 +245,9 @@ typedef struct {
   el_draft_filter draft_filter; /* the constraint's check of a pass's drafts (el_generate_filter_drafts) */
   void* filter_user;
   int spec_wait, spec_backoff; /* auto: plain steps left before drafting again, and the next wait after a miss */
+  /* EDGELLM_SPEC_UNGATED set (read as each generation starts): every draft is verified, whatever passes cost here;
+   * what the drafters yield measured apart from what this host's timings make of it (tests, benches) */
+  int spec_ungated;
   /* auto: running averages of a plain step's seconds and a verify pass's by its tokens (kept across generations:
    * they are the package's and the host's, not the text's; a program without EL_PROGRAM_ROWS costs the same for
    * any count, kept at its width); the pending pass's tokens */

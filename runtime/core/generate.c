@@ -210,6 +210,7 @@ EL_API int el_generate_start(el_context* c, const int32_t* prompt, int n, const 
   g->chain_run = 0;
   g->stage_offered = g->stage_taken = 0;
   g->draft_passes = g->draft_wait = g->draft_backoff = 0;
+  g->spec_ungated = el_env_flag("EDGELLM_SPEC_UNGATED");
   g->finish = EL_FINISH_NONE;
   g->text_len = g->emitted = 0;
   g->decode_s = g->ttft_s = 0;

@@ -348,7 +348,8 @@ static int model_ngram(el_gen* g, int32_t next, int room, int32_t* ids) {
   int k = ngram_draft(g->draft_fed, g->draft_n + 1, NGRAM_MIN, w, ids + 1);
   float r = (g->stage_taken + 0.6f * PRIOR_N) / (g->stage_offered + PRIOR_N), p = 1, e = 0;
   for (int i = 0; i < k; i++) p *= r, e += p;
-  if (k == 0 || (g->stage_t_verify > 0 && g->stage_t_decode > 0 && (1 + e) * g->stage_t_decode < g->stage_t_verify))
+  if (k == 0 || (!g->spec_ungated && g->stage_t_verify > 0 && g->stage_t_decode > 0 &&
+                 (1 + e) * g->stage_t_decode < g->stage_t_verify))
     return 0;
   ids[0] = next;
   return k;
@@ -463,7 +464,7 @@ static int decline(el_gen* g, int n) {
 
 /* auto: the first of n drafts that pay for a pass (best_count), or none (declined). */
 static int paying(const el_model* m, el_gen* g, int n, const float* cum) {
-  int j = best_count(m, g, n, cum);
+  int j = g->spec_ungated ? n : best_count(m, g, n, cum);
   return j ? j : decline(g, n);
 }
 
@@ -476,7 +477,7 @@ int el_spec_draft(el_context* c, el_gen* g) {
   /* auto weighs a pass against a plain step: one runs first where none has been timed in this context */
   if (mode == EL_SPECULATE_AUTO && g->spec_t_decode <= 0) return 0;
   seed_costs(m, g);
-  if (mode == EL_SPECULATE_AUTO && g->spec_wait > 0) {
+  if (mode == EL_SPECULATE_AUTO && g->spec_wait > 0 && !g->spec_ungated) {
     g->spec_wait--;
     return 0;
   }
@@ -488,7 +489,7 @@ int el_spec_draft(el_context* c, el_gen* g) {
   if (left < max) max = left;
   if (room < max) max = room;
   /* auto: a pass that cannot pay even if every draft is taken is not run (a MoE pass costs several steps) */
-  if (mode == EL_SPECULATE_AUTO && cost_at(m, g, max + 1) - 1 > max) max = 0;
+  if (mode == EL_SPECULATE_AUTO && !g->spec_ungated && cost_at(m, g, max + 1) - 1 > max) max = 0;
   if (max <= 0) return 0;
   g->spec_from_model = 0;
   int32_t chain[EL_MAX_DRAFT];
@@ -509,7 +510,7 @@ int el_spec_draft(el_context* c, el_gen* g) {
   chain_expect(g, k, src, cum);
   if (k > 0) return automatic ? paying(m, g, k, cum) : k;
   if (!g->p.draft || g->draft_off) return 0;
-  if (g->draft_wait > 0) { /* the model's guesses did not pay lately: n-grams only for now */
+  if (g->draft_wait > 0 && !g->spec_ungated) { /* the model's guesses did not pay lately: n-grams only for now */
     g->draft_wait--;
     return 0;
   }
@@ -521,7 +522,7 @@ int el_spec_draft(el_context* c, el_gen* g) {
   chain_guide ch = {guess.tok, k, SRC_MODEL, guess.q, (const int32_t(*)[ALT_K])guess.alt,
                     (const float(*)[ALT_K])guess.alt_q};
   int n = tree_draft(g, g->hist[g->n_hist - 1], &ch, max, !el_spec_trees(m), cum);
-  int j = n > 0 && automatic ? best_count(m, g, n, cum) : n;
+  int j = n > 0 && automatic && !g->spec_ungated ? best_count(m, g, n, cum) : n;
   if (j > 0) return j;
   model_miss(g); /* nothing worth a pass: its drafting was spent for nothing */
   return n ? decline(g, n) : 0;

@@ -44,6 +44,12 @@ int el_profiling(void) {
   return on;
 }
 
+/* An environment switch: set, not empty and not "0". */
+int el_env_flag(const char* name) {
+  const char* s = getenv(name);
+  return s && *s && strcmp(s, "0") != 0;
+}
+
 /* Files ------------------------------------------------------------------------------------------------------- */
 
 void* el_read_small_file(const char* path, const char* what, size_t max_bytes, size_t* size) {
