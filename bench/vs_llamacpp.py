@@ -21,13 +21,17 @@ scheme nearest its block types at no more bits) and run by llama.cpp as it is; s
    and expert_used_count keys, the router as an F32 ffn_gate_inp, each layer's experts merged into 3-D
    ffn_{gate,up,down}_exps tensors) and quantizes it: f16->F16, q8->Q8_0, q4g32->Q4_0, t2->TQ2_0 (for 8-expert
    models llama-quantize also keeps attn_k and attn_v at Q8_0 in the Q4_0 file: +1.7% bytes per token for --moe);
-4. per scheme and round: memory read bandwidth (bench/membw.c), `edgellm bench --json`, bandwidth again,
-   `llama-bench -o json`, bandwidth again, with the same threads, prompt (-p) and generation (-n) lengths (a scheme
-   edgellm cannot compile still gets its llama.cpp runs, so the row shows llama.cpp's side);
-5. prints one table: prefill and decode tok/s (median over rounds), edgellm/llama.cpp ratios (median, min-max over
-   rounds), bytes of weights read per decoded token, and that traffic as % of the read bandwidth (per run, against
-   the mean of the readings just before and after it; median over rounds); with --moe, a line checking the MoE
-   goals (decode >= 1.3x and prefill >= 1.2x llama.cpp for q8 and q4g32, decode >= 80% of the read bandwidth).
+4. per scheme, --rounds rounds of --reps legs; per leg: memory read bandwidth (bench/membw.c), one engine's
+   process (`edgellm bench --json --reps 1` for each --tune mode, `llama-bench -o json -r 1`; each warms up, then
+   one timed run), bandwidth again, the other engine, bandwidth again; the same threads, prompt (-p) and generation
+   (-n) lengths; the engines' order swaps every leg (a scheme edgellm cannot compile still gets its llama.cpp runs,
+   so the row shows llama.cpp's side). Legs, not reps inside one process: this host's bandwidth jumps between ~30
+   and ~55 GB/s for seconds to minutes, and a ratio means something only between runs seconds apart;
+5. prints one table: prefill and decode tok/s (median over legs), edgellm/llama.cpp ratios (median, min-max over
+   legs, each leg's ratio between its two runs), bytes of weights read per decoded token, and that traffic as % of
+   the read bandwidth (per run, against the mean of the readings just before and after it; median over legs); with
+   --moe, a line checking the MoE goals (decode >= 1.3x and prefill >= 1.2x llama.cpp for q8 and q4g32, decode
+   >= 80% of the read bandwidth).
    Bytes per token: edgellm's from its bench JSON; llama.cpp's from the GGUF: every tensor, one embedding row
    unless it is also the output matrix, and for MoE the expert tensors x expert_used_count / expert_count.
 
@@ -381,7 +385,7 @@ def membw(exe: Path, threads: int) -> float:
 
 def run_edgellm(pkg: Path, a) -> dict:
     out, rss = run_child([sys.executable, "-m", "edgellm.cli", "bench", str(pkg), "--prompt-len", str(a.prompt_len),
-                          "--gen-len", str(a.gen_len), "--threads", str(a.threads), "--reps", str(a.reps), "--json"])
+                          "--gen-len", str(a.gen_len), "--threads", str(a.threads), "--reps", "1", "--json"])
     r = json.loads(out)
     return {"prefill": r["prefill_tok_s"], "decode": r["decode_tok_s"], "ttft_s": r["ttft_s"], "rss_mb": rss,
             "read_per_token": r["weights_read_per_token"]}
@@ -407,7 +411,7 @@ def host_has_amx() -> bool:
 
 def run_llamacpp(bench: Path, gguf_path: Path, a) -> dict:
     out, rss = run_child([str(bench), "-m", str(gguf_path), "-t", str(a.threads), "-p", str(a.prompt_len),
-                          "-n", str(a.gen_len), "-r", str(a.reps), "-o", "json"])
+                          "-n", str(a.gen_len), "-r", "1", "-o", "json"])
     res = {"rss_mb": rss}
     for t in json.loads(out):
         key = "prefill" if t["n_prompt"] > 0 and t["n_gen"] == 0 else "decode"
@@ -433,9 +437,12 @@ def summarize(rounds: list[dict], side: str = "edgellm") -> dict:
     s["read_per_token"] = {who: runs[who][0]["read_per_token"] for who in names}
     # The share of bandwidth is taken per run, against the mean of the membw readings just before and just after
     # it (bandwidth on shared hosts moves by 1.5x within a round), then the median over rounds.
+    def around(r, name):   # the readings just before and after that run
+        i = r.get("order", sides).index(name)
+        return statistics.mean(r["membw_gbs"][i:i + 2])
+
     s["bw_pct"] = {who: statistics.median(
-        100 * s["read_per_token"][who] * r[name]["decode"]
-        / (statistics.mean(r["membw_gbs"][sides.index(name):sides.index(name) + 2]) * 1e9)
+        100 * s["read_per_token"][who] * r[name]["decode"] / (around(r, name) * 1e9)
         for r in rounds) for who, name in names.items()}
     s["peak_rss_mb"] = {who: max(x["rss_mb"] for x in runs[who]) for who in names}
     return s
@@ -487,7 +494,7 @@ def table(result: dict) -> str:
     m = result["meta"]
     bws = [b for r in result["schemes"].values() if "summary" in r for rd in r.get("rounds", ()) for b in rd["membw_gbs"]]
     lines.append(f"\n{m['model']}: {m['threads']} threads, prompt {m['prompt_len']}, generate {m['gen_len']}, "
-                 f"{m['rounds']} interleaved rounds x {m['reps']} reps (medians); "
+                 f"{m['rounds']} rounds x {m['reps']} interleaved legs (medians over legs); "
                  f"edgellm --tune {m.get('tune', ['?'])[0]}; llama.cpp {m['llamacpp']}; CPU {m.get('cpu', '?')}; "
                  f"read bandwidth ({m['threads']} threads) {min(bws, default=0):.1f}-{max(bws, default=0):.1f} GB/s")
     if m.get("moe"):
@@ -525,7 +532,8 @@ def main(argv=None):
     ap.add_argument("--schemes", default=None, help="comma list of " + ",".join(GGUF_TYPE)
                     + f" [default: f16,q8,q4g32,t2; {MOE_SCHEMES} for MoE]")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=3, help="repetitions inside each bench process (median)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="legs per round: each engine runs once per leg, the order swapped every leg")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen-len", type=int, default=64)
@@ -635,26 +643,37 @@ def main(argv=None):
             result["meta"]["llamacpp"] = version
     read_lc = {s: gguf_read_per_token(gg) for s, (_, gg) in todo.items()}
     for s, (pkgs, gg) in todo.items():
-        rounds = []
+        rounds = []   # one entry per leg: a round is --reps legs, each engine run once per leg (a process each)
         for i in range(a.rounds):
-            try:   # membw | edgellm (each tune mode) | membw | ... | llama.cpp | membw
-                rd = {"membw_gbs": [membw(mbw, a.threads)]}
-                for m in pkgs:
-                    rd[sides[m]] = run_edgellm(pkgs[m], a)
-                    rd["membw_gbs"].append(membw(mbw, a.threads))
-                lc = run_llamacpp(lbenches[s], gg, a)
-                rd["membw_gbs"].append(membw(mbw, a.threads))
-            except (OSError, RuntimeError, json.JSONDecodeError, KeyError) as ex:
-                result["schemes"][s]["error"] = str(ex)
-                log(f"{s}: n/a ({ex})")
-                break
-            lc["read_per_token"] = read_lc[s]
-            rd["llamacpp"] = lc
-            rounds.append(rd)
-            log(f"{s} round {i + 1}/{a.rounds}: bw {'/'.join(f'{b:.1f}' for b in rd['membw_gbs'])} GB/s | "
-                + "".join(f"{sides[m]} prefill {rd[sides[m]]['prefill']:.1f} decode {rd[sides[m]]['decode']:.1f} | "
-                          for m in pkgs)
-                + f"llama.cpp prefill {lc['prefill']:.1f} decode {lc['decode']:.1f} tok/s")
+            for j in range(a.reps):
+                # membw | one engine | membw | the other | membw, the engines' order swapped every leg: this host's
+                # bandwidth jumps between ~30 and ~55 GB/s for seconds to minutes, so each ratio is taken between
+                # runs seconds apart, and neither engine always runs first
+                order = [sides[m] for m in pkgs] + ["llamacpp"]
+                if (i * a.reps + j) % 2:
+                    order = order[-1:] + order[:-1]
+                try:
+                    rd = {"membw_gbs": [membw(mbw, a.threads)], "order": order}
+                    for who in order:
+                        if who == "llamacpp":
+                            rd[who] = run_llamacpp(lbenches[s], gg, a) | {"read_per_token": read_lc[s]}
+                        else:
+                            rd[who] = run_edgellm(pkgs[next(m for m in pkgs if sides[m] == who)], a)
+                        rd["membw_gbs"].append(membw(mbw, a.threads))
+                except (OSError, RuntimeError, json.JSONDecodeError, KeyError) as ex:
+                    result["schemes"][s]["error"] = str(ex)
+                    log(f"{s}: n/a ({ex})")
+                    break
+                rounds.append(rd)
+                lc = rd["llamacpp"]
+                log(f"{s} round {i + 1}/{a.rounds} leg {j + 1}/{a.reps}: bw "
+                    f"{'/'.join(f'{b:.1f}' for b in rd['membw_gbs'])} GB/s | "
+                    + "".join(f"{sides[m]} prefill {rd[sides[m]]['prefill']:.1f} decode {rd[sides[m]]['decode']:.1f} | "
+                              for m in pkgs)
+                    + f"llama.cpp prefill {lc['prefill']:.1f} decode {lc['decode']:.1f} tok/s")
+            else:
+                continue
+            break
         else:
             result["schemes"][s]["rounds"] = rounds
             result["schemes"][s]["summary"] = summarize(rounds)
