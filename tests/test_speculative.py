@@ -453,6 +453,26 @@ def test_draft_package_under_a_budget_and_with_moe(demo_q8, draft, tmp_path, mon
         assert st["expert_selected"] > base["expert_selected"]
 
 
+def test_ungated_auto_verifies_whatever_passes_cost(demo_q8, monkeypatch):
+    """EDGELLM_SPEC_UNGATED=1: auto verifies every draft it finds, whatever this host's timings say a pass costs, so
+    what it drafts is the same run after run (each in a fresh context with the pool emptied); the tokens stay plain
+    decoding's."""
+    with Runtime.load(demo_q8) as rt:
+        ids = rt.encode(CODE)
+        plain = rt.generate(ids, max_new_tokens=48, temperature=0, ignore_eos=True).token_ids
+        monkeypatch.setenv("EDGELLM_SPEC_UNGATED", "1")
+        seen = []
+        for _ in range(2):
+            rt.forget_drafts()
+            ctx = rt.new_context()
+            r = ctx.generate(ids, max_new_tokens=48, temperature=0, ignore_eos=True, speculate="auto")
+            st = ctx.stats()
+            ctx.close()
+            assert r.token_ids == plain
+            seen.append((st["spec_passes"], st["spec_drafted"], st["spec_accepted"]))
+        assert seen[0] == seen[1] and seen[0][0] > 0 and seen[0][2] > 0, seen
+
+
 def test_draft_package_front_ends(demo_q8, draft):
     with Runtime.load(demo_q8, speculate=str(draft)) as rt:
         ids = rt.encode(CODE)
