@@ -374,9 +374,10 @@ def demo_q4(tmp_path_factory):
 
 
 @pytest.mark.parametrize("which", ("q8", "q4g32"))
-def test_draft_package_gives_plain_tokens(which, demo_q8, demo_q4, draft):
+def test_draft_package_gives_plain_tokens(which, demo_q8, demo_q4, draft, monkeypatch):
     """The draft's greedy guesses (n-grams first) are verified like any draft: greedy gives plain decoding's tokens,
-    and the trained draft's guesses are taken often enough to matter."""
+    with auto's cost gates (this host's timings) and without them (EDGELLM_SPEC_UNGATED, where every guess is
+    verified), and there the trained draft's guesses are taken often enough to matter."""
     pkg = demo_q8 if which == "q8" else demo_q4
     with Runtime.load(pkg) as rt:
         taken = 0
@@ -385,7 +386,11 @@ def test_draft_package_gives_plain_tokens(which, demo_q8, demo_q4, draft):
             plain, _ = run(rt, ids, "off", n=48, temperature=0)
             got, s = run(rt, ids, str(draft), n=48, temperature=0)
             assert got.token_ids == plain.token_ids, text
-            taken += s["spec_accepted"]
+            monkeypatch.setenv("EDGELLM_SPEC_UNGATED", "1")
+            got, s = run(rt, ids, str(draft), n=48, temperature=0)
+            monkeypatch.delenv("EDGELLM_SPEC_UNGATED")
+            assert got.token_ids == plain.token_ids, text
+            taken += s["spec_accepted_model"]
         assert taken > 0 and drafted_by_the_model(rt, draft) > 0
 
 
