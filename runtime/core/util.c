@@ -37,10 +37,7 @@ double el_now(void) {
 
 int el_profiling(void) {
   static int on = -1;
-  if (on < 0) {
-    const char* s = getenv("EDGELLM_PROFILE");
-    on = s && *s && strcmp(s, "0") != 0;
-  }
+  if (on < 0) on = el_env_flag("EDGELLM_PROFILE");
   return on;
 }
 
