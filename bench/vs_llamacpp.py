@@ -436,7 +436,7 @@ def summarize(rounds: list[dict], side: str = "edgellm") -> dict:
     s["membw_gbs"] = statistics.median(b for r in rounds for b in r["membw_gbs"])
     s["read_per_token"] = {who: runs[who][0]["read_per_token"] for who in names}
     # The share of bandwidth is taken per run, against the mean of the membw readings just before and just after
-    # it (bandwidth on shared hosts moves by 1.5x within a round), then the median over rounds.
+    # it (bandwidth on shared hosts moves by 1.5x within a round), then the median over legs.
     def around(r, name):   # the readings just before and after that run
         i = r.get("order", sides).index(name)
         return statistics.mean(r["membw_gbs"][i:i + 2])
@@ -643,13 +643,14 @@ def main(argv=None):
             result["meta"]["llamacpp"] = version
     read_lc = {s: gguf_read_per_token(gg) for s, (_, gg) in todo.items()}
     for s, (pkgs, gg) in todo.items():
-        rounds = []   # one entry per leg: a round is --reps legs, each engine run once per leg (a process each)
+        by_side = {sides[m]: pkg for m, pkg in pkgs.items()}
+        rounds, failed = [], False   # one entry per leg: a round is --reps legs, each engine run once per leg
         for i in range(a.rounds):
             for j in range(a.reps):
                 # membw | one engine | membw | the other | membw, the engines' order swapped every leg: this host's
                 # bandwidth jumps between ~30 and ~55 GB/s for seconds to minutes, so each ratio is taken between
                 # runs seconds apart, and neither engine always runs first
-                order = [sides[m] for m in pkgs] + ["llamacpp"]
+                order = list(by_side) + ["llamacpp"]
                 if (i * a.reps + j) % 2:
                     order = order[-1:] + order[:-1]
                 try:
@@ -658,11 +659,12 @@ def main(argv=None):
                         if who == "llamacpp":
                             rd[who] = run_llamacpp(lbenches[s], gg, a) | {"read_per_token": read_lc[s]}
                         else:
-                            rd[who] = run_edgellm(pkgs[next(m for m in pkgs if sides[m] == who)], a)
+                            rd[who] = run_edgellm(by_side[who], a)
                         rd["membw_gbs"].append(membw(mbw, a.threads))
                 except (OSError, RuntimeError, json.JSONDecodeError, KeyError) as ex:
                     result["schemes"][s]["error"] = str(ex)
                     log(f"{s}: n/a ({ex})")
+                    failed = True
                     break
                 rounds.append(rd)
                 lc = rd["llamacpp"]
@@ -671,9 +673,8 @@ def main(argv=None):
                     + "".join(f"{sides[m]} prefill {rd[sides[m]]['prefill']:.1f} decode {rd[sides[m]]['decode']:.1f} | "
                               for m in pkgs)
                     + f"llama.cpp prefill {lc['prefill']:.1f} decode {lc['decode']:.1f} tok/s")
-            else:
-                continue
-            break
+            if failed:
+                break
         else:
             result["schemes"][s]["rounds"] = rounds
             result["schemes"][s]["summary"] = summarize(rounds)
