@@ -8,7 +8,8 @@ package models/demo/demo-draft), every run in a fresh context (so that no recycl
 round of the same prompt computed, and plain decoding starts alike; what a pass costs the model keeps across its
 contexts), in interleaved rounds (bandwidth on shared hosts drifts within minutes: only same-run ratios mean
 anything). Columns: draft source, verify passes, drafts taken per pass, tokens per weight pass (tokens / (plain
-decode steps + verify passes)), decode tok/s, and x plain decode (the median of the per-round ratios).
+decode steps + verify passes)), decode tok/s, and x plain decode (the median over the rounds of each run's ratio to
+a plain run beside it: every speculating run has its own plain run, first in every other pair).
 Greedy: every mode must give plain decoding's tokens (checked). --budget: the same under a memory budget of that
 fraction of the weights (window store). --llamacpp: on the GGUF models, llama.cpp's own speculative decoding
 (llama-server --spec-type none / ngram-simple / ngram-map-k / ngram-mod, built from the llama-cpp-python sdist as
@@ -254,11 +255,19 @@ def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, bu
             for task in TASKS:
                 first, ids = chat_turns(rt, n) if task == "chat" else (None, prompt_ids(rt, task))
                 one(rt, ids, "off", 8)   # warm-up
-                runs = {m: [] for m in ("off", "ngram", "recycle", "auto", *drafts)}
+                modes = ("ngram", "recycle", "auto", *drafts)
+                runs = {m: [] for m in ("off", *modes)}
+                beside = {m: [] for m in modes}   # each mode's run's own plain run, next to it
                 lruns = {t: [] for t in servers}
-                for _ in range(rounds):
-                    for m in runs:
-                        runs[m].append(one(rt, ids, m, n, first, again=task == "again"))
+                for rnd in range(rounds):
+                    # every mode beside a plain run of its own, which goes first in every other pair: bandwidth
+                    # here moves within seconds, and a ratio to one plain run a few runs away measured the drift
+                    for i, m in enumerate(modes):
+                        pair = ("off", m) if (rnd + i) % 2 == 0 else (m, "off")
+                        got = {x: one(rt, ids, x, n, first, again=task == "again") for x in pair}
+                        runs[m].append(got[m])
+                        beside[m].append(got["off"])
+                        runs["off"].append(got["off"])
                     for t, srv in servers.items():
                         if task == "again":
                             srv.complete(ids, n)
@@ -272,8 +281,8 @@ def measure(model: str, work: Path, rounds: int, n: int, threads: int | None, bu
                                  "passes": rs[0]["passes"], "taken_per_pass": rs[0]["taken_per_pass"],
                                  "tokens_per_weight_pass": rs[0]["tokens_per_weight_pass"],
                                  "tok_s": statistics.median(r["tok_s"] for r in rs),
-                                 "x_plain": statistics.median(r["tok_s"] / p["tok_s"]
-                                                              for r, p in zip(rs, runs["off"]))})
+                                 "x_plain": 1.0 if m == "off" else statistics.median(
+                                     r["tok_s"] / p["tok_s"] for r, p in zip(rs, beside[m]))})
                 for t, rs in lruns.items():
                     same = sum(a == b for a, b in zip(rs[0]["ids"], plain)) / max(1, len(plain))
                     rows.append({"model": model, "memory": memory, "task": task, "source": f"llama.cpp {t}",

@@ -17,6 +17,11 @@ enum { NGRAM_MAX = 4, NGRAM_MIN = 2, NGRAM_MIN_AUTO = 3, BACKOFF_MAX = 32 };
 /* A pass that cost at most this share of a step more than its tokens is no miss: a pass that reads its weights once
  * from storage (under a memory budget) costs about a step with any drafts, and waiting would forgo free drafts. */
 #define PASS_SLACK 0.15
+/* auto runs a pass only where its expected tokens beat its cost in steps by this factor: the rates behind the
+ * expectation are estimates from few samples, and a pass expected to yield 1.3 tokens for 1.2 steps gains little
+ * where it is right and loses as much where it is wrong (free text, SmolLM2: recycled drafts rated 0.2-0.3, taken
+ * 1 in 30 in the passes run on them). Copy-like text expects several tokens a pass and never meets this bound. */
+#define PAY_MARGIN 1.1f
 
 static void model_miss(el_gen* g);
 static int pass_cost(const el_gen* g);
@@ -442,7 +447,7 @@ static int best_count(const el_model* m, const el_gen* g, int n, const float* cu
   int best = 0;
   float gain = 1;
   for (int j = 1; j <= n; j++) {
-    if (1 + cum[j] < cost_at(m, g, j + 1)) continue;
+    if (1 + cum[j] < PAY_MARGIN * cost_at(m, g, j + 1)) continue;
     float r = (1 + cum[j]) / cost_low(m, g, j + 1);
     if (r >= gain) best = j, gain = r;
   }
@@ -477,10 +482,11 @@ int el_spec_draft(el_context* c, el_gen* g) {
   /* auto weighs a pass against a plain step: one runs first where none has been timed in this context */
   if (mode == EL_SPECULATE_AUTO && g->spec_t_decode <= 0) return 0;
   seed_costs(m, g);
-  if (mode == EL_SPECULATE_AUTO && g->spec_wait > 0 && !g->spec_ungated) {
-    g->spec_wait--;
-    return 0;
-  }
+  /* auto, after passes that did not pay: plain steps for a while; the n-gram and recycled drafts are still built (a
+   * few table lookups) and declined, so that the samples rate them (el_spec_shadow) and the sources' rates follow the
+   * text while no pass runs. Rated only at passes, a source's prior took a dozen wasted passes to wear off. */
+  int waiting = mode == EL_SPECULATE_AUTO && g->spec_wait > 0 && !g->spec_ungated;
+  if (waiting) g->spec_wait--;
   /* as many drafts as the program has rows for: its padding rows cost what real ones do */
   int max = g->p.draft_max > 0 && g->p.draft_max < width ? g->p.draft_max : width;
   if (max > EL_MAX_DRAFT) max = EL_MAX_DRAFT;
@@ -503,13 +509,13 @@ int el_spec_draft(el_context* c, el_gen* g) {
   if (g->recycling && (k > 0 || mode == EL_SPECULATE_RECYCLE || !g->p.draft || g->draft_off)) {
     chain_guide ch = {chain, k, src, NULL, NULL, NULL};
     int n = tree_draft(g, g->hist[g->n_hist - 1], &ch, max, !el_spec_trees(m), cum);
-    return automatic ? paying(m, g, n, cum) : n;
+    return waiting ? decline(g, n) : automatic ? paying(m, g, n, cum) : n;
   }
   memcpy(g->spec_draft, chain, sizeof(int32_t) * (size_t)k);
   chain_of(g, k, src);
   chain_expect(g, k, src, cum);
-  if (k > 0) return automatic ? paying(m, g, k, cum) : k;
-  if (!g->p.draft || g->draft_off) return 0;
+  if (k > 0) return waiting ? decline(g, k) : automatic ? paying(m, g, k, cum) : k;
+  if (waiting || !g->p.draft || g->draft_off) return 0;
   if (g->draft_wait > 0 && !g->spec_ungated) { /* the model's guesses did not pay lately: n-grams only for now */
     g->draft_wait--;
     return 0;

@@ -145,6 +145,29 @@ int main(void) {
   CHECK(w.spec_backoff == 0, "3 tokens for 3 steps paid");
   for (int j = 1; j <= 8; j++) cum[j] = 0.01f * j; /* drafts nobody takes: no pass */
   CHECK(best_count(&rows, &g, 8, cum) == 0, "a pass that cannot pay ran");
+  /* a pass expected to beat its cost by less than PAY_MARGIN does not run (recycled drafts in free text, SmolLM2: 1.3
+   * tokens expected of a 2-token pass of 1.2 steps); one that beats it by more does */
+  memset(g.spec_t_verify, 0, sizeof g.spec_t_verify);
+  for (int i = 2; i <= 9; i++) g.spec_t_verify[i] = (1.2f + 0.1f * (float)(i - 2)) * g.spec_t_decode, g.spec_own[i] = 1;
+  for (int j = 1; j <= 8; j++) cum[j] = 0.3f; /* 1.3 tokens for 1.2 steps, whatever the count */
+  CHECK(best_count(&rows, &g, 8, cum) == 0, "1.3 tokens for 1.2 steps: %d drafts", best_count(&rows, &g, 8, cum));
+  for (int j = 1; j <= 8; j++) cum[j] = 0.4f; /* 1.4 for 1.2: past the margin */
+  CHECK(best_count(&rows, &g, 8, cum) == 1, "1.4 tokens for 1.2 steps: %d drafts", best_count(&rows, &g, 8, cum));
+  /* while auto waits after a miss, its n-gram drafts are still found and declined: the next sample rates them (the
+   * source's offers count), and no pass runs */
+  {
+    static el_gen s;
+    static el_context c;
+    int32_t hist[12] = {5, 6, 7, 8, 9, 1, 2, 5, 6, 7, 8, 9}; /* ... 6 7 8 9 again: "1 2" follows */
+    c.m = &rows, c.pos = 12, rows.h.max_ctx = 64;
+    s.p.speculate = EL_SPECULATE_AUTO, s.p.max_new_tokens = 64, s.spec_t_decode = 0.01;
+    s.hist = hist, s.n_hist = 12, s.spec_wait = 2;
+    CHECK(el_spec_draft(&c, &s) == 0 && s.spec_wait == 1 && s.spec_shadow > 0 && s.spec_draft[0] == 1,
+          "waiting: a pass, or no declined drafts (wait %d, shadow %d)", s.spec_wait, s.spec_shadow);
+    el_spec_shadow(&s, 1);
+    CHECK(s.src_offered[SRC_NGRAM] == 1 && s.src_taken[SRC_NGRAM] == 1 && s.spec_shadow == 0,
+          "the declined draft was not rated: %g of %g", s.src_taken[SRC_NGRAM], s.src_offered[SRC_NGRAM]);
+  }
   /* the recycling table's row of a token: the 4 largest logits (the first of equal ones; NaN never), as a plain
    * scan finds them, whatever the vocabulary's length (the vector skips work in blocks of 64 and 16) */
   static el_gen r;
