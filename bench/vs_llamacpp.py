@@ -421,6 +421,9 @@ def run_llamacpp(bench: Path, gguf_path: Path, a) -> dict:
 
 
 # ---- 5. report ------------------------------------------------------------------------------------------------
+STEADY = 0.15   # bandwidth readings around a run that differ by at most this share: the host kept one state
+
+
 def summarize(rounds: list[dict], side: str = "edgellm") -> dict:
     """The summary of one edgellm side (`edgellm`: the first --tune mode; `edgellm-<mode>`: the others) against
     llama.cpp; llama.cpp's numbers alone (no ratios) where the scheme has no edgellm runs."""
@@ -436,14 +439,21 @@ def summarize(rounds: list[dict], side: str = "edgellm") -> dict:
     s["membw_gbs"] = statistics.median(b for r in rounds for b in r["membw_gbs"])
     s["read_per_token"] = {who: runs[who][0]["read_per_token"] for who in names}
     # The share of bandwidth is taken per run, against the mean of the membw readings just before and just after
-    # it (bandwidth on shared hosts moves by 1.5x within a round), then the median over legs.
+    # it (bandwidth on shared hosts moves by 1.5x within a round), then the median over the legs whose two readings
+    # agree (within STEADY): where they disagree the host switched between its slow and fast states (here ~33 and
+    # ~55 GB/s) somewhere around the run, and their mean is neither state, so the share it gives is off by up to
+    # 1.5x either way. Over every leg where none is steady.
     def around(r, name):   # the readings just before and after that run
         i = r.get("order", sides).index(name)
-        return statistics.mean(r["membw_gbs"][i:i + 2])
+        return r["membw_gbs"][i:i + 2]
 
-    s["bw_pct"] = {who: statistics.median(
-        100 * s["read_per_token"][who] * r[name]["decode"] / (around(r, name) * 1e9)
-        for r in rounds) for who, name in names.items()}
+    s["bw_pct"], s["bw_legs"] = {}, {}
+    for who, name in names.items():
+        legs = [(100 * s["read_per_token"][who] * r[name]["decode"] / (statistics.mean(around(r, name)) * 1e9),
+                 max(around(r, name)) <= (1 + STEADY) * min(around(r, name))) for r in rounds]
+        steady = [pct for pct, ok in legs if ok] or [pct for pct, _ in legs]
+        s["bw_pct"][who] = statistics.median(steady)
+        s["bw_legs"][who] = sum(ok for _, ok in legs)
     s["peak_rss_mb"] = {who: max(x["rss_mb"] for x in runs[who]) for who in names}
     return s
 
@@ -490,13 +500,16 @@ def table(result: dict) -> str:
         lines.append(f"| {name} | {p['edgellm']:.1f} / {p['llamacpp']:.1f} | {p['ratio']:.2f} ({p['ratio_min']:.2f}-"
                      f"{p['ratio_max']:.2f}) | {d['edgellm']:.1f} / {d['llamacpp']:.1f} | {d['ratio']:.2f} "
                      f"({d['ratio_min']:.2f}-{d['ratio_max']:.2f}) | {rb['edgellm'] / 1e6:.1f} / "
-                     f"{rb['llamacpp'] / 1e6:.1f} | {bw['edgellm']:.0f} / {bw['llamacpp']:.0f} |")
+                     f"{rb['llamacpp'] / 1e6:.1f} | {bw['edgellm']:.0f} / {bw['llamacpp']:.0f} "
+                     f"({s['bw_legs']['edgellm']} / {s['bw_legs']['llamacpp']} of {len(r['rounds'])}) |")
     m = result["meta"]
     bws = [b for r in result["schemes"].values() if "summary" in r for rd in r.get("rounds", ()) for b in rd["membw_gbs"]]
     lines.append(f"\n{m['model']}: {m['threads']} threads, prompt {m['prompt_len']}, generate {m['gen_len']}, "
                  f"{m['rounds']} rounds x {m['reps']} interleaved legs (medians over legs); "
                  f"edgellm --tune {m.get('tune', ['?'])[0]}; llama.cpp {m['llamacpp']}; CPU {m.get('cpu', '?')}; "
-                 f"read bandwidth ({m['threads']} threads) {min(bws, default=0):.1f}-{max(bws, default=0):.1f} GB/s")
+                 f"read bandwidth ({m['threads']} threads) {min(bws, default=0):.1f}-{max(bws, default=0):.1f} GB/s; "
+                 f"% of mem BW: median over the legs whose readings before and after the run agree within "
+                 f"{STEADY:.0%} (in brackets: how many; all legs where none)")
     if m.get("moe"):
         lines.append(moe_goals(result))
     return "\n".join(lines)

@@ -74,29 +74,37 @@ def _vs_llamacpp():
 
 def test_vs_llamacpp_bandwidth_share_per_run():
     """Each side's share of the bandwidth is its decode traffic over the mean of the membw readings around its own
-    run (bandwidth moves within a round), then the median over rounds; the ratios are per round too."""
+    run (bandwidth moves within a round), then the median over the legs whose two readings agree within STEADY (the
+    host kept one bandwidth state around the run), or over every leg where none does; the ratios are per leg too."""
     vs = _vs_llamacpp()
+    assert vs.STEADY == 0.15
     mb = 1e6
     def side(prefill, decode, read_mb, rss):
         return {"prefill": prefill, "decode": decode, "read_per_token": read_mb * mb, "rss_mb": rss}
 
-    rounds = [{"membw_gbs": [70.0, 50.0, 40.0], "edgellm": side(200, 100, 540, 1), "llamacpp": side(100, 80, 500, 2)},
+    rounds = [{"membw_gbs": [50.0, 46.0, 38.0], "edgellm": side(200, 100, 540, 1), "llamacpp": side(100, 80, 500, 2)},
               {"membw_gbs": [40.0, 40.0, 40.0], "edgellm": side(180, 60, 540, 3), "llamacpp": side(120, 60, 500, 4)}]
     s = vs.summarize(rounds)
-    # edgellm: 54 GB/s over mean(70, 50) = 90%, 32.4 over 40 = 81%; llama.cpp: 40 over 45 = 88.9%, 30 over 40 = 75%
-    assert abs(s["bw_pct"]["edgellm"] - (90 + 81) / 2) < 1e-9
-    assert abs(s["bw_pct"]["llamacpp"] - (100 * 40 / 45 + 75) / 2) < 1e-9
+    # edgellm: 54 GB/s over mean(50, 46) = 112.5% (steady: 50/46 < 1.15), 32.4 over 40 = 81%; llama.cpp: 40 over
+    # mean(46, 38) is not steady (46/38 = 1.21): only 30 over 40 = 75% counts
+    assert abs(s["bw_pct"]["edgellm"] - (112.5 + 81) / 2) < 1e-9
+    assert abs(s["bw_pct"]["llamacpp"] - 75) < 1e-9
+    assert s["bw_legs"] == {"edgellm": 2, "llamacpp": 1}
     assert s["decode"]["ratio_min"] == 1.0 and s["decode"]["ratio_max"] == 1.25
     assert s["prefill"]["ratio"] == (2.0 + 1.5) / 2 and s["membw_gbs"] == 40.0
     assert s["peak_rss_mb"] == {"edgellm": 3, "llamacpp": 4}
+    # no steady leg: the median over all of them
+    unsteady = [dict(r, membw_gbs=[60.0, 40.0, 60.0]) for r in rounds]
+    s0 = vs.summarize(unsteady)
+    assert abs(s0["bw_pct"]["edgellm"] - (100 * 54 / 50 + 100 * 32.4 / 50) / 2) < 1e-9 and s0["bw_legs"]["edgellm"] == 0
     # a second edgellm side (another --tune mode) runs between edgellm and llama.cpp: its own readings around it
     for r, off in zip(rounds, (side(100, 50, 540, 1), side(90, 30, 540, 1))):
         r["edgellm-off"] = off
         r["llamacpp"] = r.pop("llamacpp")   # keep run order: edgellm, edgellm-off, llamacpp
-        r["membw_gbs"] = [70.0, 50.0, 40.0, 40.0] if off["decode"] == 50 else [40.0] * 4
+        r["membw_gbs"] = [50.0, 46.0, 44.0, 38.0] if off["decode"] == 50 else [40.0] * 4
     s2 = vs.summarize(rounds, "edgellm-off")
     assert abs(s2["bw_pct"]["edgellm"] - (100 * 27 / 45 + 100 * 16.2 / 40) / 2) < 1e-9
-    assert abs(s2["bw_pct"]["llamacpp"] - (100 * 40 / 40 + 75) / 2) < 1e-9
+    assert abs(s2["bw_pct"]["llamacpp"] - 75) < 1e-9   # 44/38 = 1.16: not steady
     assert vs.tune_gain(rounds, "edgellm-off") == {"prefill": (2.0 + 2.0) / 2, "decode": (2.0 + 2.0) / 2}
 
 
