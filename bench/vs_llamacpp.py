@@ -29,7 +29,8 @@ scheme nearest its block types at no more bits) and run by llama.cpp as it is; s
    and ~55 GB/s for seconds to minutes, and a ratio means something only between runs seconds apart;
 5. prints one table: prefill and decode tok/s (median over legs), edgellm/llama.cpp ratios (median, min-max over
    legs, each leg's ratio between its two runs), bytes of weights read per decoded token, and that traffic as % of
-   the read bandwidth (per run, against the mean of the readings just before and after it; median over legs); with
+   the read bandwidth (per run, against the mean of the readings just before and after it; median over the legs
+   whose two readings agree within STEADY, or over all where none does); with
    --moe, a line checking the MoE goals (decode >= 1.3x and prefill >= 1.2x llama.cpp for q8 and q4g32, decode
    >= 80% of the read bandwidth).
    Bytes per token: edgellm's from its bench JSON; llama.cpp's from the GGUF: every tensor, one embedding row
@@ -443,14 +444,15 @@ def summarize(rounds: list[dict], side: str = "edgellm") -> dict:
     # agree (within STEADY): where they disagree the host switched between its slow and fast states (here ~33 and
     # ~55 GB/s) somewhere around the run, and their mean is neither state, so the share it gives is off by up to
     # 1.5x either way. Over every leg where none is steady.
-    def around(r, name):   # the readings just before and after that run
+    def share(r, who, name):   # (% of the bandwidth, steady) of that run, by the readings just before and after it
         i = r.get("order", sides).index(name)
-        return r["membw_gbs"][i:i + 2]
+        bw = r["membw_gbs"][i:i + 2]
+        pct = 100 * s["read_per_token"][who] * r[name]["decode"] / (statistics.mean(bw) * 1e9)
+        return pct, max(bw) <= (1 + STEADY) * min(bw)
 
     s["bw_pct"], s["bw_legs"] = {}, {}
     for who, name in names.items():
-        legs = [(100 * s["read_per_token"][who] * r[name]["decode"] / (statistics.mean(around(r, name)) * 1e9),
-                 max(around(r, name)) <= (1 + STEADY) * min(around(r, name))) for r in rounds]
+        legs = [share(r, who, name) for r in rounds]
         steady = [pct for pct, ok in legs if ok] or [pct for pct, _ in legs]
         s["bw_pct"][who] = statistics.median(steady)
         s["bw_legs"][who] = sum(ok for _, ok in legs)
