@@ -6,7 +6,13 @@
  * back-to-back kernels find it awake) before sleeping on a condvar; the caller spins until `pending` is 0.
  *
  * Tasks are claimed, not assigned: whoever is running (caller or worker) takes the next unclaimed task, so a
- * worker that is asleep or descheduled (phones, busy machines) costs nothing: the caller does its share. That
+ * worker that is asleep or descheduled (phones, busy machines) costs nothing: the caller does its share. A
+ * launch that leaves the count to the pool (num_task 0, as TVM's codegen does) is cut into EDGELLM_POOL_SPLIT
+ * (default 16) tasks per thread, thread i's share being the i-th run of adjacent tasks (its region, one stream
+ * of weights); a thread that has run its region takes the others' last tasks. On a 2-vCPU Zen 4 one vCPU
+ * streams 5-10% slower than the other for seconds at a time: split 1 made the faster one idle at the end of
+ * every GEMV; split 16 decoded the 1B 1-2% faster in the fast bandwidth state (q8, f16, q4), the same in the
+ * slow one (bench/vs_llamacpp.py's packages, one process, interleaved). That
  * is only wrong for kernels that call TVMBackendParallelBarrier, which need all n tasks running at once; the
  * executor says whether the loaded kernels contain barriers, and then (as for any caller that does not say)
  * each worker runs exactly its own task.
@@ -31,6 +37,7 @@
 #include "el_internal.h"
 
 #define MAX_THREADS 256
+#define SPLIT 16 /* default tasks per thread of a claimed launch */
 
 #if defined(__x86_64__) || defined(__i386__)
 #define cpu_relax() __builtin_ia32_pause()
@@ -68,6 +75,11 @@ static struct {
   _Alignas(64) _Atomic uint64_t claim; /* see claim_word() */
   _Alignas(64) atomic_int pending;     /* tasks of the current launch not finished */
   atomic_int failed;
+  int split;     /* tasks per thread of a launch whose tasks may be claimed (EDGELLM_POOL_SPLIT) */
+  int n_regions; /* threads of the current launch: region[i] holds thread i's share of its tasks */
+  struct {
+    _Alignas(64) _Atomic uint64_t w; /* see region_word() */
+  } region[MAX_THREADS];
 } P = {.launch_mu = PTHREAD_MUTEX_INITIALIZER, .sleep_mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 
 static _Thread_local int tls_threads;  /* threads for launches from this thread (0: default) */
@@ -90,28 +102,48 @@ void el_pool_set_threads(int n, int barriers) {
   tls_claim = !barriers;
 }
 
-static void run_task(int t) {
+static void call_task(int t) {
   if (P.f(t, &P.env, P.cdata) != 0) atomic_store(&P.failed, 1);
+}
+
+static void run_task(int t) {
+  call_task(t);
   atomic_fetch_sub_explicit(&P.pending, 1, memory_order_acq_rel);
 }
 
-/* claim = gen << 32 | assigned << 31 | tasks << 16 | next unclaimed task: one word, so a late worker can never
- * take a task of a later launch, nor mistake its mode or task count. */
-static uint64_t claim_word(unsigned gen, int assigned, int tasks, int next) {
-  return (uint64_t)gen << 32 | (uint64_t)(assigned != 0) << 31 | (uint64_t)tasks << 16 | (uint64_t)next;
+/* claim = gen << 32 | assigned << 31 | tasks << 16: one word, so a late worker can never take part in a later
+ * launch, nor mistake its mode or task count. */
+static uint64_t claim_word(unsigned gen, int assigned, int tasks) {
+  return (uint64_t)gen << 32 | (uint64_t)(assigned != 0) << 31 | (uint64_t)tasks << 16;
 }
 
-/* Runs unclaimed tasks of launch `gen` until none is left. */
-static void claim_and_run(unsigned gen) {
-  uint64_t v = atomic_load_explicit(&P.claim, memory_order_acquire);
-  for (;;) {
-    int next = (int)(v & 0xffff), tasks = (int)(v >> 16 & 0x7fff);
-    if ((unsigned)(v >> 32) != gen || next >= tasks) return;
-    if (atomic_compare_exchange_weak_explicit(&P.claim, &v, v + 1, memory_order_acq_rel, memory_order_acquire)) {
-      run_task(next);
-      v = atomic_load_explicit(&P.claim, memory_order_acquire);
+/* region word = gen << 32 | lo << 16 | hi: the tasks [lo, hi) of one thread's share not yet taken. */
+static uint64_t region_word(unsigned gen, int lo, int hi) {
+  return (uint64_t)gen << 32 | (uint64_t)lo << 16 | (uint64_t)hi;
+}
+
+/* Runs the unclaimed tasks of launch `gen`: first its own region's from the bottom up, so one thread's tasks are
+ * one contiguous stream (TVM gives task t the t-th slice of the loop), then the other regions' from their tops
+ * down, so a thread that is behind loses its last slices to the one that is ahead and both finish together. */
+static void claim_and_run(unsigned gen, int home) {
+  int n = P.n_regions, done = 0;
+  for (int k = 0; k < n; k++) {
+    _Atomic uint64_t* w = &P.region[(home + k) % n].w;
+    uint64_t v = atomic_load_explicit(w, memory_order_acquire);
+    for (;;) {
+      if ((unsigned)(v >> 32) != gen) goto out; /* that launch is over */
+      int lo = (int)(v >> 16 & 0xffff), hi = (int)(v & 0xffff);
+      if (lo >= hi) break;
+      uint64_t take = k == 0 ? v + (1u << 16) : v - 1;
+      if (atomic_compare_exchange_weak_explicit(w, &v, take, memory_order_acq_rel, memory_order_acquire)) {
+        call_task(k == 0 ? lo : hi - 1);
+        done++;
+        v = atomic_load_explicit(w, memory_order_acquire);
+      }
     }
   }
+out: /* one decrement for all of them: `pending` is shared by every thread, a write per task cost more than a task */
+  if (done) atomic_fetch_sub_explicit(&P.pending, done, memory_order_acq_rel);
 }
 
 static void* worker_main(void* arg) {
@@ -147,7 +179,7 @@ static void* worker_main(void* arg) {
     if (c >> 31 & 1)
       run_task(id); /* barrier mode: the launch cannot end without us, so its fields stay put */
     else
-      claim_and_run(g);
+      claim_and_run(g, id);
   }
 }
 
@@ -160,6 +192,10 @@ static int grow(int n_threads) {
     memset(P.w, 0, sizeof(worker) * MAX_THREADS);
     const char* s = getenv("EDGELLM_SPIN_US");
     P.spin_ns = (s && *s ? atol(s) : 50) * 1000;
+    s = getenv("EDGELLM_POOL_SPLIT");
+    P.split = s && *s ? atoi(s) : SPLIT;
+    if (P.split < 1) P.split = 1;
+    if (P.split > 64) P.split = 64;
   }
   for (int id = P.n_workers + 1; id < n_threads; id++) {
     atomic_store(&P.w[id].go, 0);
@@ -180,8 +216,9 @@ int el_pool_reserve(int n) {
   return 0;
 }
 
-/* The group is min(num_task, threads) tasks and env->num_task says so: TVM's lambdas split their range by
- * env->num_task. (TVM's own pool refuses num_task > threads; its codegen always asks for 0, "all".) */
+/* The group is min(num_task, threads) threads running as many tasks, or threads x split tasks where they are
+ * claimed and num_task is 0 ("all", what TVM's codegen always asks for); env->num_task says how many: TVM's
+ * lambdas split their range by it. (TVM's own pool refuses num_task > threads.) */
 int el_parallel_launch(FTVMParallelLambda f, void* cdata, int num_task) {
   int n = tls_threads > 0 ? tls_threads : el_pool_default_threads();
   if (num_task > 0 && num_task < n) n = num_task;
@@ -198,15 +235,23 @@ int el_parallel_launch(FTVMParallelLambda f, void* cdata, int num_task) {
   if (grow(n) != 0 && P.n_workers + 1 < n) n = P.n_workers + 1; /* could not start all: use what runs */
   unsigned gen = ++P.gen;
   if (gen == 0) gen = ++P.gen; /* 0 means "never called" to a worker */
+  int assigned = !tls_claim;
+  /* claimed: `split` slices per thread when TVM leaves the count to us (num_task 0), so that the threads can even
+   * out; each thread's slices stay adjacent (its region), so its weights still stream in one pass */
+  int tasks = !assigned && num_task <= 0 ? n * P.split : n;
   P.f = f;
   P.cdata = cdata;
   P.env.sync_handle = &P.bar;
-  P.env.num_task = n;
+  P.env.num_task = tasks;
   atomic_store(&P.bar.arrived, 0);
   atomic_store(&P.failed, 0);
-  atomic_store(&P.pending, n);
-  int assigned = !tls_claim;
-  atomic_store(&P.claim, claim_word(gen, assigned, n, assigned ? n : 0)); /* assigned: nothing to claim */
+  atomic_store(&P.pending, tasks);
+  if (!assigned) {
+    P.n_regions = n;
+    for (int i = 0; i < n; i++)
+      atomic_store(&P.region[i].w, region_word(gen, i * tasks / n, (i + 1) * tasks / n));
+  }
+  atomic_store(&P.claim, claim_word(gen, assigned, tasks));
   int any_asleep = 0;
   for (int id = 1; id < n; id++) {
     atomic_store(&P.w[id].go, gen); /* seq_cst: publishes the launch fields above */
@@ -221,7 +266,7 @@ int el_parallel_launch(FTVMParallelLambda f, void* cdata, int num_task) {
   if (assigned)
     run_task(0);
   else
-    claim_and_run(gen);
+    claim_and_run(gen, 0);
   tls_in_task = 0;
   for (int i = 0; atomic_load_explicit(&P.pending, memory_order_acquire) != 0; i++) {
     cpu_relax();

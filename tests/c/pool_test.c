@@ -24,6 +24,8 @@ int el_error(const char* fmt, ...) { /* runtime.c's, which this test does not li
 
 #include "check.h"
 
+#define SPLIT_TEST 5 /* EDGELLM_POOL_SPLIT for this test: claimed launches run threads x 5 tasks */
+
 static atomic_int hits[64];
 static atomic_int bad;
 static int expect_n;
@@ -71,6 +73,28 @@ static void reset_hits(void) {
   for (int i = 0; i < 64; i++) atomic_store(&hits[i], 0);
 }
 
+/* Stealing: tasks run by the worker are slow, so the caller, done with its own region, takes the worker's last
+ * tasks from the top down; each thread's own tasks go bottom up (one stream). */
+static pthread_t caller_thread;
+static atomic_int ran_by_caller[16], order_bad, last_own, first_stolen;
+static int slow_worker_task(int id, TVMParallelGroupEnv* env, void* cdata) {
+  (void)env, (void)cdata;
+  if (pthread_equal(pthread_self(), caller_thread)) {
+    atomic_store(&ran_by_caller[id], 1);
+    if (id < SPLIT_TEST) { /* its own region, in order */
+      if (id != atomic_load(&last_own) + 1) atomic_store(&order_bad, 1);
+      atomic_store(&last_own, id);
+    } else {
+      int none = -1;
+      atomic_compare_exchange_strong(&first_stolen, &none, id);
+    }
+  } else {
+    usleep(20000);
+  }
+  atomic_fetch_add(&hits[id], 1);
+  return 0;
+}
+
 static void check_counts(int n, int reps) {
   for (int i = 0; i < 64; i++)
     CHECK(atomic_load(&hits[i]) == (i < n ? reps : 0), "n=%d task %d ran %d times, want %d", n, i,
@@ -92,15 +116,16 @@ static double now(void) {
 }
 
 int main(void) {
+  setenv("EDGELLM_POOL_SPLIT", "5", 1); /* read when the pool starts */
   int ns[] = {1, 2, 3, 4, 8};
   for (int barriers = 0; barriers < 2; barriers++) /* tasks claimed by whoever runs, or one per thread */
     for (unsigned k = 0; k < sizeof ns / sizeof *ns; k++) {
       int n = ns[k], reps = 3000;
       el_pool_set_threads(n, barriers);
-      expect_n = n;
+      expect_n = n > 1 && !barriers ? n * SPLIT_TEST : n;
       reset_hits();
       for (int r = 0; r < reps; r++) CHECK(TVMBackendParallelLaunch(count_task, NULL, 0) == 0, "launch failed");
-      check_counts(n, reps);
+      check_counts(expect_n, reps);
     }
   /* explicit num_task below the thread count: the group is num_task */
   el_pool_set_threads(8, 0);
@@ -119,14 +144,34 @@ int main(void) {
    * caller cannot do their tasks), and in claim mode late workers must not run anything twice */
   for (int barriers = 1; barriers >= 0; barriers--) {
     el_pool_set_threads(4, barriers);
-    expect_n = 4;
+    expect_n = barriers ? 4 : 4 * SPLIT_TEST;
     reset_hits();
     for (int r = 0; r < 20; r++) {
       usleep(2000);
       CHECK(TVMBackendParallelLaunch(count_task, NULL, 0) == 0, "launch after sleep failed");
       CHECK(TVMBackendParallelLaunch(count_task, NULL, 0) == 0, "launch after sleep failed");
     }
-    check_counts(4, 40);
+    check_counts(expect_n, 40);
+  }
+
+  /* stealing: 2 threads, 10 tasks; the worker's are slow, so the caller runs its 5 in order and then takes the
+   * worker's from task 9 down while the worker, asleep or in task 5, sleeps */
+  el_pool_set_threads(2, 0);
+  expect_n = 2 * SPLIT_TEST;
+  caller_thread = pthread_self();
+  for (int r = 0; r < 5; r++) {
+    reset_hits();
+    for (int i = 0; i < 16; i++) atomic_store(&ran_by_caller[i], 0);
+    atomic_store(&last_own, -1);
+    atomic_store(&first_stolen, -1);
+    CHECK(TVMBackendParallelLaunch(slow_worker_task, NULL, 0) == 0, "stealing launch failed");
+    check_counts(expect_n, 1);
+    int by_caller = 0;
+    for (int i = 0; i < 2 * SPLIT_TEST; i++) by_caller += atomic_load(&ran_by_caller[i]);
+    CHECK(by_caller > SPLIT_TEST, "the caller ran %d of 10 tasks: it took none of the slow worker's", by_caller);
+    CHECK(atomic_load(&first_stolen) == 2 * SPLIT_TEST - 1, "task %d was stolen first, not the last one (9)",
+          atomic_load(&first_stolen));
+    CHECK(!atomic_load(&order_bad) && atomic_load(&last_own) == SPLIT_TEST - 1, "the caller's own tasks ran out of order");
   }
 
   /* barrier */
@@ -170,6 +215,6 @@ int main(void) {
     for (int i = 0; i < reps; i++) TVMBackendParallelLaunch(empty_task, NULL, 0);
     us[barriers] = (now() - t0) / reps * 1e6;
   }
-  printf("OK launch of 2 empty tasks: %.2f us (claimed), %.2f us (one per thread)\n", us[0], us[1]);
+  printf("OK launch on 2 threads: %.2f us (%d claimed tasks), %.2f us (one task per thread)\n", us[0], 2 * SPLIT_TEST, us[1]);
   return 0;
 }
