@@ -8,8 +8,9 @@ while the sources are unchanged), or the given --package directories. Per round 
 bandwidth (bench/membw.c), `edgellm bench` with EDGELLM_PROFILE=1 (the runtime's per-kernel table of the decode
 program: ms per token and the rate each kernel reads its weights at), the bandwidth again. Prints, per scheme, each
 kernel of decode with its share of the token, ms per token, weight GB/s and that rate as % of the mean of the two
-bandwidth readings around its run (medians over rounds), and the whole token the same way (all weight bytes per
-token / the token's time). A GEMV below ~90% here is a kernel problem; the whole token also pays for attention,
+bandwidth readings around its run (medians over rounds; the share over the rounds whose two readings agree within
+vs_llamacpp.STEADY, as that bench does), and the whole token the same way (all weight bytes per token / the token's
+time). A GEMV below ~90% here is a kernel problem; the whole token also pays for attention,
 norms and launches.
 """
 from __future__ import annotations
@@ -87,32 +88,42 @@ def main(argv=None) -> None:
             before = vs.membw(exe, a.threads)
             tok_s, mb, rows = profile(pkg, a.threads, a.gen_len)
             after = vs.membw(exe, a.threads)
-            bw = (before + after) / 2
             bws += [before, after]
-            runs[name].append((tok_s, mb, rows, bw))
+            runs[name].append((tok_s, mb, rows, (before, after)))
             vs.log(f"round {rnd + 1} {name}: {tok_s:.1f} tok/s, bandwidth {before:.1f} / {after:.1f} GB/s")
     print(f"host: {vs._cpu_name()}; {a.threads} threads; read bandwidth {min(bws):.1f}-{max(bws):.1f} GB/s; "
-          f"medians of {a.rounds} interleaved rounds")
-    print("| package | kernel | NxK | steps | % of token | ms/token | weight GB/s | % of bandwidth |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"medians of {a.rounds} interleaved rounds; % of bandwidth over the runs whose readings before and after "
+          f"agree within {100 * vs.STEADY:.0f}% (how many in brackets), over all where none does")
+    print(table(runs))
+
+
+def table(runs: dict[str, list]) -> str:
+    """The markdown table of {package: [(decode tok/s, weight MB per token, kernel rows, (bandwidth before, after))]}:
+    speeds are medians over every run, shares of the bandwidth the steady median (vs.steady_median): a run whose
+    readings disagree straddles a switch of the host's bandwidth state, and their mean is neither state."""
+    out = ["| package | kernel | NxK | steps | % of token | ms/token | weight GB/s | % of bandwidth |",
+           "|---|---|---|---|---|---|---|---|"]
     for name, rs in runs.items():
         tok = statistics.median(r[0] for r in rs)
         mb = rs[0][1]
-        tok_pct = statistics.median(100 * r[1] * r[0] / 1e3 / r[3] for r in rs)
-        print(f"| {name} | whole token | | | 100 | {1e3 / tok:.2f} | {mb * tok / 1e3:.1f} | {tok_pct:.0f} |")
-        kernels = [k for k, *_ in rs[0][2]]
-        for k in kernels:
+
+        def pct(gbs: float, bw: tuple[float, float]) -> tuple[float, bool]:
+            return 100 * gbs / statistics.mean(bw), vs.steady(*bw)
+
+        tok_pct, n_steady = vs.steady_median([pct(r[1] * r[0] / 1e3, r[3]) for r in rs])
+        out.append(f"| {name} | whole token | | | 100 | {1e3 / tok:.2f} | {mb * tok / 1e3:.1f} | "
+                   f"{tok_pct:.0f} ({n_steady} of {len(rs)}) |")
+        for k in (k for k, *_ in rs[0][2]):
             per = [(next((x for x in r[2] if x[0] == k), None), r[0], r[3]) for r in rs]
             per = [(x, t, bw) for x, t, bw in per if x]
             ms = statistics.median(x[1] for x, _, _ in per)
             gbs = statistics.median(x[2] for x, _, _ in per)
             share = statistics.median(100 * x[1] * t / 1e3 for x, t, _ in per)
-            pct = statistics.median(100 * x[2] / bw for x, _, bw in per) if gbs > 0 else 0
             if share < 0.5 and gbs == 0:
                 continue
-            print(f"| | {k} | {shape(k)} | {per[0][0][3]} | {share:.1f} | {ms:.3f} | "
-                  f"{gbs:.1f} | {f'{pct:.0f}' if gbs > 0 else ''} |")
-
+            kpct = f"{vs.steady_median([pct(x[2], bw) for x, _, bw in per])[0]:.0f}" if gbs > 0 else ""
+            out.append(f"| | {k} | {shape(k)} | {per[0][0][3]} | {share:.1f} | {ms:.3f} | {gbs:.1f} | {kpct} |")
+    return "\n".join(out)
 
 if __name__ == "__main__":
     main()

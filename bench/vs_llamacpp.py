@@ -425,6 +425,18 @@ def run_llamacpp(bench: Path, gguf_path: Path, a) -> dict:
 STEADY = 0.15   # bandwidth readings around a run that differ by at most this share: the host kept one state
 
 
+def steady(before: float, after: float) -> bool:
+    """Whether the host kept one bandwidth state through a run: its readings before and after agree within STEADY."""
+    return max(before, after) <= (1 + STEADY) * min(before, after)
+
+
+def steady_median(legs: list[tuple[float, bool]]) -> tuple[float, int]:
+    """(median of the values of the steady legs, or of every leg where none is steady; how many legs are steady)
+    of [(value, steady)]."""
+    values = [v for v, ok in legs if ok] or [v for v, _ in legs]
+    return statistics.median(values), sum(ok for _, ok in legs)
+
+
 def summarize(rounds: list[dict], side: str = "edgellm") -> dict:
     """The summary of one edgellm side (`edgellm`: the first --tune mode; `edgellm-<mode>`: the others) against
     llama.cpp; llama.cpp's numbers alone (no ratios) where the scheme has no edgellm runs."""
@@ -447,15 +459,11 @@ def summarize(rounds: list[dict], side: str = "edgellm") -> dict:
     def share(r, who, name):   # (% of the bandwidth, steady) of that run, by the readings just before and after it
         i = r.get("order", sides).index(name)
         bw = r["membw_gbs"][i:i + 2]
-        pct = 100 * s["read_per_token"][who] * r[name]["decode"] / (statistics.mean(bw) * 1e9)
-        return pct, max(bw) <= (1 + STEADY) * min(bw)
+        return 100 * s["read_per_token"][who] * r[name]["decode"] / (statistics.mean(bw) * 1e9), steady(*bw)
 
     s["bw_pct"], s["bw_legs"] = {}, {}
     for who, name in names.items():
-        legs = [share(r, who, name) for r in rounds]
-        steady = [pct for pct, ok in legs if ok] or [pct for pct, _ in legs]
-        s["bw_pct"][who] = statistics.median(steady)
-        s["bw_legs"][who] = sum(ok for _, ok in legs)
+        s["bw_pct"][who], s["bw_legs"][who] = steady_median([share(r, who, name) for r in rounds])
     s["peak_rss_mb"] = {who: max(x["rss_mb"] for x in runs[who]) for who in names}
     return s
 

@@ -108,6 +108,32 @@ def test_vs_llamacpp_bandwidth_share_per_run():
     assert vs.tune_gain(rounds, "edgellm-off") == {"prefill": (2.0 + 2.0) / 2, "decode": (2.0 + 2.0) / 2}
 
 
+def test_gemv_profile_bandwidth_share_over_steady_runs():
+    """bench/gemv_profile.py takes each kernel's and the whole token's share of the bandwidth by vs_llamacpp's steady
+    rule: over the runs whose readings before and after agree within STEADY, over all where none does."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "gemv_profile.py"
+    spec = importlib.util.spec_from_file_location("gemv_profile", path)
+    gp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gp)
+    assert gp.vs.steady(40.0, 46.0) and not gp.vs.steady(40.0, 46.1)
+    assert gp.vs.steady_median([(1.0, False), (3.0, True), (5.0, True)]) == (4.0, 2)
+    assert gp.vs.steady_median([(1.0, False), (3.0, False)]) == (2.0, 0)
+    k = "fused_gemv_q8_n2048_k5632"
+    # token: 10 tok/s x 1000 MB = 10 GB/s; run 1 over mean(10, 10) = 100% (steady), run 2 over mean(10, 20) not
+    runs = {"q8": [(10.0, 1000.0, [(k, 20.0, 9.0, 22)], (10.0, 10.0)),
+                   (10.0, 1000.0, [(k, 30.0, 12.0, 22)], (10.0, 20.0))]}
+    rows = gp.table(runs).splitlines()
+    assert rows[2].split("|")[7:9] == [" 10.0 ", " 100 (1 of 2) "]
+    cells = [c.strip() for c in rows[3].split("|")]
+    assert cells[2:9] == [k, "2048x5632", "22", "25.0", "25.000", "10.5", "90"]   # 9 GB/s of 10: run 2 left out
+    unsteady = {"q8": [(r[0], r[1], r[2], (10.0, 20.0)) for r in runs["q8"]]}
+    cells = [c.strip() for c in gp.table(unsteady).splitlines()[3].split("|")]
+    assert cells[8] == f"{(100 * 9 / 15 + 100 * 12 / 15) / 2:.0f}"
+
+
 def test_vs_llamacpp_rebuilds_packages_built_from_other_sources(tmp_path, monkeypatch):
     """bench/vs_llamacpp.py reuses a cached package only while the sources it was built from are unchanged."""
     import subprocess
