@@ -1020,3 +1020,27 @@ def test_cached_runtime_objects_are_keyed_by_every_header(tmp_path, monkeypatch)
     before = db._headers_digest()
     (copy / "core" / "el_internal.h").write_bytes((copy / "core" / "el_internal.h").read_bytes() + b"\n")
     assert db._headers_digest() != before
+
+
+def test_stale_library_is_named_in_a_checkout(tmp_path):
+    """A C source edited after the last build of libedgellm is named in a git checkout (editable installs), and
+    never outside one (an installed wheel), nor when the library is the newest file."""
+    import os
+
+    from edgellm.runtime.python.lib import stale_sources
+
+    (tmp_path / "runtime" / "core").mkdir(parents=True)
+    (tmp_path / "offload").mkdir()
+    so = tmp_path / "runtime" / "_libedgellm.so"
+    src, hdr, other = tmp_path / "runtime/core/context.c", tmp_path / "offload/io.h", tmp_path / "runtime/kernel_shim.c"
+    for i, f in enumerate((src, hdr, other, so)):
+        f.write_text("x")
+        os.utime(f, (1000 + i, 1000 + i))
+    assert stale_sources(so, tmp_path) == []              # no .git: an installed package
+    (tmp_path / ".git").mkdir()
+    assert stale_sources(so, tmp_path) == []              # built after every source
+    os.utime(src, (2000, 2000))
+    os.utime(other, (2000, 2000))                          # not part of libedgellm (linked into kernels.so)
+    assert stale_sources(so, tmp_path) == [src]
+    os.utime(hdr, (3000, 3000))
+    assert stale_sources(so, tmp_path) == [hdr, src]  # in path order

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes as C
 import glob
 import os
+import warnings
 from pathlib import Path
 
 from ...errors import EdgeLLMError
@@ -176,6 +177,21 @@ def library_path() -> Path:
     return Path(found[0])
 
 
+# What setuptools compiles into libedgellm (pyproject's ext-module: these folders' C files and the headers they take).
+_LIB_SOURCES = ("runtime/*.h", "runtime/core/*.[ch]", "runtime/backends/*.[ch]", "runtime/tokenizer/*.[ch]",
+                "offload/*.[ch]")
+
+
+def stale_sources(so: Path, root: Path) -> list[Path]:
+    """The sources of libedgellm under `root` newer than `so`, when `root` is a git checkout (an editable install):
+    there a C edit takes effect only after `pip install -e .`, and a stale library runs the old code silently.
+    Never in an installed wheel, whose files all carry the install's times."""
+    if not (root / ".git").exists():
+        return []
+    built = so.stat().st_mtime
+    return sorted(f for pat in _LIB_SOURCES for f in root.glob(pat) if f.stat().st_mtime > built)
+
+
 def declare(L: C.CDLL) -> C.CDLL:
     for name, (res, args) in {**_SIGS, **_TOK_SIGS}.items():
         f = getattr(L, name)
@@ -186,7 +202,13 @@ def declare(L: C.CDLL) -> C.CDLL:
 def lib() -> C.CDLL:
     global _lib
     if _lib is None:
-        _lib = declare(C.CDLL(str(library_path())))
+        path = library_path()
+        newer = [] if os.environ.get("EDGELLM_LIB") else stale_sources(path, path.parent.parent)
+        if newer:
+            warnings.warn(f"{path.name} is older than {newer[0].relative_to(path.parent.parent)}"
+                          f"{f' and {len(newer) - 1} more sources' if len(newer) > 1 else ''}: it runs the code of "
+                          "its last build; rebuild it with `pip install -e .`", stacklevel=2)
+        _lib = declare(C.CDLL(str(path)))
     return _lib
 
 
