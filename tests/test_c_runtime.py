@@ -1025,8 +1025,6 @@ def test_cached_runtime_objects_are_keyed_by_every_header(tmp_path, monkeypatch)
 def test_stale_library_is_named_in_a_checkout(tmp_path):
     """A C source edited after the last build of libedgellm is named in a git checkout (editable installs), and
     never outside one (an installed wheel), nor when the library is the newest file."""
-    import os
-
     from edgellm.runtime.python.lib import stale_sources
 
     (tmp_path / "runtime" / "core").mkdir(parents=True)
